@@ -1,0 +1,34 @@
+"""``python -m pnpscale [-m] key=value ...``: the Hydra app (see README.md and conf/config.yaml)."""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from pnpscale.config import ConfigError, register_schema
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def _hydra_main(cfg: DictConfig) -> None:
+    from pnpscale.app import run
+
+    run(cfg)
+
+
+def main() -> None:
+    """Check the command line, then hand over to Hydra."""
+    from pnpscale.cli_check import check_overrides
+
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as exc:
+        print(f"pnpscale: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    register_schema()
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

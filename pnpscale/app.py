@@ -1,0 +1,112 @@
+"""The Hydra task: validate one sweep point, launch its ranks, record the outcome.
+
+``python -m pnpscale`` (see :mod:`pnpscale.__main__`) calls :func:`run` once per point.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import CompactHydraException
+from omegaconf import DictConfig, OmegaConf
+
+from pnpscale import layout
+from pnpscale.config import ConfigError, RunSpec, resolve_spec
+
+log = logging.getLogger("pnpscale")
+
+
+class RunFailed(RuntimeError, CompactHydraException):
+    """A sweep point that did not complete; its folder holds ``run.json`` with the error.
+
+    Hydra prints it as one line (no traceback): the rank's error and the run folder.
+    """
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def make_spec(cfg: DictConfig, cuda_devices: int) -> RunSpec:
+    """Resolve and check one point for a local launch on a machine with ``cuda_devices`` GPUs.
+
+    Raises:
+        ConfigError: invalid value, or more GPUs requested than this machine has (CUDA).
+    """
+    spec = resolve_spec(cfg, cuda_available=cuda_devices > 0)
+    if cfg.cluster.name == "local" and cuda_devices and spec.backend != "gloo" and spec.gpus > cuda_devices:
+        raise ConfigError(
+            "gpus",
+            spec.gpus,
+            f"this machine has {cuda_devices} CUDA device(s): allowed 1..{cuda_devices} locally "
+            "(or cluster=slurm, or dist.backend=gloo for CPU ranks)",
+        )
+    return spec
+
+
+def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
+    """Measure one point and write its run folder.
+
+    Args:
+        cfg: composed config of one point.
+        run_dir: the run folder; default: Hydra's job output folder.
+
+    Returns:
+        ``run.json`` of the point.
+
+    Raises:
+        ConfigError: invalid config (nothing started).
+        RunFailed: a rank failed; the folder holds ``run.json`` with status ``failed``.
+    """
+    if run_dir is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+    spec = make_spec(cfg, cuda_device_count())
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if spec.scale_requested == "auto":
+        log.info("scale=auto -> %s (%s)", spec.scale, "CUDA available" if spec.scale == "paper" else "no CUDA")
+    if cfg.resume and layout.run_status(run_dir) == layout.STATUS_COMPLETE:
+        done = layout.read_json(run_dir / layout.RUN_JSON)
+        if done.get("fingerprint") == spec.fingerprint():
+            log.info("skipping %s: complete run already in %s (resume=true)", _point(spec), run_dir)
+            return done
+    log.info("%s: %d rank(s), run folder %s", _point(spec), spec.gpus, run_dir)
+    from pnpscale.launch import launch_local
+    from pnpscale.writer import run_json_base, write_failure
+
+    layout.write_json(run_dir / layout.RUN_JSON, run_json_base(spec, config))
+    try:
+        if cfg.cluster.name == "local":
+            launch_local(spec, run_dir, config)
+        else:  # pragma: no cover - dispatched by the SLURM launcher
+            raise ConfigError("cluster", cfg.cluster.name, "only cluster=local runs in this process")
+    except Exception as exc:
+        write_failure(run_dir, spec, config, exc)
+        log.error("%s failed: %s", _point(spec), exc)
+        raise RunFailed(f"{_point(spec)} failed: {exc} (run folder: {run_dir})") from None
+    result = layout.read_json(run_dir / layout.RUN_JSON)
+    log.info("%s: %s", _point(spec), summary_line(result))
+    return result
+
+
+def _point(spec: RunSpec) -> str:
+    return f"problem={spec.problem} mode={spec.mode} gpus={spec.gpus}"
+
+
+def summary_line(run_json: dict[str, Any]) -> str:
+    """One line of headline figures from a complete ``run.json``."""
+    m = run_json.get("metrics") or {}
+
+    def pct(v: Any) -> str:
+        return "n/a" if v is None else f"{100 * v:.1f}%"
+
+    gs = m.get("gpu_seconds_per_iteration")
+    return (
+        f"LB {pct(m.get('lb'))}, CommE {pct(m.get('comm_e'))}, PE {pct(m.get('pe'))}, "
+        f"{'n/a' if gs is None else f'{gs:.4g}'} GPU-s per iteration ({m.get('iterations')} measured)"
+    )

@@ -1,0 +1,54 @@
+"""Column names of every table pnpscale writes (one place; never repeat them as literals).
+
+Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_GBps`` 1e9 bytes per second.
+
+``ranks.parquet`` — one row per rank x iteration x section:
+    RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES
+
+``collectives.parquet`` — one row per rank x iteration x section x collective:
+    RANK, ITERATION, SECTION, SEQ, COLLECTIVE, DURATION_S, PAYLOAD_BYTES, MAIN
+
+``sections.parquet`` — one row per iteration x section (the POP decomposition):
+    ITERATION, SECTION, WARMUP, WORLD_SIZE, SECTION_S, SECTION_MAX_S, COMPUTE_S, COMPUTE_MAX_S,
+    TRANSFER_S, WAIT_S, LB, N_COLLECTIVES, MAIN_COLLECTIVE, MAIN_PAYLOAD_BYTES,
+    MAIN_TRANSFER_S, OTHER_PAYLOAD_BYTES
+"""
+
+RANK = "rank"
+ITERATION = "iteration"
+SECTION = "section"
+WARMUP = "warmup"
+START_S = "start_s"
+SECTION_S = "section_s"
+SECTION_MAX_S = "section_max_s"
+COMM_S = "comm_s"
+N_COLLECTIVES = "n_collectives"
+PEAK_MEM_BYTES = "peak_mem_bytes"
+
+SEQ = "seq"
+COLLECTIVE = "collective"
+DURATION_S = "duration_s"
+PAYLOAD_BYTES = "payload_bytes"
+MAIN = "main"
+
+WORLD_SIZE = "world_size"
+COMPUTE_S = "compute_s"
+COMPUTE_MAX_S = "compute_max_s"
+TRANSFER_S = "transfer_s"
+WAIT_S = "wait_s"
+LB = "lb"
+COMM_E = "comm_e"
+PE = "pe"
+MAIN_COLLECTIVE = "main_collective"
+MAIN_PAYLOAD_BYTES = "main_payload_bytes"
+MAIN_TRANSFER_S = "main_transfer_s"
+OTHER_PAYLOAD_BYTES = "other_payload_bytes"
+GPU_SECONDS = "gpu_seconds"
+
+RANKS_COLUMNS = (RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES)
+COLLECTIVES_COLUMNS = (RANK, ITERATION, SECTION, SEQ, COLLECTIVE, DURATION_S, PAYLOAD_BYTES, MAIN)
+SECTIONS_COLUMNS = (
+    ITERATION, SECTION, WARMUP, WORLD_SIZE, SECTION_S, SECTION_MAX_S, COMPUTE_S, COMPUTE_MAX_S,
+    TRANSFER_S, WAIT_S, LB, N_COLLECTIVES, MAIN_COLLECTIVE, MAIN_PAYLOAD_BYTES, MAIN_TRANSFER_S,
+    OTHER_PAYLOAD_BYTES,
+)  # fmt: skip

@@ -1,0 +1,492 @@
+"""Configuration schema, validation and resolution of the ``scale`` preset.
+
+The Hydra tree under ``conf/`` is backed by the dataclasses below (registered in Hydra's
+ConfigStore as ``pnpscale_schema``): a misspelt key fails at compose time. Value rules that
+a type cannot express (``gpus`` in 1..64, tile windows a multiple of 8, ...) are checked by
+:func:`validate`, which raises :class:`ConfigError` with a one-line message naming the key and
+the allowed values. Nothing is launched before :func:`validate` has passed.
+
+:func:`resolve_spec` turns a composed config into a :class:`RunSpec`: the problem sizes of the
+chosen ``scale`` preset (``paper`` = the seed page's sizes, ``small`` = CPU-friendly, ``auto`` =
+paper on CUDA, small on CPU), overlaid with every size key the user set explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.errors import CompactHydraException
+from omegaconf import MISSING
+
+MAX_GPUS = 64
+PROBLEMS = ("2d", "3d")
+MODES = ("inference", "training")
+SCALES = ("paper", "small", "auto")
+BACKENDS = ("auto", "gloo", "nccl")
+CLUSTERS = ("local", "slurm")
+SECTIONS = {"inference": ("gradient", "denoiser"), "training": ("forward", "backward")}
+#: Number of spatial dimensions of each problem (2D image, 3D volume).
+SPATIAL_DIMS = {"2d": 2, "3d": 3}
+#: DRUNet downsamples three times by 2: tile windows must be a multiple of this.
+WINDOW_MULTIPLE = 8
+
+
+class ConfigError(ValueError, CompactHydraException):
+    """A config value outside its allowed set (Hydra prints it as one line, no traceback).
+
+    ``str(error)`` is one line: ``<key>=<value>: <what is allowed>``.
+
+    Attributes:
+        key: the dotted config key, e.g. ``"gpus"`` or ``"problem.patch_size"``.
+    """
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{key}={_show(value)}: {allowed}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value)
+
+
+# --------------------------------------------------------------------------------------
+# Schema (mirrors conf/)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class SizeConfig:
+    """Problem sizes; ``None`` means "take it from the scale preset".
+
+    Units: ``image_size`` is the side of the square image / cubic volume in pixels (voxels);
+    ``patch_size`` and ``overlap`` are pixels per tiled dimension; the denoiser sees windows of
+    ``patch_size + 2 * overlap`` pixels, which must be a multiple of 8 (DRUNet's three 2x
+    downsamplings).
+    """
+
+    image_size: int | None = None
+    num_operators: int | None = None
+    factor: int | None = None
+    patch_size: int | None = None
+    overlap: int | None = None
+    max_batch_size: int | None = None
+    nc: list[int] | None = None
+    nb: int | None = None
+    unroll: int | None = None
+
+
+@dataclass
+class ModeSizes:
+    inference: SizeConfig = field(default_factory=SizeConfig)
+    training: SizeConfig = field(default_factory=SizeConfig)
+
+
+@dataclass
+class ScalePresets:
+    paper: ModeSizes = field(default_factory=ModeSizes)
+    small: ModeSizes = field(default_factory=ModeSizes)
+
+
+@dataclass
+class ProblemConfig(SizeConfig):
+    """One reconstruction problem (config group ``problem``)."""
+
+    name: str = MISSING
+    channels: int = 3
+    noise_sigma: float = 0.01
+    denoiser_sigma: float = 0.05
+    stepsize: float = 1.0
+    blur_sigma: float = 1.0
+    scales: ScalePresets = field(default_factory=ScalePresets)
+
+
+@dataclass
+class ModeConfig:
+    """Inference loop or unrolled training (config group ``mode``)."""
+
+    name: str = MISSING
+    lr: float = 1e-4
+    train_stepsize: bool = False
+
+
+@dataclass
+class ClusterConfig:
+    """Where ranks run (config group ``cluster``); SLURM keys are filled by ``cluster/slurm``."""
+
+    name: str = "local"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    gpus_per_node: int = 4
+    cpus_per_task: int | None = None
+    mem_gb: int | None = None
+    timeout_min: int = 60
+    setup: list[str] = field(default_factory=list)
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    wait: bool = True
+
+
+@dataclass
+class ProfileConfig:
+    record_shapes: bool = True
+    export_traces: bool = False
+
+
+@dataclass
+class DistConfig:
+    backend: str = "auto"
+    timeout_s: float = 300.0
+    threads_per_rank: int | None = 1
+
+
+@dataclass
+class InjectConfig:
+    """Known perturbations for validation: a busy delay, or a failure, on one rank."""
+
+    rank: int | None = None
+    section: str | None = None
+    delay_s: float = 0.0
+    fail: bool = False
+
+
+@dataclass
+class OutputConfig:
+    root: str = "outputs"
+    save_reconstruction: bool = False
+
+
+@dataclass
+class Config:
+    """The whole pnpscale configuration (``conf/config.yaml``)."""
+
+    problem: ProblemConfig = field(default_factory=ProblemConfig)
+    mode: ModeConfig = field(default_factory=ModeConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    gpus: int = 1
+    scale: str = "auto"
+    iterations: int = 3
+    warmup: int = 1
+    seed: int = 0
+    resume: bool = True
+    report: bool = True
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    inject: InjectConfig = field(default_factory=InjectConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+
+def register_schema() -> None:
+    """Register :class:`Config` as ``pnpscale_schema`` in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="pnpscale_schema", node=Config)
+
+
+# --------------------------------------------------------------------------------------
+# Value rules
+# --------------------------------------------------------------------------------------
+
+
+def _int_in(lo: int, hi: int | None = None) -> tuple[Callable[[Any], bool], str]:
+    def ok(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+
+    return ok, (f"must be an integer in {lo}..{hi}" if hi is not None else f"must be an integer >= {lo}")
+
+
+def _one_of(options: tuple[str, ...]) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v in options), "allowed values: " + ", ".join(options)
+
+
+def _positive_float() -> tuple[Callable[[Any], bool], str]:
+    return (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+        "must be a number > 0",
+    )
+
+
+def _non_negative_float() -> tuple[Callable[[Any], bool], str]:
+    return (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+        "must be a number >= 0",
+    )
+
+
+#: Rules for scalar keys, shared by the command-line pre-check and :func:`validate`.
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "gpus": _int_in(1, MAX_GPUS),
+    "scale": _one_of(SCALES),
+    "iterations": _int_in(1),
+    "warmup": _int_in(0),
+    "seed": _int_in(0),
+    "dist.backend": _one_of(BACKENDS),
+    "dist.timeout_s": _positive_float(),
+    "inject.delay_s": _non_negative_float(),
+    "dist.threads_per_rank": (lambda v: v is None or _int_in(1)[0](v), "must be an integer >= 1, or null"),
+    "problem.channels": _int_in(1),
+    "problem.noise_sigma": _non_negative_float(),
+    "problem.denoiser_sigma": _positive_float(),
+    "problem.stepsize": _positive_float(),
+    "problem.blur_sigma": _positive_float(),
+    "mode.lr": _positive_float(),
+    "cluster.gpus_per_node": _int_in(1),
+    "cluster.timeout_min": _int_in(1),
+}
+
+_SIZE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "image_size": _int_in(8),
+    "num_operators": _int_in(1),
+    "factor": _int_in(1),
+    "patch_size": _int_in(1),
+    "overlap": _int_in(0),
+    "max_batch_size": _int_in(1),
+    "nb": _int_in(1),
+    "unroll": _int_in(1),
+}
+for _k, _rule in _SIZE_RULES.items():
+    RULES[f"problem.{_k}"] = (lambda v, _ok=_rule[0]: v is None or _ok(v), _rule[1])
+
+
+def check_value(key: str, value: Any) -> None:
+    """Check one scalar ``key=value`` against :data:`RULES` (keys without a rule pass).
+
+    Raises:
+        ConfigError: the value is outside the allowed set.
+    """
+    rule = RULES.get(key)
+    if rule is not None and not rule[0](value):
+        raise ConfigError(key, value, rule[1])
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part] if isinstance(node, Mapping) else getattr(node, part)
+    return node
+
+
+def _candidate_scales(scale: str) -> tuple[str, ...]:
+    return ("paper", "small") if scale == "auto" else (scale,)
+
+
+def validate(cfg: Any) -> None:
+    """Check every value rule of a composed config; nothing is launched before this passes.
+
+    Args:
+        cfg: a composed config (OmegaConf ``DictConfig`` or nested mappings) with the layout of
+            :class:`Config`.
+
+    Raises:
+        ConfigError: the first rule broken, as one line naming the key and the allowed values:
+            ``gpus`` outside 1..64, an unknown ``problem``/``mode``/``scale``/``dist.backend``, a
+            negative iteration count, a tile window ``patch_size + 2*overlap`` that is not a
+            multiple of 8, a tile larger than the image, ``unroll`` < 1 in training, an
+            ``inject.rank`` outside ``0..gpus-1``, or an ``inject.section`` the mode lacks.
+    """
+    for key in RULES:
+        check_value(key, _get(cfg, key))
+    problem, mode = cfg["problem"]["name"], cfg["mode"]["name"]
+    if problem not in PROBLEMS:
+        raise ConfigError("problem", problem, "allowed values: " + ", ".join(PROBLEMS))
+    if mode not in MODES:
+        raise ConfigError("mode", mode, "allowed values: " + ", ".join(MODES))
+    if cfg["cluster"]["name"] not in CLUSTERS:
+        raise ConfigError("cluster", cfg["cluster"]["name"], "allowed values: " + ", ".join(CLUSTERS))
+    for scale in _candidate_scales(cfg["scale"]):
+        _validate_sizes(cfg, scale)
+    inj = cfg["inject"]
+    if inj["rank"] is not None and not (isinstance(inj["rank"], int) and 0 <= inj["rank"] < cfg["gpus"]):
+        raise ConfigError("inject.rank", inj["rank"], f"must be a rank in 0..{cfg['gpus'] - 1}")
+    if inj["section"] is not None and inj["section"] not in SECTIONS[mode]:
+        raise ConfigError("inject.section", inj["section"], "allowed values: " + ", ".join(SECTIONS[mode]))
+
+
+def _validate_sizes(cfg: Any, scale: str) -> None:
+    sizes = resolve_sizes(cfg, scale)
+    where = f" (scale={scale})"
+    for name, (ok, allowed) in _SIZE_RULES.items():
+        if name == "unroll" and cfg["mode"]["name"] != "training":
+            continue
+        if not ok(sizes[name]):
+            raise ConfigError(f"problem.{name}", sizes[name], allowed + where)
+    nc = sizes["nc"]
+    if not (isinstance(nc, (list, tuple)) and len(nc) == 4 and all(isinstance(c, int) and c > 0 for c in nc)):
+        raise ConfigError("problem.nc", nc, "must be a list of 4 positive integers (DRUNet widths)" + where)
+    window = sizes["patch_size"] + 2 * sizes["overlap"]
+    if window % WINDOW_MULTIPLE:
+        raise ConfigError(
+            "problem.patch_size",
+            sizes["patch_size"],
+            f"tile window patch_size+2*overlap={window} must be a multiple of {WINDOW_MULTIPLE}"
+            f" (overlap={sizes['overlap']}){where}",
+        )
+    if sizes["patch_size"] >= sizes["image_size"]:
+        raise ConfigError(
+            "problem.patch_size",
+            sizes["patch_size"],
+            f"must be < problem.image_size={sizes['image_size']} (a tile must be smaller than the "
+            f"{'volume' if cfg['problem']['name'] == '3d' else 'image'}){where}",
+        )
+    if sizes["image_size"] % sizes["factor"]:
+        raise ConfigError(
+            "problem.factor",
+            sizes["factor"],
+            f"must divide problem.image_size={sizes['image_size']}{where}",
+        )
+
+
+_SIZE_KEYS = tuple(f.name for f in dataclasses.fields(SizeConfig))
+
+
+def resolve_sizes(cfg: Any, scale: str) -> dict[str, Any]:
+    """Sizes of ``scale``'s preset for the config's mode, overlaid with explicit size keys.
+
+    Args:
+        cfg: composed config.
+        scale: ``"paper"`` or ``"small"`` (``"auto"`` must be resolved first, see
+            :func:`choose_scale`).
+
+    Returns:
+        dict with every :class:`SizeConfig` field (``nc`` as a list).
+
+    Raises:
+        ConfigError: ``scale`` is not a preset name.
+    """
+    if scale not in ("paper", "small"):
+        raise ConfigError("scale", scale, "allowed presets: paper, small")
+    problem, mode = cfg["problem"], cfg["mode"]["name"]
+    preset = problem["scales"][scale][mode]
+    out: dict[str, Any] = {}
+    for key in _SIZE_KEYS:
+        explicit = problem[key]
+        value = explicit if explicit is not None else preset[key]
+        out[key] = list(value) if value is not None and key == "nc" else value
+    return out
+
+
+def choose_scale(scale: str, cuda_available: bool) -> str:
+    """Resolve ``auto``: ``paper`` on CUDA, ``small`` on CPU; other values pass through.
+
+    >>> choose_scale("auto", cuda_available=False), choose_scale("paper", cuda_available=False)
+    ('small', 'paper')
+    """
+    if scale == "auto":
+        return "paper" if cuda_available else "small"
+    return scale
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a rank needs, as plain data (picklable, JSON-able).
+
+    Built by :func:`resolve_spec` after :func:`validate`; stored whole in ``run.json``.
+    """
+
+    problem: str
+    mode: str
+    gpus: int
+    scale: str
+    scale_requested: str
+    sizes: dict[str, Any]
+    channels: int
+    noise_sigma: float
+    denoiser_sigma: float
+    stepsize: float
+    blur_sigma: float
+    lr: float
+    train_stepsize: bool
+    iterations: int
+    warmup: int
+    seed: int
+    backend: str
+    timeout_s: float
+    threads_per_rank: int | None
+    record_shapes: bool
+    export_traces: bool
+    inject: dict[str, Any]
+    save_reconstruction: bool
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        """Section names of this mode, in execution order."""
+        return SECTIONS[self.mode]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def fingerprint(self) -> str:
+        """Hex digest identifying the measurement (same point + same sizes = same digest)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
+    """Validate ``cfg`` and turn it into a :class:`RunSpec` for a machine with/without CUDA.
+
+    Raises:
+        ConfigError: see :func:`validate`.
+    """
+    validate(cfg)
+    scale = choose_scale(cfg["scale"], cuda_available)
+    p, m, d = cfg["problem"], cfg["mode"], cfg["dist"]
+    return RunSpec(
+        problem=p["name"],
+        mode=m["name"],
+        gpus=int(cfg["gpus"]),
+        scale=scale,
+        scale_requested=cfg["scale"],
+        sizes=resolve_sizes(cfg, scale),
+        channels=int(p["channels"]),
+        noise_sigma=float(p["noise_sigma"]),
+        denoiser_sigma=float(p["denoiser_sigma"]),
+        stepsize=float(p["stepsize"]),
+        blur_sigma=float(p["blur_sigma"]),
+        lr=float(m["lr"]),
+        train_stepsize=bool(m["train_stepsize"]),
+        iterations=int(cfg["iterations"]),
+        warmup=int(cfg["warmup"]),
+        seed=int(cfg["seed"]),
+        backend=d["backend"],
+        timeout_s=float(d["timeout_s"]),
+        threads_per_rank=d["threads_per_rank"],
+        record_shapes=bool(cfg["profile"]["record_shapes"]),
+        export_traces=bool(cfg["profile"]["export_traces"]),
+        inject=dict(cfg["inject"]),
+        save_reconstruction=bool(cfg["output"]["save_reconstruction"]),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Key lookup for the command-line pre-check
+# --------------------------------------------------------------------------------------
+
+
+def schema_keys(cls: type = Config, prefix: str = "") -> Iterator[str]:
+    """Every dotted key of the schema (leaves and inner nodes).
+
+    >>> "problem.patch_size" in set(schema_keys())
+    True
+    """
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        yield key
+        ftype = f.type if isinstance(f.type, type) else None
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        sub = type(default) if dataclasses.is_dataclass(default) else ftype
+        if sub is not None and dataclasses.is_dataclass(sub):
+            yield from schema_keys(sub, key + ".")
+
+
+def open_keys() -> tuple[str, ...]:
+    """Schema keys whose children are free-form (dicts)."""
+    return ("cluster.additional_parameters",)

@@ -1,0 +1,113 @@
+"""Local launch: ``gpus`` ranks on this machine with torch.distributed elastic.
+
+Each rank runs :func:`pnpscale.worker.rank_main` in a spawned process. ``OMP_NUM_THREADS`` is
+set per rank (elastic does not, unlike torchrun). A failing rank brings the others down within
+seconds (the elastic agent monitors every rank); its exception is re-raised here as
+:class:`RankFailed` with the rank's own message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pnpscale import layout
+
+
+class RankFailed(RuntimeError):
+    """A rank of a run raised or died; ``str()`` names the rank and its error."""
+
+    def __init__(self, rank: int, message: str, log: Path | None = None) -> None:
+        self.rank = rank
+        self.log = log
+        where = f" (log: {log})" if log else ""
+        super().__init__(f"rank {rank} failed: {message}{where}")
+
+
+@contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def launch_local(spec: Any, run_dir: Path, config: dict[str, Any] | None = None) -> None:
+    """Run ``spec.gpus`` ranks here and wait for them.
+
+    Per-rank stdout/stderr go to ``run_dir/logs/``; rank 0's is also shown on the console.
+
+    Raises:
+        RankFailed: a rank raised (its message) or died (its exit code).
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from pnpscale.worker import LAUNCH_T0_ENV, rank_main, threads_per_rank
+
+    log_dir = run_dir / layout.LOGS_DIR
+    log_dir.mkdir(parents=True, exist_ok=True)
+    run_id = f"pnpscale-{uuid.uuid4().hex[:8]}"
+    launch_cfg = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=spec.gpus,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee={0: Std.OUT}),
+        log_line_prefix_template="[rank${rank}] ",
+    )
+    threads = threads_per_rank(spec.threads_per_rank, spec.gpus)
+    env = {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        LAUNCH_T0_ENV: repr(time.time()),
+        "KINETO_LOG_LEVEL": os.environ.get("KINETO_LOG_LEVEL", "5"),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
+    elastic_log = logging.getLogger("torch.distributed.elastic")
+    level = elastic_log.level
+    elastic_log.setLevel(logging.CRITICAL)  # the rank's error is re-raised below, once
+    try:
+        with _environ(**env):
+            elastic_launch(launch_cfg, rank_main)(spec.to_dict(), str(run_dir), config)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        raise RankFailed(rank, _failure_message(failure), _rank_log(log_dir, rank)) from None
+    finally:
+        elastic_log.setLevel(level)
+
+
+def _failure_message(failure: Any) -> str:
+    """The rank's exception line (from ``@record``'s error file), else its exit code."""
+    msg = failure.message
+    if isinstance(msg, dict):
+        inner = msg.get("message", msg)
+        text = str(inner.get("message", inner)) if isinstance(inner, dict) else str(inner)
+    else:
+        text = str(msg or "")
+    if not text.strip() or text.startswith("To enable traceback"):
+        return f"exit code {failure.exitcode} (no Python exception recorded; see the rank's log)"
+    return text.strip().splitlines()[0]
+
+
+def _rank_log(log_dir: Path, rank: int) -> Path | None:
+    hits = sorted(log_dir.glob(f"**/{rank}/stderr.log"))
+    return hits[-1] if hits else None

@@ -1,0 +1,127 @@
+"""The one owner of file names under ``outputs/`` and of atomic writes.
+
+A run folder (one sweep point, hive style ``problem=2d/mode=inference/gpus=4/``) holds::
+
+    run.json              status, resolved config, versions, backend, devices, timings, metrics
+    ranks.parquet         per rank x iteration x section     (see pnpscale.columns)
+    collectives.parquet   per rank x iteration x section x collective
+    sections.parquet      per iteration x section: compute / transfer / wait, LB
+    logs/                 per-rank logs (local launch), nccl/ per-rank NCCL logs (CUDA)
+    traces/               per-rank Kineto traces (profile.export_traces=true)
+    .hydra/               Hydra's record of the composed config and overrides
+
+``run.json`` is written last: a folder is complete exactly when its ``run.json`` says
+``"status": "complete"``. Parquet files appear only together, by rename from a staging folder,
+so a failed run never leaves a half-written table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RUN_JSON = "run.json"
+RANKS = "ranks.parquet"
+SECTIONS = "sections.parquet"
+COLLECTIVES = "collectives.parquet"
+TRACES_DIR = "traces"
+LOGS_DIR = "logs"
+NCCL_DIR = "nccl"
+REPORT_DIR = "report"
+RECONSTRUCTION = "reconstruction.pt"
+
+STATUS_COMPLETE = "complete"
+STATUS_FAILED = "failed"
+STATUS_RUNNING = "running"
+
+TABLES = (RANKS, COLLECTIVES, SECTIONS)
+
+
+def point_subdir(problem: str, mode: str, gpus: int) -> str:
+    """Hive-style sub-folder of one sweep point.
+
+    >>> point_subdir("2d", "inference", 4)
+    'problem=2d/mode=inference/gpus=4'
+    """
+    return f"problem={problem}/mode={mode}/gpus={gpus}"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomically write ``obj`` as indented JSON (NaN written as ``null``)."""
+    atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
+
+
+def commit_files(run_dir: Path, writers: dict[str, Callable[[Path], None]]) -> None:
+    """Write every file in a staging folder, then move them into ``run_dir`` together.
+
+    Args:
+        run_dir: destination folder (created if missing).
+        writers: file name -> function writing that file at the given path.
+
+    Nothing appears in ``run_dir`` if any writer raises.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".staging-", dir=run_dir))
+    try:
+        for name, write in writers.items():
+            write(stage / name)
+        for name in writers:
+            os.replace(stage / name, run_dir / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def run_status(run_dir: Path) -> str | None:
+    """``run.json``'s status, or ``None`` when there is no readable ``run.json``."""
+    try:
+        return read_json(run_dir / RUN_JSON).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def _jsonable(obj: Any) -> Any:
+    import math
+
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return _jsonable(obj.item())
+    return obj

@@ -1,0 +1,247 @@
+"""POP decomposition of section time into compute, transfer and wait (pure functions).
+
+Formulas (the seed page, "Metrics, per the POP methodology", and ``../shared/notes/design.md``),
+per iteration i and section s, ranks r = 0..W-1, collectives c matched across ranks by their
+order inside the section:
+
+* ``S_r``: section time of rank r; ``D_rc``: duration of collective c on rank r (seconds).
+* transfer ``T = sum_c min_r D_rc`` (the last rank to arrive waits for nobody).
+* wait ``W = mean_r sum_c (D_rc - min_r D_rc)``.
+* compute ``C = mean_r (S_r - sum_c D_rc)``; ``C_max = max_r (S_r - sum_c D_rc)``.
+* additivity: ``C + T + W = mean_r S_r``.
+* per-section load balance ``LB = C / C_max``.
+
+Over the measured iterations (warm-up excluded), summed per section and over all sections:
+``LB = sum C / sum C_max``, ``CommE = sum C_max / sum mean_r S_r``, ``PE = LB x CommE``.
+GPU-seconds of a run: ``gpus x sum of section times`` (here per measured iteration).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pnpscale import columns as K
+
+_KEY = [K.ITERATION, K.SECTION]
+
+
+class DecompositionError(ValueError):
+    """Per-rank tables that cannot be decomposed (missing ranks, unmatched collectives)."""
+
+
+def mark_main(collectives: pd.DataFrame) -> pd.Series:
+    """Flag each section's main collective: the one with the largest payload.
+
+    The main collective is the image-sized ``all_reduce`` of the seed page; other collectives
+    (deepinv's shape broadcasts, training's gradient all_reduces) are recorded but not main.
+    The choice is made per (iteration, section, seq) from the payload's maximum across ranks, so
+    every rank flags the same ``seq``; ties go to the lowest ``seq``.
+
+    Args:
+        collectives: rows of ``collectives.parquet`` (columns ITERATION, SECTION, SEQ, RANK,
+            PAYLOAD_BYTES).
+
+    Returns:
+        Boolean Series aligned with ``collectives``.
+    """
+    if collectives.empty:
+        return pd.Series([], dtype=bool, index=collectives.index)
+    payload = collectives[K.PAYLOAD_BYTES].astype("float64").fillna(-1.0)
+    per_seq = payload.groupby([collectives[K.ITERATION], collectives[K.SECTION], collectives[K.SEQ]]).max()
+    best = per_seq.reset_index().sort_values(
+        [K.ITERATION, K.SECTION, K.PAYLOAD_BYTES, K.SEQ], ascending=[True, True, False, True]
+    )
+    best = best.drop_duplicates(_KEY)[[*_KEY, K.SEQ]].rename(columns={K.SEQ: "_main_seq"})
+    merged = collectives[[*_KEY, K.SEQ]].merge(best, on=_KEY, how="left")
+    return pd.Series((merged[K.SEQ] == merged["_main_seq"]).to_numpy(), index=collectives.index)
+
+
+def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
+    """Compute, transfer and wait per iteration x section from per-rank tables.
+
+    Args:
+        ranks: one row per rank x iteration x section with RANK, ITERATION, SECTION, WARMUP,
+            SECTION_S (seconds).
+        collectives: one row per rank x iteration x section x collective with RANK, ITERATION,
+            SECTION, SEQ, COLLECTIVE, DURATION_S (seconds), PAYLOAD_BYTES, and optionally MAIN.
+            May be empty (one rank: no collectives).
+
+    Returns:
+        ``sections`` table (columns :data:`pnpscale.columns.SECTIONS_COLUMNS`), one row per
+        iteration x section, sorted by iteration then order of first appearance. LB is NaN when
+        ``C_max`` is 0.
+
+    Raises:
+        DecompositionError: a rank lacks a section occurrence, or ranks disagree on the number
+            or types of collectives in a section (they cannot be matched by order).
+
+    >>> ranks = pd.DataFrame({"rank": [0, 1], "iteration": 0, "section": "s", "warmup": False,
+    ...                       "section_s": [1.0, 1.0]})
+    >>> coll = pd.DataFrame({"rank": [0, 1], "iteration": 0, "section": "s", "seq": 0,
+    ...                      "collective": "all_reduce", "duration_s": [0.5, 0.1],
+    ...                      "payload_bytes": 8})
+    >>> row = decompose(ranks, coll).iloc[0]
+    >>> [round(float(row[c]), 9) for c in ("transfer_s", "wait_s", "compute_s", "compute_max_s")]
+    [0.1, 0.2, 0.7, 0.9]
+    """
+    if ranks.empty:
+        raise DecompositionError("no section rows: nothing was measured")
+    world = sorted(ranks[K.RANK].unique())
+    w = len(world)
+    per_key = ranks.groupby(_KEY, sort=False)[K.RANK].nunique()
+    incomplete = per_key[per_key != w]
+    if not incomplete.empty:
+        (it, sec), n = incomplete.index[0], incomplete.iloc[0]
+        raise DecompositionError(f"iteration {it} section {sec!r}: {n} of {w} ranks have a row")
+    s = ranks.set_index([*_KEY, K.RANK])[K.SECTION_S].astype("float64")
+    if s.index.duplicated().any():
+        raise DecompositionError("duplicate (iteration, section, rank) rows in the rank table")
+
+    if collectives.empty:
+        comm = pd.Series(0.0, index=s.index)
+        transfer = pd.Series(0.0, index=per_key.index)
+        wait = pd.Series(0.0, index=per_key.index)
+        n_coll = pd.Series(0, index=per_key.index)
+        main_info = pd.DataFrame(
+            index=per_key.index,
+            columns=[K.MAIN_COLLECTIVE, K.MAIN_PAYLOAD_BYTES, K.MAIN_TRANSFER_S, K.OTHER_PAYLOAD_BYTES],
+        )
+    else:
+        _check_matched(collectives, w)
+        d = collectives.pivot_table(index=[*_KEY, K.SEQ], columns=K.RANK, values=K.DURATION_S, aggfunc="first")
+        d = d.reindex(columns=world)
+        dmin = d.min(axis=1)
+        transfer = dmin.groupby(level=_KEY, sort=False).sum()
+        excess = d.sub(dmin, axis=0)
+        wait = excess.groupby(level=_KEY, sort=False).sum().mean(axis=1)
+        comm = collectives.groupby([*_KEY, K.RANK])[K.DURATION_S].sum().reindex(s.index, fill_value=0.0)
+        n_coll = collectives[collectives[K.RANK] == world[0]].groupby(_KEY).size()
+        main_info = _main_info(collectives, dmin)
+
+    compute_r = s - comm
+    g = compute_r.groupby(level=_KEY, sort=False)
+    out = pd.DataFrame(
+        {
+            K.COMPUTE_S: g.mean(),
+            K.COMPUTE_MAX_S: g.max(),
+            K.SECTION_S: s.groupby(level=_KEY, sort=False).mean(),
+            K.SECTION_MAX_S: s.groupby(level=_KEY, sort=False).max(),
+        }
+    )
+    out[K.TRANSFER_S] = transfer.reindex(out.index, fill_value=0.0)
+    out[K.WAIT_S] = wait.reindex(out.index, fill_value=0.0)
+    out[K.N_COLLECTIVES] = n_coll.reindex(out.index, fill_value=0).astype("int64")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out[K.LB] = np.where(out[K.COMPUTE_MAX_S] != 0, out[K.COMPUTE_S] / out[K.COMPUTE_MAX_S], np.nan)
+    out = out.join(main_info.reindex(out.index))
+    warm = ranks.groupby(_KEY, sort=False)[K.WARMUP].first()
+    out[K.WARMUP] = warm.reindex(out.index).astype(bool)
+    out[K.WORLD_SIZE] = w
+    out = out.reset_index()
+    order = {name: i for i, name in enumerate(dict.fromkeys(ranks[K.SECTION]))}
+    out = out.sort_values([K.ITERATION, K.SECTION], key=lambda c: c.map(order) if c.name == K.SECTION else c)
+    out[K.MAIN_PAYLOAD_BYTES] = out[K.MAIN_PAYLOAD_BYTES].astype("Int64")
+    out[K.OTHER_PAYLOAD_BYTES] = out[K.OTHER_PAYLOAD_BYTES].astype("Int64")
+    out[K.MAIN_TRANSFER_S] = out[K.MAIN_TRANSFER_S].astype("float64")
+    out[K.MAIN_COLLECTIVE] = out[K.MAIN_COLLECTIVE].astype("string")
+    return out[list(K.SECTIONS_COLUMNS)].reset_index(drop=True)
+
+
+def _check_matched(collectives: pd.DataFrame, w: int) -> None:
+    counts = collectives.groupby([*_KEY, K.RANK]).size().unstack(K.RANK)
+    if counts.shape[1] != w:
+        counts = counts.reindex(columns=range(w))
+    bad = counts[counts.nunique(axis=1, dropna=False) > 1]
+    if counts.isna().any(axis=None):
+        bad = counts[counts.isna().any(axis=1) | (counts.nunique(axis=1) > 1)]
+    if not bad.empty:
+        (it, sec) = bad.index[0]
+        per_rank = ", ".join(f"rank {r}: {0 if pd.isna(n) else int(n)}" for r, n in bad.iloc[0].items())
+        raise DecompositionError(
+            f"iteration {it} section {sec!r}: ranks ran different numbers of collectives "
+            f"({per_rank}); they cannot be matched by order"
+        )
+    types = collectives.groupby([*_KEY, K.SEQ])[K.COLLECTIVE].nunique()
+    if (types > 1).any():
+        it, sec, seq = types[types > 1].index[0]
+        raise DecompositionError(
+            f"iteration {it} section {sec!r} collective #{seq}: ranks ran different collective types"
+        )
+
+
+def _main_info(collectives: pd.DataFrame, dmin: pd.Series) -> pd.DataFrame:
+    main = collectives[K.MAIN] if K.MAIN in collectives else mark_main(collectives)
+    first_rank = collectives[K.RANK].min()
+    rows = collectives[collectives[K.RANK] == first_rank]
+    is_main = main[rows.index]
+    mrows = rows[is_main].set_index(_KEY)
+    other = rows[~is_main].groupby(_KEY)[K.PAYLOAD_BYTES].sum(min_count=1)
+    seq_min = dmin.reset_index().rename(columns={0: K.MAIN_TRANSFER_S})
+    seq_min.columns = [*_KEY, K.SEQ, K.MAIN_TRANSFER_S]
+    mt = mrows.reset_index()[[*_KEY, K.SEQ]].merge(seq_min, on=[*_KEY, K.SEQ], how="left").set_index(_KEY)
+    return pd.DataFrame(
+        {
+            K.MAIN_COLLECTIVE: mrows[K.COLLECTIVE],
+            K.MAIN_PAYLOAD_BYTES: mrows[K.PAYLOAD_BYTES],
+            K.MAIN_TRANSFER_S: mt[K.MAIN_TRANSFER_S],
+            K.OTHER_PAYLOAD_BYTES: other.reindex(mrows.index),
+        }
+    )
+
+
+def summarize(sections: pd.DataFrame, gpus: int) -> pd.DataFrame:
+    """Per-section and combined totals over the measured iterations of one run.
+
+    Args:
+        sections: a ``sections`` table (see :func:`decompose`).
+        gpus: world size, for GPU-seconds.
+
+    Returns:
+        One row per section plus a row with SECTION ``"all"`` (sums over sections), columns
+        SECTION, ``iterations``, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S (sums over
+        measured iterations, seconds), LB = ΣC/ΣC_max, COMM_E = ΣC_max/ΣS, PE = LB x CommE, and
+        GPU_SECONDS = gpus x ΣS / iterations (GPU-seconds per measured iteration).
+
+    Raises:
+        DecompositionError: no measured (non-warm-up) iteration.
+    """
+    m = sections[~sections[K.WARMUP].astype(bool)]
+    if m.empty:
+        raise DecompositionError("no measured iteration (all rows are warm-up)")
+    n_it = m[K.ITERATION].nunique()
+    cols = [K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S]
+    per = m.groupby(K.SECTION, sort=False)[cols].sum()
+    per.loc["all"] = per.sum()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per[K.LB] = np.where(per[K.COMPUTE_MAX_S] != 0, per[K.COMPUTE_S] / per[K.COMPUTE_MAX_S], np.nan)
+        per[K.COMM_E] = np.where(per[K.SECTION_S] != 0, per[K.COMPUTE_MAX_S] / per[K.SECTION_S], np.nan)
+    per[K.PE] = per[K.LB] * per[K.COMM_E]
+    per[K.GPU_SECONDS] = gpus * per[K.SECTION_S] / n_it
+    per.insert(0, "iterations", n_it)
+    return per.reset_index().rename(columns={"index": K.SECTION})
+
+
+def run_metrics(sections: pd.DataFrame, gpus: int) -> dict[str, Any]:
+    """Run-level figures for ``run.json``: combined LB, CommE, PE, GPU-seconds, per section.
+
+    Returns:
+        ``{"lb", "comm_e", "pe", "gpu_seconds_per_iteration", "iterations", "sections": {name:
+        {...}}}`` with floats (NaN rendered as ``None``).
+    """
+    summ = summarize(sections, gpus).set_index(K.SECTION)
+
+    def clean(row: pd.Series) -> dict[str, Any]:
+        return {k: (None if pd.isna(v) else (int(v) if k == "iterations" else float(v))) for k, v in row.items()}
+
+    allrow = clean(summ.loc["all"])
+    return {
+        "lb": allrow[K.LB],
+        "comm_e": allrow[K.COMM_E],
+        "pe": allrow[K.PE],
+        "gpu_seconds_per_iteration": allrow[K.GPU_SECONDS],
+        "iterations": allrow["iterations"],
+        "sections": {name: clean(row) for name, row in summ.drop(index="all").iterrows()},
+    }

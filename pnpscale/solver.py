@@ -1,0 +1,193 @@
+"""deepinv.distributed PnP solver, exposed as named sections.
+
+Inference (one iteration = two sections)::
+
+    gradient:  x <- x - gamma * sum_i A_i^T (A_i x - y_i)     (DistributedDataFidelity.grad)
+    denoiser:  x <- D_sigma(x)                                 (DRUNet on overlapping tiles)
+
+Each section ends with one image-sized ``all_reduce`` (deepinv's reconciliation of ranks); the
+gradient also runs deepinv's three tiny shape/flag collectives. ``gamma = stepsize / L`` with
+``L`` the bound of :class:`~pnpscale.problems.ProblemData`.
+
+Training (one step = two sections, see :class:`TrainingSolver`)::
+
+    forward:   K unrolled PnP iterations from the back-projection, then the MSE loss
+    backward:  loss.backward() (autograd-aware collectives, denoiser weight-gradient all_reduce)
+
+The optimizer step runs outside the sections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pnpscale.config import SPATIAL_DIMS, RunSpec
+from pnpscale.problems import ProblemData, build_problem, measurements
+
+Section = tuple[str, Callable[[], None]]
+
+
+def build_denoiser(spec: RunSpec, channels: int) -> torch.nn.Module:
+    """DRUNet with ``pretrained=None`` and the spec's widths, weights from ``spec.seed``.
+
+    Built on the CPU under a fixed seed, so every rank holds identical weights.
+    """
+    from deepinv.models import DRUNet
+
+    dims = SPATIAL_DIMS[spec.problem]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        return DRUNet(
+            in_channels=channels,
+            out_channels=channels,
+            nc=tuple(spec.sizes["nc"]),
+            nb=spec.sizes["nb"],
+            pretrained=None,
+            device="cpu",
+            dim=dims,
+        )
+
+
+class _Distributed:
+    """Shared construction: problem, distributed physics, data fidelity and tiled denoiser."""
+
+    def __init__(self, spec: RunSpec, ctx: Any, *, train: bool) -> None:
+        from deepinv.distributed import distribute
+        from deepinv.distributed.strategies.distributed_strategies import TilingStrategy
+        from deepinv.optim.data_fidelity import L2
+
+        self.spec, self.ctx = spec, ctx
+        self.problem: ProblemData = build_problem(spec, ctx.device)
+        x_true = self.problem.x_true
+        n_ops = self.problem.num_operators
+        self.physics = distribute(self.problem.factory, ctx, num_operators=n_ops, type_object="linear_physics")
+        self.fidelity = distribute(lambda i, d, kw: L2(), ctx, num_operators=n_ops, type_object="data_fidelity")
+        self.y = measurements(
+            self.problem, self.physics.local_physics, self.physics.local_indexes, spec.noise_sigma, spec.seed
+        )
+        dims = SPATIAL_DIMS[spec.problem]
+        tiling_dims = tuple(range(-dims, 0))
+        strategy = TilingStrategy(
+            x_true.shape,
+            tiling_dims=tiling_dims,
+            patch_size=spec.sizes["patch_size"],
+            overlap=spec.sizes["overlap"],
+        )
+        net = build_denoiser(spec, x_true.shape[1])
+        if not train:
+            net.requires_grad_(False).eval()
+        self.net = net
+        self.denoiser = distribute(
+            net,
+            ctx,
+            type_object="denoiser",
+            tiling_strategy=strategy,
+            tiling_dims=tiling_dims,
+            patch_size=spec.sizes["patch_size"],
+            overlap=spec.sizes["overlap"],
+            max_batch_size=spec.sizes["max_batch_size"],
+        )
+        self.num_tiles = strategy.get_num_patches()
+        self.gamma = spec.stepsize / self.problem.lipschitz
+        self.sigma = float(spec.denoiser_sigma)
+
+    def backprojection(self) -> torch.Tensor:
+        """``x0 = A^T y / L`` (one image-sized all_reduce; run outside the sections)."""
+        return self.physics.A_adjoint(self.y) / self.problem.lipschitz
+
+
+class InferenceSolver(_Distributed):
+    """The PnP loop with fixed denoiser weights: sections ``gradient`` then ``denoiser``."""
+
+    def __init__(self, spec: RunSpec, ctx: Any) -> None:
+        super().__init__(spec, ctx, train=False)
+        with torch.no_grad():
+            self.x = self.backprojection()
+
+    def _gradient(self) -> None:
+        with torch.no_grad():
+            g = self.fidelity.grad(self.x, self.y, self.physics)
+            self.x = self.x - self.gamma * g
+
+    def _denoise(self) -> None:
+        with torch.no_grad():
+            self.x = self.denoiser(self.x, self.sigma)
+
+    def sections(self) -> list[Section]:
+        return [("gradient", self._gradient), ("denoiser", self._denoise)]
+
+    def after_step(self) -> None:
+        """Nothing happens between inference iterations."""
+
+    def result(self) -> torch.Tensor:
+        return self.x
+
+
+class TrainingSolver(_Distributed):
+    """K unrolled PnP iterations trained as one network: sections ``forward`` then ``backward``.
+
+    Loss: mean squared error against the ground truth. Optimizer: Adam on the denoiser weights
+    (and on the step size ``gamma`` when ``mode.train_stepsize``); it steps outside the sections.
+    deepinv's autograd-aware collectives carry gradients across ranks, and its parameter sync
+    all-reduces (averages) the denoiser's weight gradients at the end of backward, so weights stay
+    identical on every rank.
+    """
+
+    def __init__(self, spec: RunSpec, ctx: Any) -> None:
+        super().__init__(spec, ctx, train=True)
+        from deepinv.distributed import distribute
+
+        self.unroll = int(spec.sizes["unroll"])
+        with torch.no_grad():
+            self.x0 = self.backprojection()
+        self.log_gamma = torch.nn.Parameter(torch.tensor(float(torch.log(torch.tensor(self.gamma))), device=ctx.device))
+        params = list(self.net.parameters())
+        if spec.train_stepsize:
+            self.log_gamma = distribute(self.log_gamma, ctx, type_object="parameters")
+            params.append(self.log_gamma)
+        else:
+            self.log_gamma.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(params, lr=spec.lr)
+        self.loss: torch.Tensor | None = None
+        self.losses: list[float] = []
+        self.x: torch.Tensor = self.x0
+
+    def _forward(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        gamma = self.log_gamma.exp()
+        x = self.x0
+        for _ in range(self.unroll):
+            g = self.fidelity.grad(x, self.y, self.physics)
+            x = self.denoiser(x - gamma * g, self.sigma)
+        self.x = x
+        self.loss = torch.mean((x - self.problem.x_true) ** 2)
+
+    def _backward(self) -> None:
+        assert self.loss is not None
+        self.loss.backward()
+
+    def sections(self) -> list[Section]:
+        return [("forward", self._forward), ("backward", self._backward)]
+
+    def after_step(self) -> None:
+        """Optimizer step (outside the sections); records the loss."""
+        assert self.loss is not None
+        self.losses.append(float(self.loss.detach()))
+        self.optimizer.step()
+        self.loss = None
+
+    def result(self) -> torch.Tensor:
+        return self.x.detach()
+
+    def grad_norm(self) -> float:
+        """Euclidean norm of the denoiser weight gradient (after a backward)."""
+        sq = [p.grad.detach().pow(2).sum() for p in self.net.parameters() if p.grad is not None]
+        return float(torch.stack(sq).sum().sqrt()) if sq else 0.0
+
+
+def make_solver(spec: RunSpec, ctx: Any) -> InferenceSolver | TrainingSolver:
+    """The solver of ``spec.mode``."""
+    return TrainingSolver(spec, ctx) if spec.mode == "training" else InferenceSolver(spec, ctx)

@@ -1,0 +1,110 @@
+"""Config schema, value rules and one-line errors before anything starts (pnpscale.config)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from pnpscale.cli_check import check_overrides, group_options
+from pnpscale.config import ConfigError, register_schema, resolve_spec, validate
+
+from tests.helpers import ROOT, run_cli, run_dirs
+
+
+@pytest.fixture(scope="module")
+def composer():
+    register_schema()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        yield lambda *ov: compose("config", overrides=list(ov))
+
+
+def test_defaults_compose_and_resolve(composer):
+    cfg = composer()
+    validate(cfg)
+    small = resolve_spec(cfg, cuda_available=False)
+    assert small.scale == "small" and small.scale_requested == "auto" and small.sections == ("gradient", "denoiser")
+    paper = resolve_spec(cfg, cuda_available=True)
+    assert paper.scale == "paper"
+    assert paper.sizes["image_size"] == 8192 and paper.sizes["num_operators"] == 8 and paper.channels == 3
+    assert paper.sizes["nc"] == [64, 128, 256, 512] and paper.sizes["nb"] == 4
+
+
+def test_explicit_size_overrides_every_preset(composer):
+    cfg = composer("problem.image_size=512", "scale=paper")
+    spec = resolve_spec(cfg, cuda_available=False)
+    assert spec.scale == "paper" and spec.sizes["image_size"] == 512 and spec.sizes["num_operators"] == 8
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "allowed"),
+    [
+        (["gpus=0"], "gpus=0", "1..64"),
+        (["gpus=65"], "gpus=65", "1..64"),
+        (["iterations=-1"], "iterations=-1", ">= 1"),
+        (["warmup=-2"], "warmup=-2", ">= 0"),
+        (["problem.patch_size=30"], "problem.patch_size=30", "multiple of 8"),
+        (["problem.image_size=64", "problem.patch_size=64", "problem.overlap=0"], "problem.patch_size=64", "smaller than"),
+        (["scale=huge"], "scale=huge", "paper, small, auto"),
+        (["dist.backend=mpi"], "dist.backend=mpi", "auto, gloo, nccl"),
+        (["inject.rank=3", "gpus=2"], "inject.rank=3", "0..1"),
+        (["inject.section=forward"], "inject.section=forward", "gradient, denoiser"),
+    ],
+)
+def test_value_errors_are_one_line_naming_key_and_allowed(composer, overrides, key, allowed):
+    with pytest.raises(ConfigError) as info:
+        validate(composer(*overrides))
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(key) and allowed in msg
+
+
+def test_unknown_key_fails_at_compose_time(composer):
+    with pytest.raises(ConfigCompositionException):
+        composer("problem.imagesize=3")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["gpus=0"], "gpus=0: must be an integer in 1..64"),
+        (["-m", "gpus=1,2,65"], "gpus=65: must be an integer in 1..64"),
+        (["problem=4d"], "problem=4d: allowed values: 2d"),
+        (["mode=train"], "mode=train: allowed values: inference"),
+        (["gpuz=2"], "gpuz=2: unknown key; did you mean gpus"),
+        (["problem.imagesize=3"], "did you mean problem.image_size"),
+        (["+gpus=2"], "drop the leading '+'"),
+        (["iterations=-1"], "iterations=-1: must be an integer >= 1"),
+        (["gpus=abc"], "gpus=abc: must be an integer in 1..64"),
+    ],
+)
+def test_command_line_precheck(argv, expected):
+    with pytest.raises(ConfigError) as info:
+        check_overrides(argv)
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_precheck_accepts_valid_lines():
+    check_overrides(["-m", "gpus=1,2,4", "problem=2d", "hydra.verbose=true", "cluster.additional_parameters.foo=1"])
+    check_overrides(["problem.nc=[8,16,32,64]", "iterations=5", "scale=paper", "--cfg", "job"])
+    assert "2d" in group_options("problem") and "inference" in group_options("mode")
+
+
+def test_cli_bad_value_exits_at_once_with_one_line(tmp_path):
+    t0 = time.monotonic()
+    proc = run_cli("gpus=65", root=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["pnpscale: error: gpus=65: must be an integer in 1..64"]
+    assert time.monotonic() - t0 < 30 and not (tmp_path / "outputs").exists()
+
+
+def test_cli_sweep_with_a_bad_composed_point_starts_nothing(tmp_path):
+    # passes the command-line pre-check (each value is fine alone) but the composed point is not
+    proc = run_cli("-m", "gpus=1,2", "problem.patch_size=30", "scale=small", root=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert "problem.patch_size=30: tile window patch_size+2*overlap=46 must be a multiple of 8" in proc.stderr
+    assert "sweep points: gpus=1 problem.patch_size=30 scale=small; gpus=2" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert run_dirs(tmp_path) == [] and list((tmp_path / "outputs").glob("*")) == []

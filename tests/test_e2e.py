@@ -1,0 +1,108 @@
+"""End to end on CPU ranks (gloo): the main job writes measured, additive run folders."""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from pnpscale import columns as K
+from pnpscale import layout
+from tests.helpers import TINY_2D, read_run, run_cli, run_dirs
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    proc = run_cli("-m", "gpus=1,2", *TINY_2D, "output.save_reconstruction=true", "report=false", root=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dirs = {read_run(d)["gpus"]: d for d in run_dirs(root)}
+    assert set(dirs) == {1, 2}
+    return proc, dirs
+
+
+def test_hive_layout_and_documented_files(sweep):
+    _, dirs = sweep
+    for gpus, d in dirs.items():
+        assert d.parts[-3:] == ("problem=2d", "mode=inference", f"gpus={gpus}")
+        for name in (layout.RUN_JSON, layout.RANKS, layout.SECTIONS, layout.COLLECTIVES):
+            assert (d / name).is_file(), name
+        assert list(pd.read_parquet(d / layout.RANKS).columns) == list(K.RANKS_COLUMNS)
+        assert list(pd.read_parquet(d / layout.SECTIONS).columns) == list(K.SECTIONS_COLUMNS)
+        assert list(pd.read_parquet(d / layout.COLLECTIVES).columns) == list(K.COLLECTIVES_COLUMNS)
+
+
+def test_run_json_provenance(sweep):
+    _, dirs = sweep
+    run = read_run(dirs[2])
+    assert run["status"] == "complete" and run["error"] is None
+    assert run["backend"] == "gloo" and run["world_size"] == 2 and run["nodes"] == 1
+    assert run["scale"] == "small" and run["scale_requested"] == "small"
+    assert run["versions"]["torch"].startswith("2.14.1") and run["versions"]["deepinv"].startswith("0.5")
+    assert len(run["device_names"]) == 2 and run["assignment"]["operators_per_rank"] == [2, 2]
+    assert run["assignment"]["tiles_per_rank"] == [8, 8] and run["assignment"]["num_tiles"] == 16
+    assert run["config"]["gpus"] == 2 and run["timings"]["measure_s"] > 0
+    assert 0 < run["metrics"]["pe"] <= 1 and run["metrics"]["iterations"] == 2
+
+
+def test_two_ranks_measured_and_additive(sweep):
+    _, dirs = sweep
+    ranks = pd.read_parquet(dirs[2] / layout.RANKS)
+    sections = pd.read_parquet(dirs[2] / layout.SECTIONS)
+    colls = pd.read_parquet(dirs[2] / layout.COLLECTIVES)
+    assert len(ranks) == 2 * 3 * 2  # ranks x (warm-up + 2) x sections
+    assert (ranks[K.SECTION_S] > 0).all() and (colls[K.DURATION_S] > 0).all()
+    assert (ranks[K.PEAK_MEM_BYTES] > 0).all()
+    assert sections[K.WARMUP].tolist() == [True, True, False, False, False, False]
+    total = sections[K.COMPUTE_S] + sections[K.TRANSFER_S] + sections[K.WAIT_S]
+    assert (total - sections[K.SECTION_S]).abs().max() < 1e-9
+    assert (sections[K.TRANSFER_S] > 0).all()
+    # deepinv: the gradient runs 2 broadcasts + 2 all_reduces, the denoiser one all_reduce
+    per = sections.groupby(K.SECTION)[K.N_COLLECTIVES].first().to_dict()
+    assert per == {"gradient": 4, "denoiser": 1}
+    image_bytes = 3 * 32 * 32 * 4
+    assert (sections[K.MAIN_PAYLOAD_BYTES] == image_bytes).all()
+    assert set(sections[K.MAIN_COLLECTIVE]) == {"all_reduce"}
+
+
+def test_one_rank_has_zero_wait_and_no_collectives(sweep):
+    _, dirs = sweep
+    sections = pd.read_parquet(dirs[1] / layout.SECTIONS)
+    assert (sections[K.WAIT_S] == 0).all() and (sections[K.TRANSFER_S] == 0).all()
+    assert (sections[K.N_COLLECTIVES] == 0).all()
+    assert pd.read_parquet(dirs[1] / layout.COLLECTIVES).empty
+    assert (sections[K.COMPUTE_S] == sections[K.SECTION_S]).all()
+
+
+def test_two_rank_reconstruction_equals_one_rank(sweep):
+    _, dirs = sweep
+    x1 = torch.load(dirs[1] / layout.RECONSTRUCTION)
+    x2 = torch.load(dirs[2] / layout.RECONSTRUCTION)
+    assert x1.shape == (1, 3, 32, 32)
+    assert torch.allclose(x1, x2, atol=1e-6, rtol=1e-5), float((x1 - x2).abs().max())
+
+
+def test_progress_and_output_folder_are_shown(sweep):
+    proc, dirs = sweep
+    assert "iteration 3/3" in proc.stdout + proc.stderr
+    assert str(dirs[2]) in proc.stdout + proc.stderr
+
+
+def test_failing_rank_ends_the_run_quickly_with_its_error(tmp_path):
+    t0 = time.monotonic()
+    proc = run_cli(
+        "gpus=2", *TINY_2D, "inject.rank=1", "inject.section=denoiser", "inject.fail=true", root=tmp_path, timeout=120
+    )
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert elapsed < 60
+    assert "rank 1 failed: InjectedFailure: rank 1: injected failure in section 'denoiser'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    (d,) = run_dirs(tmp_path)
+    run = read_run(d)
+    assert run["status"] == "failed" and "InjectedFailure" in run["error"]
+    assert not any((d / name).exists() for name in layout.TABLES)

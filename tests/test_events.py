@@ -1,0 +1,78 @@
+"""Reduction of one rank's profiler events to section records (pnpscale.events)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pnpscale.events import Event, Kind, SectionError, payload_bytes, section_records
+
+US = 1000  # ns
+
+
+def cpu(name, start_us, end_us, tid=1, **kw):
+    return Event(name, Kind.CPU, start_us * US, end_us * US, tid=tid, **kw)
+
+
+def test_gloo_sections_and_collectives():
+    events = [
+        cpu("gradient", 0, 100),
+        cpu("aten::mm", 1, 40),
+        cpu("c10d::allreduce_", 41, 42),
+        cpu("gloo:all_reduce", 43, 90, tid=7, payload_bytes=4096, collective="all_reduce"),
+        cpu("denoiser", 110, 300),
+        cpu("gloo:broadcast", 120, 125, tid=8, payload_bytes=8, collective="broadcast"),
+        cpu("gloo:all_reduce", 200, 290, tid=7, payload_bytes=4096, collective="all_reduce"),
+        cpu("gloo:barrier", 305, 310, tid=7),  # outside every section: ignored
+        cpu("gradient", 400, 450),
+        cpu("denoiser", 460, 500),
+    ]
+    recs = section_records(events, ("gradient", "denoiser"))
+    assert [(r.iteration, r.section) for r in recs] == [(0, "gradient"), (0, "denoiser"), (1, "gradient"), (1, "denoiser")]
+    g0, d0 = recs[0], recs[1]
+    assert g0.section_s == pytest.approx(100e-6) and g0.start_s == 0
+    assert [(c.name, c.payload_bytes) for c in g0.collectives] == [("all_reduce", 4096)]
+    assert g0.collectives[0].duration_s == pytest.approx(47e-6)
+    assert [c.name for c in d0.collectives] == ["broadcast", "all_reduce"] and [c.seq for c in d0.collectives] == [0, 1]
+    assert recs[2].collectives == [] and recs[3].start_s == pytest.approx(460e-6)
+
+
+def test_cuda_section_is_gpu_span_and_nccl_kernels_are_collectives():
+    events = [
+        cpu("denoiser", 0, 50),
+        cpu("nccl:all_reduce", 30, 31, payload_bytes=1 << 20, collective="all_reduce"),
+        # kernels run later than their launch; assignment is by launch time
+        Event("volta_sgemm", Kind.GPU, 20 * US, 60 * US, tid=7, launch_ns=5 * US),
+        Event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", Kind.GPU, 60 * US, 90 * US, tid=7, launch_ns=31 * US),
+        cpu("gradient", 100, 120),
+        Event("elementwise", Kind.GPU, 125 * US, 140 * US, tid=7, launch_ns=110 * US),
+    ]
+    d, g = section_records(events, ("denoiser", "gradient"))
+    assert d.section_s == pytest.approx(70e-6)  # 20 -> 90 us on the GPU
+    assert len(d.collectives) == 1
+    c = d.collectives[0]
+    assert c.name == "all_reduce" and c.payload_bytes == 1 << 20 and c.duration_s == pytest.approx(30e-6)
+    assert g.section_s == pytest.approx(15e-6) and g.collectives == []
+
+
+def test_kernel_without_launch_time_is_placed_by_its_start():
+    events = [
+        cpu("gradient", 0, 100),
+        Event("ncclKernel_AllReduce_RING_LL_Sum_float", Kind.GPU, 40 * US, 80 * US, tid=7),
+        cpu("denoiser", 100, 200),
+    ]
+    g, d = section_records(events, ("gradient", "denoiser"))
+    assert [c.name for c in g.collectives] == ["all_reduce"] and g.collectives[0].payload_bytes is None
+    assert d.section_s == 0 and d.collectives == []
+
+
+def test_unequal_section_counts_raise():
+    with pytest.raises(SectionError, match="gradient=2, denoiser=1"):
+        section_records([cpu("gradient", 0, 1), cpu("denoiser", 2, 3), cpu("gradient", 4, 5)], ("gradient", "denoiser"))
+    with pytest.raises(SectionError, match="forward=0"):
+        section_records([cpu("aten::mm", 0, 1)], ("forward", "backward"))
+
+
+def test_payload_bytes_dtypes():
+    assert payload_bytes([[8, 3, 16, 16]], ["c10::BFloat16"]) == 8 * 3 * 16 * 16 * 2
+    assert payload_bytes([[2]], ["Long"]) == 16
+    assert payload_bytes(None, None) is None

@@ -1,0 +1,145 @@
+"""POP decomposition on hand-computed per-rank tables (pnpscale.metrics)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from pnpscale import columns as K
+from pnpscale.metrics import DecompositionError, decompose, mark_main, run_metrics, summarize
+
+
+def ranks_table(rows):
+    """rows: (rank, iteration, section, section_s[, warmup])."""
+    return pd.DataFrame(
+        [
+            {K.RANK: r, K.ITERATION: i, K.SECTION: s, K.SECTION_S: t, K.WARMUP: (w[0] if w else False)}
+            for r, i, s, t, *w in rows
+        ]
+    )
+
+
+def coll_table(rows):
+    """rows: (rank, iteration, section, seq, duration_s, payload_bytes)."""
+    return pd.DataFrame(
+        [
+            {K.RANK: r, K.ITERATION: i, K.SECTION: s, K.SEQ: q, K.COLLECTIVE: "all_reduce", K.DURATION_S: d, K.PAYLOAD_BYTES: p}
+            for r, i, s, q, d, p in rows
+        ]
+    )
+
+
+def test_imbalanced_two_ranks_one_collective():
+    ranks = ranks_table([(0, 0, "denoiser", 1.0), (1, 0, "denoiser", 1.0)])
+    coll = coll_table([(0, 0, "denoiser", 0, 0.5, 800), (1, 0, "denoiser", 0, 0.1, 800)])
+    row = decompose(ranks, coll).iloc[0]
+    # rank 1 arrived last: its 0.1 s is pure transfer; rank 0 waited 0.4 s.
+    assert row[K.TRANSFER_S] == pytest.approx(0.1, abs=1e-12)
+    assert row[K.WAIT_S] == pytest.approx(0.2, abs=1e-12)  # mean(0.4, 0)
+    assert row[K.COMPUTE_S] == pytest.approx(0.7, abs=1e-12)  # mean(0.5, 0.9)
+    assert row[K.COMPUTE_MAX_S] == pytest.approx(0.9, abs=1e-12)
+    assert row[K.LB] == pytest.approx(0.7 / 0.9, abs=1e-12)
+    assert row[K.COMPUTE_S] + row[K.TRANSFER_S] + row[K.WAIT_S] == pytest.approx(row[K.SECTION_S], abs=1e-9)
+    assert row[K.MAIN_PAYLOAD_BYTES] == 800 and row[K.N_COLLECTIVES] == 1
+
+
+def test_three_ranks_two_collectives_per_section():
+    ranks = ranks_table([(0, 0, "gradient", 2.0), (1, 0, "gradient", 1.5), (2, 0, "gradient", 1.8)])
+    coll = coll_table(
+        [
+            (0, 0, "gradient", 0, 0.30, 8), (1, 0, "gradient", 0, 0.10, 8), (2, 0, "gradient", 0, 0.20, 8),
+            (0, 0, "gradient", 1, 0.05, 4096), (1, 0, "gradient", 1, 0.25, 4096), (2, 0, "gradient", 1, 0.15, 4096),
+        ]
+    )  # fmt: skip
+    row = decompose(ranks, coll).iloc[0]
+    assert row[K.TRANSFER_S] == pytest.approx(0.10 + 0.05, abs=1e-12)
+    # excess per rank: (0.2 + 0) , (0 + 0.2), (0.1 + 0.1) -> mean 0.2
+    assert row[K.WAIT_S] == pytest.approx(0.2, abs=1e-12)
+    assert row[K.COMPUTE_S] == pytest.approx((1.65 + 1.15 + 1.45) / 3, abs=1e-12)
+    assert row[K.COMPUTE_MAX_S] == pytest.approx(1.65, abs=1e-12)
+    assert row[K.SECTION_S] == pytest.approx(5.3 / 3, abs=1e-12)
+    assert row[K.COMPUTE_S] + row[K.TRANSFER_S] + row[K.WAIT_S] == pytest.approx(row[K.SECTION_S], abs=1e-9)
+    # the image-sized collective is the main one; the 8-byte one is "other"
+    assert row[K.MAIN_PAYLOAD_BYTES] == 4096 and row[K.OTHER_PAYLOAD_BYTES] == 8
+    assert row[K.MAIN_TRANSFER_S] == pytest.approx(0.05, abs=1e-12)
+    assert row[K.N_COLLECTIVES] == 2
+
+
+def test_single_rank_has_no_transfer_or_wait():
+    ranks = ranks_table([(0, 0, "gradient", 0.3), (0, 0, "denoiser", 0.7)])
+    out = decompose(ranks, coll_table([]))
+    assert (out[K.TRANSFER_S] == 0).all() and (out[K.WAIT_S] == 0).all()
+    assert list(out[K.COMPUTE_S]) == [0.3, 0.7] and (out[K.LB] == 1).all()
+    assert list(out[K.SECTION]) == ["gradient", "denoiser"]
+
+
+def test_additivity_on_random_tables():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    w, n_it, n_c = 5, 4, 3
+    rrows, crows = [], []
+    for it in range(n_it):
+        for sec in ("gradient", "denoiser"):
+            for r in range(w):
+                d = rng.uniform(0.001, 0.3, n_c)
+                rrows.append((r, it, sec, float(d.sum() + rng.uniform(0.1, 2.0))))
+                crows += [(r, it, sec, c, float(d[c]), 100) for c in range(n_c)]
+    out = decompose(ranks_table(rrows), coll_table(crows))
+    total = out[K.COMPUTE_S] + out[K.TRANSFER_S] + out[K.WAIT_S]
+    assert (total - out[K.SECTION_S]).abs().max() < 1e-9
+    assert (out[K.WAIT_S] >= -1e-15).all() and (out[K.LB] <= 1 + 1e-12).all()
+
+
+def test_unmatched_collectives_are_refused():
+    ranks = ranks_table([(0, 0, "s", 1.0), (1, 0, "s", 1.0)])
+    coll = coll_table([(0, 0, "s", 0, 0.1, 8), (1, 0, "s", 0, 0.1, 8), (1, 0, "s", 1, 0.1, 8)])
+    with pytest.raises(DecompositionError, match="different numbers of collectives.*rank 0: 1, rank 1: 2"):
+        decompose(ranks, coll)
+
+
+def test_missing_rank_row_is_refused():
+    ranks = ranks_table([(0, 0, "s", 1.0), (1, 0, "s", 1.0), (0, 1, "s", 1.0)])
+    with pytest.raises(DecompositionError, match="iteration 1 section 's': 1 of 2 ranks"):
+        decompose(ranks, coll_table([]))
+
+
+def test_mark_main_flags_largest_payload_per_section():
+    coll = coll_table([(0, 0, "s", 0, 0.1, 8), (0, 0, "s", 1, 0.1, 1 << 20), (0, 0, "t", 0, 0.1, 16)])
+    assert list(mark_main(coll)) == [False, True, True]
+
+
+def test_summary_combined_lb_comme_pe_by_hand():
+    # two ranks, two sections, iteration 0 is warm-up and must be ignored
+    ranks = ranks_table(
+        [
+            (0, 0, "g", 99.0, True), (1, 0, "g", 99.0, True), (0, 0, "d", 99.0, True), (1, 0, "d", 99.0, True),
+            (0, 1, "g", 1.0), (1, 1, "g", 1.0), (0, 1, "d", 4.0), (1, 1, "d", 4.0),
+        ]
+    )  # fmt: skip
+    coll = coll_table(
+        [
+            (0, 0, "g", 0, 1.0, 8), (1, 0, "g", 0, 1.0, 8), (0, 0, "d", 0, 1.0, 8), (1, 0, "d", 0, 1.0, 8),
+            (0, 1, "g", 0, 0.6, 8), (1, 1, "g", 0, 0.2, 8),   # g: C_r = 0.4, 0.8; T = 0.2; W = 0.2
+            (0, 1, "d", 0, 0.5, 8), (1, 1, "d", 0, 0.5, 8),   # d: C_r = 3.5, 3.5; T = 0.5; W = 0
+        ]
+    )  # fmt: skip
+    sections = decompose(ranks, coll)
+    summ = summarize(sections, gpus=2).set_index(K.SECTION)
+    assert summ.loc["g", K.LB] == pytest.approx(0.6 / 0.8)
+    assert summ.loc["d", K.LB] == pytest.approx(1.0)
+    lb = (0.6 + 3.5) / (0.8 + 3.5)
+    comm_e = (0.8 + 3.5) / (1.0 + 4.0)
+    assert summ.loc["all", K.LB] == pytest.approx(lb)
+    assert summ.loc["all", K.COMM_E] == pytest.approx(comm_e)
+    assert summ.loc["all", K.PE] == pytest.approx(lb * comm_e)
+    assert summ.loc["all", K.GPU_SECONDS] == pytest.approx(2 * 5.0)
+    m = run_metrics(sections, gpus=2)
+    assert m["iterations"] == 1 and m["pe"] == pytest.approx(lb * comm_e)
+    assert set(m["sections"]) == {"g", "d"}
+
+
+def test_summary_needs_a_measured_iteration():
+    sections = decompose(ranks_table([(0, 0, "g", 1.0, True)]), coll_table([]))
+    with pytest.raises(DecompositionError, match="no measured iteration"):
+        summarize(sections, gpus=1)
