@@ -32,31 +32,41 @@ class DecompositionError(ValueError):
     """Per-rank tables that cannot be decomposed (missing ranks, unmatched collectives)."""
 
 
-def mark_main(collectives: pd.DataFrame) -> pd.Series:
-    """Flag each section's main collective: the one with the largest payload.
+def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None) -> pd.Series:
+    """Flag the main collectives of each section: those carrying the image.
 
-    The main collective is the image-sized ``all_reduce`` of the seed page; other collectives
-    (deepinv's shape broadcasts, training's gradient all_reduces) are recorded but not main.
-    The choice is made per (iteration, section, seq) from the payload's maximum across ranks, so
-    every rank flags the same ``seq``; ties go to the lowest ``seq``.
+    The main collective is the seed page's image-sized ``all_reduce`` (one per inference section;
+    ``2K`` in training's forward with K unrolled iterations). Other collectives (deepinv's shape
+    broadcasts and flag all_reduce, the weight-gradient all_reduces of training's backward) are
+    recorded but not main. Rule, per iteration x section: the collectives whose payload equals
+    ``image_bytes`` when any does, else those with the section's largest payload. Payloads are
+    taken as the maximum across ranks for each ``seq``, so every rank flags the same ``seq``.
 
     Args:
-        collectives: rows of ``collectives.parquet`` (columns ITERATION, SECTION, SEQ, RANK,
-            PAYLOAD_BYTES).
+        collectives: rows of ``collectives.parquet`` (ITERATION, SECTION, SEQ, RANK, PAYLOAD_BYTES).
+        image_bytes: bytes of the signal (``C * N^dims * itemsize``), when known.
 
     Returns:
         Boolean Series aligned with ``collectives``.
+
+    >>> c = pd.DataFrame({"rank": 0, "iteration": 0, "section": "s", "seq": [0, 1, 2],
+    ...                   "payload_bytes": [8, 4096, 16384]})
+    >>> mark_main(c).tolist(), mark_main(c, image_bytes=4096).tolist()
+    ([False, False, True], [False, True, False])
     """
     if collectives.empty:
         return pd.Series([], dtype=bool, index=collectives.index)
     payload = collectives[K.PAYLOAD_BYTES].astype("float64").fillna(-1.0)
-    per_seq = payload.groupby([collectives[K.ITERATION], collectives[K.SECTION], collectives[K.SEQ]]).max()
-    best = per_seq.reset_index().sort_values(
-        [K.ITERATION, K.SECTION, K.PAYLOAD_BYTES, K.SEQ], ascending=[True, True, False, True]
-    )
-    best = best.drop_duplicates(_KEY)[[*_KEY, K.SEQ]].rename(columns={K.SEQ: "_main_seq"})
-    merged = collectives[[*_KEY, K.SEQ]].merge(best, on=_KEY, how="left")
-    return pd.Series((merged[K.SEQ] == merged["_main_seq"]).to_numpy(), index=collectives.index)
+    keys = [collectives[K.ITERATION], collectives[K.SECTION], collectives[K.SEQ]]
+    per_seq = payload.groupby(keys).transform("max")
+    section_keys = [collectives[K.ITERATION], collectives[K.SECTION]]
+    largest = per_seq.groupby(section_keys).transform("max")
+    is_main = per_seq == largest
+    if image_bytes is not None:
+        image = per_seq == float(image_bytes)
+        has_image = image.groupby(section_keys).transform("any")
+        is_main = is_main.where(~has_image, image)
+    return is_main.astype(bool)
 
 
 def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
@@ -107,7 +117,7 @@ def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
         n_coll = pd.Series(0, index=per_key.index)
         main_info = pd.DataFrame(
             index=per_key.index,
-            columns=[K.MAIN_COLLECTIVE, K.MAIN_PAYLOAD_BYTES, K.MAIN_TRANSFER_S, K.OTHER_PAYLOAD_BYTES],
+            columns=[K.MAIN_COLLECTIVE, K.MAIN_PAYLOAD_BYTES, K.N_MAIN, K.MAIN_TRANSFER_S, K.OTHER_PAYLOAD_BYTES],
         )
     else:
         _check_matched(collectives, w)
@@ -146,6 +156,7 @@ def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
     out[K.MAIN_PAYLOAD_BYTES] = out[K.MAIN_PAYLOAD_BYTES].astype("Int64")
     out[K.OTHER_PAYLOAD_BYTES] = out[K.OTHER_PAYLOAD_BYTES].astype("Int64")
     out[K.MAIN_TRANSFER_S] = out[K.MAIN_TRANSFER_S].astype("float64")
+    out[K.N_MAIN] = out[K.N_MAIN].fillna(0).astype("int64")
     out[K.MAIN_COLLECTIVE] = out[K.MAIN_COLLECTIVE].astype("string")
     return out[list(K.SECTIONS_COLUMNS)].reset_index(drop=True)
 
@@ -173,23 +184,25 @@ def _check_matched(collectives: pd.DataFrame, w: int) -> None:
 
 
 def _main_info(collectives: pd.DataFrame, dmin: pd.Series) -> pd.DataFrame:
-    main = collectives[K.MAIN] if K.MAIN in collectives else mark_main(collectives)
+    """Per iteration x section: main collective type, payload, count and transfer; other payload."""
+    main = collectives[K.MAIN].astype(bool) if K.MAIN in collectives else mark_main(collectives)
     first_rank = collectives[K.RANK].min()
-    rows = collectives[collectives[K.RANK] == first_rank]
-    is_main = main[rows.index]
-    mrows = rows[is_main].set_index(_KEY)
-    other = rows[~is_main].groupby(_KEY)[K.PAYLOAD_BYTES].sum(min_count=1)
-    seq_min = dmin.reset_index().rename(columns={0: K.MAIN_TRANSFER_S})
-    seq_min.columns = [*_KEY, K.SEQ, K.MAIN_TRANSFER_S]
-    mt = mrows.reset_index()[[*_KEY, K.SEQ]].merge(seq_min, on=[*_KEY, K.SEQ], how="left").set_index(_KEY)
-    return pd.DataFrame(
+    rows = collectives[collectives[K.RANK] == first_rank].assign(_main=main)
+    mins = dmin.rename(K.MAIN_TRANSFER_S).reset_index()
+    rows = rows.merge(mins, on=[*_KEY, K.SEQ], how="left")
+    mrows = rows[rows["_main"]]
+    g = mrows.groupby(_KEY, sort=False)
+    other = rows[~rows["_main"]].groupby(_KEY)[K.PAYLOAD_BYTES].sum(min_count=1)
+    out = pd.DataFrame(
         {
-            K.MAIN_COLLECTIVE: mrows[K.COLLECTIVE],
-            K.MAIN_PAYLOAD_BYTES: mrows[K.PAYLOAD_BYTES],
-            K.MAIN_TRANSFER_S: mt[K.MAIN_TRANSFER_S],
-            K.OTHER_PAYLOAD_BYTES: other.reindex(mrows.index),
+            K.MAIN_COLLECTIVE: g[K.COLLECTIVE].first(),
+            K.MAIN_PAYLOAD_BYTES: g[K.PAYLOAD_BYTES].max(),
+            K.N_MAIN: g.size(),
+            K.MAIN_TRANSFER_S: g[K.MAIN_TRANSFER_S].sum(),
         }
     )
+    out[K.OTHER_PAYLOAD_BYTES] = other.reindex(out.index)
+    return out
 
 
 def summarize(sections: pd.DataFrame, gpus: int) -> pd.DataFrame:

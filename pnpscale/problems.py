@@ -143,8 +143,7 @@ def build_problem(spec: RunSpec, device: torch.device) -> ProblemData:
         ValueError: unknown problem name.
     """
     dims = SPATIAL_DIMS[spec.problem]
-    channels = spec.channels if spec.problem == "2d" else 1
-    x = synthetic_signal(spec.sizes["image_size"], channels, dims, spec.seed, device)
+    x = synthetic_signal(spec.sizes["image_size"], spec.channels, dims, spec.seed, device)
     if spec.problem == "2d":
         make_op = sr_operator_2d
     elif spec.problem == "3d":

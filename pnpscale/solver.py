@@ -51,6 +51,16 @@ def build_denoiser(spec: RunSpec, channels: int) -> torch.nn.Module:
         )
 
 
+def weights_digest(net: torch.nn.Module) -> str:
+    """SHA-256 of the module's parameters (exact bytes, in order): equal digests = identical weights."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in net.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 class _Distributed:
     """Shared construction: problem, distributed physics, data fidelity and tiled denoiser."""
 
@@ -122,6 +132,10 @@ class InferenceSolver(_Distributed):
     def after_step(self) -> None:
         """Nothing happens between inference iterations."""
 
+    def summary(self) -> dict[str, Any]:
+        """Digest of the (fixed) denoiser weights."""
+        return {"weights_sha256": weights_digest(self.net)}
+
     def result(self) -> torch.Tensor:
         return self.x
 
@@ -153,6 +167,7 @@ class TrainingSolver(_Distributed):
         self.optimizer = torch.optim.Adam(params, lr=spec.lr)
         self.loss: torch.Tensor | None = None
         self.losses: list[float] = []
+        self.grad_norms: list[float] = []
         self.x: torch.Tensor = self.x0
 
     def _forward(self) -> None:
@@ -173,11 +188,20 @@ class TrainingSolver(_Distributed):
         return [("forward", self._forward), ("backward", self._backward)]
 
     def after_step(self) -> None:
-        """Optimizer step (outside the sections); records the loss."""
+        """Optimizer step (outside the sections); records the loss and the weight-gradient norm."""
         assert self.loss is not None
         self.losses.append(float(self.loss.detach()))
+        self.grad_norms.append(self.grad_norm())
         self.optimizer.step()
         self.loss = None
+
+    def summary(self) -> dict[str, Any]:
+        """Per-step loss and denoiser weight-gradient norm, and a digest of the final weights."""
+        return {
+            "losses": list(self.losses),
+            "grad_norms": list(self.grad_norms),
+            "weights_sha256": weights_digest(self.net),
+        }
 
     def result(self) -> torch.Tensor:
         return self.x.detach()

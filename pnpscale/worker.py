@@ -68,6 +68,25 @@ def choose_backend(requested: str, cuda_devices: int, local_world_size: int) -> 
     return "nccl" if enough and cuda_devices >= local_world_size else "gloo"
 
 
+def nccl_debug_env(run_dir: Path, rank: int, current: Any) -> dict[str, str]:
+    """NCCL diagnostics for the transfer analysis, unless the user set them already.
+
+    ``NCCL_DEBUG=INFO``, ``NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING`` (topology, ring/tree graphs and the
+    algorithm chosen per collective size) and ``NCCL_DEBUG_FILE=<run_dir>/nccl/rank<r>.log``.
+
+    >>> nccl_debug_env(Path("/r"), 3, {})["NCCL_DEBUG_FILE"]
+    '/r/nccl/rank3.log'
+    >>> nccl_debug_env(Path("/r"), 0, {"NCCL_DEBUG": "WARN"}).get("NCCL_DEBUG") is None
+    True
+    """
+    wanted = {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,TUNING",
+        "NCCL_DEBUG_FILE": str(run_dir / "nccl" / f"rank{rank}.log"),
+    }
+    return {k: v for k, v in wanted.items() if k not in current}
+
+
 class Group:
     """The ranks of a run; a 1-rank run has no process group (deepinv's single-process path).
 
@@ -147,6 +166,9 @@ def rank_main(spec_dict: dict[str, Any], run_dir: str, config: dict[str, Any] | 
     torch.set_flush_denormal(True)
     t_start = time.time()
     backend = choose_backend(spec.backend, torch.cuda.device_count(), local_ws)
+    if backend == "nccl":
+        (Path(run_dir) / "nccl").mkdir(parents=True, exist_ok=True)
+        os.environ.update(nccl_debug_env(Path(run_dir), int(os.environ.get("RANK", "0")), os.environ))
     group = Group(backend, spec.timeout_s)
     try:
         _measure_and_report(spec, Path(run_dir), group, threads, t_start, config)
@@ -187,7 +209,7 @@ def _measure_and_report(
             "local_operators": list(solver.physics.local_indexes),
             "local_tiles": len(solver.denoiser.local_indices),
             "num_tiles": solver.num_tiles,
-            "extra": _solver_extra(solver),
+            "solver": solver.summary(),
         }
         gathered = group.gather((table, info))
         if rank == 0:
@@ -209,13 +231,6 @@ def _measure_and_report(
                 reconstruction=recon,
             )
         group.barrier()
-
-
-def _solver_extra(solver: Any) -> dict[str, Any]:
-    extra: dict[str, Any] = {}
-    if hasattr(solver, "losses"):
-        extra["losses"] = list(solver.losses)
-    return extra
 
 
 def _device_name(device: Any) -> str:

@@ -15,12 +15,16 @@ from pnpscale import layout
 from pnpscale.metrics import decompose, mark_main, run_metrics
 
 
-def frames(gathered: list[tuple[dict[str, list[Any]], dict[str, Any]]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def frames(
+    gathered: list[tuple[dict[str, list[Any]], dict[str, Any]]], image_bytes: int | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Concatenate per-rank tables into ``ranks`` and ``collectives`` DataFrames.
 
     Args:
         gathered: one ``(table, info)`` per rank, ``table = {"ranks": [row...], "collectives":
             [row...]}`` with the columns of :mod:`pnpscale.columns`.
+        image_bytes: the signal's size in bytes, to flag the image-sized collectives as main
+            (see :func:`pnpscale.metrics.mark_main`).
 
     Returns:
         ``(ranks, collectives)`` with typed columns; ``collectives`` gains the MAIN flag.
@@ -35,8 +39,15 @@ def frames(gathered: list[tuple[dict[str, list[Any]], dict[str, Any]]]) -> tuple
                           K.N_COLLECTIVES: "int64", K.PEAK_MEM_BYTES: "Int64"})  # fmt: skip
     colls = colls.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.SEQ: "int64",
                           K.COLLECTIVE: "string", K.DURATION_S: "float64", K.PAYLOAD_BYTES: "Int64"})  # fmt: skip
-    colls[K.MAIN] = mark_main(colls)
+    colls[K.MAIN] = mark_main(colls, image_bytes)
     return ranks, colls
+
+
+def image_bytes(spec: Any) -> int:
+    """Bytes of the reconstructed signal: ``channels * image_size^dims * 4`` (float32)."""
+    from pnpscale.config import SPATIAL_DIMS
+
+    return int(spec.channels * spec.sizes["image_size"] ** SPATIAL_DIMS[spec.problem] * 4)
 
 
 def provenance(backend: str) -> dict[str, Any]:
@@ -97,12 +108,12 @@ def write_run(
                 "tiles_per_rank": [i["local_tiles"] for i in infos],
                 "num_tiles": infos[0]["num_tiles"],
             },
-            "solver": infos[0].get("extra", {}),
+            "solver": {**infos[0]["solver"], "weights_sha256_per_rank": [i["solver"]["weights_sha256"] for i in infos]},
             "timings": dict(timings),
         }
     )
     try:
-        ranks, colls = frames(gathered)
+        ranks, colls = frames(gathered, image_bytes(spec))
         sections = decompose(ranks, colls)
         base["metrics"] = run_metrics(sections, spec.gpus)
     except Exception as exc:

@@ -26,7 +26,23 @@ TINY_2D = [
 ]
 
 
-def run_cli(*args: str, root: Path, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+#: The 3D volume at a size that runs in seconds (window 8 + 2*4 = 16, a multiple of 8).
+TINY_3D = [
+    "problem=3d",
+    "scale=small",
+    "problem.image_size=16",
+    "problem.patch_size=8",
+    "problem.overlap=4",
+    "problem.nc=[4,8,8,8]",
+    "problem.nb=1",
+    "iterations=2",
+    "warmup=1",
+]
+
+
+def run_cli(
+    *args: str, root: Path, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``python -m pnpscale ARGS output.root=ROOT`` in a subprocess (cwd ``root``)."""
     full_env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
     full_env.pop("HYDRA_FULL_ERROR")

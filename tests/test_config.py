@@ -10,7 +10,6 @@ from hydra.errors import ConfigCompositionException
 
 from pnpscale.cli_check import check_overrides, group_options
 from pnpscale.config import ConfigError, register_schema, resolve_spec, validate
-
 from tests.helpers import ROOT, run_cli, run_dirs
 
 
@@ -46,7 +45,11 @@ def test_explicit_size_overrides_every_preset(composer):
         (["iterations=-1"], "iterations=-1", ">= 1"),
         (["warmup=-2"], "warmup=-2", ">= 0"),
         (["problem.patch_size=30"], "problem.patch_size=30", "multiple of 8"),
-        (["problem.image_size=64", "problem.patch_size=64", "problem.overlap=0"], "problem.patch_size=64", "smaller than"),
+        (
+            ["problem.image_size=64", "problem.patch_size=64", "problem.overlap=0"],
+            "problem.patch_size=64",
+            "smaller than",
+        ),
         (["scale=huge"], "scale=huge", "paper, small, auto"),
         (["dist.backend=mpi"], "dist.backend=mpi", "auto, gloo, nccl"),
         (["inject.rank=3", "gpus=2"], "inject.rank=3", "0..1"),

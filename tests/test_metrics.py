@@ -23,7 +23,15 @@ def coll_table(rows):
     """rows: (rank, iteration, section, seq, duration_s, payload_bytes)."""
     return pd.DataFrame(
         [
-            {K.RANK: r, K.ITERATION: i, K.SECTION: s, K.SEQ: q, K.COLLECTIVE: "all_reduce", K.DURATION_S: d, K.PAYLOAD_BYTES: p}
+            {
+                K.RANK: r,
+                K.ITERATION: i,
+                K.SECTION: s,
+                K.SEQ: q,
+                K.COLLECTIVE: "all_reduce",
+                K.DURATION_S: d,
+                K.PAYLOAD_BYTES: p,
+            }
             for r, i, s, q, d, p in rows
         ]
     )
@@ -62,7 +70,7 @@ def test_three_ranks_two_collectives_per_section():
     # the image-sized collective is the main one; the 8-byte one is "other"
     assert row[K.MAIN_PAYLOAD_BYTES] == 4096 and row[K.OTHER_PAYLOAD_BYTES] == 8
     assert row[K.MAIN_TRANSFER_S] == pytest.approx(0.05, abs=1e-12)
-    assert row[K.N_COLLECTIVES] == 2
+    assert row[K.N_COLLECTIVES] == 2 and row[K.N_MAIN] == 1
 
 
 def test_single_rank_has_no_transfer_or_wait():
@@ -107,6 +115,18 @@ def test_missing_rank_row_is_refused():
 def test_mark_main_flags_largest_payload_per_section():
     coll = coll_table([(0, 0, "s", 0, 0.1, 8), (0, 0, "s", 1, 0.1, 1 << 20), (0, 0, "t", 0, 0.1, 16)])
     assert list(mark_main(coll)) == [False, True, True]
+
+
+def test_image_sized_collectives_are_main_even_when_a_weight_gradient_is_larger():
+    # training backward at small scale: the image (4096 B) is smaller than one weight gradient
+    rows = [(r, 0, "backward", q, d, p) for r in (0, 1) for q, d, p in ((0, 0.2, 4096), (1, 0.1, 9000), (2, 0.3, 4096))]
+    coll = coll_table(rows)
+    coll[K.MAIN] = mark_main(coll, image_bytes=4096)
+    assert coll[coll[K.RANK] == 0][K.MAIN].tolist() == [True, False, True]
+    ranks = ranks_table([(0, 0, "backward", 1.0), (1, 0, "backward", 1.0)])
+    row = decompose(ranks, coll).iloc[0]
+    assert row[K.N_MAIN] == 2 and row[K.MAIN_PAYLOAD_BYTES] == 4096 and row[K.OTHER_PAYLOAD_BYTES] == 9000
+    assert row[K.MAIN_TRANSFER_S] == pytest.approx(0.5)
 
 
 def test_summary_combined_lb_comme_pe_by_hand():
