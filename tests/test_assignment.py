@@ -24,7 +24,9 @@ def test_round_robin_matches_deepinv_local_indices(items, world):
     assert round_robin(items, world) == expected
 
 
-@pytest.mark.parametrize(("size", "patch", "overlap", "dims"), [(32, 8, 4, 2), (100, 32, 8, 2), (256, 32, 8, 2), (24, 8, 4, 3)])
+@pytest.mark.parametrize(
+    ("size", "patch", "overlap", "dims"), [(32, 8, 4, 2), (100, 32, 8, 2), (256, 32, 8, 2), (24, 8, 4, 3)]
+)
 def test_tile_count_matches_deepinv_tiling(size, patch, overlap, dims):
     from deepinv.distributed.strategies.distributed_strategies import TilingStrategy
 
