@@ -16,8 +16,8 @@ __all__ = ["__version__", "load"]
 def load(path: str, **kwargs: Any) -> Any:
     """One tidy DataFrame (one row per run x section) of every complete run under ``path``.
 
-    See :func:`pnpscale.report.load` (imported lazily: pandas/pyarrow are not loaded before use).
+    See :func:`pnpscale.runs.load` (imported lazily: pandas/pyarrow are not loaded before use).
     """
-    from pnpscale.report import load as _load
+    from pnpscale.runs import load as _load
 
     return _load(path, **kwargs)

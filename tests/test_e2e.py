@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
-    proc = run_cli("-m", "gpus=1,2", *TINY_2D, "output.save_reconstruction=true", "report=false", root=root)
+    proc = run_cli("-m", "gpus=1,2", *TINY_2D, "output.save_reconstruction=true", root=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     dirs = {read_run(d)["gpus"]: d for d in run_dirs(root)}
     assert set(dirs) == {1, 2}
@@ -106,3 +106,14 @@ def test_failing_rank_ends_the_run_quickly_with_its_error(tmp_path):
     run = read_run(d)
     assert run["status"] == "failed" and "InjectedFailure" in run["error"]
     assert not any((d / name).exists() for name in layout.TABLES)
+
+
+def test_multirun_ends_with_a_report(sweep):
+    _, dirs = sweep
+    report = dirs[1].parents[2] / layout.REPORT_DIR
+    for name in ("scaled_cost.png", "load_balance.png", "summary.parquet", "README.md"):
+        assert (report / name).is_file(), name
+    summary = pd.read_parquet(report / "summary.parquet")
+    assert sorted(summary["gpus"].unique()) == [1, 2] and (summary["status"] == "complete").all()
+    one = summary[(summary["gpus"] == 1) & (summary[K.SECTION] == "all")]
+    assert one["scaled_cost"].iloc[0] == 1.0

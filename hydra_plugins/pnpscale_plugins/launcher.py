@@ -117,13 +117,11 @@ def finish_sweep(config: DictConfig, rets: Sequence[JobReturn]) -> None:
     if failed:
         log.warning("%d of %d sweep point(s) failed; the others are complete", len(failed), len(rets))
     if config.get("report", False):
-        try:
-            from pnpscale.report import write_report
-        except ImportError:  # report module not available
-            return
+        from pnpscale.report import write_report
+
         sweep_dir = str(config.hydra.sweep.dir)
         try:
-            out = write_report(sweep_dir)
+            out = write_report(sweep_dir, echo=log.info)
             log.info("report: %s", out)
         except Exception as exc:  # noqa: BLE001 - a report failure must not hide the runs
             log.error("report failed: %s", exc)

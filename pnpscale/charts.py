@@ -1,0 +1,230 @@
+"""The seed page's charts, drawn from the table of :func:`pnpscale.summary.scaled_cost`.
+
+Each ``plot_*`` function takes that tidy table and returns a matplotlib Figure (built without
+pyplot: no backend or global state is touched, so it works headless and displays in notebooks);
+:func:`save` writes it. Missing points (failed or incomplete runs) are drawn as red crosses on the x axis and
+break the lines (never silently dropped). Time axes are seconds per measured iteration; GPU counts
+are on a log-2 axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from pnpscale import columns as K
+
+ALL = "all"
+DASHES = {"2d": "-", "3d": "--"}
+
+
+def _figure(nrows: int, ncols: int, figsize: tuple[float, float], **kw: Any) -> tuple[Figure, Any]:
+    """A pyplot-free Figure (no backend, no global state) in seaborn's whitegrid style."""
+    with sns.axes_style("whitegrid"), sns.plotting_context("notebook"):
+        fig = Figure(figsize=figsize)
+        axes = fig.subplots(nrows, ncols, **kw)
+    return fig, axes
+
+
+def _panels(table: pd.DataFrame) -> list[tuple[str, str]]:
+    return sorted({(p, m) for p, m in zip(table["problem"], table["mode"], strict=True)})
+
+
+def _log2_x(ax: Any, gpus: Iterable[int]) -> None:
+    ticks = sorted({int(g) for g in gpus})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("GPUs (ranks)")
+
+
+def _mark_missing(ax: Any, table: pd.DataFrame, problem: str | None = None, mode: str | None = None) -> None:
+    bad = table[table["status"] != "complete"]
+    if problem is not None:
+        bad = bad[(bad["problem"] == problem) & (bad["mode"] == mode)]
+    gpus = sorted({int(g) for g in bad["gpus"]})
+    if gpus:
+        ax.plot(
+            gpus,
+            [0.0] * len(gpus),
+            "x",
+            color="red",
+            ms=10,
+            mew=2,
+            clip_on=False,
+            transform=ax.get_xaxis_transform(),
+            label="missing (failed run)",
+        )
+
+
+def _line(ax: Any, grp: pd.DataFrame, x: pd.Series, y: str, all_gpus: list[int], **kw: Any) -> None:
+    """Plot y vs gpus with NaN at every GPU count of the sweep that this group lacks (a gap)."""
+    s = grp.set_index("gpus")[y].reindex(all_gpus)
+    ax.plot(s.index, s.to_numpy(dtype=float), marker="o", **kw)
+
+
+def plot_scaled_cost(table: pd.DataFrame) -> Figure:
+    """Chart 1: scaled GPU-seconds per GPU count, stacked compute vs communication, ideal = 1.0."""
+    panels = _panels(table)
+    fig, axes = _figure(1, len(panels), (5 * len(panels), 4.2), squeeze=False, sharey=True)
+    colors = sns.color_palette("deep")
+    for ax, (problem, mode) in zip(axes[0], panels, strict=True):
+        sub = table[(table["problem"] == problem) & (table["mode"] == mode) & (table[K.SECTION] == ALL)]
+        sub = sub.sort_values("gpus")
+        labels = [str(int(g)) for g in sub["gpus"]]
+        x = np.arange(len(sub))
+        comp, comm = sub["scaled_compute"].to_numpy(float), sub["scaled_comm"].to_numpy(float)
+        ax.bar(x, comp, color=colors[0], label="compute")
+        ax.bar(x, comm, bottom=comp, color=colors[3], label="communication (transfer + wait)")
+        for xi, (status, total) in enumerate(zip(sub["status"], comp + comm, strict=True)):
+            if status != "complete":
+                ax.text(xi, 0.05, "missing", rotation=90, ha="center", va="bottom", color="red")
+            else:
+                ax.text(xi, total, f"{total:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.axhline(1.0, color="black", ls="--", lw=1, label="ideal (linear scaling)")
+        ax.set_xticks(x, labels)
+        ax.set_xlabel("GPUs (ranks)")
+        base = sub["baseline_gpus"].dropna()
+        ax.set_title(f"{problem} {mode}" + (f" (baseline {int(base.iloc[0])} GPU)" if not base.empty else ""))
+    axes[0][0].set_ylabel("GPU-seconds relative to baseline")
+    axes[0][-1].legend(loc="upper left", fontsize=8)
+    fig.suptitle("Scaled GPU-seconds: 1.0 = perfect linear scaling")
+    fig.tight_layout()
+    return fig
+
+
+def _section_key(row: pd.Series) -> str:
+    return f"{row['mode']}: {row[K.SECTION]}"
+
+
+def plot_components(table: pd.DataFrame) -> Figure:
+    """Chart 2: compute, transfer and wait per section vs GPU count (s/iteration), 2D solid, 3D dashed."""
+    data = table[(table[K.SECTION] != ALL) & (table["status"] == "complete")].copy()
+    data["key"] = data.apply(_section_key, axis=1)
+    keys = sorted(data["key"].unique())
+    palette = dict(zip(keys, sns.color_palette("tab10", len(keys)), strict=False))
+    all_gpus = sorted({int(g) for g in table["gpus"]})
+    fig, axes = _figure(1, 3, (16, 4.6), sharey=True)
+    for ax, (col, title) in zip(
+        axes, [(K.COMPUTE_S, "compute"), (K.TRANSFER_S, "transfer"), (K.WAIT_S, "wait")], strict=True
+    ):
+        for (problem, key), grp in data.groupby(["problem", "key"]):
+            g = grp.assign(**{col: grp[col].where(grp[col] > 0)})  # zeros cannot sit on a log axis
+            _line(
+                ax,
+                g,
+                g["gpus"],
+                col,
+                all_gpus,
+                color=palette[key],
+                ls=DASHES.get(problem, ":"),
+                label=f"{problem} {key}",
+            )
+        _mark_missing(ax, table)
+        _log2_x(ax, all_gpus)
+        ax.set_yscale("log")
+        ax.set_title(title)
+    axes[0].set_ylabel("seconds per iteration (log)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=8)
+    fig.suptitle("Compute, transfer and wait per section (2D solid, 3D dashed; zeros not drawn)")
+    fig.tight_layout(rect=(0, 0, 0.82, 1))
+    return fig
+
+
+def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figure:
+    panels = _panels(table)
+    all_gpus = sorted({int(g) for g in table["gpus"]})
+    fig, axes = _figure(1, len(panels), (5 * len(panels), 4.2), squeeze=False, sharey=True)
+    for ax, (problem, mode) in zip(axes[0], panels, strict=True):
+        sub = table[(table["problem"] == problem) & (table["mode"] == mode) & (table["status"] == "complete")]
+        sections = [s for s in dict.fromkeys(sub[K.SECTION]) if s != ALL]
+        colors = sns.color_palette("tab10", len(sections))
+        for color, section in zip(colors, sections, strict=True):
+            _line(ax, sub[sub[K.SECTION] == section], sub["gpus"], col, all_gpus, color=color, ls="-", label=section)
+        _line(
+            ax,
+            sub[sub[K.SECTION] == ALL],
+            sub["gpus"],
+            col,
+            all_gpus,
+            color="black",
+            ls="--",
+            label="combined (all sections)",
+        )
+        _mark_missing(ax, table, problem, mode)
+        _log2_x(ax, all_gpus)
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"{problem} {mode}")
+        ax.legend(fontsize=8, loc="lower left")
+    axes[0][0].set_ylabel(ylabel)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_load_balance(table: pd.DataFrame) -> Figure:
+    """Chart 3: load balance per section (solid) and combined over sections (dashed) vs GPU count."""
+    return _ratio_chart(
+        table, K.LB, "Load balance: LB = C / C_max (section, solid) and ΣC / ΣC_max (dashed)", "load balance"
+    )
+
+
+def plot_comm_efficiency(table: pd.DataFrame) -> Figure:
+    """Chart 4: communication efficiency per section and combined vs GPU count."""
+    return _ratio_chart(
+        table, K.COMM_E, "Communication efficiency: CommE = ΣC_max / ΣS (section solid, combined dashed)", "CommE"
+    )
+
+
+def plot_wait_pct(table: pd.DataFrame) -> Figure:
+    """Chart 5: wait as a percentage of compute per section vs GPU count (2D solid, 3D dashed)."""
+    data = table[(table[K.SECTION] != ALL) & (table["status"] == "complete")].copy()
+    data["key"] = data.apply(_section_key, axis=1)
+    keys = sorted(data["key"].unique())
+    palette = dict(zip(keys, sns.color_palette("tab10", len(keys)), strict=False))
+    all_gpus = sorted({int(g) for g in table["gpus"]})
+    fig, ax = _figure(1, 1, (8, 4.6))
+    for (problem, key), grp in data.groupby(["problem", "key"]):
+        _line(
+            ax,
+            grp,
+            grp["gpus"],
+            "wait_pct_of_compute",
+            all_gpus,
+            color=palette[key],
+            ls=DASHES.get(problem, ":"),
+            label=f"{problem} {key}",
+        )
+    _mark_missing(ax, table)
+    _log2_x(ax, all_gpus)
+    ax.set_ylabel("wait / compute (%)")
+    ax.set_title("Wait as % of compute per section (2D solid, 3D dashed)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+CHARTS = {
+    "scaled_cost.png": plot_scaled_cost,
+    "compute_transfer_wait.png": plot_components,
+    "load_balance.png": plot_load_balance,
+    "comm_efficiency.png": plot_comm_efficiency,
+    "wait_pct.png": plot_wait_pct,
+}
+
+
+def save(fig: Figure, path: Path) -> None:
+    """Write ``fig`` as a PNG (via a temporary name, then rename) and close it."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    os.replace(tmp, path)

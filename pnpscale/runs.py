@@ -1,0 +1,190 @@
+"""Finding run folders under any directory and loading them as one tidy table.
+
+A *point* is one (problem, mode, gpus). A directory may hold several sweeps and reruns: for each
+point the newest complete run wins (by ``finished_at``); a point with no complete run is kept as a
+failed/incomplete point so that charts and tables show it as missing instead of dropping it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pnpscale import columns as K
+from pnpscale import layout
+
+POINT = ["problem", "mode", "gpus"]
+_HIVE = re.compile(r"^(problem|mode|gpus)=(.+)$")
+#: Columns of :func:`load`, besides the per-section metrics of :func:`pnpscale.metrics.summarize`.
+RUN_COLUMNS = ["run_dir", "status", "scale", "backend", "nodes", "world_size"]
+
+
+class NoRunsError(FileNotFoundError):
+    """A directory without any run folder (``run.json`` or hive-style point folder)."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Chosen run per point.
+
+    Attributes:
+        runs: one row per point: POINT columns, ``run_dir``, ``status`` (``complete``,
+            ``failed``, ``running``/``incomplete`` for a folder whose run never finished),
+            ``finished_at``, ``error``, and run metadata.
+        notes: one line per point that had more than one candidate, saying which run was used.
+    """
+
+    runs: pd.DataFrame
+    notes: list[str]
+
+
+def _point_from_path(path: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in path.parts:
+        m = _HIVE.match(part)
+        if m:
+            out[m.group(1)] = int(m.group(2)) if m.group(1) == "gpus" and m.group(2).isdigit() else m.group(2)
+    return out
+
+
+def discover(root: str | Path) -> pd.DataFrame:
+    """Every run folder under ``root``: folders with a ``run.json``, or hive-style point folders.
+
+    Returns:
+        one row per folder with POINT columns, run_dir, status, finished_at, error, scale,
+        backend, nodes, world_size.
+
+    Raises:
+        NoRunsError: ``root`` does not exist or holds no run folder.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise NoRunsError(f"{root}: no such directory")
+    rows = []
+    folders = {p.parent for p in root.glob(f"**/{layout.RUN_JSON}")}
+    folders |= {p for p in root.glob("**/gpus=*") if p.is_dir() and "mode=" in str(p)}
+    for d in sorted(folders):
+        point = _point_from_path(d.relative_to(root) if d != root else Path(d.name))
+        try:
+            run = layout.read_json(d / layout.RUN_JSON)
+        except (OSError, ValueError):
+            run = {}
+        row = {
+            "problem": run.get("problem", point.get("problem")),
+            "mode": run.get("mode", point.get("mode")),
+            "gpus": run.get("gpus", point.get("gpus")),
+            "run_dir": str(d),
+            "status": run.get("status", "incomplete"),
+            "finished_at": run.get("finished_at") or _mtime(d),
+            "error": (run.get("error") or "").splitlines()[0] if run.get("error") else None,
+            "scale": run.get("scale"),
+            "backend": run.get("backend"),
+            "nodes": run.get("nodes"),
+            "world_size": run.get("world_size"),
+        }
+        if None not in (row["problem"], row["mode"], row["gpus"]):
+            rows.append(row)
+    if not rows:
+        raise NoRunsError(f"{root}: no run folders found (no run.json under it)")
+    df = pd.DataFrame(rows)
+    df["gpus"] = df["gpus"].astype("int64")
+    return df
+
+
+def _mtime(d: Path) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(d.stat().st_mtime, dt.UTC).isoformat(timespec="seconds")
+
+
+def select(runs: pd.DataFrame) -> Selection:
+    """Newest complete run per point, else the newest failed/incomplete one (shown as missing)."""
+    chosen, notes = [], []
+    for point, grp in runs.groupby(POINT, sort=True):
+        complete = grp[grp["status"] == layout.STATUS_COMPLETE].sort_values("finished_at")
+        pick = complete.iloc[-1] if not complete.empty else grp.sort_values("finished_at").iloc[-1]
+        if len(grp) > 1:
+            label = " ".join(f"{k}={v}" for k, v in zip(POINT, point, strict=True))
+            kind = f"newest complete of {len(complete)}" if not complete.empty else "no complete run"
+            notes.append(f"{label}: using {pick['run_dir']} ({kind}; {len(grp)} folders)")
+        chosen.append(pick)
+    return Selection(pd.DataFrame(chosen).reset_index(drop=True), notes)
+
+
+def load(path: str | Path, include_failed: bool = True) -> pd.DataFrame:
+    """One tidy table of every point under ``path``: one row per (run, section).
+
+    Sections are the run's sections plus ``"all"`` (sums over sections). Metrics come from
+    :func:`pnpscale.metrics.summarize` (the same code as ``run.json``), with time columns as
+    **seconds per measured iteration**: ``compute_s``, ``compute_max_s``, ``transfer_s``,
+    ``wait_s``, ``section_s``, ``main_transfer_s``; ratios ``lb``, ``comm_e``, ``pe``;
+    ``gpu_seconds`` = gpus x section_s; ``main_payload_bytes``. Typed partition columns
+    ``problem`` (str), ``mode`` (str), ``gpus`` (int) come from the hive folder names through a
+    pyarrow dataset. Failed or incomplete points appear once, with section ``"all"``, their
+    ``status`` and NaN metrics (``include_failed=False`` drops them).
+
+    Raises:
+        NoRunsError: no run folder under ``path``.
+    """
+    return table_of(select(discover(path)), path, include_failed)
+
+
+def table_of(sel: Selection, path: str | Path, include_failed: bool = True) -> pd.DataFrame:
+    """The tidy table of :func:`load` for an existing :class:`Selection` of runs under ``path``."""
+    runs = sel.runs
+    complete = runs[runs["status"] == layout.STATUS_COMPLETE]
+    frames = [_complete_table(complete, Path(path))] if not complete.empty else []
+    if include_failed:
+        bad = runs[runs["status"] != layout.STATUS_COMPLETE]
+        if not bad.empty:
+            frames.append(bad[POINT + RUN_COLUMNS + ["error"]].assign(section="all"))
+    if not frames:
+        return pd.DataFrame(columns=POINT + ["section"] + RUN_COLUMNS)
+    out = pd.concat(frames, ignore_index=True)
+    out["gpus"] = out["gpus"].astype("int64")
+    first = POINT + [K.SECTION]
+    out = out[first + [c for c in out.columns if c not in first]]
+    return out.sort_values(POINT + [K.SECTION], kind="stable").reset_index(drop=True)
+
+
+def _complete_table(complete: pd.DataFrame, base: Path) -> pd.DataFrame:
+    import pyarrow.dataset as ds
+
+    from pnpscale.metrics import summarize
+
+    meta = {str((Path(d) / layout.SECTIONS).resolve()): row for d, row in complete.set_index("run_dir").iterrows()}
+    dataset = ds.dataset(
+        list(meta),
+        format="parquet",
+        partitioning=ds.partitioning(flavor="hive"),
+        partition_base_dir=str(base.resolve()),
+    )
+    rows = []
+    for frag in dataset.get_fragments():
+        sections = frag.to_table().to_pandas()
+        for key, value in ds.get_partition_keys(frag.partition_expression).items():
+            sections[key] = value
+        info = meta[frag.path]
+        run_dir = info.name
+        gpus = int(sections["gpus"].iloc[0]) if "gpus" in sections else int(info["gpus"])
+        summ = summarize(sections, gpus)
+        n_it = summ["iterations"].iloc[0]
+        for c in (K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S):
+            summ[c] = summ[c] / n_it
+        measured = sections[~sections[K.WARMUP].astype(bool)]
+        per = measured.groupby(K.SECTION).agg(
+            main_payload_bytes=(K.MAIN_PAYLOAD_BYTES, "max"), main_transfer_s=(K.MAIN_TRANSFER_S, "mean")
+        )
+        summ = summ.merge(per, left_on=K.SECTION, right_index=True, how="left")
+        for k in ("problem", "mode"):
+            summ[k] = sections[k].iloc[0] if k in sections else info[k]
+        summ["gpus"] = gpus
+        summ["run_dir"] = run_dir
+        for k in RUN_COLUMNS[1:]:
+            summ[k] = info[k]
+        rows.append(summ)
+    return pd.concat(rows, ignore_index=True)

@@ -1,0 +1,130 @@
+"""Scaling summary of a sweep (pure functions over the tidy table of :func:`pnpscale.runs.load`).
+
+Scaled cost (the seed page, "How does communication cost grow"): for each (problem, mode), the
+GPU-seconds of a run relative to the run at the smallest GPU count of that (problem, mode),
+``cost(N) = N * S(N) / (N0 * S(N0))`` with ``S`` the section time per measured iteration summed
+over sections; 1.0 is perfect linear scaling. It splits into a compute part ``N * C(N) / (N0 * S(N0))``
+and a communication part ``N * (T + W)(N) / (N0 * S(N0))``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pnpscale import columns as K
+
+POINT = ["problem", "mode", "gpus"]
+GROUP = ["problem", "mode"]
+ALL = "all"
+
+
+def scaled_cost(tidy: pd.DataFrame) -> pd.DataFrame:
+    """Scaled GPU-seconds per (problem, mode, gpus, section), relative to the smallest GPU count.
+
+    Args:
+        tidy: :func:`pnpscale.runs.load` output (``gpu_seconds``, ``compute_s``, ``transfer_s``,
+            ``wait_s``, ``status`` columns; failed points with NaN metrics are kept as NaN).
+
+    Returns:
+        the input rows plus ``baseline_gpus``, ``scaled_cost``, ``scaled_compute``,
+        ``scaled_comm`` (compute + communication = scaled_cost) and ``section_growth`` (the
+        section's own GPU-seconds relative to its own baseline).
+    """
+    out = tidy.copy()
+    for col in ("baseline_gpus", "scaled_cost", "scaled_compute", "scaled_comm", "section_growth"):
+        out[col] = np.nan
+    complete = out["status"] == "complete"
+    for _, idx in out[complete].groupby(GROUP).groups.items():
+        grp = out.loc[idx]
+        n0 = grp["gpus"].min()
+        base_all = grp[(grp["gpus"] == n0) & (grp[K.SECTION] == ALL)][K.GPU_SECONDS]
+        if base_all.empty:
+            continue
+        base = float(base_all.iloc[0])
+        out.loc[idx, "baseline_gpus"] = n0
+        gs = grp[K.GPU_SECONDS]
+        out.loc[idx, "scaled_cost"] = gs / base
+        out.loc[idx, "scaled_compute"] = grp["gpus"] * grp[K.COMPUTE_S] / base
+        out.loc[idx, "scaled_comm"] = grp["gpus"] * (grp[K.TRANSFER_S] + grp[K.WAIT_S]) / base
+        own = grp[grp["gpus"] == n0].set_index(K.SECTION)[K.GPU_SECONDS]
+        out.loc[idx, "section_growth"] = gs / grp[K.SECTION].map(own)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["wait_pct_of_compute"] = 100.0 * out[K.WAIT_S] / out[K.COMPUTE_S]
+    return out
+
+
+def headline_checks(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The seed page's headline checks per (problem, mode), computed from the data.
+
+    Args:
+        table: :func:`scaled_cost` output.
+
+    Returns:
+        one dict per (problem, mode) with: ``largest_gpus``, ``baseline_gpus``,
+        ``cost_vs_ideal`` (scaled cost at the largest GPU count; 1.0 = ideal),
+        ``compute_max_s`` and ``transfer_s`` summed over sections at the largest GPU count and
+        ``compute_over_transfer`` (their ratio: > 1 compute-bound, < 1 transfer-bound),
+        ``fastest_growing_section`` and its ``growth`` (GPU-seconds relative to its own baseline),
+        ``transfer_share_of_comm`` (transfer / (transfer + wait) at the largest GPU count),
+        and ``failed_gpus`` (points without a complete run).
+    """
+    out = []
+    for (problem, mode), grp in table.groupby(GROUP, sort=True):
+        done = grp[grp["status"] == "complete"]
+        failed = sorted(int(g) for g in grp.loc[grp["status"] != "complete", "gpus"].unique())
+        row: dict[str, Any] = {"problem": problem, "mode": mode, "failed_gpus": failed}
+        if done.empty:
+            out.append(row)
+            continue
+        n = int(done["gpus"].max())
+        top = done[(done["gpus"] == n) & (done[K.SECTION] == ALL)].iloc[0]
+        sections = done[(done["gpus"] == n) & (done[K.SECTION] != ALL)]
+        growth = sections.set_index(K.SECTION)["section_growth"].dropna()
+        comm = top[K.TRANSFER_S] + top[K.WAIT_S]
+        row.update(
+            largest_gpus=n,
+            baseline_gpus=int(done["gpus"].min()),
+            cost_vs_ideal=float(top["scaled_cost"]),
+            compute_max_s=float(top[K.COMPUTE_MAX_S]),
+            transfer_s=float(top[K.TRANSFER_S]),
+            compute_over_transfer=float(top[K.COMPUTE_MAX_S] / top[K.TRANSFER_S]) if top[K.TRANSFER_S] > 0 else None,
+            fastest_growing_section=str(growth.idxmax()) if not growth.empty else None,
+            growth=float(growth.max()) if not growth.empty else None,
+            transfer_share_of_comm=float(top[K.TRANSFER_S] / comm) if comm > 0 else None,
+        )
+        out.append(row)
+    return out
+
+
+def describe(check: dict[str, Any]) -> list[str]:
+    """Sentences for one :func:`headline_checks` entry (the report's README)."""
+    if "largest_gpus" not in check:
+        return ["No complete run: nothing to compare."]
+    n, n0 = check["largest_gpus"], check["baseline_gpus"]
+    lines = [f"At {n} GPUs the run costs {check['cost_vs_ideal']:.2f}x the GPU-seconds of ideal scaling from {n0}."]
+    ratio = check["compute_over_transfer"]
+    if ratio is None:
+        lines.append(f"At {n} GPUs nothing is transferred (compute_max {check['compute_max_s']:.4g} s).")
+    elif ratio >= 1:
+        lines.append(
+            f"Critical-path compute ({check['compute_max_s']:.4g} s) is {100 * (ratio - 1):.0f}% above transfer "
+            f"({check['transfer_s']:.4g} s): compute-bound."
+        )
+    else:
+        lines.append(
+            f"Transfer ({check['transfer_s']:.4g} s) exceeds critical-path compute ({check['compute_max_s']:.4g} s): "
+            "transfer-bound."
+        )
+    if check.get("fastest_growing_section"):
+        lines.append(
+            f"The section that grows most relative to its own baseline is `{check['fastest_growing_section']}` "
+            f"({check['growth']:.2f}x its GPU-seconds at {n0})."
+        )
+    if check.get("transfer_share_of_comm") is not None:
+        lines.append(f"Transfer is {100 * check['transfer_share_of_comm']:.0f}% of the non-compute time at {n} GPUs.")
+    if check["failed_gpus"]:
+        lines.append(f"Missing (failed or incomplete) points: gpus={', '.join(map(str, check['failed_gpus']))}.")
+    return lines

@@ -1,0 +1,236 @@
+"""Sweep report and notebook loader on synthetic run folders written by the project's own writer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import pnpscale
+from pnpscale import columns as K
+from pnpscale import layout
+from pnpscale.config import RunSpec
+from pnpscale.report import write_report
+from pnpscale.writer import write_failure, write_run
+from tests.helpers import ROOT
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def spec(problem: str, mode: str, gpus: int) -> RunSpec:
+    sizes = dict(
+        image_size=32,
+        num_operators=8,
+        factor=2,
+        patch_size=8,
+        overlap=4,
+        max_batch_size=4,
+        nc=[4, 8, 8, 8],
+        nb=1,
+        unroll=None,
+    )
+    return RunSpec(
+        problem=problem,
+        mode=mode,
+        gpus=gpus,
+        scale="small",
+        scale_requested="small",
+        sizes=sizes,
+        channels=3,
+        noise_sigma=0.01,
+        denoiser_sigma=0.05,
+        stepsize=1.0,
+        blur_sigma=1.0,
+        lr=1e-4,
+        train_stepsize=False,
+        iterations=1,
+        warmup=1,
+        seed=0,
+        backend="gloo",
+        timeout_s=10.0,
+        threads_per_rank=1,
+        record_shapes=True,
+        export_traces=False,
+        inject={},
+        save_reconstruction=False,
+    )
+
+
+def fake_run(run_dir: Path, problem: str, mode: str, times: dict[str, list[tuple[float, float]]]) -> None:
+    """Write a run whose per-rank (section_s, collective_s) per section are ``times``; iteration 0 = warm-up."""
+    gpus = len(next(iter(times.values())))
+    gathered = []
+    for rank in range(gpus):
+        rows, colls = [], []
+        for it in (0, 1):
+            for name, per_rank in times.items():
+                s, d = per_rank[rank]
+                rows.append(
+                    {
+                        K.RANK: rank,
+                        K.ITERATION: it,
+                        K.SECTION: name,
+                        K.WARMUP: it == 0,
+                        K.START_S: 0.0,
+                        K.SECTION_S: s,
+                        K.COMM_S: d,
+                        K.N_COLLECTIVES: int(gpus > 1),
+                        K.PEAK_MEM_BYTES: 1,
+                    }
+                )
+                if gpus > 1:
+                    colls.append(
+                        {
+                            K.RANK: rank,
+                            K.ITERATION: it,
+                            K.SECTION: name,
+                            K.SEQ: 0,
+                            K.COLLECTIVE: "all_reduce",
+                            K.DURATION_S: d,
+                            K.PAYLOAD_BYTES: 3 * 32 * 32 * 4,
+                        }
+                    )
+        info = {
+            "host": "h",
+            "device": "cpu",
+            "threads": 1,
+            "local_operators": [0],
+            "local_tiles": 1,
+            "num_tiles": 16,
+            "solver": {"weights_sha256": "x"},
+        }
+        gathered.append(({"ranks": rows, "collectives": colls}, info))
+    write_run(run_dir, spec(problem, mode, gpus), gathered, backend="gloo", timings={})
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("sweep") / "2026-01-01_00-00-00"
+    p = lambda g: root / layout.point_subdir("2d", "inference", g)  # noqa: E731
+    fake_run(p(1), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]})
+    # gpus=2: gradient ranks (0.6 s, collective 0.2 / 0.1), denoiser (1.6 s, 0.1 / 0.1)
+    fake_run(p(2), "2d", "inference", {"gradient": [(0.6, 0.2), (0.6, 0.1)], "denoiser": [(1.6, 0.1), (1.6, 0.1)]})
+    write_failure(p(4), spec("2d", "inference", 4), None, "RankFailed: rank 3 failed: out of memory")
+    return root
+
+
+def test_summary_numbers_equal_hand_computed(sweep):
+    out = write_report(sweep, echo=lambda s: None)
+    table = pd.read_parquet(out / "summary.parquet")
+    row = table[(table["gpus"] == 2) & (table[K.SECTION] == "all")].iloc[0]
+    # GPU-seconds per iteration: 1 GPU: 1 + 3 = 4.0; 2 GPUs: 2 x (0.6 + 1.6) = 4.4
+    assert row["scaled_cost"] == pytest.approx(4.4 / 4.0)
+    # compute: gradient mean(0.4, 0.5) = 0.45, denoiser 1.5 -> 2 x 1.95 / 4
+    assert row["scaled_compute"] == pytest.approx(2 * 1.95 / 4.0)
+    # communication: transfer 0.1 + 0.1, wait 0.05 + 0 -> 2 x 0.25 / 4
+    assert row["scaled_comm"] == pytest.approx(2 * 0.25 / 4.0)
+    assert row[K.TRANSFER_S] == pytest.approx(0.2) and row[K.WAIT_S] == pytest.approx(0.05)
+    assert row[K.LB] == pytest.approx(1.95 / 2.0) and row[K.COMM_E] == pytest.approx(2.0 / 2.2)
+    grad = table[(table["gpus"] == 2) & (table[K.SECTION] == "gradient")].iloc[0]
+    assert grad["section_growth"] == pytest.approx(2 * 0.6 / 1.0)
+    assert grad["wait_pct_of_compute"] == pytest.approx(100 * 0.05 / 0.45)
+    failed = table[table["gpus"] == 4]
+    assert len(failed) == 1 and failed["status"].iloc[0] == "failed" and failed["scaled_cost"].isna().all()
+
+
+def test_every_chart_is_a_png_and_readme_has_checks(sweep):
+    out = write_report(sweep, echo=lambda s: None)
+    for name in (
+        "scaled_cost.png",
+        "compute_transfer_wait.png",
+        "load_balance.png",
+        "comm_efficiency.png",
+        "wait_pct.png",
+    ):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
+    readme = (out / "README.md").read_text()
+    assert "## 2d inference" in readme and "missing (failed)" in readme
+    assert "At 2 GPUs the run costs 1.10x the GPU-seconds of ideal scaling from 1." in readme
+    assert "rank 3 failed: out of memory" in readme
+    # compute_max (0.5 + 1.5) vs transfer (0.2): 900% above
+    assert "Critical-path compute (2 s) is 900% above transfer (0.2 s): compute-bound." in readme
+
+
+def test_load_returns_typed_tidy_table(sweep):
+    df = pnpscale.load(str(sweep))
+    assert df["gpus"].dtype == "int64"
+    assert pd.api.types.is_string_dtype(df["problem"]) and pd.api.types.is_string_dtype(df["mode"])
+    assert set(df["gpus"]) == {1, 2, 4}
+    assert len(df[(df["gpus"] == 2)]) == 3  # gradient, denoiser, all
+    assert df.groupby(["gpus", K.SECTION]).size().max() == 1
+    assert {"problem", "mode", "gpus", K.SECTION, K.COMPUTE_S, K.LB, "status", "run_dir"} <= set(df.columns)
+
+
+def test_newest_complete_run_wins_and_choice_is_printed(sweep, tmp_path):
+    import shutil
+
+    root = tmp_path / "outputs"
+    shutil.copytree(sweep, root / "a")
+    newer = root / "b" / layout.point_subdir("2d", "inference", 2)
+    fake_run(newer, "2d", "inference", {"gradient": [(0.5, 0.1), (0.5, 0.1)], "denoiser": [(1.0, 0.1), (1.0, 0.1)]})
+    notes: list[str] = []
+    out = write_report(root, echo=notes.append)
+    table = pd.read_parquet(out / "summary.parquet")
+    assert table[(table["gpus"] == 2) & (table[K.SECTION] == "all")]["run_dir"].iloc[0] == str(newer)
+    assert any("gpus=2: using" in n and str(newer) in n and "newest complete of 2" in n for n in notes)
+
+
+def test_empty_folder_is_a_one_line_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pnpscale.report", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"pnpscale.report: error: {tmp_path}: no run folders found (no run.json under it)"
+
+
+def test_stored_sweeps_compose_and_expand():
+    from hydra import compose, initialize_config_dir
+
+    from pnpscale.config import register_schema, resolve_spec
+
+    register_schema()
+    expected = {
+        "comm_inference_2d": ("2d", "inference", 8, None, "1,2,4,8,16,32,64"),
+        "comm_inference_3d": ("3d", "inference", 2, None, "1,2,4,8,16,32,64"),
+        "comm_training_2d": ("2d", "training", 4, 5, "1,2,4,8,16,32,64"),
+        "comm_training_3d": ("3d", "training", 4, 1, "4,8,16,32,64"),
+    }
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        for name, (problem, mode, ops, unroll, gpus) in expected.items():
+            cfg = compose("config", overrides=[f"sweeps={name}"], return_hydra_config=True)
+            assert cfg.hydra.mode.name == "MULTIRUN" and str(cfg.hydra.sweeper.params.gpus) == gpus
+            spec = resolve_spec(cfg, cuda_available=False)
+            assert (spec.problem, spec.mode, spec.scale) == (problem, mode, "paper")
+            assert (spec.sizes["num_operators"], spec.sizes["unroll"]) == (ops, unroll)
+            small = resolve_spec(compose("config", overrides=[f"sweeps={name}", "scale=small"]), cuda_available=False)
+            assert small.scale == "small"
+
+
+def test_stored_sweep_prints_with_cfg_job():
+    proc = subprocess.run(
+        [sys.executable, "-m", "pnpscale", "sweeps=comm_training_3d", "--cfg", "hydra"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "gpus: 4,8,16,32,64" in proc.stdout
+
+
+def test_example_notebook_runs_headless(sweep):
+    import os
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(ROOT / "examples" / "scaling.ipynb", as_version=4)
+    os.environ["PNPSCALE_SWEEP"] = str(sweep)
+    try:
+        NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    finally:
+        os.environ.pop("PNPSCALE_SWEEP")
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not any(o.get("output_type") == "error" for o in outputs)
+    assert any("image/png" in o.get("data", {}) for o in outputs)
