@@ -45,9 +45,31 @@ def _environ(**values: str) -> Iterator[None]:
 
 
 def launch_local(spec: Any, run_dir: Path, config: dict[str, Any] | None = None) -> None:
-    """Run ``spec.gpus`` ranks here and wait for them.
+    """Run ``spec.gpus`` ranks of :func:`pnpscale.worker.rank_main` here and wait for them.
 
-    Per-rank stdout/stderr go to ``run_dir/logs/``; rank 0's is also shown on the console.
+    Per-rank stdout/stderr go to ``run_dir/logs/``; rank 0's stdout is also shown on the console.
+
+    Raises:
+        RankFailed: a rank raised (its message) or died (its exit code).
+    """
+    from pnpscale.worker import rank_main, threads_per_rank
+
+    threads = threads_per_rank(spec.threads_per_rank, spec.gpus)
+    run_ranks(spec.gpus, rank_main, (spec.to_dict(), str(run_dir), config), run_dir / layout.LOGS_DIR, threads)
+
+
+def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path, threads: int) -> dict[int, Any]:
+    """Spawn ``nprocs`` local ranks of ``entrypoint(*args)`` (torch elastic, c10d rendezvous on a free port).
+
+    Args:
+        nprocs: ranks (processes) on this machine.
+        entrypoint: importable function decorated with ``torch...errors.record``.
+        args: picklable arguments.
+        log_dir: per-rank logs.
+        threads: ``OMP_NUM_THREADS`` of each rank.
+
+    Returns:
+        each local rank's return value.
 
     Raises:
         RankFailed: a rank raised (its message) or died (its exit code).
@@ -56,16 +78,14 @@ def launch_local(spec: Any, run_dir: Path, config: dict[str, Any] | None = None)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from pnpscale.worker import LAUNCH_T0_ENV, rank_main, threads_per_rank
+    from pnpscale.worker import LAUNCH_T0_ENV
 
-    log_dir = run_dir / layout.LOGS_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
-    run_id = f"pnpscale-{uuid.uuid4().hex[:8]}"
     launch_cfg = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
-        nproc_per_node=spec.gpus,
-        run_id=run_id,
+        nproc_per_node=nprocs,
+        run_id=f"pnpscale-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",
         max_restarts=0,
@@ -74,7 +94,6 @@ def launch_local(spec: Any, run_dir: Path, config: dict[str, Any] | None = None)
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee={0: Std.OUT}),
         log_line_prefix_template="[rank${rank}] ",
     )
-    threads = threads_per_rank(spec.threads_per_rank, spec.gpus)
     env = {
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
@@ -87,7 +106,7 @@ def launch_local(spec: Any, run_dir: Path, config: dict[str, Any] | None = None)
     elastic_log.setLevel(logging.CRITICAL)  # the rank's error is re-raised below, once
     try:
         with _environ(**env):
-            elastic_launch(launch_cfg, rank_main)(spec.to_dict(), str(run_dir), config)
+            return elastic_launch(launch_cfg, entrypoint)(*args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         raise RankFailed(rank, _failure_message(failure), _rank_log(log_dir, rank)) from None

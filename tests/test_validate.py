@@ -1,0 +1,94 @@
+"""The validation suite: its checks pass on a correct decomposition and fail on a wrong one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pnpscale import columns as K
+from pnpscale.metrics import decompose
+from pnpscale.validate import (
+    PROBE,
+    imbalance_checks,
+    passed,
+    payload_checks,
+    run_suite,
+)
+
+
+def wait_against_mean(ranks: pd.DataFrame, colls: pd.DataFrame) -> pd.DataFrame:
+    """A deliberately wrong decomposition: transfer = mean over ranks instead of the minimum."""
+    d = colls.pivot_table(index=[K.ITERATION, K.SECTION, K.SEQ], columns=K.RANK, values=K.DURATION_S)
+    transfer = d.mean(axis=1).groupby(level=[0, 1]).sum()
+    wait = d.sub(d.mean(axis=1), axis=0).groupby(level=[0, 1]).sum().mean(axis=1)
+    s = ranks.set_index([K.ITERATION, K.SECTION, K.RANK])[K.SECTION_S]
+    comm = colls.groupby([K.ITERATION, K.SECTION, K.RANK])[K.DURATION_S].sum().reindex(s.index, fill_value=0)
+    c = (s - comm).groupby(level=[0, 1])
+    out = pd.DataFrame({K.COMPUTE_S: c.mean(), K.COMPUTE_MAX_S: c.max(), K.TRANSFER_S: transfer, K.WAIT_S: wait})
+    out[K.WARMUP] = ranks.groupby([K.ITERATION, K.SECTION])[K.WARMUP].first()
+    return out.reset_index()
+
+
+def synthetic(world: int, delay: float, iterations: int = 4, payload: int = 1 << 20, rate: float = 1e9,
+              compute: float = 0.05, seed: int = 0, section: str = "denoiser"):  # fmt: skip
+    """Tables of a section where the last rank is ``delay`` late; transfer = payload / rate."""
+    rng = np.random.default_rng(seed)
+    rrows, crows = [], []
+    for it in range(iterations + 1):
+        arrive = [compute + rng.normal(0, 1e-4) for _ in range(world)]
+        arrive[-1] += delay
+        last = max(arrive)
+        transfer = payload / rate
+        for r in range(world):
+            dur = last - arrive[r] + transfer
+            rrows.append(
+                {K.RANK: r, K.ITERATION: it, K.SECTION: section, K.WARMUP: it == 0, K.SECTION_S: arrive[r] + dur}
+            )
+            crows.append({K.RANK: r, K.ITERATION: it, K.SECTION: section, K.SEQ: 0, K.COLLECTIVE: "all_reduce",
+                          K.DURATION_S: dur, K.PAYLOAD_BYTES: payload, K.MAIN: True})  # fmt: skip
+    return pd.DataFrame(rrows), pd.DataFrame(crows)
+
+
+def test_imbalance_checks_pass_with_the_pop_decomposition():
+    checks = imbalance_checks(synthetic(4, 0.0), synthetic(4, 0.2, seed=1), "denoiser", 0.2, 4)
+    assert passed(checks), [(c.name, c.measured, c.expected) for c in checks]
+
+
+def test_imbalance_checks_fail_with_wait_against_the_mean():
+    checks = imbalance_checks(synthetic(4, 0.0), synthetic(4, 0.2, seed=1), "denoiser", 0.2, 4, wait_against_mean)
+    failed = {c.name.split(" [")[0] for c in checks if c.passed is False}
+    assert "imbalance: wait grows by D(W-1)/W" in failed and "imbalance: transfer unchanged" in failed
+
+
+def test_payload_checks_recover_the_rate_and_flag_nonlinear_transfer():
+    runs = [synthetic(2, 0.0, payload=p, rate=5e9, section=PROBE) for p in (1 << 14, 1 << 18, 1 << 22, 1 << 25)]
+    checks = payload_checks(runs, PROBE)
+    assert passed(checks)
+    rate = next(c for c in checks if c.name.startswith("payload: transfer grows"))
+    assert rate.measured == pytest.approx(5.0, rel=1e-6)  # GB/s
+    flat = [
+        synthetic(2, 0.0, payload=p, rate=5e9 * p / 2**14, section=PROBE) for p in (1 << 14, 1 << 18, 1 << 22, 1 << 25)
+    ]
+    assert not passed(payload_checks(flat, PROBE))  # constant transfer: R² ~ 0, slope ~ 0
+    with pytest.raises(ValueError, match="at least 3 sizes"):
+        payload_checks(runs[:2], PROBE)
+
+
+@pytest.mark.slow
+def test_suite_passes_on_cpu_ranks_and_fails_when_the_decomposition_is_broken(tmp_path):
+    from pnpscale.validate import evaluate, read_tables
+
+    result = run_suite(tmp_path, gpus=2, delay_s=0.2, section="denoiser", payloads=[1 << 14, 1 << 18, 1 << 22, 1 << 25],
+                       iterations=4, echo=lambda s: None)  # fmt: skip
+    failed = [c for c in result["checks"] if c["passed"] is False]
+    assert result["passed"], failed
+    assert (tmp_path / "validate.json").is_file()
+    noise = [c for c in result["checks"] if c["name"].startswith("noise")]
+    assert {c["passed"] for c in noise} == {None} and all(c["measured"] >= 0 for c in noise)
+    base, inj = read_tables(tmp_path / "case=baseline"), read_tables(tmp_path / "case=imbalance")
+    payload = [read_tables(tmp_path / "case=payload" / f"payload={p}") for p in (1 << 14, 1 << 18, 1 << 22, 1 << 25)]
+    assert passed(evaluate(base, inj, payload, section="denoiser", delay_s=0.2, world=2, decompose_fn=decompose))
+    assert not passed(
+        evaluate(base, inj, payload, section="denoiser", delay_s=0.2, world=2, decompose_fn=wait_against_mean)
+    )
