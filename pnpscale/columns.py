@@ -53,3 +53,39 @@ SECTIONS_COLUMNS = (
     TRANSFER_S, WAIT_S, LB, N_COLLECTIVES, MAIN_COLLECTIVE, MAIN_PAYLOAD_BYTES, N_MAIN, MAIN_TRANSFER_S,
     OTHER_PAYLOAD_BYTES,
 )  # fmt: skip
+
+# --- transfer explained (pnpscale.transfer): one row per run x section, and rates per route ---
+PROBLEM = "problem"
+MODE = "mode"
+GPUS = "gpus"
+NODES = "nodes"
+GPUS_PER_NODE = "gpus_per_node"
+BACKEND = "backend"
+ITERATIONS = "iterations"
+ALGORITHM = "algorithm"
+ALGORITHM_SOURCE = "algorithm_source"  # "nccl_log" | "assumed"
+ALGORITHM_NOTE = "algorithm_note"
+PROTOCOL = "protocol"
+BYTES_PER_GPU = "bytes_per_gpu"
+RATE_GBPS = "rate_GBps"
+ALGBW_GBPS = "algbw_GBps"
+BUSBW_GBPS = "busbw_GBps"
+ROUTE = "route"
+CALIBRATED_RATE_GBPS = "calibrated_rate_GBps"
+PREDICTED_TRANSFER_S = "predicted_transfer_s"
+REL_ERROR = "rel_error"
+CALIBRATION = "calibration"
+N_ROWS = "n_rows"
+ROWS = "rows"
+
+#: input of pnpscale.transfer.transfer_rows: one row per run x section (optional ones may be absent).
+TRANSFER_INPUT_REQUIRED = (GPUS, SECTION, PAYLOAD_BYTES, TRANSFER_S)
+TRANSFER_INPUT_OPTIONAL = (
+    PROBLEM, MODE, NODES, GPUS_PER_NODE, BACKEND, COLLECTIVE, ITERATIONS, ALGORITHM, PROTOCOL, ALGORITHM_NOTE,
+)  # fmt: skip
+TRANSFER_COLUMNS = (
+    PROBLEM, MODE, SECTION, GPUS, NODES, GPUS_PER_NODE, BACKEND, COLLECTIVE, ALGORITHM, ALGORITHM_SOURCE, PROTOCOL,
+    ALGORITHM_NOTE, ITERATIONS, PAYLOAD_BYTES, BYTES_PER_GPU, TRANSFER_S, RATE_GBPS, ALGBW_GBPS, BUSBW_GBPS, ROUTE,
+    CALIBRATED_RATE_GBPS, PREDICTED_TRANSFER_S, REL_ERROR,
+)  # fmt: skip
+RATES_COLUMNS = (BACKEND, ROUTE, RATE_GBPS, N_ROWS, CALIBRATION, ROWS)

@@ -16,17 +16,24 @@ Rules (see ``../shared/notes/design.md``):
   kernels (``ncclDevKernel_*``, ``ncclKernel_*``, matched case-insensitively on ``nccl``) among
   them. A kernel belongs to the section whose CPU range contains its launch (``launch_ns``, from
   the runtime event with the same correlation id), or, when the launch is unknown, its start.
-* Payload bytes of a collective: from the collective's own shapes/dtype (gloo), or from the
-  k-th collective descriptor (``nccl:*`` range or ``record_param_comms``) inside the CPU range
-  for the k-th NCCL kernel.
+* Payload bytes of a collective: from the collective's own shapes/dtype (gloo), from the NCCL
+  kernel's own arguments when the trace carries them, or else from the k-th collective
+  descriptor (``nccl:*`` range or ``record_param_comms``) inside the CPU range for the k-th
+  NCCL kernel. The same precedence gives the collective type, process group and sequence number.
+  Descriptors are paired with kernels only when there are as many and every pair agrees where
+  the kernel name tells the type (a ``SendRecv`` kernel serves all_to_all, send, recv, gather,
+  scatter; an ``AllReduce`` kernel a barrier); otherwise (e.g. sampled traces) none is used.
+* Matching across ranks (:func:`align_collectives`): by (process group, sequence number) when
+  every collective of a section occurrence carries both, else by order within each stream
+  (NCCL: the kernel's CUDA stream; gloo: one stream per rank).
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 
@@ -45,7 +52,7 @@ DTYPE_BYTES: dict[str, int] = {
     "double": 8, "Double": 8, "float64": 8,
     "c10::Half": 2, "Half": 2, "float16": 2,
     "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2,
-    "long int": 8, "Long": 8, "int64": 8, "long long": 8,
+    "long int": 8, "Long": 8, "int64": 8, "long long": 8, "long": 8,
     "int": 4, "Int": 4, "int32": 4,
     "short int": 2, "Short": 2, "int16": 2,
     "signed char": 1, "Char": 1, "int8": 1,
@@ -76,6 +83,9 @@ class Event:
         payload_bytes: bytes of the (first) tensor a collective carries, when known.
         collective: collective type read from the event (``"all_reduce"``, ``"broadcast"``...),
             when known.
+        group: process group name of a collective (``"Process Group Name"``), when known.
+        group_seq: the collective's sequence number within its process group (``"Seq"``), when
+            known; the same collective has the same ``(group, group_seq)`` on every rank.
     """
 
     name: str
@@ -87,6 +97,8 @@ class Event:
     launch_ns: int | None = None
     payload_bytes: int | None = None
     collective: str | None = None
+    group: str | None = None
+    group_seq: int | None = None
 
     @property
     def duration_ns(self) -> int:
@@ -102,12 +114,17 @@ class Collective:
         name: ``all_reduce``, ``broadcast``, ... (or the kernel name when the type is unknown).
         duration_s: seconds (gloo work range, or NCCL kernel duration).
         payload_bytes: bytes of the tensor reduced/broadcast (``None`` when unknown).
+        stream: CUDA stream of the NCCL kernel (``None`` for gloo: one stream per rank).
+        group, group_seq: process group and sequence number within it, when the trace has them.
     """
 
     seq: int
     name: str
     duration_s: float
     payload_bytes: int | None
+    stream: int | None = None
+    group: str | None = None
+    group_seq: int | None = None
 
 
 @dataclass(slots=True)
@@ -224,20 +241,45 @@ def section_records(events: Iterable[Event], sections: Sequence[str]) -> list[Se
                 span = 0
             kernels = [e for e in launched if is_nccl_kernel(e)]
             descs = _descriptors_in(descriptors, r)
+            paired = len(descs) == len(kernels) and all(map(_compatible, kernels, descs))
             colls = []
             for i, k in enumerate(kernels):
-                d = descs[i] if len(descs) == len(kernels) else None
-                name = (d.collective if d and d.collective else None) or collective_type(k.name) or k.name
-                colls.append(Collective(i, name, k.duration_ns * 1e-9, d.payload_bytes if d else None))
+                d = descs[i] if paired else None
+                name = k.collective or (d.collective if d else None) or collective_type(k.name) or k.name
+                payload = k.payload_bytes if k.payload_bytes is not None else (d.payload_bytes if d else None)
+                group = k.group if k.group is not None else (d.group if d else None)
+                gseq = k.group_seq if k.group_seq is not None else (d.group_seq if d else None)
+                colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq))
             out.append(SectionRecord(it, r.name, (r.start_ns - origin) * 1e-9, span * 1e-9, colls))
         else:
             works = [e for e in cpu_comm if inside(e)]
             colls = [
-                Collective(i, e.collective or collective_type(e.name) or e.name, e.duration_ns * 1e-9, e.payload_bytes)
+                Collective(
+                    i,
+                    e.collective or collective_type(e.name) or e.name,
+                    e.duration_ns * 1e-9,
+                    e.payload_bytes,
+                    None,
+                    e.group,
+                    e.group_seq,
+                )
                 for i, e in enumerate(works)
             ]
             out.append(SectionRecord(it, r.name, (r.start_ns - origin) * 1e-9, r.duration_ns * 1e-9, colls))
     return out
+
+
+_SERVED_BY = {
+    "send_recv": {"all_to_all", "send", "recv", "gather", "scatter"},
+    "all_reduce": {"barrier"},
+}
+
+
+def _compatible(kernel: Event, descriptor: Event) -> bool:
+    """Whether an NCCL kernel can be the launch of a collective descriptor (by their types)."""
+    kt = kernel.collective or collective_type(kernel.name)
+    dt = descriptor.collective or collective_type(descriptor.name)
+    return kt is None or dt is None or kt == dt or dt in _SERVED_BY.get(kt, set())
 
 
 def _descriptors_in(descriptors: list[Event], r: Event) -> list[Event]:
@@ -245,3 +287,141 @@ def _descriptors_in(descriptors: list[Event], r: Event) -> list[Event]:
     inside = [d for d in descriptors if r.start_ns <= d.start_ns <= r.end_ns]
     named = [d for d in inside if _NCCL_DESCRIPTOR.match(d.name)]
     return named if named else [d for d in inside if d.name == _PARAM_COMMS]
+
+
+def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[int, list[SectionRecord]]:
+    """Number every rank's collectives so that the same collective has the same ``seq`` everywhere.
+
+    :func:`pnpscale.metrics.decompose` matches collectives across ranks by ``seq``. Per section
+    occurrence (iteration, section), collectives are keyed:
+
+    * by ``(group, group_seq)`` when every collective of that occurrence, on every rank, carries
+      both (the trace recorded the process group and its sequence number), else
+    * by ``(stream ordinal, position within that stream)``: streams are numbered in increasing
+      stream id on each rank (one stream per rank for gloo), positions by start time.
+
+    The new ``seq`` is the key's position in the lowest rank's start order, so a trace with one
+    stream and no sequence numbers keeps the order-in-section numbering of
+    :func:`section_records` unchanged.
+
+    Args:
+        records: rank -> that rank's records (from :func:`section_records`).
+
+    Returns:
+        rank -> new records (inputs untouched), collectives sorted by the new ``seq``.
+
+    Raises:
+        SectionError: ranks disagree on the section occurrences, or a collective of one rank has
+            no counterpart on another (different counts per stream, or unmatched sequence numbers).
+
+    >>> a = [SectionRecord(0, "s", 0.0, 1.0, [Collective(0, "all_reduce", 0.1, 8, 7),
+    ...                                        Collective(1, "broadcast", 0.2, 4, 9)])]
+    >>> b = [SectionRecord(0, "s", 0.0, 1.0, [Collective(0, "broadcast", 0.3, 4, 9),
+    ...                                        Collective(1, "all_reduce", 0.4, 8, 7)])]
+    >>> [(c.seq, c.name) for c in align_collectives({0: a, 1: b})[1][0].collectives]
+    [(0, 'all_reduce'), (1, 'broadcast')]
+    """
+    if not records:
+        return {}
+    ranks = sorted(records)
+    index = {r: {(s.iteration, s.section): s for s in records[r]} for r in ranks}
+    occurrences = list(index[ranks[0]])
+    for r in ranks[1:]:
+        if set(index[r]) != set(occurrences):
+            missing = sorted(set(occurrences) ^ set(index[r]))[0]
+            raise SectionError(
+                f"rank {r} and rank {ranks[0]} disagree on section occurrences (e.g. iteration {missing[0]} "
+                f"section {missing[1]!r})"
+            )
+    out: dict[int, list[SectionRecord]] = {r: [] for r in ranks}
+    new_seq: dict[int, dict[tuple[int, str], list[Collective]]] = {r: {} for r in ranks}
+    for occ in occurrences:
+        colls = {r: index[r][occ].collectives for r in ranks}
+        by_pg = all(c.group is not None and c.group_seq is not None for r in ranks for c in colls[r])
+        keys = {r: _match_keys(colls[r], by_pg) for r in ranks}
+        ref = [k for _, k in sorted(zip((c.seq for c in colls[ranks[0]]), keys[ranks[0]], strict=True))]
+        if len(set(ref)) != len(ref):
+            raise SectionError(f"iteration {occ[0]} section {occ[1]!r}: rank {ranks[0]} repeats a collective key")
+        for r in ranks[1:]:
+            if sorted(keys[r]) != sorted(ref):
+                how = "process group and sequence number" if by_pg else "order within each stream"
+                raise SectionError(
+                    f"iteration {occ[0]} section {occ[1]!r}: rank {r} ran {len(keys[r])} collective(s), rank "
+                    f"{ranks[0]} ran {len(ref)}, and they cannot be matched by {how} "
+                    f"(rank {r}: {sorted(keys[r])}; rank {ranks[0]}: {sorted(ref)})"
+                )
+        position = {k: i for i, k in enumerate(ref)}
+        for r in ranks:
+            renum = [replace(c, seq=position[k]) for c, k in zip(colls[r], keys[r], strict=True)]
+            new_seq[r][occ] = sorted(renum, key=lambda c: c.seq)
+    for r in ranks:
+        for s in records[r]:
+            out[r].append(replace(s, collectives=new_seq[r][(s.iteration, s.section)]))
+    return out
+
+
+def _match_keys(colls: Sequence[Collective], by_pg: bool) -> list[tuple]:
+    """Match key of each collective of one rank's section occurrence, aligned with ``colls``."""
+    if by_pg:
+        return [("pg", str(c.group), int(c.group_seq)) for c in colls]  # type: ignore[arg-type]
+    streams = sorted({c.stream for c in colls}, key=lambda s: (s is not None, s or 0))
+    ordinal = {s: i for i, s in enumerate(streams)}
+    seen: dict[int | None, int] = defaultdict(int)
+    keys: list[tuple] = [()] * len(colls)
+    for i in sorted(range(len(colls)), key=lambda i: colls[i].seq):
+        c = colls[i]
+        keys[i] = ("stream", ordinal[c.stream], seen[c.stream])
+        seen[c.stream] += 1
+    return keys
+
+
+def rank_rows(
+    rank: int,
+    records: Sequence[SectionRecord],
+    warmup: int,
+    peaks: Mapping[tuple[int, str], int | None] | None = None,
+) -> dict[str, list[dict]]:
+    """One rank's plain table (the ``table`` of :func:`pnpscale.writer.frames`) from its records.
+
+    Args:
+        rank: the rank.
+        records: its section records.
+        warmup: iterations ``< warmup`` are flagged as warm-up.
+        peaks: optional (iteration, section) -> peak memory in bytes (``None`` when unknown).
+
+    Returns:
+        ``{"ranks": [row...], "collectives": [row...]}`` with the columns of
+        :data:`pnpscale.columns.RANKS_COLUMNS` and :data:`pnpscale.columns.COLLECTIVES_COLUMNS`
+        (without MAIN); times in seconds, sizes in bytes.
+    """
+    from pnpscale import columns as K
+
+    peaks = peaks or {}
+    rows, colls = [], []
+    for s in records:
+        rows.append(
+            {
+                K.RANK: rank,
+                K.ITERATION: s.iteration,
+                K.SECTION: s.section,
+                K.WARMUP: s.iteration < warmup,
+                K.START_S: s.start_s,
+                K.SECTION_S: s.section_s,
+                K.COMM_S: sum(c.duration_s for c in s.collectives),
+                K.N_COLLECTIVES: len(s.collectives),
+                K.PEAK_MEM_BYTES: peaks.get((s.iteration, s.section)),
+            }
+        )
+        for c in s.collectives:
+            colls.append(
+                {
+                    K.RANK: rank,
+                    K.ITERATION: s.iteration,
+                    K.SECTION: s.section,
+                    K.SEQ: c.seq,
+                    K.COLLECTIVE: c.name,
+                    K.DURATION_S: c.duration_s,
+                    K.PAYLOAD_BYTES: c.payload_bytes,
+                }
+            )
+    return {"ranks": rows, "collectives": colls}

@@ -27,7 +27,12 @@ def test_gloo_sections_and_collectives():
         cpu("denoiser", 460, 500),
     ]
     recs = section_records(events, ("gradient", "denoiser"))
-    assert [(r.iteration, r.section) for r in recs] == [(0, "gradient"), (0, "denoiser"), (1, "gradient"), (1, "denoiser")]
+    assert [(r.iteration, r.section) for r in recs] == [
+        (0, "gradient"),
+        (0, "denoiser"),
+        (1, "gradient"),
+        (1, "denoiser"),
+    ]
     g0, d0 = recs[0], recs[1]
     assert g0.section_s == pytest.approx(100e-6) and g0.start_s == 0
     assert [(c.name, c.payload_bytes) for c in g0.collectives] == [("all_reduce", 4096)]

@@ -1,0 +1,254 @@
+"""NCCL debug logs -> topology and the algorithm NCCL chose per collective size (pure).
+
+Run NCCL with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING`` (one file per rank through
+``NCCL_DEBUG_FILE``); rank 0 of each communicator prints the choices. Lines look like
+``host:pid:tid [dev] NCCL INFO <message>``; the parser looks at the message only. Formats read
+(``../shared/notes/environment.md``, "NCCL logs"):
+
+* TUNING, NCCL 2.20-2.22: ``<bytes> Bytes -> Algo <n> proto <n> time <us>`` (no collective name);
+* TUNING, NCCL 2.23: ``<Coll>: <bytes> Bytes -> Algo <n> proto <n> time <us>``;
+* TUNING, NCCL >= 2.24: ``<Coll>: <bytes> Bytes -> Algo <NAME> proto <NAME> channel{Lo..Hi}={lo..hi}``;
+  algorithm ids 0 Tree, 1 Ring, 2 CollNetDirect, 3 CollNetChain, 4 NVLS, 5 NVLSTree, 6 PAT;
+  protocol ids 0 LL, 1 LL128, 2 Simple;
+* INIT: ``NCCL version X.Y.Z``; ``comm 0x... rank R nRanks N nNodes M localRanks L ...`` (or
+  ``nranks``); ``C coll channels, ...``; ``Channel cc/CC : ...`` (CC channels).
+
+Before NCCL 2.20 the per-collective choice is not logged at INFO level: :func:`algorithm_for` then
+says so instead of guessing. Names are normalised to lower case (``ring``, ``tree``, ``simple``),
+collectives to pnpscale's names (``all_reduce``...).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pnpscale.events import collective_type
+
+#: NCCL algorithm ids (``NCCL_ALGO_*``) -> lower-case names.
+ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
+#: NCCL protocol ids (``NCCL_PROTO_*``) -> lower-case names.
+PROTOCOLS = ("ll", "ll128", "simple")
+#: first NCCL version that logs the algorithm of every collective at INFO level (TUNING).
+FIRST_TUNING_VERSION = (2, 20)
+
+_TUNING = re.compile(
+    r"(?:\b(?P<coll>[A-Za-z]+):\s+)?(?P<bytes>\d+)\s+Bytes\s+->\s+Algo\s+(?P<algo>\w+)\s+proto\s+(?P<proto>\w+)"
+    r"(?:\s+time\s+(?P<time>[-+0-9.eE]+))?"
+    r"(?:\s+channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?"
+)
+_VERSION = re.compile(r"NCCL version (\d+(?:\.\d+)+)")
+_COMM = re.compile(r"\bcomm (0x[0-9a-fA-F]+)")
+_COMM_FIELDS = re.compile(r"\b(rank|nranks|nRanks|nNodes|localRanks)\s+(\d+)")
+_COLL_CHANNELS = re.compile(r"\b(\d+) coll channels")
+_CHANNEL_LINE = re.compile(r"\bChannel \d+/(\d+)\s*:")
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    """One TUNING line: the algorithm and protocol NCCL chose for one collective call.
+
+    Attributes:
+        collective: pnpscale collective name, ``None`` when the line has none (NCCL 2.20-2.22).
+        size_bytes: NCCL's message size in bytes (``count x type size``; for all_reduce the payload).
+        algorithm, protocol: lower-case names (``ring``, ``simple``).
+        time_us: NCCL's predicted time in microseconds (2.20-2.23), else ``None``.
+        channels: ``(lo, hi)`` channel range (>= 2.24), else ``None``.
+        line: 1-based line number in the log.
+    """
+
+    collective: str | None
+    size_bytes: int
+    algorithm: str
+    protocol: str
+    time_us: float | None = None
+    channels: tuple[int, int] | None = None
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Communicator:
+    """One communicator's INIT facts (``None`` where the log does not say).
+
+    Attributes:
+        comm: NCCL's communicator address (``0x...``), rank, nranks, nnodes, local_ranks as logged;
+        channels: collective channels (``C coll channels`` or the ``Channel cc/CC`` lines).
+    """
+
+    comm: str
+    rank: int | None = None
+    nranks: int | None = None
+    nnodes: int | None = None
+    local_ranks: int | None = None
+    channels: int | None = None
+
+
+@dataclass(frozen=True)
+class NcclLog:
+    """What one (or several merged) NCCL logs say.
+
+    Attributes:
+        version: ``"2.21.5"`` or ``None``; communicators: INIT facts per communicator, in order of
+        appearance; tuning: every TUNING record, in order.
+    """
+
+    version: str | None
+    communicators: tuple[Communicator, ...]
+    tuning: tuple[TuningRecord, ...]
+
+    def largest(self) -> Communicator | None:
+        """The communicator with the most ranks (the world communicator of a job), if any."""
+        known = [c for c in self.communicators if c.nranks is not None]
+        return max(known, key=lambda c: c.nranks or 0) if known else None
+
+
+@dataclass(frozen=True)
+class AlgorithmChoice:
+    """The algorithm NCCL reported for one collective size, or why there is none.
+
+    Attributes:
+        algorithm, protocol: lower-case names, ``None`` when the log does not say.
+        calls: TUNING lines that matched; note: one line for tables (``""`` when unambiguous).
+    """
+
+    algorithm: str | None
+    protocol: str | None
+    calls: int
+    note: str
+
+
+def version_tuple(version: str | None) -> tuple[int, ...] | None:
+    """``"2.21.5+cuda12.4"`` -> ``(2, 21, 5)``; ``None`` when unparseable.
+
+    >>> version_tuple("2.21.5+cuda12.4"), version_tuple(None)
+    ((2, 21, 5), None)
+    """
+    if not version:
+        return None
+    m = re.match(r"(\d+(?:\.\d+)*)", version.strip())
+    return tuple(int(p) for p in m.group(1).split(".")) if m else None
+
+
+def _name(token: str, names: Sequence[str]) -> str:
+    if token.isdigit():
+        i = int(token)
+        return names[i] if i < len(names) else f"id{i}"
+    return token.lower()
+
+
+def parse_tuning_line(line: str, number: int = 0) -> TuningRecord | None:
+    """One TUNING record from a log line of any supported NCCL version, else ``None``.
+
+    >>> parse_tuning_line("h:1:2 [0] NCCL INFO 1048576 Bytes -> Algo 1 proto 2 time 36.5")
+    TuningRecord(collective=None, size_bytes=1048576, algorithm='ring', protocol='simple', time_us=36.5, \
+channels=None, line=0)
+    >>> parse_tuning_line("NCCL INFO AllReduce: 64 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..1}").channels
+    (0, 1)
+    """
+    m = _TUNING.search(line)
+    if not m:
+        return None
+    coll = m.group("coll")
+    lo, hi = m.group("lo"), m.group("hi")
+    return TuningRecord(
+        collective=(collective_type(coll) or coll.lower()) if coll else None,
+        size_bytes=int(m.group("bytes")),
+        algorithm=_name(m.group("algo"), ALGORITHMS),
+        protocol=_name(m.group("proto"), PROTOCOLS),
+        time_us=float(m.group("time")) if m.group("time") else None,
+        channels=(int(lo), int(hi)) if lo is not None else None,
+        line=number,
+    )
+
+
+def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
+    """Parse the lines of one NCCL log (INIT, GRAPH and TUNING subsystems; other lines ignored).
+
+    Channel counts (``C coll channels``, ``Channel cc/CC``) carry no communicator address: they are
+    given to the communicator named last before them.
+
+    Args:
+        lines: the log's lines (a file object works).
+
+    Returns:
+        :class:`NcclLog`.
+    """
+    version: str | None = None
+    comms: dict[str, dict[str, int | None]] = {}
+    current: str | None = None
+    tuning: list[TuningRecord] = []
+    for number, line in enumerate(lines, start=1):
+        rec = parse_tuning_line(line, number)
+        if rec is not None:
+            tuning.append(rec)
+            continue
+        if version is None and (m := _VERSION.search(line)):
+            version = m.group(1)
+            continue
+        if m := _COMM.search(line):
+            current = m.group(1)
+            fields = comms.setdefault(current, {})
+            for key, value in _COMM_FIELDS.findall(line):
+                key = {"nRanks": "nranks", "nNodes": "nnodes", "localRanks": "local_ranks"}.get(key, key)
+                fields[key] = int(value)
+            continue
+        if current is not None and (m := _COLL_CHANNELS.search(line) or _CHANNEL_LINE.search(line)):
+            comms[current]["channels"] = int(m.group(1))
+    return NcclLog(
+        version=version,
+        communicators=tuple(Communicator(comm, **fields) for comm, fields in comms.items()),  # type: ignore[arg-type]
+        tuning=tuple(tuning),
+    )
+
+
+def merge_logs(logs: Sequence[NcclLog]) -> NcclLog:
+    """One :class:`NcclLog` from the logs of several ranks (first version; all records, in order)."""
+    version = next((log.version for log in logs if log.version), None)
+    comms: dict[str, Communicator] = {}
+    for log in logs:
+        for c in log.communicators:
+            comms.setdefault(c.comm, c)
+    return NcclLog(version, tuple(comms.values()), tuple(r for log in logs for r in log.tuning))
+
+
+def algorithm_for(log: NcclLog, collective: str, size_bytes: int) -> AlgorithmChoice:
+    """The algorithm NCCL reported for ``collective`` of ``size_bytes`` bytes.
+
+    Matches TUNING records of exactly that size whose collective is ``collective`` or unknown
+    (NCCL 2.20-2.22 lines carry no collective name, so another collective of the same size would be
+    counted too; the note says so). When the calls disagree, the most frequent algorithm wins and
+    the note gives the counts.
+
+    Args:
+        log: a parsed log. collective: pnpscale name (``all_reduce``). size_bytes: NCCL's size
+        (for all_reduce, the payload in bytes).
+
+    Returns:
+        :class:`AlgorithmChoice` (``algorithm=None`` with the reason when the log does not say).
+
+    >>> log = parse_nccl_log(["NCCL INFO AllReduce: 4096 Bytes -> Algo 0 proto 0 time 9.1"])
+    >>> algorithm_for(log, "all_reduce", 4096).algorithm, algorithm_for(log, "all_reduce", 8).note
+    ('tree', 'no TUNING line for all_reduce of 8 bytes in the NCCL log')
+    """
+    hits = [r for r in log.tuning if r.size_bytes == size_bytes and r.collective in (None, collective)]
+    if not hits:
+        v = version_tuple(log.version)
+        if v is not None and v[:2] < FIRST_TUNING_VERSION and not log.tuning:
+            note = f"NCCL {log.version} does not log the per-collective algorithm at INFO level (2.20+ does)"
+        elif not log.tuning:
+            note = "no TUNING lines in the NCCL log (NCCL_DEBUG_SUBSYS must include TUNING)"
+        else:
+            note = f"no TUNING line for {collective} of {size_bytes} bytes in the NCCL log"
+        return AlgorithmChoice(None, None, 0, note)
+    counts = Counter((r.algorithm, r.protocol) for r in hits)
+    (algo, proto), _ = counts.most_common(1)[0]
+    algos = Counter(r.algorithm for r in hits)
+    notes = []
+    if len(algos) > 1:
+        chose = ", ".join(f"{a} for {n}" for a, n in algos.most_common())
+        notes.append(f"NCCL chose {chose} calls; majority used")
+    if any(r.collective is None for r in hits):
+        notes.append("TUNING lines name no collective (NCCL 2.20-2.22): matched by size only")
+    return AlgorithmChoice(algo, proto, len(hits), "; ".join(notes))

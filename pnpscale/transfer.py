@@ -1,0 +1,505 @@
+"""Transfer explained: bytes each GPU moves, the rate they imply, and a calibrated prediction (pure).
+
+Source: the seed page (``../shared/seed``), "What sets the transfer time?", and nccl-tests'
+``doc/PERFORMANCE.md`` for algorithm and bus bandwidth. Units: bytes, seconds, and GB/s meaning
+1e9 bytes per second (not GiB/s).
+
+* Bytes each GPU sends for a collective of payload ``P`` bytes on ``n`` GPUs over ``nodes`` nodes:
+  all_reduce ring ``2·P·(n−1)/n``; all_reduce tree ``2·P·(nodes−1)/nodes`` (the bytes that cross
+  the network; defined for ``nodes >= 2``); all_gather and reduce_scatter ``P·(n−1)/n`` where ``P``
+  is nccl-tests' size (the gathered output, the scattered input); broadcast and reduce ``P``.
+* Rate of a row: ``bytes per GPU / transfer time``; grouped by route (``intra-node, g GPUs``,
+  ``inter-node tree``, ``inter-node ring``), one rate per route predicts every row of that route:
+  ``predicted = bytes per GPU / rate``, ``rel_error = predicted / measured − 1``.
+* nccl-tests: ``algbw = size / time``; ``busbw = algbw × factor`` with factor ``2(n−1)/n``
+  (all_reduce), ``(n−1)/n`` (all_gather, reduce_scatter), ``1`` (broadcast, reduce).
+
+The algorithm of a row is the one NCCL reported in its log (``algorithm_source = "nccl_log"``);
+without a log (gloo, or logs missing) the ring model is assumed and the table says so in
+``algorithm_source = "assumed"`` and ``algorithm_note``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pnpscale import columns as K
+
+#: bytes per second in one GB/s.
+GB = 1e9
+SOURCE_LOG = "nccl_log"
+SOURCE_ASSUMED = "assumed"
+ASSUMED_ALGORITHM = "ring"
+
+
+class ByteModelError(ValueError):
+    """No byte model for this collective / algorithm / topology."""
+
+
+def _check(payload_bytes: float, n: int, what: str) -> None:
+    if payload_bytes < 0 or not math.isfinite(payload_bytes):
+        raise ValueError(f"payload_bytes={payload_bytes}: must be a finite number >= 0")
+    if int(n) != n or n < 1:
+        raise ValueError(f"{what}={n}: must be an integer >= 1")
+
+
+def ring_all_reduce_bytes(payload_bytes: float, gpus: int) -> float:
+    """Bytes each GPU sends in a ring all_reduce: ``2·P·(n−1)/n`` (seed page; nccl-tests busbw).
+
+    Args:
+        payload_bytes: ``P``, bytes of the tensor reduced. gpus: ``n`` ranks.
+
+    Raises:
+        ValueError: ``P < 0`` or ``n < 1``.
+
+    >>> ring_all_reduce_bytes(805_306_368, 8)  # 8192²×3 float32 on 8 GPUs: 1.4 GB
+    1409286144.0
+    >>> ring_all_reduce_bytes(100, 1)
+    0.0
+    """
+    _check(payload_bytes, gpus, "gpus")
+    return 2.0 * payload_bytes * (gpus - 1) / gpus
+
+
+def tree_all_reduce_bytes(payload_bytes: float, nodes: int) -> float:
+    """Bytes each node's GPUs send across the network in a tree all_reduce: ``2·P·(nodes−1)/nodes``.
+
+    The seed page's tree model: each node first reduces over its fast intra-node links, then only
+    node-level partial sums cross the network (up to the root and back down).
+
+    Raises:
+        ValueError: ``P < 0`` or ``nodes < 1``.
+        ByteModelError: ``nodes == 1`` (no inter-node traffic: the model does not describe an
+            intra-node tree).
+
+    >>> tree_all_reduce_bytes(805_306_368, 2)  # 2 nodes: one payload, 805 MB
+    805306368.0
+    """
+    _check(payload_bytes, nodes, "nodes")
+    if nodes == 1:
+        raise ByteModelError("the tree byte model counts inter-node bytes: undefined on one node")
+    return 2.0 * payload_bytes * (nodes - 1) / nodes
+
+
+def all_gather_bytes(size_bytes: float, gpus: int) -> float:
+    """Bytes each GPU receives in an all_gather: ``S·(n−1)/n`` (nccl-tests PERFORMANCE.md).
+
+    Args:
+        size_bytes: ``S``, nccl-tests' size: the gathered output (``n`` × each rank's input).
+        gpus: ``n``.
+
+    Raises:
+        ValueError: ``S < 0`` or ``n < 1``.
+
+    >>> all_gather_bytes(4000, 4)
+    3000.0
+    """
+    _check(size_bytes, gpus, "gpus")
+    return size_bytes * (gpus - 1) / gpus
+
+
+def reduce_scatter_bytes(size_bytes: float, gpus: int) -> float:
+    """Bytes each GPU sends in a reduce_scatter: ``S·(n−1)/n``, ``S`` the full input (nccl-tests).
+
+    Raises:
+        ValueError: ``S < 0`` or ``n < 1``.
+
+    >>> reduce_scatter_bytes(4000, 2)
+    2000.0
+    """
+    return all_gather_bytes(size_bytes, gpus)
+
+
+def nccl_tests_size(collective: str, input_bytes: float, gpus: int) -> float:
+    """nccl-tests' size ``S`` of a collective from the bytes of one rank's input tensor.
+
+    all_gather: ``S = n × input`` (the gathered output); every other collective: ``S = input``
+    (all_reduce, broadcast, reduce: the payload; reduce_scatter: the full input).
+
+    >>> nccl_tests_size("all_gather", 1000, 4), nccl_tests_size("all_reduce", 1000, 4)
+    (4000.0, 1000.0)
+    """
+    return float(input_bytes) * (gpus if collective == "all_gather" else 1)
+
+
+def bytes_per_gpu(collective: str, payload_bytes: float, gpus: int, nodes: int, algorithm: str) -> float:
+    """Bytes each GPU moves for one collective, by the model of its algorithm (see module doc).
+
+    Args:
+        collective: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``reduce``.
+        payload_bytes: nccl-tests' size ``S`` (:func:`nccl_tests_size`); the payload for all_reduce.
+        gpus, nodes: ranks and nodes of the run (``1 <= nodes <= gpus``).
+        algorithm: ``ring`` or ``tree`` (all_reduce); ``ring`` or ``pat`` (all_gather,
+            reduce_scatter); ``ring`` or ``tree`` (broadcast, reduce: ``S``).
+
+    Raises:
+        ValueError: negative payload, ``gpus < 1``, or ``nodes`` not in ``1..gpus``.
+        ByteModelError: no model for this collective/algorithm (e.g. NVLS, CollNet), or a tree
+            all_reduce on one node.
+
+    >>> bytes_per_gpu("all_reduce", 100, 8, 2, "tree"), bytes_per_gpu("all_reduce", 100, 8, 2, "ring")
+    (100.0, 175.0)
+    """
+    _check(payload_bytes, gpus, "gpus")
+    if int(nodes) != nodes or not 1 <= nodes <= gpus:
+        raise ValueError(f"nodes={nodes}: must be an integer in 1..gpus={gpus}")
+    algo = algorithm.lower()
+    if collective == "all_reduce":
+        if algo == "ring":
+            return ring_all_reduce_bytes(payload_bytes, gpus)
+        if algo == "tree":
+            return tree_all_reduce_bytes(payload_bytes, nodes)
+    elif collective in ("all_gather", "reduce_scatter"):
+        if algo in ("ring", "pat"):
+            return all_gather_bytes(payload_bytes, gpus)
+    elif collective in ("broadcast", "reduce"):
+        if algo in ("ring", "tree"):
+            return float(payload_bytes) if gpus > 1 else 0.0
+    raise ByteModelError(f"no byte model for {collective} with algorithm {algorithm!r}")
+
+
+def bus_factor(collective: str, gpus: int) -> float:
+    """nccl-tests' bus-bandwidth factor: ``2(n−1)/n`` all_reduce, ``(n−1)/n`` all_gather and
+    reduce_scatter, ``1`` broadcast and reduce (PERFORMANCE.md).
+
+    Raises:
+        ValueError: ``gpus < 1``, or a collective nccl-tests gives no factor for.
+
+    >>> bus_factor("all_reduce", 4), bus_factor("all_gather", 4), bus_factor("broadcast", 4)
+    (1.5, 0.75, 1.0)
+    """
+    _check(0, gpus, "gpus")
+    if collective == "all_reduce":
+        return 2.0 * (gpus - 1) / gpus
+    if collective in ("all_gather", "reduce_scatter"):
+        return (gpus - 1) / gpus
+    if collective in ("broadcast", "reduce"):
+        return 1.0
+    raise ValueError(f"no nccl-tests bus factor for collective {collective!r}")
+
+
+def algbw_GBps(size_bytes: float, seconds: float) -> float:
+    """nccl-tests' algorithm bandwidth ``S / t`` in GB/s (1e9 B/s); NaN when ``t <= 0``.
+
+    >>> algbw_GBps(2e9, 0.5)
+    4.0
+    """
+    return size_bytes / seconds / GB if seconds > 0 else math.nan
+
+
+def busbw_GBps(collective: str, size_bytes: float, seconds: float, gpus: int) -> float:
+    """nccl-tests' bus bandwidth ``algbw × bus_factor`` in GB/s (1e9 B/s).
+
+    Raises:
+        ValueError: see :func:`bus_factor`.
+
+    >>> busbw_GBps("all_reduce", 2e9, 0.5, 2)
+    4.0
+    """
+    return algbw_GBps(size_bytes, seconds) * bus_factor(collective, gpus)
+
+
+def route_label(gpus: int, nodes: int, algorithm: str) -> str:
+    """The physical route of a collective: one node -> its GPU count, else the inter-node algorithm.
+
+    >>> route_label(4, 1, "ring"), route_label(8, 2, "tree"), route_label(64, 16, "ring")
+    ('intra-node, 4 GPUs', 'inter-node tree', 'inter-node ring')
+    """
+    if nodes <= 1:
+        return f"intra-node, {int(gpus)} GPUs"
+    return f"inter-node {algorithm.lower()}"
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+
+def section_transfers(sections: pd.DataFrame) -> pd.DataFrame:
+    """Per section of one run: its main collective, payload and mean transfer per iteration.
+
+    Args:
+        sections: the run's ``sections.parquet`` (columns of :data:`pnpscale.columns.SECTIONS_COLUMNS`).
+
+    Returns:
+        One row per section (order of first appearance): SECTION, COLLECTIVE (main collective),
+        PAYLOAD_BYTES (its payload, bytes, the largest over measured iterations), TRANSFER_S (mean of
+        ``main_transfer_s`` over the measured iterations, seconds), ITERATIONS. Sections without a
+        collective (one rank) have NA payload and a transfer of NaN.
+
+    Raises:
+        ValueError: no measured (non-warm-up) iteration.
+    """
+    m = sections[~sections[K.WARMUP].astype(bool)]
+    if m.empty:
+        raise ValueError("no measured iteration (every row is warm-up)")
+    g = m.groupby(K.SECTION, sort=False)
+    out = pd.DataFrame(
+        {
+            K.COLLECTIVE: g[K.MAIN_COLLECTIVE].agg(lambda s: s.dropna().mode().iloc[0] if s.notna().any() else pd.NA),
+            K.PAYLOAD_BYTES: g[K.MAIN_PAYLOAD_BYTES].max(),
+            K.TRANSFER_S: g[K.MAIN_TRANSFER_S].mean(),
+            K.ITERATIONS: g.size(),
+        }
+    )
+    return out.reset_index()
+
+
+def _column(df: pd.DataFrame, name: str, default: Any) -> pd.Series:
+    return df[name] if name in df.columns else pd.Series(default, index=df.index, dtype=object)
+
+
+def _na(v: Any) -> bool:
+    return v is None or (not isinstance(v, str) and bool(pd.isna(v)))
+
+
+def transfer_rows(runs: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Measured part of the transfer table: bytes per GPU, rate, bandwidths and route per row.
+
+    Args:
+        runs: one row per run x section with GPUS, SECTION, PAYLOAD_BYTES (nccl-tests' size of the
+            section's main collective, bytes), TRANSFER_S (its transfer per iteration, seconds), and
+            optionally PROBLEM, MODE, NODES, GPUS_PER_NODE, BACKEND, COLLECTIVE (default
+            ``all_reduce``), ITERATIONS, ALGORITHM (from the NCCL log; missing = assumed ring),
+            PROTOCOL, ALGORITHM_NOTE. NODES defaults to ``ceil(gpus / gpus_per_node)``, and to 1 for
+            gloo.
+
+    Returns:
+        Columns :data:`pnpscale.columns.TRANSFER_COLUMNS` without the prediction (CALIBRATED_RATE_GBPS,
+        PREDICTED_TRANSFER_S, REL_ERROR are NaN); rows without a collective (one GPU, NA payload or
+        transfer) are dropped. RATE_GBPS = bytes per GPU / transfer / 1e9; NaN where the algorithm
+        has no byte model (the note says why) or the transfer is 0.
+
+    Raises:
+        ValueError: a required column is missing, or a row's node count is unknown (not gloo and
+            neither NODES nor GPUS_PER_NODE) or not in ``1..gpus``.
+    """
+    df = pd.DataFrame(list(runs)) if not isinstance(runs, pd.DataFrame) else runs.reset_index(drop=True)
+    missing = [c for c in K.TRANSFER_INPUT_REQUIRED if c not in df.columns]
+    if missing:
+        raise ValueError(f"transfer input lacks column(s) {', '.join(missing)}")
+    opt = {c: _column(df, c, None).tolist() for c in K.TRANSFER_INPUT_OPTIONAL}
+    rows = []
+    for i in range(len(df)):
+        r = {c: (None if _na(v := opt[c][i]) else v) for c in K.TRANSFER_INPUT_OPTIONAL}
+        gpus, payload, transfer = df[K.GPUS].iloc[i], df[K.PAYLOAD_BYTES].iloc[i], df[K.TRANSFER_S].iloc[i]
+        if _na(gpus) or int(gpus) <= 1 or _na(payload) or _na(transfer):
+            continue
+        gpus, payload, transfer = int(gpus), float(payload), float(transfer)
+        nodes = _nodes(i, gpus, r)
+        coll = r[K.COLLECTIVE] or "all_reduce"
+        if r[K.ALGORITHM] is not None:
+            algo, source, note = str(r[K.ALGORITHM]).lower(), SOURCE_LOG, r[K.ALGORITHM_NOTE] or ""
+        else:
+            algo, source = ASSUMED_ALGORITHM, SOURCE_ASSUMED
+            why = r[K.ALGORITHM_NOTE] or ("gloo: no NCCL log" if r[K.BACKEND] == "gloo" else "no NCCL log")
+            note = f"{why}; {ASSUMED_ALGORITHM} assumed"
+        try:
+            nbytes = bytes_per_gpu(coll, payload, gpus, nodes, algo)
+        except ByteModelError as exc:
+            nbytes, note = math.nan, "; ".join(p for p in (note, str(exc)) if p)
+        try:
+            busbw = busbw_GBps(coll, payload, transfer, gpus)
+        except ValueError:
+            busbw = math.nan
+        rows.append(
+            {
+                K.PROBLEM: r[K.PROBLEM],
+                K.MODE: r[K.MODE],
+                K.SECTION: df[K.SECTION].iloc[i],
+                K.GPUS: gpus,
+                K.NODES: nodes,
+                K.GPUS_PER_NODE: int(r[K.GPUS_PER_NODE]) if r[K.GPUS_PER_NODE] is not None else -(-gpus // nodes),
+                K.BACKEND: r[K.BACKEND],
+                K.COLLECTIVE: coll,
+                K.ALGORITHM: algo,
+                K.ALGORITHM_SOURCE: source,
+                K.PROTOCOL: r[K.PROTOCOL],
+                K.ALGORITHM_NOTE: note,
+                K.ITERATIONS: r[K.ITERATIONS],
+                K.PAYLOAD_BYTES: payload,
+                K.BYTES_PER_GPU: nbytes,
+                K.TRANSFER_S: transfer,
+                K.RATE_GBPS: nbytes / transfer / GB if transfer > 0 else math.nan,
+                K.ALGBW_GBPS: algbw_GBps(payload, transfer),
+                K.BUSBW_GBPS: busbw,
+                K.ROUTE: route_label(gpus, nodes, algo),
+            }
+        )
+    out = pd.DataFrame(rows, columns=list(K.TRANSFER_COLUMNS))
+    for c in (K.CALIBRATED_RATE_GBPS, K.PREDICTED_TRANSFER_S, K.REL_ERROR):
+        out[c] = np.nan
+    return out.astype({K.GPUS: "int64", K.NODES: "int64", K.GPUS_PER_NODE: "int64", K.PAYLOAD_BYTES: "float64"})
+
+
+def _nodes(i: int, gpus: int, r: Mapping[str, Any]) -> int:
+    if r[K.NODES] is not None:
+        nodes = int(r[K.NODES])
+    elif r[K.GPUS_PER_NODE] is not None:
+        nodes = -(-gpus // int(r[K.GPUS_PER_NODE]))
+    elif r[K.BACKEND] == "gloo":
+        nodes = 1
+    else:
+        raise ValueError(f"row {i}: number of nodes unknown (give nodes or gpus_per_node)")
+    if not 1 <= nodes <= gpus:
+        raise ValueError(f"row {i}: nodes={nodes} must be in 1..gpus={gpus}")
+    return nodes
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One rate per (backend, route) and the rows that made it.
+
+    Attributes:
+        rates: columns :data:`pnpscale.columns.RATES_COLUMNS`: BACKEND, ROUTE, RATE_GBPS (GB/s),
+            N_ROWS, CALIBRATION (``"median"``, ``"reference"``, or ``"median (not in reference)"``),
+            ROWS (the rows used, as ``problem/mode/section gpus=N`` labels).
+        rows: the transfer-table rows used, with a CALIBRATION column.
+    """
+
+    rates: pd.DataFrame
+    rows: pd.DataFrame
+
+
+def _label(row: pd.Series) -> str:
+    parts = [str(row[c]) for c in (K.PROBLEM, K.MODE, K.SECTION) if c in row and not _na(row[c])]
+    return f"{'/'.join(parts)} gpus={int(row[K.GPUS])}"
+
+
+def _key(df: pd.DataFrame) -> pd.Series:
+    backend = df[K.BACKEND].astype(object).where(df[K.BACKEND].notna(), "")
+    return backend.astype(str) + "\x00" + df[K.ROUTE].astype(str)
+
+
+def calibrate(table: pd.DataFrame, reference: Mapping[str, Any] | pd.DataFrame | None = None) -> Calibration:
+    """One rate per route: the median of RATE_GBPS over the route's calibration rows.
+
+    Routes are keyed by (BACKEND, ROUTE). With an even number of rows the median is the mean of the
+    two middle rates (pandas' median).
+
+    Args:
+        table: :func:`transfer_rows` output. Rows with a NaN rate are never used.
+        reference: ``None``: every row calibrates its route. A mapping ``{column: value}`` selects
+            the calibration rows of ``table`` (e.g. ``{"gpus": 8, "problem": "2d"}`` for one run).
+            A DataFrame: :func:`transfer_rows` output of separate reference runs (e.g. a forced-ring
+            2-node job). Routes the reference does not cover fall back to the median of their own
+            rows, marked ``"median (not in reference)"``.
+
+    Returns:
+        :class:`Calibration`.
+
+    Raises:
+        ValueError: the reference selects no row with a rate, or names a column the table lacks.
+    """
+    usable = table[np.isfinite(table[K.RATE_GBPS].astype("float64"))]
+    if reference is None:
+        ref, method = usable, "median"
+    elif isinstance(reference, pd.DataFrame):
+        ref, method = reference[np.isfinite(reference[K.RATE_GBPS].astype("float64"))], "reference"
+    else:
+        bad = [c for c in reference if c not in table.columns]
+        if bad:
+            raise ValueError(f"reference names unknown column(s) {', '.join(bad)}")
+        mask = pd.Series(True, index=usable.index)
+        for c, v in reference.items():
+            mask &= usable[c] == v
+        ref, method = usable[mask], "reference"
+    if reference is not None and ref.empty:
+        what = dict(reference) if isinstance(reference, Mapping) else "table"
+        raise ValueError(f"reference {what} selects no row with a rate")
+    used = ref.assign(**{K.CALIBRATION: method})
+    if reference is not None:
+        rest = usable[~_key(usable).isin(set(_key(ref)))]
+        used = pd.concat([used, rest.assign(**{K.CALIBRATION: "median (not in reference)"})], ignore_index=True)
+    rates = []
+    for _, g in used.groupby(_key(used), sort=False) if not used.empty else []:
+        rates.append(
+            {
+                K.BACKEND: g[K.BACKEND].iloc[0],
+                K.ROUTE: g[K.ROUTE].iloc[0],
+                K.RATE_GBPS: float(g[K.RATE_GBPS].median()),
+                K.N_ROWS: len(g),
+                K.CALIBRATION: g[K.CALIBRATION].iloc[0],
+                K.ROWS: "; ".join(_label(row) for _, row in g.iterrows()),
+            }
+        )
+    return Calibration(pd.DataFrame(rates, columns=list(K.RATES_COLUMNS)), used.reset_index(drop=True))
+
+
+def predict(table: pd.DataFrame, calibration: Calibration) -> pd.DataFrame:
+    """Predicted transfer per row from its route's rate, and the relative error.
+
+    ``predicted_transfer_s = bytes_per_gpu / (rate_GBps × 1e9)``;
+    ``rel_error = predicted_transfer_s / transfer_s − 1`` (positive: the prediction is slower).
+    NaN where the route has no rate or the row no byte count.
+
+    Returns:
+        a copy of ``table`` with CALIBRATED_RATE_GBPS, PREDICTED_TRANSFER_S, REL_ERROR filled.
+    """
+    out = table.copy()
+    rate_of = dict(zip(_key(calibration.rates), calibration.rates[K.RATE_GBPS], strict=True))
+    rate = _key(out).map(rate_of).astype("float64") if not out.empty else pd.Series(dtype="float64")
+    out[K.CALIBRATED_RATE_GBPS] = rate
+    out[K.PREDICTED_TRANSFER_S] = out[K.BYTES_PER_GPU].astype("float64") / (rate * GB)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out[K.REL_ERROR] = out[K.PREDICTED_TRANSFER_S] / out[K.TRANSFER_S].astype("float64") - 1.0
+    return out
+
+
+def transfer_table(
+    runs: pd.DataFrame | Sequence[Mapping[str, Any]], reference: Mapping[str, Any] | pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """The transfer table: :func:`transfer_rows`, calibrated (:func:`calibrate`) and predicted.
+
+    One row per run x section with a collective; columns :data:`pnpscale.columns.TRANSFER_COLUMNS`.
+    See :func:`transfer_rows` for the input and :func:`calibrate` for ``reference``.
+
+    >>> t = transfer_table([{"gpus": g, "nodes": 1, "backend": "nccl", "section": "denoiser",
+    ...                      "payload_bytes": 1e9, "transfer_s": 2e9 * (g - 1) / g / 40e9} for g in (2, 2)])
+    >>> t[["route", "algorithm_source", "rate_GBps", "rel_error"]].round(9).values.tolist()[0]
+    ['intra-node, 2 GPUs', 'assumed', 40.0, 0.0]
+    """
+    rows = transfer_rows(runs)
+    return predict(rows, calibrate(rows, reference))
+
+
+def plot_transfer(table: pd.DataFrame, ax: Any) -> Any:
+    """Measured (solid, ``o``) and predicted (dashed, ``x``) transfer per iteration vs GPU count.
+
+    One colour per (problem, mode, section); x axis log-2 with a tick per GPU count; y in seconds.
+    Series whose algorithm was assumed say so in the legend. Draws on ``ax`` only (no file, no show).
+
+    Args:
+        table: :func:`transfer_table` output. ax: a matplotlib Axes.
+
+    Returns:
+        ``ax``.
+    """
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("transfer per iteration (s)")
+    ax.set_title("Transfer: measured vs predicted from one rate per route")
+    if table.empty:
+        ax.text(0.5, 0.5, "no multi-GPU rows: nothing to predict", ha="center", va="center", transform=ax.transAxes)
+        return ax
+    keys = [c for c in (K.PROBLEM, K.MODE, K.SECTION) if c in table.columns]
+    for i, (key, g) in enumerate(table.groupby(keys, dropna=False, sort=True)):
+        g = g.sort_values(K.GPUS)
+        label = "/".join(str(k) for k in (key if isinstance(key, tuple) else (key,)) if not _na(k))
+        if (g[K.ALGORITHM_SOURCE] == SOURCE_ASSUMED).any():
+            label += f" ({ASSUMED_ALGORITHM} assumed)"
+        color = f"C{i % 10}"
+        ax.plot(g[K.GPUS], g[K.TRANSFER_S], marker="o", ls="-", color=color, label=f"{label}: measured")
+        ax.plot(g[K.GPUS], g[K.PREDICTED_TRANSFER_S], marker="x", ls="--", color=color, label=f"{label}: predicted")
+    ax.set_xscale("log", base=2)
+    ticks = sorted(int(x) for x in table[K.GPUS].unique())
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.legend(fontsize="small")
+    return ax

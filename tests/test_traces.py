@@ -1,0 +1,288 @@
+"""Streaming Kineto reader (pnpscale.traces): synthetic traces, then the real ones of ../shared/traces/hta."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from pnpscale.events import Kind, section_records
+from pnpscale.traces import TraceError, comm_fields, parse_sections, read_header, read_trace
+
+BASE_NS = 1_790_000_000_000_000_000  # a baseTimeNanoseconds
+
+
+def X(name, cat, ts, dur, tid=1, **args):
+    """A complete ('X') event; ts and dur in microseconds as Kineto writes them."""
+    ev = {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur}
+    if args:
+        ev["args"] = args
+    return ev
+
+
+def launch(ts, corr, tid=1):
+    return X("cudaLaunchKernel", "cuda_runtime", ts, 2.5, tid=tid, correlation=corr, cbid=211)
+
+
+def kernel(name, ts, dur, corr, stream=7, **args):
+    return X(name, "kernel", ts, dur, tid=stream, device=0, stream=stream, correlation=corr, **args)
+
+
+def write_trace(
+    path: Path, events, *, rank=None, world=None, backend="nccl", base_ns=None, base_last=False, shift_us=0
+):
+    """Write a Kineto-like trace (gzip when the name ends in .gz); keys in Kineto's orders.
+
+    ``shift_us`` is added exactly (in decimal) to every ``ts`` of the text, e.g. to make it absolute.
+    """
+    doc: dict = {"schemaVersion": 1, "deviceProperties": []}
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": backend, "rank": rank, "world_size": world, "pg_count": 1}
+    if base_ns is not None and not base_last:
+        doc["baseTimeNanoseconds"] = base_ns
+    doc["traceEvents"] = [{"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "args": {"name": "python"}}, *events]
+    doc["traceName"] = str(path)
+    if base_ns is not None and base_last:
+        doc["baseTimeNanoseconds"] = base_ns
+    text = json.dumps(doc, indent=1)
+    if shift_us:
+        text = re.sub(r'"ts": ([0-9.]+)', lambda m: f'"ts": {Decimal(shift_us) + Decimal(m.group(1))}', text)
+    if path.name.endswith(".gz"):
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def cuda_rank_events(ts0=1000.0, nccl_dur=30.0, seq0=0, with_args=True, extra_kernels=0):
+    """One rank of a CUDA job: two iterations of gradient | denoiser, one all_reduce in each section."""
+    evs = []
+    for it in range(2):
+        t = ts0 + it * 1000
+        corr = 100 * (it + 1)
+        args = dict(
+            {"Collective name": "allreduce", "In msg nelems": 3072, "dtype": "Float", "Process Group Name": "0"},
+            **({"Seq": seq0 + it} if with_args else {}),
+        )
+        evs += [
+            X("gradient", "user_annotation", t, 100.5),
+            launch(t + 10, corr),
+            kernel("void elementwise_kernel<float>", t + 20, 40.25, corr),
+            launch(t + 60, corr + 1),
+            X("record_param_comms", "cpu_op", t + 58, 5, **({"Seq": seq0 + it} if with_args else {})),
+            X("nccl:all_reduce", "user_annotation", t + 59, 3,
+              **{"Input Dims": [[1, 3, 32, 32]], "Input type": ["float"]}),
+            kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", t + 70, nccl_dur,
+                   corr + 1, stream=20, **(args if with_args else {})),
+            X("denoiser", "user_annotation", t + 200, 300),
+            launch(t + 210, corr + 2),
+            # launched inside denoiser, runs after the CPU range closed: still the denoiser's
+            kernel("void conv2d_kernel", t + 400, 150.125, corr + 2),
+            X("gpu_user_annotation_should_be_ignored", "gpu_user_annotation", t + 200, 400, tid=7),
+        ]  # fmt: skip
+        for k in range(extra_kernels):
+            evs += [
+                launch(t + 211 + k * 0.01, 10_000 * (it + 1) + k),
+                kernel("void k", t + 220 + k, 0.5, 10_000 * (it + 1) + k),
+            ]
+    return evs
+
+
+# --- synthetic ---------------------------------------------------------------------------------
+
+
+def test_cuda_sections_from_gpu_span_and_nccl_args(tmp_path):
+    tr = read_trace(write_trace(tmp_path / "r0.json", cuda_rank_events(), rank=0, world=2), ["gradient", "denoiser"])
+    recs = section_records(tr.events, ["gradient", "denoiser"])
+    assert [(r.iteration, r.section) for r in recs] == [
+        (0, "gradient"),
+        (0, "denoiser"),
+        (1, "gradient"),
+        (1, "denoiser"),
+    ]
+    g, d = recs[0], recs[1]
+    assert g.section_s == pytest.approx(80e-9 * 1000)  # GPU span 1020 -> 1100 us
+    assert d.section_s == pytest.approx(150.125e-6)  # the kernel after the CPU range, by its launch
+    (c,) = g.collectives
+    assert (c.name, c.payload_bytes, c.stream, c.group, c.group_seq) == ("all_reduce", 3072 * 4, 20, "0", 0)
+    assert c.duration_s == pytest.approx(30e-6) and recs[2].collectives[0].group_seq == 1
+    kernels = [e for e in tr.events if e.kind is Kind.GPU]
+    assert all(e.launch_ns is not None for e in kernels)
+    assert tr.info.rank == 0 and tr.info.world_size == 2 and tr.info.backend == "nccl"
+
+
+def test_sequence_numbers_from_record_param_comms_around_the_nccl_range(tmp_path):
+    evs = cuda_rank_events(seq0=5)
+    for e in evs:
+        if e["name"].startswith("ncclDev"):
+            e["args"] = {"stream": 20, "correlation": e["args"]["correlation"]}  # a kernel without NCCL args
+        if e["name"] == "record_param_comms":
+            e["args"].update({"Process Group Name": "7", "Collective name": "allreduce"})
+    tr = read_trace(write_trace(tmp_path / "r.json", evs), ["gradient", "denoiser"])
+    recs = section_records(tr.events, ["gradient", "denoiser"])
+    assert [(c.group, c.group_seq, c.payload_bytes) for r in recs for c in r.collectives] == [
+        ("7", 5, 12288),
+        ("7", 6, 12288),
+    ]
+
+
+def test_nccl_kernel_without_args_takes_the_descriptor(tmp_path):
+    evs = [e for e in cuda_rank_events(with_args=False) if e["name"] != "record_param_comms"]
+    for e in evs:
+        if e["name"].startswith("ncclDev"):
+            e["name"] = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"  # old name
+    tr = read_trace(write_trace(tmp_path / "r.json", evs), ["gradient", "denoiser"])
+    (c,) = section_records(tr.events, ["gradient", "denoiser"])[0].collectives
+    assert (c.name, c.payload_bytes, c.group, c.group_seq) == ("all_reduce", 12288, None, None)
+
+
+def test_relative_and_absolute_timestamps_give_the_same_events(tmp_path):
+    rel = cuda_rank_events(ts0=1000.001)
+    sections = ["gradient", "denoiser"]
+    a = read_trace(write_trace(tmp_path / "rel.json", rel, base_ns=BASE_NS), sections)
+    b = read_trace(write_trace(tmp_path / "rel_last.json.gz", rel, base_ns=BASE_NS, base_last=True), sections)
+    c = read_trace(write_trace(tmp_path / "abs.json", rel, shift_us=BASE_NS // 1000), sections)
+    assert '"ts": 1790000000001000.001' in (tmp_path / "abs.json").read_text()
+    assert a.info.base_ns == b.info.base_ns == BASE_NS and c.info.base_ns is None
+    key = sorted((e.name, e.start_ns, e.end_ns, e.launch_ns) for e in a.events)
+    assert key == sorted((e.name, e.start_ns, e.end_ns, e.launch_ns) for e in b.events)
+    assert key == sorted((e.name, e.start_ns, e.end_ns, e.launch_ns) for e in c.events)
+    # exact to the nanosecond on the Unix epoch: 1000.001 us after the base
+    assert min(e.start_ns for e in a.events if e.name == "gradient") == BASE_NS + 1_000_001
+
+
+def test_gloo_work_on_worker_threads(tmp_path):
+    evs = [
+        X("gradient", "user_annotation", 0, 1000, tid=1),
+        X("c10d::allreduce_", "cpu_op", 10, 5, tid=1),
+        X("gloo:all_reduce", "user_annotation", 20, 300, tid=91, **{"Input Dims": [[4, 8]], "Input type": ["float"]}),
+        X("gloo:broadcast", "user_annotation", 30, 10, tid=92, **{"Input Dims": [[1]], "Input type": ["long int"]}),
+        X("denoiser", "user_annotation", 1100, 500, tid=1),
+        X("gloo:barrier", "user_annotation", 1700, 10, tid=91),  # outside every section
+    ]
+    tr = read_trace(write_trace(tmp_path / "g.json", evs, rank=1, world=2, backend="gloo"), ["gradient", "denoiser"])
+    g, d = section_records(tr.events, ["gradient", "denoiser"])
+    assert [(c.name, c.payload_bytes, c.stream) for c in g.collectives] == [
+        ("all_reduce", 128, None),
+        ("broadcast", 8, None),
+    ]
+    assert g.section_s == pytest.approx(1e-3) and d.collectives == []
+    assert tr.info.events_kept == 5 and tr.info.events_read == 7  # c10d op and metadata dropped
+
+
+def test_glob_sections_are_renamed(tmp_path):
+    evs = [X(f"ProfilerStep#{n}", "user_annotation", n * 100, 90) for n in (7, 8)]
+    tr = read_trace(write_trace(tmp_path / "s.json", evs), parse_sections("step=ProfilerStep#*"))
+    assert [r.section for r in section_records(tr.events, ["step"])] == ["step", "step"]
+
+
+def test_reduction_keeps_the_section_records_of_the_full_event_list(tmp_path):
+    path = write_trace(tmp_path / "many.json.gz", cuda_rank_events(extra_kernels=50))
+    full = read_trace(path, ["gradient", "denoiser"], keep_all_gpu=True)
+    reduced = read_trace(path, ["gradient", "denoiser"])
+    assert len(reduced.events) < len(full.events) / 5
+    sections = ["gradient", "denoiser"]
+    assert section_records(reduced.events, sections) == section_records(full.events, sections)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "empty file"),
+        (b"not json at all", "not a JSON trace"),
+        (b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": 1,', "cannot read trace"),
+        (b'{"schemaVersion": 1}', "no traceEvents list"),
+        (gzip.compress(b'{"traceEvents": []}')[:-8] + b"garbage!", "cannot read trace"),
+    ],
+)
+def test_unreadable_traces_raise_one_clear_error(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceError, match=message) as err:
+        read_trace(path, ["gradient"])
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_header_of_a_json_that_is_not_a_trace(tmp_path):
+    (tmp_path / "run.json").write_text('{"status": "complete", "gpus": 2}')
+    with pytest.raises(TraceError, match="run.json: no traceEvents list before the end of the file"):
+        read_header(tmp_path / "run.json")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(TraceError, match="nope.json: cannot read trace: No such file"):
+        read_header(tmp_path / "nope.json")
+
+
+def test_parse_sections_and_comm_fields():
+    assert parse_sections(" gradient , denoiser ") == {"gradient": "gradient", "denoiser": "denoiser"}
+    assert parse_sections("step=ProfilerStep#*,fwd") == {"step": "ProfilerStep#*", "fwd": "fwd"}
+    for bad, msg in (("", "no section names"), ("a,a", "given twice"), ("=x", "expected NAME")):
+        with pytest.raises(ValueError, match=msg):
+            parse_sections(bad)
+    # record_param_comms without sizes (sampled traces) and TensorList dims give no payload
+    assert comm_fields("record_param_comms", {"Input Dims": [[], []], "Input type": ["TensorList", ""]}) == {
+        "collective": None,
+        "payload_bytes": None,
+        "group": None,
+        "group_seq": None,
+    }
+    gather = comm_fields("nccl:_all_gather_base", {"Input Dims": [[16]], "Input type": ["signed char"]})
+    assert gather["payload_bytes"] == 16 and gather["collective"] == "all_gather"
+
+
+# --- the real traces (../shared/traces/hta) ----------------------------------------------------
+
+STEP = parse_sections("step=ProfilerStep#*")
+
+
+def test_real_nccl_trace_with_nccl_args_old_kernel_names(shared_traces):
+    path = shared_traces / "nccl_parser_config" / "nccl_data.json.gz"
+    h = read_header(path)
+    assert (h.rank, h.world_size, h.backend, h.nccl_version) == (0, 2, "nccl", "2.17.1")
+    tr = read_trace(path, STEP)
+    assert tr.info.base_ns == 1711964646000000000 and tr.info.events_read == 40573
+    recs = section_records(tr.events, ["step"])
+    assert len(recs) == 3 and all(len(r.collectives) == 7 for r in recs)  # 21 NCCL kernels, 3 steps
+    names = [c.name for c in recs[0].collectives]
+    assert names == ["broadcast", "broadcast"] + ["all_reduce"] * 5
+    # payloads from the kernels' own NCCL args: "In msg nelems" x Float
+    assert recs[0].collectives[0].payload_bytes == 53120 * 4
+    assert {c.group for r in recs for c in r.collectives} == {"0"}
+    nccl = [e for e in tr.events if e.kind is Kind.GPU and e.name.startswith("ncclKernel_")]
+    assert len(nccl) == 21 and all(e.launch_ns is not None for e in nccl)
+    assert recs[0].section_s == pytest.approx(0.215769424, abs=1e-9)
+    assert section_records(read_trace(path, STEP, keep_all_gpu=True).events, ["step"]) == recs
+
+
+def test_real_sampled_pair_without_nccl_args_absolute_timestamps(shared_traces):
+    for rank in (0, 1):
+        path = shared_traces / "trace_filter" / f"sampled_rank-{rank}.json.gz"
+        tr = read_trace(path, STEP)
+        assert (tr.info.rank, tr.info.world_size, tr.info.base_ns) == (rank, 128, None)
+        recs = section_records(tr.events, ["step"])
+        assert len(recs) == 2
+        for r in recs:
+            assert [c.stream for c in r.collectives] == [84, 84, 84, 84, 203]  # ncclKernel_SendRecv_* on 2 streams
+            # sampling left nccl:all_reduce ranges beside SendRecv kernels: no descriptor is trusted
+            assert {(c.name, c.payload_bytes, c.group) for c in r.collectives} == {("send_recv", None, None)}
+        # absolute microseconds since the epoch: 2023-04-29
+        assert min(e.start_ns for e in tr.events) // 10**9 == 1682725898
+
+
+def test_real_gloo_trace_worker_threads(shared_traces):
+    path = shared_traces / "cpu_only" / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
+    tr = read_trace(path, STEP)
+    assert (tr.info.rank, tr.info.world_size, tr.info.backend) == (34, 300, "gloo")
+    assert tr.info.base_ns == 1719853884000000000 and tr.info.events_kept == 11  # 10 gloo ranges + the step
+    (step,) = section_records(tr.events, ["step"])
+    # two gloo:all_reduce on two gloo worker threads start inside the step; payload from Input Dims
+    assert [(c.name, c.payload_bytes) for c in step.collectives] == [
+        ("all_reduce", 321271 * 4),
+        ("all_reduce", 2082411 * 4),
+    ]
+    assert [c.duration_s for c in step.collectives] == pytest.approx([0.173209713, 0.170471258], abs=1e-12)
