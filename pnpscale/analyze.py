@@ -45,8 +45,8 @@ from pnpscale.metrics import DecompositionError, decompose, run_metrics, summari
 from pnpscale.traces import TraceError, TraceInfo, iter_trace_files, parse_sections, read_header, read_trace
 from pnpscale.writer import frames, now_iso
 
-ANALYSIS_JSON = "analysis.json"
-ANALYSIS_DIR = "analysis"
+ANALYSIS_JSON = layout.ANALYSIS_JSON
+ANALYSIS_DIR = layout.ANALYSIS_DIR
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 

@@ -8,6 +8,7 @@ A run folder (one sweep point, hive style ``problem=2d/mode=inference/gpus=4/``)
     sections.parquet      per iteration x section: compute / transfer / wait, LB
     logs/                 per-rank logs (local launch), nccl/ per-rank NCCL logs (CUDA)
     traces/               per-rank Kineto traces (profile.export_traces=true)
+    analysis/             python -m pnpscale.analyze of those traces: the tables + analysis.json
     .hydra/               Hydra's record of the composed config and overrides
 
 ``run.json`` is written last: a folder is complete exactly when its ``run.json`` says
@@ -33,6 +34,8 @@ TRACES_DIR = "traces"
 LOGS_DIR = "logs"
 NCCL_DIR = "nccl"
 REPORT_DIR = "report"
+ANALYSIS_DIR = "analysis"  # python -m pnpscale.analyze output (never holds a run.json)
+ANALYSIS_JSON = "analysis.json"
 RECONSTRUCTION = "reconstruction.pt"
 
 STATUS_COMPLETE = "complete"

@@ -31,7 +31,6 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -288,9 +287,9 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
     import torch.distributed as dist
     from torch.profiler import record_function
 
-    from pnpscale.events import section_records
+    from pnpscale.events import rank_rows, section_records
     from pnpscale.profiling import make_profiler, profiler_events
-    from pnpscale.worker import Group, _rank_table, _sync, busy_wait, choose_backend
+    from pnpscale.worker import Group, _sync, busy_wait, choose_backend
     from pnpscale.writer import frames
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -313,8 +312,7 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
                     group.barrier()
                     prof.step()
         events = profiler_events(prof)
-        spec = SimpleNamespace(warmup=warmup)
-        tables = [_rank_table(group.rank, spec, section_records(events, (n,)), []) for n in names]
+        tables = [rank_rows(group.rank, section_records(events, (n,)), warmup) for n in names]
         gathered = group.gather(tables)
         if group.rank == 0:
             for i, p in enumerate(payloads):

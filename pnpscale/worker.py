@@ -194,13 +194,13 @@ def _measure_and_report(
         t_measure0 = time.time()
         peaks, prof = _run_iterations(spec, solver, ctx.device, group)
         t_measure1 = time.time()
-        from pnpscale.events import section_records
+        from pnpscale.events import rank_rows, section_records
         from pnpscale.profiling import export_trace, profiler_events
 
         if spec.export_traces:
             export_trace(prof, run_dir / "traces" / f"rank{rank}.pt.trace.json")
         sections = section_records(profiler_events(prof), spec.sections)
-        table = _rank_table(rank, spec, sections, peaks)
+        table = rank_rows(rank, sections, spec.warmup, peaks)
         info = {
             "rank": rank,
             "host": socket.gethostname(),
@@ -282,14 +282,14 @@ def busy_wait(seconds: float, device: Any) -> None:
         pass
 
 
-def _run_iterations(spec: Any, solver: Any, device: Any, group: Group) -> tuple[list[dict[str, Any]], Any]:
+def _run_iterations(spec: Any, solver: Any, device: Any, group: Group) -> tuple[dict[tuple[int, str], int], Any]:
     from torch.profiler import record_function
 
     from pnpscale.profiling import PeakMemory, make_profiler
 
     total = spec.warmup + spec.iterations
     peak = PeakMemory(device)
-    peaks: list[dict[str, Any]] = []
+    peaks: dict[tuple[int, str], int] = {}
     rank = group.rank
     progress = _progress(total, spec.warmup, rank)
     with make_profiler(cuda=device.type == "cuda", record_shapes=spec.record_shapes) as prof:
@@ -302,7 +302,7 @@ def _run_iterations(spec: Any, solver: Any, device: Any, group: Group) -> tuple[
                         _inject(spec, rank, name, measured, device)
                         fn()
                         _sync(device)
-                peaks.append({"iteration": it, "section": name, "peak_mem_bytes": box[0]})
+                peaks[(it, name)] = box[0]
             solver.after_step()
             _sync(device)
             group.barrier()
@@ -321,38 +321,3 @@ def _progress(total: int, warmup: int, rank: int) -> Any:
         print(f"[pnpscale] iteration {done}/{total}{tag}: {seconds:.3f} s", flush=True)
 
     return update
-
-
-def _rank_table(rank: int, spec: Any, sections: list[Any], peaks: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """Plain per-rank table (lists of dicts) from section records and memory peaks."""
-    from pnpscale import columns as K
-
-    peak_of = {(p["iteration"], p["section"]): p["peak_mem_bytes"] for p in peaks}
-    rows, colls = [], []
-    for s in sections:
-        rows.append(
-            {
-                K.RANK: rank,
-                K.ITERATION: s.iteration,
-                K.SECTION: s.section,
-                K.WARMUP: s.iteration < spec.warmup,
-                K.START_S: s.start_s,
-                K.SECTION_S: s.section_s,
-                K.COMM_S: sum(c.duration_s for c in s.collectives),
-                K.N_COLLECTIVES: len(s.collectives),
-                K.PEAK_MEM_BYTES: peak_of.get((s.iteration, s.section)),
-            }
-        )
-        for c in s.collectives:
-            colls.append(
-                {
-                    K.RANK: rank,
-                    K.ITERATION: s.iteration,
-                    K.SECTION: s.section,
-                    K.SEQ: c.seq,
-                    K.COLLECTIVE: c.name,
-                    K.DURATION_S: c.duration_s,
-                    K.PAYLOAD_BYTES: c.payload_bytes,
-                }
-            )
-    return {"ranks": rows, "collectives": colls}

@@ -146,8 +146,15 @@ def test_every_chart_is_a_png_and_readme_has_checks(sweep):
         "wait_pct.png",
     ):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
+    assert (out / "transfer.png").read_bytes()[:8] == PNG_MAGIC
+    rates = pd.read_parquet(out / "rates.parquet")
+    # gpus=2 sections: main transfer 0.1 s for 2 x 12288 x (2-1)/2 bytes: 0.12288 MB/s -> 1.2288e-4 GB/s
+    assert rates["route"].tolist() == ["intra-node, 2 GPUs"] and rates["rate_GBps"].iloc[0] == pytest.approx(1.2288e-4)
+    transfer = pd.read_parquet(out / "transfer.parquet")
+    assert (transfer["algorithm_source"] == "assumed").all() and transfer["rel_error"].abs().max() < 1e-9
     readme = (out / "README.md").read_text()
     assert "## 2d inference" in readme and "missing (failed)" in readme
+    assert "## Transfer explained (inference)" in readme and "ring (assumed)" in readme
     assert "At 2 GPUs the run costs 1.10x the GPU-seconds of ideal scaling from 1." in readme
     assert "rank 3 failed: out of memory" in readme
     # compute_max (0.5 + 1.5) vs transfer (0.2): 900% above

@@ -1,0 +1,83 @@
+"""Profiler overhead: the same PnP iterations with and without torch.profiler, side by side.
+
+One rank, in process (no process group: deepinv's single-process path), the small-scale problem
+unless overridden. Rounds alternate unprofiled and profiled blocks of iterations so that drift of
+the machine hits both alike; each profiled block is one profiler session, as in a real run
+(record_shapes on, as pnpscale needs it for payload bytes; off shown for comparison).
+
+    python benchmarks/profiler_overhead.py [--mode inference|training] [--rounds 5] [--iterations 5]
+
+Prints the median iteration time of each variant and its ratio to the unprofiled one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from torch.profiler import record_function  # noqa: E402
+
+from pnpscale.cli_check import CONF  # noqa: E402
+from pnpscale.config import register_schema, resolve_spec  # noqa: E402
+from pnpscale.profiling import make_profiler  # noqa: E402
+
+
+def build(mode: str, overrides: list[str]):
+    from deepinv.distributed import DistributedContext
+
+    from pnpscale.solver import make_solver
+
+    register_schema()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"mode={mode}", "scale=small", *overrides])
+    spec = resolve_spec(cfg, cuda_available=False)
+    for k in ("RANK", "WORLD_SIZE"):
+        os.environ.pop(k, None)
+    ctx = DistributedContext(device_mode="cpu", cleanup=False).__enter__()
+    return spec, make_solver(spec, ctx)
+
+
+def iteration(solver) -> float:
+    t0 = time.perf_counter()
+    for name, fn in solver.sections():
+        with record_function(name):
+            fn()
+    solver.after_step()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mode", default="inference", choices=["inference", "training"])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("overrides", nargs="*")
+    a = p.parse_args()
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    spec, solver = build(a.mode, a.overrides)
+    iteration(solver)  # warm-up
+    times: dict[str, list[float]] = {"no profiler": [], "profiler (record_shapes)": [], "profiler (no shapes)": []}
+    for _ in range(a.rounds):
+        times["no profiler"] += [iteration(solver) for _ in range(a.iterations)]
+        for label, shapes in (("profiler (record_shapes)", True), ("profiler (no shapes)", False)):
+            with make_profiler(cuda=False, record_shapes=shapes) as prof:
+                for _ in range(a.iterations):
+                    times[label].append(iteration(solver))
+                    prof.step()
+    base = statistics.median(times["no profiler"])
+    print(f"{a.mode}, problem={spec.problem} image={spec.sizes['image_size']} threads={torch.get_num_threads()}, "
+          f"{a.rounds} rounds x {a.iterations} iterations per variant")  # fmt: skip
+    print(f"{'variant':28s} {'median s/it':>12s} {'ratio':>7s}")
+    for label, ts in times.items():
+        med = statistics.median(ts)
+        print(f"{label:28s} {med:12.4f} {med / base:7.3f}")
+
+
+if __name__ == "__main__":
+    main()
