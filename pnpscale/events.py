@@ -31,8 +31,9 @@ Rules (see ``../shared/notes/design.md``):
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -221,26 +222,25 @@ def section_records(events: Iterable[Event], sections: Sequence[str]) -> list[Se
             + ", ".join(f"{s}={n}" for s, n in counts.items())
             + " (expected the same non-zero count for every section)"
         )
-    gpu = [e for e in evs if e.kind is Kind.GPU]
-    cpu_comm = [e for e in evs if e.kind is Kind.CPU and _GLOO_WORK.match(e.name)]
-    descriptors = [e for e in evs if e.kind is Kind.CPU and (_NCCL_DESCRIPTOR.match(e.name) or e.name == _PARAM_COMMS)]
+    gpu = _Window([e for e in evs if e.kind is Kind.GPU], key=_launch_key)
+    cpu_comm = _Window([e for e in evs if e.kind is Kind.CPU and _GLOO_WORK.match(e.name)])
+    descriptors = _Window(
+        [e for e in evs if e.kind is Kind.CPU and (_NCCL_DESCRIPTOR.match(e.name) or e.name == _PARAM_COMMS)]
+    )
     origin = ranges[0].start_ns
     occurrence: dict[str, int] = defaultdict(int)
     out: list[SectionRecord] = []
     for r in ranges:
         it = occurrence[r.name]
         occurrence[r.name] += 1
-        inside = lambda e, r=r: r.start_ns <= e.start_ns <= r.end_ns  # noqa: E731
         if gpu:
-            launched = [
-                e for e in gpu if r.start_ns <= (e.launch_ns if e.launch_ns is not None else e.start_ns) <= r.end_ns
-            ]
+            launched = sorted(gpu.between(r.start_ns, r.end_ns), key=lambda e: (e.start_ns, -e.end_ns))
             if launched:
                 span = max(e.end_ns for e in launched) - min(e.start_ns for e in launched)
             else:
                 span = 0
             kernels = [e for e in launched if is_nccl_kernel(e)]
-            descs = _descriptors_in(descriptors, r)
+            descs = _descriptors_in(descriptors.between(r.start_ns, r.end_ns))
             paired = len(descs) == len(kernels) and all(map(_compatible, kernels, descs))
             colls = []
             for i, k in enumerate(kernels):
@@ -252,7 +252,7 @@ def section_records(events: Iterable[Event], sections: Sequence[str]) -> list[Se
                 colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq))
             out.append(SectionRecord(it, r.name, (r.start_ns - origin) * 1e-9, span * 1e-9, colls))
         else:
-            works = [e for e in cpu_comm if inside(e)]
+            works = cpu_comm.between(r.start_ns, r.end_ns)
             colls = [
                 Collective(
                     i,
@@ -282,9 +282,27 @@ def _compatible(kernel: Event, descriptor: Event) -> bool:
     return kt is None or dt is None or kt == dt or dt in _SERVED_BY.get(kt, set())
 
 
-def _descriptors_in(descriptors: list[Event], r: Event) -> list[Event]:
-    """Collective descriptors inside range ``r``: ``nccl:*`` ranges if any, else param comms."""
-    inside = [d for d in descriptors if r.start_ns <= d.start_ns <= r.end_ns]
+def _launch_key(e: Event) -> int:
+    """Where a GPU event is placed: its launch when known, else its start."""
+    return e.launch_ns if e.launch_ns is not None else e.start_ns
+
+
+class _Window:
+    """Events sorted by a key (default: start) with O(log n) lookup of those in ``[lo, hi]``."""
+
+    def __init__(self, events: list[Event], key: Callable[[Event], int] = lambda e: e.start_ns) -> None:
+        self.events = sorted(events, key=lambda e: (key(e), e.start_ns, -e.end_ns))
+        self.keys = [key(e) for e in self.events]
+
+    def __bool__(self) -> bool:
+        return bool(self.events)
+
+    def between(self, lo: int, hi: int) -> list[Event]:
+        return self.events[bisect_left(self.keys, lo) : bisect_right(self.keys, hi)]
+
+
+def _descriptors_in(inside: list[Event]) -> list[Event]:
+    """Collective descriptors of a range: ``nccl:*`` ranges if any, else param comms."""
     named = [d for d in inside if _NCCL_DESCRIPTOR.match(d.name)]
     return named if named else [d for d in inside if d.name == _PARAM_COMMS]
 
