@@ -68,9 +68,21 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
     spec = make_spec(cfg, cuda_device_count())
     config = OmegaConf.to_container(cfg, resolve=True)
+    on_slurm = cfg.cluster.name != "local"
+    if on_slurm:
+        from pnpscale.slurm import in_slurm_task
+
+        if not in_slurm_task():
+            raise ConfigError(
+                "cluster",
+                cfg.cluster.name,
+                "runs every point as a SLURM job through the pnpscale SLURM launcher: keep hydra.mode=MULTIRUN "
+                "(set by cluster=slurm) and use cluster=slurm for the whole sweep",
+            )
     if spec.scale_requested == "auto":
         log.info("scale=auto -> %s (%s)", spec.scale, "CUDA available" if spec.scale == "paper" else "no CUDA")
-    if cfg.resume and layout.run_status(run_dir) == layout.STATUS_COMPLETE:
+    # On SLURM the launcher skipped complete points before submitting; a rank must never skip alone.
+    if not on_slurm and cfg.resume and layout.run_status(run_dir) == layout.STATUS_COMPLETE:
         done = layout.read_json(run_dir / layout.RUN_JSON)
         if done.get("fingerprint") == spec.fingerprint():
             log.info("skipping %s: complete run already in %s (resume=true)", _point(spec), run_dir)
@@ -81,10 +93,12 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
 
     layout.write_json(run_dir / layout.RUN_JSON, run_json_base(spec, config))
     try:
-        if cfg.cluster.name == "local":
+        if on_slurm:  # this process is task 0 of the point's SLURM job: rank 0
+            from pnpscale.slurm import run_rank
+
+            run_rank(spec, run_dir, config)
+        else:
             launch_local(spec, run_dir, config)
-        else:  # pragma: no cover - dispatched by the SLURM launcher
-            raise ConfigError("cluster", cfg.cluster.name, "only cluster=local runs in this process")
     except Exception as exc:
         write_failure(run_dir, spec, config, exc)
         log.error("%s failed: %s", _point(spec), exc)

@@ -88,6 +88,8 @@ def plot_scaled_cost(table: pd.DataFrame) -> Figure:
             else:
                 ax.text(xi, total, f"{total:.2f}", ha="center", va="bottom", fontsize=8)
         ax.axhline(1.0, color="black", ls="--", lw=1, label="ideal (linear scaling)")
+        finite = (comp + comm)[np.isfinite(comp + comm)]
+        ax.set_ylim(0, max(1.2, 1.15 * float(finite.max())) if finite.size else 1.2)
         ax.set_xticks(x, labels)
         ax.set_xlabel("GPUs (ranks)")
         base = sub["baseline_gpus"].dropna()
@@ -128,7 +130,10 @@ def plot_components(table: pd.DataFrame) -> Figure:
             )
         _mark_missing(ax, table)
         _log2_x(ax, all_gpus)
-        ax.set_yscale("log")
+        if (data[col] > 0).any():
+            ax.set_yscale("log")
+        else:
+            ax.text(0.5, 0.5, "no complete run with a non-zero value", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title)
     axes[0].set_ylabel("seconds per iteration (log)")
     handles, labels = axes[0].get_legend_handles_labels()

@@ -59,12 +59,13 @@ def check_overrides(argv: Sequence[str]) -> None:
                     raise ConfigError(key, v, "allowed values: " + ", ".join(options))
             continue
         base = key.split("@")[0]
-        if base not in known and not any(base.startswith(k + ".") for k in open_keys()):
+        free_form = any(base.startswith(k + ".") for k in open_keys())
+        if base not in known and not free_form:
             close = difflib.get_close_matches(base, sorted(known), n=3)
             hint = f"did you mean {', '.join(close)}? " if close else ""
             top = sorted(k for k in known if "." not in k)
             raise ConfigError(key, _show(ov), f"unknown key; {hint}top-level keys: {', '.join(top)}")
-        if ov.is_add() or ov.is_force_add():
+        if (ov.is_add() or ov.is_force_add()) and not free_form:
             raise ConfigError(key, _show(ov), f"'{base}' already exists: drop the leading '+'")
         for v in _values(ov):
             if isinstance(v, str) and v.startswith("${"):

@@ -21,6 +21,11 @@ POINT = ["problem", "mode", "gpus"]
 _HIVE = re.compile(r"^(problem|mode|gpus)=(.+)$")
 #: Columns of :func:`load`, besides the per-section metrics of :func:`pnpscale.metrics.summarize`.
 RUN_COLUMNS = ["run_dir", "status", "scale", "backend", "nodes", "world_size"]
+#: Metric columns of :func:`load` (NaN for failed points; present even when no run completed).
+METRIC_COLUMNS = [
+    "iterations", K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, K.LB, K.COMM_E, K.PE,
+    K.GPU_SECONDS, K.MAIN_PAYLOAD_BYTES, K.MAIN_TRANSFER_S,
+]  # fmt: skip
 
 
 class NoRunsError(FileNotFoundError):
@@ -143,8 +148,11 @@ def table_of(sel: Selection, path: str | Path, include_failed: bool = True) -> p
         if not bad.empty:
             frames.append(bad[POINT + RUN_COLUMNS + ["error"]].assign(section="all"))
     if not frames:
-        return pd.DataFrame(columns=POINT + ["section"] + RUN_COLUMNS)
+        return pd.DataFrame(columns=POINT + [K.SECTION] + METRIC_COLUMNS + RUN_COLUMNS)
     out = pd.concat(frames, ignore_index=True)
+    for col in METRIC_COLUMNS:
+        if col not in out:
+            out[col] = float("nan")
     out["gpus"] = out["gpus"].astype("int64")
     first = POINT + [K.SECTION]
     out = out[first + [c for c in out.columns if c not in first]]

@@ -147,13 +147,16 @@ class Group:
 
 
 @record
-def rank_main(spec_dict: dict[str, Any], run_dir: str, config: dict[str, Any] | None = None) -> None:
+def rank_main(
+    spec_dict: dict[str, Any], run_dir: str, config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+) -> None:
     """Run one rank of a measurement (see module doc). Raises whatever the rank hit.
 
     Args:
         spec_dict: :meth:`pnpscale.config.RunSpec.to_dict` of the run.
         run_dir: the run folder (shared by all ranks; only rank 0 writes into it).
         config: the resolved Hydra config, stored in ``run.json``.
+        extra: launcher fields added to ``run.json`` by rank 0 (e.g. ``{"slurm": {...}}``).
     """
     import torch
 
@@ -171,13 +174,19 @@ def rank_main(spec_dict: dict[str, Any], run_dir: str, config: dict[str, Any] | 
         os.environ.update(nccl_debug_env(Path(run_dir), int(os.environ.get("RANK", "0")), os.environ))
     group = Group(backend, spec.timeout_s)
     try:
-        _measure_and_report(spec, Path(run_dir), group, threads, t_start, config)
+        _measure_and_report(spec, Path(run_dir), group, threads, t_start, config, extra)
     finally:
         group.close()
 
 
 def _measure_and_report(
-    spec: Any, run_dir: Path, group: Group, threads: int, t_start: float, config: dict[str, Any] | None
+    spec: Any,
+    run_dir: Path,
+    group: Group,
+    threads: int,
+    t_start: float,
+    config: dict[str, Any] | None,
+    extra: dict[str, Any] | None,
 ) -> None:
     import torch
 
@@ -217,6 +226,7 @@ def _measure_and_report(
 
             timings = {
                 "launch_s": (t_start - float(os.environ[LAUNCH_T0_ENV])) if LAUNCH_T0_ENV in os.environ else None,
+                "init_s": t_setup0 - t_start,
                 "setup_s": t_measure0 - t_setup0,
                 "measure_s": t_measure1 - t_measure0,
             }
@@ -229,6 +239,7 @@ def _measure_and_report(
                 timings=timings,
                 config=config,
                 reconstruction=recon,
+                extra=extra,
             )
         group.barrier()
 

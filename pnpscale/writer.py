@@ -84,9 +84,11 @@ def write_run(
     timings: dict[str, Any],
     config: dict[str, Any] | None = None,
     reconstruction: Any = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Decompose, then write the tables and ``run.json`` (status ``complete``) atomically.
 
+    ``extra`` adds launcher-specific fields to ``run.json`` (e.g. the ``slurm`` block).
     On a decomposition error, writes ``run.json`` with status ``failed`` and re-raises.
 
     Returns:
@@ -110,6 +112,7 @@ def write_run(
             },
             "solver": {**infos[0]["solver"], "weights_sha256_per_rank": [i["solver"]["weights_sha256"] for i in infos]},
             "timings": dict(timings),
+            **(extra or {}),
         }
     )
     try:

@@ -185,6 +185,15 @@ def test_newest_complete_run_wins_and_choice_is_printed(sweep, tmp_path):
     assert any("gpus=2: using" in n and str(newer) in n and "newest complete of 2" in n for n in notes)
 
 
+def test_a_sweep_where_every_point_failed_still_gets_a_report(tmp_path):
+    for g in (1, 2):
+        write_failure(tmp_path / layout.point_subdir("3d", "training", g), spec("3d", "training", g), None, "boom")
+    out = write_report(tmp_path, echo=lambda s: None)
+    assert (out / "scaled_cost.png").read_bytes()[:8] == PNG_MAGIC
+    assert "missing (failed)" in (out / "README.md").read_text()
+    assert not (out / "transfer.png").exists()
+
+
 def test_empty_folder_is_a_one_line_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pnpscale.report", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2

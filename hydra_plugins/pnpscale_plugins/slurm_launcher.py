@@ -1,0 +1,411 @@
+"""pnpscale's SLURM launcher: every sweep point is its own SLURM job, with its own shape.
+
+A subclass of hydra-submitit-launcher's ``SlurmLauncher``. The stock launcher resolves
+``hydra.launcher`` once and gives every job of a sweep the same resources; this one composes each
+point's config, computes its job from ``gpus`` and the point's ``cluster.*`` keys
+(:func:`pnpscale.slurm.executor_parameters`: nodes = ceil(gpus / gpus_per_node), tasks per node =
+min(gpus, gpus_per_node), one GPU per rank) and submits one job array per distinct resource set.
+
+Order of work in :meth:`PnpscaleSlurmLauncher.launch`:
+
+1. every point is composed and validated (:func:`validate_points`): a bad value stops the sweep
+   with one line per bad point, nothing submitted;
+2. points whose run folder already holds a complete run of the same spec are skipped
+   (``resume=true``, the default; :func:`pnpscale.slurm.completed_run`);
+3. SLURM checks every distinct request with ``sbatch --test-only``: an impossible one (more nodes
+   than the partition has, an unknown partition, ...) stops the sweep with SLURM's message before
+   any job is submitted;
+4. one job array per resource set; then, with ``cluster.wait=true`` (default), progress is logged
+   as jobs start and end. A job that fails, times out or is cancelled is recorded as failed in its
+   run folder (SLURM's state, exit code and reason, each rank's error, the log path); the other
+   points are still waited for. The sweep report follows, and the command exits non-zero when a
+   point failed, printing the command that resumes the sweep.
+
+Inside a job (:meth:`PnpscaleSlurmLauncher.__call__`, run by every SLURM task), task 0 runs the
+Hydra job (``.hydra/``, the job log, :func:`pnpscale.app.run`) and the other tasks run their rank
+directly, writing nothing shared (:func:`pnpscale.slurm.run_rank`).
+
+Registered as ``hydra/launcher: pnpscale_slurm``; ``conf/cluster/slurm.yaml`` selects it.
+"""
+
+import copy
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, setup_globals
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from hydra_plugins.pnpscale_plugins.launcher import (
+    SweepConfigError,
+    _remove_empty_sweep_dir,
+    finish_sweep,
+    validate_points,
+)
+
+log = logging.getLogger("pnpscale")
+
+#: Seconds between two looks at the jobs while waiting (sacct itself is throttled by submitit).
+POLL_S = 2.0
+
+
+@dataclass
+class PnpscaleSlurmLauncherConf:
+    _target_: str = "hydra_plugins.pnpscale_plugins.slurm_launcher.PnpscaleSlurmLauncher"
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher", name="pnpscale_slurm", node=PnpscaleSlurmLauncherConf, provider="pnpscale"
+)
+
+
+@dataclass
+class _Point:
+    index: int
+    overrides: list[str]
+    cfg: DictConfig
+    run_dir: Path
+    label: str
+    params: dict[str, Any] | None = None
+
+
+def _label(cfg: DictConfig) -> str:
+    """The point as its run folder names it, e.g. ``problem=2d mode=inference gpus=4``."""
+    return str(cfg.hydra.sweep.subdir).replace("/", " ")
+
+
+def _task_cfg(cfg: DictConfig) -> DictConfig:
+    """The point's config without its ``hydra`` node (what the task function sees)."""
+    out = copy.deepcopy(cfg)
+    with open_dict(out):
+        out.pop("hydra", None)
+    return out
+
+
+def check_point(cfg: DictConfig) -> None:
+    """Validate one point for SLURM: config rules, then its job (:func:`pnpscale.slurm.executor_parameters`).
+
+    Raises:
+        pnpscale.config.ConfigError: the first broken rule, as one line.
+    """
+    from pnpscale.app import make_spec
+    from pnpscale.config import ConfigError
+    from pnpscale.slurm import executor_parameters
+
+    if cfg.cluster.name != "slurm":
+        raise ConfigError("cluster", cfg.cluster.name, "this sweep runs on SLURM: every point must be cluster=slurm")
+    make_spec(cfg, cuda_devices=0)
+    executor_parameters(int(cfg.gpus), OmegaConf.to_container(cfg.cluster, resolve=True))
+
+
+class PnpscaleSlurmLauncher(SlurmLauncher):
+    """hydra-submitit-launcher's SLURM launcher with one job shape per point (see module doc)."""
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from pnpscale.slurm import executor_parameters, group_points
+
+        assert self.hydra_context is not None and self.config is not None
+        config = self.config
+        composed = validate_points(self.hydra_context.config_loader, config, job_overrides, check_point)
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        points = [
+            _Point(
+                index=initial_job_idx + i,
+                overrides=list(ov),
+                cfg=cfg,
+                run_dir=sweep_dir / str(cfg.hydra.sweep.subdir),
+                label=_label(cfg),
+                params=executor_parameters(int(cfg.gpus), OmegaConf.to_container(cfg.cluster, resolve=True)),
+            )
+            for i, (ov, cfg) in enumerate(zip(job_overrides, composed, strict=True))
+        ]
+        rets: dict[int, JobReturn] = {}
+        todo = []
+        for p in points:
+            done = self._completed(p)
+            if done is not None:
+                log.info("%s: skipped, complete run in %s (resume=true)", p.label, p.run_dir)
+                rets[p.index] = JobReturn(
+                    overrides=p.overrides, working_dir=str(p.run_dir), status=JobStatus.COMPLETED, _return_value=done
+                )
+            else:
+                todo.append(p)
+        groups = [([todo[i] for i in members], params) for params, members in group_points([p.params for p in todo])]
+        self._preflight(groups)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        folder = str(self.params.get("submitit_folder") or sweep_dir / ".submitit" / "%j")
+        jobs = self._submit(groups, folder, rets)
+        if jobs and not bool(config.cluster.wait):
+            self._print_later(jobs, sweep_dir)
+            return []
+        self._wait(jobs, folder, rets)
+        ordered = [rets[p.index] for p in points]
+        finish_sweep(config, ordered)
+        if any(r.status == JobStatus.FAILED for r in ordered):
+            log.error("to re-run only the failed points: %s", self._resume_command(sweep_dir))
+        return ordered
+
+    # ---------------------------------------------------------------------------------- steps
+
+    @staticmethod
+    def _completed(p: _Point) -> dict[str, Any] | None:
+        from pnpscale.slurm import completed_run
+
+        if not bool(p.cfg.resume):
+            return None
+        return completed_run(p.run_dir, _task_cfg(p.cfg))
+
+    def _preflight(self, groups: list[tuple[list[_Point], dict[str, Any]]]) -> None:
+        """``sbatch --test-only`` for every distinct request; SLURM's refusals stop the sweep."""
+        from pnpscale.slurm import job_shape, sbatch_refusal, sbatch_test_command
+
+        problems = []
+        for members, params in groups:
+            shape = job_shape(int(members[0].cfg.gpus), int(members[0].cfg.cluster.gpus_per_node))
+            try:
+                proc = subprocess.run(sbatch_test_command(params), capture_output=True, text=True, timeout=120)
+            except FileNotFoundError:
+                _remove_empty_sweep_dir(self.config)
+                raise SweepConfigError("cluster=slurm: sbatch not found; run where SLURM's commands are") from None
+            if proc.returncode != 0:
+                where = "; ".join(p.label for p in members)
+                problems.append(
+                    f"{where}: SLURM refused {shape} (nodes x tasks): {sbatch_refusal(proc.stderr + proc.stdout)}"
+                )
+        if problems:
+            _remove_empty_sweep_dir(self.config)
+            raise SweepConfigError("SLURM refused the sweep, nothing was submitted:\n" + "\n".join(problems))
+
+    def _submit(
+        self, groups: list[tuple[list[_Point], dict[str, Any]]], folder: str, rets: dict[int, JobReturn]
+    ) -> list[tuple[_Point, Any]]:
+        import submitit
+
+        jobs = []
+        for members, params in groups:
+            executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=0)
+            executor.update_parameters(**params)
+            now = time.time()
+            args = [(p.overrides, "hydra.sweep.dir", p.index, f"job_id_for_{p.index}", Singleton.get_state(), now)
+                    for p in members]  # fmt: skip
+            try:
+                submitted = executor.map_array(self, *zip(*args, strict=True))
+            except Exception as exc:  # noqa: BLE001 - sbatch refused: record the points, submit the others
+                from pnpscale.slurm import sbatch_refusal
+
+                for p in members:
+                    rets[p.index] = self._record_failure(p, f"sbatch refused the job: {sbatch_refusal(str(exc))}", {})
+                continue
+            for p, job in zip(members, submitted, strict=True):
+                log.info(
+                    "%s: SLURM job %s submitted (%s nodes x %s tasks, %s GPU(s) per node)",
+                    p.label, job.job_id, params["nodes"], params["tasks_per_node"], params["gpus_per_node"],
+                )  # fmt: skip
+                jobs.append((p, job))
+        return jobs
+
+    def _wait(self, jobs: list[tuple[_Point, Any]], folder: str, rets: dict[int, JobReturn]) -> None:
+        """Wait for every job (submitit's states), recording each as it ends; logs progress."""
+        pending = dict(enumerate(jobs))
+        seen: dict[int, str] = {}
+        total, failed = len(jobs), 0
+        try:
+            while pending:
+                for key, (p, job) in list(pending.items()):
+                    if job.done():
+                        del pending[key]
+                        try:
+                            ret = self._collect(p, job, folder)
+                        except Exception as exc:  # noqa: BLE001 - one job's trouble never stops the others
+                            ret = self._record_failure(p, f"SLURM job {job.job_id}: result unreadable: {exc}", {})
+                        rets[p.index] = ret
+                        failed += ret.status == JobStatus.FAILED
+                        log.info(
+                            "%s: %s (%d/%d jobs done, %d failed)",
+                            p.label, self._outcome(p, ret), total - len(pending), total, failed,
+                        )  # fmt: skip
+                        continue
+                    state = job.state
+                    if state not in ("UNKNOWN", seen.get(key)):
+                        seen[key] = state
+                        log.info("%s: SLURM job %s %s", p.label, job.job_id, state)
+                if pending:
+                    time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            log.error(
+                "stopped waiting; the jobs keep running (scancel to stop them). Later: %s",
+                self._resume_command(Path(str(self.config.hydra.sweep.dir)).absolute()),
+            )
+            raise
+
+    @staticmethod
+    def _outcome(p: _Point, ret: JobReturn) -> str:
+        if ret.status == JobStatus.COMPLETED:
+            from pnpscale import layout
+            from pnpscale.app import summary_line
+
+            try:
+                return "complete: " + summary_line(layout.read_json(p.run_dir / layout.RUN_JSON))
+            except (OSError, ValueError):
+                return "complete"
+        return f"FAILED: {ret._return_value}"
+
+    def _collect(self, p: _Point, job: Any, folder: str) -> JobReturn:
+        """The JobReturn of a finished job: rank 0's, or a failure recorded from SLURM's state."""
+        from submitit.core.utils import pickle_load
+
+        from pnpscale.slurm import error_line, wait_until_ended
+
+        state = job.state
+        ret0, task_errors = None, {}
+        for t in range(job.num_tasks):
+            path = job.task(t).paths.result_pickle
+            if not path.exists():
+                continue
+            try:
+                outcome, value = pickle_load(path)
+            except Exception as exc:  # noqa: BLE001 - unreadable result: record it
+                task_errors[t] = f"unreadable result {path}: {exc}"
+                continue
+            if outcome == "error":
+                task_errors[t] = error_line(value)
+            elif t == 0:
+                ret0 = value
+        if ret0 is None and 0 not in task_errors and state.startswith("COMPLETED"):
+            try:  # a slow shared file system: submitit waits a little for the result file
+                ret0 = job.task(0).result()
+            except Exception as exc:  # noqa: BLE001
+                task_errors[0] = error_line(str(exc))
+        if isinstance(ret0, JobReturn) and ret0.status == JobStatus.COMPLETED:
+            return ret0
+        if isinstance(ret0, JobReturn):  # rank 0 ran the task and recorded its own error
+            task_errors[0] = str(ret0._return_value).split(" (run folder:")[0].removeprefix(f"{p.label} failed: ")
+        state = self._final_state(job)
+        wait_until_ended(job.job_id)  # no task may write into the run folder after the failure is recorded
+        return self._record_failure(p, None, task_errors, job=job, folder=folder, state=state)
+
+    @staticmethod
+    def _final_state(job: Any, timeout_s: float = 60.0) -> str:
+        """SLURM's final state of a job whose tasks have all ended (sacct lags behind the result files)."""
+        end = time.monotonic() + timeout_s
+        state = job.state
+        while time.monotonic() < end:
+            state = job.get_info(mode="force").get("State") or state
+            if state.split()[0] not in ("RUNNING", "PENDING", "COMPLETING", "REQUEUED", "UNKNOWN"):
+                break
+            time.sleep(1.0)
+        return state
+
+    def _record_failure(
+        self,
+        p: _Point,
+        message: str | None,
+        task_errors: dict[int, str],
+        job: Any = None,
+        folder: str | None = None,
+        state: str | None = None,
+    ) -> JobReturn:
+        """Write the point's ``run.json`` as failed (written here: the job itself could not)."""
+        from pnpscale import layout
+        from pnpscale.app import RunFailed, make_spec
+        from pnpscale.slurm import failure_text, ranks_by_cause, sacct_info, task_logs
+        from pnpscale.writer import write_failure
+
+        block: dict[str, Any] = {}
+        try:
+            block = dict(layout.read_json(p.run_dir / layout.RUN_JSON).get("slurm") or {})
+        except (OSError, ValueError):
+            pass
+        if job is not None:
+            info = sacct_info(job.job_id)
+            logs = task_logs(folder, job.job_id, job.num_tasks)
+            first = ranks_by_cause(task_errors)[0] if task_errors else 0
+            message = failure_text(job.job_id, state or "UNKNOWN", info, task_errors, logs[first]["stderr"])
+            block.update(
+                job_id=job.job_id,
+                state=state,
+                exit_code=info.get("exit_code"),
+                reason=info.get("reason"),
+                elapsed=info.get("elapsed"),
+                logs=block.get("logs") or logs,
+            )
+        block["task_errors"] = {str(k): v for k, v in sorted(task_errors.items())}
+        task_cfg = _task_cfg(p.cfg)
+        try:
+            previous = layout.read_json(p.run_dir / layout.RUN_JSON)
+        except (OSError, ValueError):
+            previous = {}
+        detail = previous.get("error") if previous.get("status") == layout.STATUS_FAILED else None
+        write_failure(
+            p.run_dir,
+            make_spec(task_cfg, cuda_devices=0),
+            OmegaConf.to_container(task_cfg, resolve=True),
+            message + (f"\n{detail}" if detail and detail != message else ""),
+            slurm=block,
+        )
+        ret = JobReturn(overrides=p.overrides, working_dir=str(p.run_dir), status=JobStatus.FAILED)
+        ret.return_value = RunFailed(f"{p.label} failed: {message} (run folder: {p.run_dir})")
+        return ret
+
+    def _resume_command(self, sweep_dir: Path) -> str:
+        from pnpscale.slurm import resume_command
+
+        ov = self.config.hydra.overrides
+        return resume_command(list(ov.task), list(ov.hydra), sweep_dir)
+
+    def _print_later(self, jobs: list[tuple[_Point, Any]], sweep_dir: Path) -> None:
+        ids = ",".join(sorted({str(job.job_id).split("_")[0] for _, job in jobs}))
+        log.info("cluster.wait=false: %d job(s) submitted, not waiting. Follow them: sacct -j %s", len(jobs), ids)
+        log.info("when they have ended, build the report: python -m pnpscale.report %s", sweep_dir)
+        log.info("and re-run failed or missing points (complete ones are skipped): %s", self._resume_command(sweep_dir))
+
+    # ------------------------------------------------------------------------------ in a task
+
+    def __call__(
+        self,
+        sweep_overrides: list[str],
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: dict[type, Singleton],
+        submitted_at: float | None = None,
+    ) -> JobReturn | None:
+        """Run by every SLURM task of a point's job: task 0 runs the Hydra job, the others their rank."""
+        import signal
+
+        import submitit
+
+        from pnpscale.slurm import IN_TASK_ENV
+        from pnpscale.worker import LAUNCH_T0_ENV
+
+        # submitit ignores SIGTERM (for requeue on preemption); a pnpscale run cannot be resumed
+        # midway, so scancel and SLURM's time limit end it at once instead of after KillWait.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.environ[IN_TASK_ENV] = "1"
+        if submitted_at is not None:
+            os.environ[LAUNCH_T0_ENV] = repr(submitted_at)  # timings.launch_s: submission to rank start
+        if submitit.JobEnvironment().global_rank == 0:
+            return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+        return self._other_rank(sweep_overrides, singleton_state)
+
+    def _other_rank(self, sweep_overrides: list[str], singleton_state: dict[type, Singleton]) -> None:
+        """A task other than 0: same composed config, no Hydra output (``.hydra/`` and logs are rank 0's)."""
+        from pnpscale.app import cuda_device_count, make_spec
+        from pnpscale.slurm import run_rank
+
+        assert self.hydra_context is not None and self.config is not None
+        Singleton.set_state(singleton_state)
+        setup_globals()
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(sweep_overrides))
+        run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        spec = make_spec(_task_cfg(cfg), cuda_device_count())
+        run_rank(spec, run_dir, None)
+        return None

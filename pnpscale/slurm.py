@@ -1,0 +1,505 @@
+"""SLURM side of pnpscale: pure builders for the launcher, and the entry point of one SLURM task.
+
+The launcher plugin (``hydra_plugins/pnpscale_plugins/slurm_launcher.py``) turns every sweep point
+into one SLURM job through submitit; this module holds what it computes, as plain functions over
+plain data (unit-tested against expected dicts in ``tests/test_slurm.py``):
+
+- :func:`job_shape`: nodes = ceil(gpus / gpus_per_node), tasks (ranks) per node =
+  min(gpus, gpus_per_node), one GPU per rank;
+- :func:`executor_parameters`: the submitit ``AutoExecutor`` parameters of one point (units:
+  ``timeout_min`` minutes, ``mem_gb`` GB per node);
+- :func:`group_points`: points with identical parameters share one job array;
+- :func:`sbatch_test_command`: ``sbatch --test-only`` for the same request, so that SLURM itself
+  refuses an impossible request before anything is submitted;
+- :func:`task_record`, :func:`parse_sacct`, :func:`failure_text`, :func:`resume_command`.
+
+Inside a job every SLURM task is one rank: :func:`run_rank` exports
+``submitit.helpers.TorchDistributedEnvironment`` (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT) and calls :func:`pnpscale.worker.rank_main` (which, on nccl, points each
+rank's NCCL log at ``nccl/rank<r>.log`` in the run folder). Only rank 0 writes the run folder;
+every task's stdout/stderr are submitit's per-task log files, whose paths rank 0 records in
+``run.json`` (``slurm.logs``) and links from ``logs/``.
+
+Resume compares fingerprints (:meth:`pnpscale.config.RunSpec.fingerprint`). ``scale=auto`` is
+resolved on the compute node (paper on CUDA, small on CPU), which the submitting machine cannot
+know: :func:`completed_run` resolves the point the way the stored run was resolved (its
+``run.json`` ``scale``) and compares that fingerprint with the stored one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pnpscale import layout
+from pnpscale.config import ConfigError, RunSpec, resolve_spec
+
+#: Set (to "1") by the launcher in every SLURM task before pnpscale code runs there.
+IN_TASK_ENV = "PNPSCALE_SLURM_TASK"
+#: Job names are ``pnpscale-<nodes>x<tasks per node>``, e.g. ``pnpscale-2x4``.
+JOB_NAME = "pnpscale"
+#: sbatch options pnpscale sets itself; ``cluster.additional_parameters`` may not set them.
+RESERVED_SBATCH = {
+    "nodes": "set from gpus and cluster.gpus_per_node",
+    "ntasks": "set from gpus and cluster.gpus_per_node",
+    "ntasks_per_node": "set from gpus and cluster.gpus_per_node",
+    "gpus": "set from gpus and cluster.gpus_per_node",
+    "gpus_per_node": "use cluster.gpus_per_node",
+    "gpus_per_task": "one GPU per rank is set from cluster.gpus_per_node",
+    "gres": "GPUs are set from cluster.gpus_per_node",
+    "array": "set by the launcher",
+    "output": "set by submitit (per-task log files)",
+    "error": "set by submitit (per-task log files)",
+    "partition": "use cluster.partition",
+    "account": "use cluster.account",
+    "qos": "use cluster.qos",
+    "constraint": "use cluster.constraint",
+    "time": "use cluster.timeout_min",
+    "cpus_per_task": "use cluster.cpus_per_task",
+    "mem": "use cluster.mem_gb",
+    "job_name": "set by the launcher",
+}
+#: submitit (generic) parameter -> sbatch option, for :func:`sbatch_test_command`.
+_SBATCH_OF = {
+    "nodes": "nodes",
+    "tasks_per_node": "ntasks-per-node",
+    "gpus_per_node": "gpus-per-node",
+    "timeout_min": "time",
+    "cpus_per_task": "cpus-per-task",
+    "name": "job-name",
+    "slurm_partition": "partition",
+    "slurm_account": "account",
+    "slurm_qos": "qos",
+    "slurm_constraint": "constraint",
+}
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """Nodes and tasks of one point's job; one task (rank) per GPU."""
+
+    nodes: int
+    tasks_per_node: int
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs requested per node: one per rank."""
+        return self.tasks_per_node
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    def __str__(self) -> str:
+        return f"{self.nodes}x{self.tasks_per_node}"
+
+
+def job_shape(gpus: int, gpus_per_node: int) -> JobShape:
+    """Nodes and tasks per node of a ``gpus``-rank job on nodes of ``gpus_per_node`` GPUs.
+
+    ``nodes = ceil(gpus / gpus_per_node)``, ``tasks_per_node = min(gpus, gpus_per_node)``; a point
+    spanning several nodes fills each of them, so ``gpus`` must then be a multiple of
+    ``gpus_per_node`` (otherwise the job would have more tasks than ranks).
+
+    Raises:
+        ConfigError: ``gpus_per_node`` < 1, or ``gpus`` > ``gpus_per_node`` and not a multiple of it.
+
+    >>> [str(job_shape(g, 4)) for g in (1, 2, 4, 8, 64)]
+    ['1x1', '1x2', '1x4', '2x4', '16x4']
+    """
+    if not (isinstance(gpus_per_node, int) and gpus_per_node >= 1):
+        raise ConfigError("cluster.gpus_per_node", gpus_per_node, "must be an integer >= 1")
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        raise ConfigError(
+            "gpus",
+            gpus,
+            f"with cluster.gpus_per_node={gpus_per_node}, allowed: 1..{gpus_per_node} or a multiple of "
+            f"{gpus_per_node} (every node runs cluster.gpus_per_node ranks)",
+        )
+    return JobShape(nodes=math.ceil(gpus / gpus_per_node), tasks_per_node=min(gpus, gpus_per_node))
+
+
+def _optional_int(key: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "must be an integer >= 1, or null")
+    return value
+
+
+def executor_parameters(gpus: int, cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """submitit ``AutoExecutor(cluster="slurm")`` parameters of one point.
+
+    Args:
+        gpus: ranks of the point.
+        cluster: the ``cluster`` config (keys of :class:`pnpscale.config.ClusterConfig`):
+            ``timeout_min`` in minutes, ``mem_gb`` in GB per node, ``cpus_per_task`` CPUs per rank,
+            ``setup`` shell lines run before the ranks start, ``additional_parameters`` extra sbatch
+            options (``{"exclusive": True}`` becomes ``--exclusive``).
+
+    Returns:
+        generic submitit keys (``nodes``, ``tasks_per_node``, ``gpus_per_node``, ``timeout_min``, ...)
+        and ``slurm_``-prefixed ones; unset optional keys are left out.
+
+    Raises:
+        ConfigError: see :func:`job_shape`; ``cpus_per_task``/``mem_gb`` not a positive integer;
+            ``timeout_min`` < 1; an ``additional_parameters`` key pnpscale sets itself.
+
+    >>> p = executor_parameters(8, {"gpus_per_node": 4, "timeout_min": 30, "partition": "gpu"})
+    >>> p["nodes"], p["tasks_per_node"], p["gpus_per_node"], p["timeout_min"], p["slurm_partition"]
+    (2, 4, 4, 30, 'gpu')
+    """
+    shape = job_shape(gpus, cluster.get("gpus_per_node", 4))
+    timeout_min = cluster.get("timeout_min", 60)
+    if isinstance(timeout_min, bool) or not isinstance(timeout_min, int) or timeout_min < 1:
+        raise ConfigError("cluster.timeout_min", timeout_min, "must be an integer >= 1 (minutes)")
+    params: dict[str, Any] = {
+        "name": f"{JOB_NAME}-{shape}",
+        "nodes": shape.nodes,
+        "tasks_per_node": shape.tasks_per_node,
+        "gpus_per_node": shape.gpus_per_node,
+        "timeout_min": timeout_min,
+    }
+    cpus = _optional_int("cluster.cpus_per_task", cluster.get("cpus_per_task"))
+    mem = _optional_int("cluster.mem_gb", cluster.get("mem_gb"))
+    if cpus is not None:
+        params["cpus_per_task"] = cpus
+    if mem is not None:
+        params["mem_gb"] = mem
+    for key in ("partition", "account", "qos", "constraint"):
+        value = cluster.get(key)
+        if value is not None and str(value) != "":
+            params[f"slurm_{key}"] = str(value)
+    setup = [str(line) for line in (cluster.get("setup") or [])]
+    if setup:
+        params["slurm_setup"] = setup
+    extra = dict(cluster.get("additional_parameters") or {})
+    for key in extra:
+        norm = str(key).replace("-", "_")
+        if norm in RESERVED_SBATCH:
+            raise ConfigError(f"cluster.additional_parameters.{key}", extra[key], RESERVED_SBATCH[norm])
+    if extra:
+        params["slurm_additional_parameters"] = extra
+    return params
+
+
+def group_points(parameters: Sequence[Mapping[str, Any]]) -> list[tuple[dict[str, Any], list[int]]]:
+    """Group point indexes by identical executor parameters (one job array per group).
+
+    Groups come in the order of their first point; indexes keep the sweep order.
+
+    >>> group_points([{"nodes": 1}, {"nodes": 2}, {"nodes": 1}])
+    [({'nodes': 1}, [0, 2]), ({'nodes': 2}, [1])]
+    """
+    groups: dict[str, tuple[dict[str, Any], list[int]]] = {}
+    for i, params in enumerate(parameters):
+        key = json.dumps(params, sort_keys=True, default=str)
+        groups.setdefault(key, (dict(params), []))[1].append(i)
+    return list(groups.values())
+
+
+def _sbatch_flag(key: str, value: Any) -> str:
+    key = str(key).replace("_", "-")
+    return f"--{key}" if value is True else f"--{key}={value}"
+
+
+def sbatch_test_command(parameters: Mapping[str, Any]) -> list[str]:
+    """``sbatch --test-only`` command for the request of :func:`executor_parameters`.
+
+    SLURM checks the request against its partitions and limits and answers without submitting
+    (exit code 1 and its reason, e.g. ``Node count specification invalid``, when impossible).
+
+    >>> sbatch_test_command({"nodes": 2, "tasks_per_node": 4, "gpus_per_node": 4, "timeout_min": 30,
+    ...                      "mem_gb": 16, "slurm_additional_parameters": {"exclusive": True}})
+    ['sbatch', '--test-only', '--nodes=2', '--ntasks-per-node=4', '--gpus-per-node=4', '--time=30', '--mem=16GB', \
+'--exclusive', '--output=/dev/null', '--wrap=true']
+    """
+    cmd = ["sbatch", "--test-only"]
+    for key, value in parameters.items():
+        if key in _SBATCH_OF:
+            cmd.append(_sbatch_flag(_SBATCH_OF[key], value))
+        elif key == "mem_gb":
+            cmd.append(f"--mem={value}GB")
+        elif key == "slurm_additional_parameters":
+            cmd.extend(_sbatch_flag(k, v) for k, v in value.items())
+    return [*cmd, "--output=/dev/null", "--wrap=true"]
+
+
+def sbatch_refusal(output: str) -> str:
+    """SLURM's own reason from ``sbatch`` output (its ``error:`` lines, joined), else the output.
+
+    >>> sbatch_refusal("sbatch: error: Batch job submission failed: Node count specification invalid\\n")
+    'Batch job submission failed: Node count specification invalid'
+    """
+    lines = [ln.split("error:", 1)[1].strip() for ln in output.splitlines() if "error:" in ln]
+    return "; ".join(lines) if lines else " ".join(output.split())
+
+
+def task_logs(folder: str, job_id: str, num_tasks: int) -> list[dict[str, str]]:
+    """submitit's stdout/stderr files of every task of a job (``folder`` may hold ``%j``).
+
+    >>> task_logs("/s/.submitit/%j", "7_2", 2)[1]
+    {'rank': 1, 'stdout': '/s/.submitit/7_2/7_2_1_log.out', 'stderr': '/s/.submitit/7_2/7_2_1_log.err'}
+    """
+    from submitit.core.utils import JobPaths
+
+    out = []
+    for t in range(num_tasks):
+        paths = JobPaths(folder, job_id=job_id, task_id=t)
+        out.append({"rank": t, "stdout": str(paths.stdout), "stderr": str(paths.stderr)})
+    return out
+
+
+def task_record(env: Mapping[str, str], master_addr: str, master_port: int) -> dict[str, Any]:
+    """The ``slurm`` block of ``run.json``, from a task's environment (SLURM and submitit variables).
+
+    >>> env = {"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "2", "SLURM_NTASKS": "8",
+    ...        "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_PARTITION": "debug",
+    ...        "SUBMITIT_FOLDER": "/s/.submitit/%j"}
+    >>> r = task_record(env, "n1", 29500)
+    >>> r["job_id"], r["nodes"], r["tasks_per_node"], r["master"], r["logs"][7]["stderr"]
+    ('7_2', 2, 4, 'n1:29500', '/s/.submitit/7_2/7_2_7_log.err')
+    """
+    array_id, array_task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    job_id = f"{array_id}_{array_task}" if array_id else env.get("SLURM_JOB_ID", "")
+    ntasks = int(env.get("SLURM_NTASKS", "1"))
+    nodes = int(env.get("SLURM_JOB_NUM_NODES", "1"))
+    folder = env.get("SUBMITIT_FOLDER")
+    return {
+        "job_id": job_id,
+        "raw_job_id": env.get("SLURM_JOB_ID"),
+        "partition": env.get("SLURM_JOB_PARTITION"),
+        "nodes": nodes,
+        "tasks_per_node": ntasks // max(1, nodes),
+        "num_tasks": ntasks,
+        "nodelist": env.get("SLURM_JOB_NODELIST"),
+        "master": f"{master_addr}:{master_port}",
+        "logs": task_logs(folder, job_id, ntasks) if folder else [],
+    }
+
+
+def parse_sacct(text: str) -> dict[str, str]:
+    """First row of ``sacct --parsable2 --noheader -X -o JobID,State,ExitCode,Reason,Elapsed,NodeList``.
+
+    >>> parse_sacct("7_2|CANCELLED by 0|0:15|None|00:00:12|n1\\n")
+    {'job_id': '7_2', 'state': 'CANCELLED by 0', 'exit_code': '0:15', 'reason': 'None', 'elapsed': '00:00:12', \
+'nodelist': 'n1'}
+    """
+    names = ("job_id", "state", "exit_code", "reason", "elapsed", "nodelist")
+    for line in text.splitlines():
+        if line.strip():
+            return dict(zip(names, (v.strip() for v in line.split("|")), strict=False))
+    return {}
+
+
+SACCT_FORMAT = "JobID,State,ExitCode,Reason,Elapsed,NodeList"
+
+
+def sacct_info(job_id: str) -> dict[str, str]:
+    """SLURM's accounting record of one job (state, exit code, reason); ``{}`` when sacct fails."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["sacct", "-X", "-n", "--parsable2", "-o", SACCT_FORMAT, "-j", job_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return parse_sacct(out)
+
+
+def wait_until_ended(job_id: str, timeout_s: float = 90.0, poll_s: float = 1.0) -> bool:
+    """Wait while SLURM still lists the job as COMPLETING (its processes are being killed).
+
+    A cancelled or timed-out job is reported ``CANCELLED``/``TIMEOUT`` by sacct (submitit's state)
+    as soon as SLURM decides it, while its tasks may live on for up to ``KillWait`` seconds; sacct
+    does not show that, ``squeue -t COMPLETING`` does. Returns ``False`` if still completing after
+    ``timeout_s``.
+    """
+    import subprocess
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            out = subprocess.run(
+                ["squeue", "-h", "-j", job_id, "-t", "COMPLETING", "-o", "%i"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return False
+        if not out.strip():
+            return True
+        time.sleep(poll_s)
+    return False
+
+
+def failure_text(
+    job_id: str, state: str, sacct: Mapping[str, str], task_errors: Mapping[int, str], log: str | None
+) -> str:
+    """One line for a failed job: SLURM's state, exit code and reason, each failed rank's error, the log.
+
+    >>> failure_text("7_2", "CANCELLED by 0", {"exit_code": "0:15", "reason": "None"}, {}, "/s/7_2_0_log.err")
+    'SLURM job 7_2 CANCELLED by 0 (exit code 0:15); log: /s/7_2_0_log.err'
+    >>> failure_text("7_3", "FAILED", {"reason": "None"}, {0: "Connection closed by peer", 1: "ValueError: x"}, None)
+    'SLURM job 7_3 FAILED; rank 1: ValueError: x; rank 0: Connection closed by peer'
+
+    Ranks whose error is the echo of another's (:func:`is_secondary_error`) come last.
+    """
+    details = []
+    if sacct.get("exit_code") and sacct["exit_code"] != "0:0":
+        details.append(f"exit code {sacct['exit_code']}")
+    if sacct.get("reason") and sacct["reason"] not in ("None", ""):
+        details.append(f"reason: {sacct['reason']}")
+    text = f"SLURM job {job_id} {state}" + (f" ({', '.join(details)})" if details else "")
+    for rank in ranks_by_cause(task_errors)[:4]:
+        text += f"; rank {rank}: {task_errors[rank]}"
+    if log:
+        text += f"; log: {log}"
+    return text
+
+
+#: Errors a rank gets because another rank died first (listed after the root cause).
+SECONDARY_ERRORS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "remote worker",
+    "broken pipe",
+    "communicator was aborted",
+    "nccl communicator",
+    "timed out",
+    "timeout",
+)
+
+
+def is_secondary_error(message: str) -> bool:
+    """Whether a rank's error reads as the echo of another rank's failure (a closed connection, ...).
+
+    >>> is_secondary_error("RuntimeError: Connection closed by peer"), is_secondary_error("ValueError: x")
+    (True, False)
+    """
+    low = message.lower()
+    return any(marker in low for marker in SECONDARY_ERRORS)
+
+
+def ranks_by_cause(task_errors: Mapping[int, str]) -> list[int]:
+    """Failed ranks, likely root causes first (then by rank).
+
+    >>> ranks_by_cause({0: "RuntimeError: Connection closed by peer", 3: "ValueError: x", 1: "KeyError: y"})
+    [1, 3, 0]
+    """
+    return sorted(task_errors, key=lambda r: (is_secondary_error(task_errors[r]), r))
+
+
+def error_line(trace: str) -> str:
+    """The exception line of a formatted traceback (its last non-empty line).
+
+    >>> error_line("Traceback (most recent call last):\\n  File ...\\nValueError: bad\\n")
+    'ValueError: bad'
+    """
+    lines = [ln.strip() for ln in str(trace).splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def resume_command(task_overrides: Sequence[str], hydra_overrides: Sequence[str], sweep_dir: Path | str) -> str:
+    """The command that re-runs a sweep into ``sweep_dir``: complete points are skipped (``resume=true``).
+
+    >>> resume_command(["gpus=1,2,4,8", "cluster=slurm", "resume=true"], ["hydra.mode=MULTIRUN"], "/o/2026")
+    'python -m pnpscale -m gpus=1,2,4,8 cluster=slurm hydra.sweep.dir=/o/2026'
+    """
+    keep = [o for o in task_overrides if not o.startswith("resume=")]
+    keep += [o for o in hydra_overrides if not o.startswith(("hydra.mode=", "hydra.sweep.dir="))]
+    return shlex.join(["python", "-m", "pnpscale", "-m", *keep, f"hydra.sweep.dir={sweep_dir}"])
+
+
+def completed_run(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
+    """The ``run.json`` of ``run_dir`` when it is a complete run of the same point, else ``None``.
+
+    "Same point" = same fingerprint once ``cfg`` is resolved the way the stored run resolved
+    ``scale`` (``scale=auto`` is resolved on the compute node: paper with CUDA, small without).
+    """
+    if layout.run_status(run_dir) != layout.STATUS_COMPLETE:
+        return None
+    done = layout.read_json(run_dir / layout.RUN_JSON)
+    spec = resolve_spec(cfg, cuda_available=done.get("scale") == "paper")
+    return done if done.get("fingerprint") == spec.fingerprint() else None
+
+
+# --------------------------------------------------------------------------------------
+# Inside a SLURM task
+# --------------------------------------------------------------------------------------
+
+
+def in_slurm_task() -> bool:
+    """True inside a task started by the pnpscale SLURM launcher."""
+    return os.environ.get(IN_TASK_ENV) == "1"
+
+
+def _update_run_json(run_dir: Path, **fields: Any) -> None:
+    path = run_dir / layout.RUN_JSON
+    try:
+        data = layout.read_json(path)
+    except (OSError, ValueError):
+        return
+    data.update(fields)
+    layout.write_json(path, data)
+
+
+def _link_logs(run_dir: Path, logs: Sequence[Mapping[str, Any]]) -> None:
+    """``logs/rank<r>.out|.err`` -> submitit's per-task files (relative links)."""
+    log_dir = run_dir / layout.LOGS_DIR
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for entry in logs:
+        for stream, suffix in (("stdout", "out"), ("stderr", "err")):
+            link = log_dir / f"rank{entry['rank']}.{suffix}"
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(os.path.relpath(entry[stream], log_dir))
+
+
+def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> None:
+    """Run this SLURM task as one rank of ``spec`` (see the module doc); raises what the rank hit.
+
+    Exports the torch.distributed variables of ``TorchDistributedEnvironment`` (every rank sees all
+    of its node's GPUs: the backend is chosen from them, see :func:`pnpscale.worker.choose_backend`;
+    on nccl the worker sets each rank's NCCL diagnostics), then calls :func:`pnpscale.worker.rank_main`.
+    Rank 0 adds the ``slurm`` block to ``run.json`` (kept by the final write) and links every task's
+    log from ``logs/``.
+
+    Args:
+        spec: the point, resolved on this node.
+        run_dir: the run folder (shared; only rank 0 writes into it).
+        config: the resolved Hydra config (rank 0), ``None`` elsewhere.
+    """
+    from submitit.helpers import TorchDistributedEnvironment
+
+    from pnpscale.worker import rank_main, threads_per_rank
+
+    dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    rank = dist_env.rank
+    threads = threads_per_rank(spec.threads_per_rank, dist_env.local_world_size)
+    os.environ.update(
+        {
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "KINETO_LOG_LEVEL": os.environ.get("KINETO_LOG_LEVEL", "5"),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        }
+    )
+    record = task_record(os.environ, dist_env.master_addr, dist_env.master_port)
+    if rank == 0:  # in run.json from the start, so that a failure record names the job too
+        _link_logs(run_dir, record["logs"])
+        _update_run_json(run_dir, slurm=record)
+    rank_main(spec.to_dict(), str(run_dir), config, extra={"slurm": record})

@@ -1,0 +1,450 @@
+"""SLURM mode: pure builders (always run), and real sweeps on the localhost cluster (marker ``slurm``).
+
+The ``slurm`` tests need a SLURM cluster that answers ``sinfo``: ``scripts/slurm-up.sh`` starts a
+throw-away one (two emulated nodes n1, n2 with 4 fake GPUs each, accounting). Without one they
+skip, unless ``PNPSCALE_SLURM_REQUIRED=1`` (set by ``.ci/run``), where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pnpscale import layout
+from pnpscale.config import ConfigError, register_schema, resolve_spec
+from pnpscale.slurm import (
+    completed_run,
+    error_line,
+    executor_parameters,
+    failure_text,
+    group_points,
+    job_shape,
+    parse_sacct,
+    resume_command,
+    sbatch_refusal,
+    sbatch_test_command,
+    task_record,
+)
+from tests.helpers import ROOT, TINY_2D, read_run, run_cli
+
+CLUSTER_DEFAULTS = {
+    "name": "slurm",
+    "partition": None,
+    "account": None,
+    "qos": None,
+    "constraint": None,
+    "gpus_per_node": 4,
+    "cpus_per_task": None,
+    "mem_gb": None,
+    "timeout_min": 60,
+    "setup": [],
+    "additional_parameters": {},
+    "wait": True,
+}
+
+# --------------------------------------------------------------------------------------
+# Pure builders
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gpus", "per_node", "shape"),
+    [(1, 4, (1, 1)), (2, 4, (1, 2)), (3, 4, (1, 3)), (4, 4, (1, 4)), (8, 4, (2, 4)), (64, 4, (16, 4)),
+     (8, 8, (1, 8)), (16, 8, (2, 8)), (5, 1, (5, 1))],
+)  # fmt: skip
+def test_job_shape(gpus, per_node, shape):
+    s = job_shape(gpus, per_node)
+    assert (s.nodes, s.tasks_per_node) == shape
+    assert s.ranks == gpus and s.gpus_per_node == shape[1] and str(s) == f"{shape[0]}x{shape[1]}"
+
+
+def test_job_shape_refuses_partial_nodes_and_bad_gpus_per_node():
+    with pytest.raises(ConfigError) as e:
+        job_shape(6, 4)
+    assert str(e.value) == (
+        "gpus=6: with cluster.gpus_per_node=4, allowed: 1..4 or a multiple of 4 "
+        "(every node runs cluster.gpus_per_node ranks)"
+    )
+    with pytest.raises(ConfigError, match=r"^cluster.gpus_per_node=0: must be an integer >= 1$"):
+        job_shape(2, 0)
+
+
+def test_executor_parameters_minimal_golden():
+    assert executor_parameters(2, CLUSTER_DEFAULTS) == {
+        "name": "pnpscale-1x2",
+        "nodes": 1,
+        "tasks_per_node": 2,
+        "gpus_per_node": 2,
+        "timeout_min": 60,
+    }
+
+
+def test_executor_parameters_every_key_golden():
+    cluster = {
+        **CLUSTER_DEFAULTS,
+        "partition": "gpu",
+        "account": "abc",
+        "qos": "high",
+        "constraint": "a100",
+        "cpus_per_task": 8,
+        "mem_gb": 64,
+        "timeout_min": 30,
+        "setup": ["module load cuda/12.4", "export NCCL_IB_DISABLE=0"],
+        "additional_parameters": {"exclusive": True, "reservation": "bench"},
+    }
+    assert executor_parameters(8, cluster) == {
+        "name": "pnpscale-2x4",
+        "nodes": 2,
+        "tasks_per_node": 4,
+        "gpus_per_node": 4,
+        "timeout_min": 30,
+        "cpus_per_task": 8,
+        "mem_gb": 64,
+        "slurm_partition": "gpu",
+        "slurm_account": "abc",
+        "slurm_qos": "high",
+        "slurm_constraint": "a100",
+        "slurm_setup": ["module load cuda/12.4", "export NCCL_IB_DISABLE=0"],
+        "slurm_additional_parameters": {"exclusive": True, "reservation": "bench"},
+    }
+
+
+def test_executor_parameters_are_accepted_by_submitit(tmp_path):
+    """submitit (with its mocked ``srun``) accepts every parameter and renders the sbatch script."""
+    import submitit
+    from submitit.slurm.test_slurm import mocked_slurm
+
+    cluster = {**CLUSTER_DEFAULTS, "partition": "gpu", "mem_gb": 16, "setup": ["module load x"],
+               "additional_parameters": {"exclusive": True}}  # fmt: skip
+    with mocked_slurm():
+        executor = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="slurm", slurm_max_num_timeout=0)
+        executor.update_parameters(**executor_parameters(8, cluster))
+        text = executor._executor._make_submission_file_text("python -m submitit.core._submit x", "uid")
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --partition=gpu", "#SBATCH --time=60", "#SBATCH --mem=16GB",
+                 "#SBATCH --job-name=pnpscale-2x4", "#SBATCH --exclusive", "module load x"):  # fmt: skip
+        assert line in text.splitlines(), line
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"cpus_per_task": 0}, "cluster.cpus_per_task=0: must be an integer >= 1, or null"),
+        ({"mem_gb": -1}, "cluster.mem_gb=-1: must be an integer >= 1, or null"),
+        ({"timeout_min": 0}, "cluster.timeout_min=0: must be an integer >= 1 (minutes)"),
+        ({"additional_parameters": {"nodes": 3}}, "cluster.additional_parameters.nodes=3: set from gpus and"),
+        ({"additional_parameters": {"ntasks-per-node": 3}}, "cluster.additional_parameters.ntasks-per-node=3"),
+        ({"additional_parameters": {"time": 5}}, "cluster.additional_parameters.time=5: use cluster.timeout_min"),
+    ],
+)
+def test_executor_parameters_refuse_bad_cluster_keys(cluster, message):
+    with pytest.raises(ConfigError) as e:
+        executor_parameters(2, {**CLUSTER_DEFAULTS, **cluster})
+    assert str(e.value).startswith(message)
+    assert "\n" not in str(e.value)
+
+
+def test_group_points_one_array_per_resource_set():
+    params = [executor_parameters(g, CLUSTER_DEFAULTS) for g in (1, 2, 4, 8, 2, 8)]
+    groups = group_points(params)
+    assert [(p["nodes"], p["tasks_per_node"], members) for p, members in groups] == [
+        (1, 1, [0]),
+        (1, 2, [1, 4]),
+        (1, 4, [2]),
+        (2, 4, [3, 5]),
+    ]
+    # a key that differs (here the time limit) splits a resource set
+    other = executor_parameters(2, {**CLUSTER_DEFAULTS, "timeout_min": 5})
+    assert len(group_points([params[1], other])) == 2
+
+
+def test_sbatch_test_command_golden():
+    params = executor_parameters(
+        8,
+        {**CLUSTER_DEFAULTS, "partition": "gpu", "account": "abc", "cpus_per_task": 4, "mem_gb": 32,
+         "setup": ["module load x"], "additional_parameters": {"exclusive": True, "mail_type": "END"}},
+    )  # fmt: skip
+    assert sbatch_test_command(params) == [
+        "sbatch", "--test-only", "--job-name=pnpscale-2x4", "--nodes=2", "--ntasks-per-node=4",
+        "--gpus-per-node=4", "--time=60", "--cpus-per-task=4", "--mem=32GB", "--partition=gpu", "--account=abc",
+        "--exclusive", "--mail-type=END", "--output=/dev/null", "--wrap=true",
+    ]  # fmt: skip
+
+
+def test_sbatch_refusal_keeps_slurms_reason():
+    assert sbatch_refusal("sbatch: error: Batch job submission failed: Node count specification invalid\n") == (
+        "Batch job submission failed: Node count specification invalid"
+    )
+    assert sbatch_refusal("allocation failure: Node count specification invalid\n") == (
+        "allocation failure: Node count specification invalid"
+    )
+
+
+def test_task_record_plain_job_golden():
+    env = {
+        "SLURM_JOB_ID": "42",
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_JOB_PARTITION": "debug",
+        "SUBMITIT_FOLDER": "/o/s/.submitit/%j",
+    }
+    assert task_record(env, "n1", 31337) == {
+        "job_id": "42",
+        "raw_job_id": "42",
+        "partition": "debug",
+        "nodes": 1,
+        "tasks_per_node": 2,
+        "num_tasks": 2,
+        "nodelist": "n1",
+        "master": "n1:31337",
+        "logs": [
+            {"rank": 0, "stdout": "/o/s/.submitit/42/42_0_log.out", "stderr": "/o/s/.submitit/42/42_0_log.err"},
+            {"rank": 1, "stdout": "/o/s/.submitit/42/42_1_log.out", "stderr": "/o/s/.submitit/42/42_1_log.err"},
+        ],
+    }
+
+
+def test_sacct_parsing_and_failure_text():
+    info = parse_sacct("12_1|TIMEOUT|0:0|TimeLimit|00:30:02|n[1-2]\n")
+    assert info == {
+        "job_id": "12_1", "state": "TIMEOUT", "exit_code": "0:0", "reason": "TimeLimit", "elapsed": "00:30:02",
+        "nodelist": "n[1-2]",
+    }  # fmt: skip
+    assert parse_sacct("") == {}
+    assert failure_text("12_1", "TIMEOUT", info, {}, "/o/12_1_0_log.err") == (
+        "SLURM job 12_1 TIMEOUT (reason: TimeLimit); log: /o/12_1_0_log.err"
+    )
+    text = failure_text("9", "FAILED", {"exit_code": "1:0", "reason": "None"}, {1: "ValueError: x", 0: "E: y"}, None)
+    assert text == "SLURM job 9 FAILED (exit code 1:0); rank 0: E: y; rank 1: ValueError: x"
+    assert error_line("Traceback (most recent call last):\n  File 'x'\nRuntimeError: boom\n\n") == "RuntimeError: boom"
+
+
+def test_resume_command_reuses_the_sweep_dir_and_quotes():
+    cmd = resume_command(
+        ["gpus=1,2,4,8", "cluster=slurm", "problem.nc=[4,8,8,8]", "resume=false"],
+        ["hydra.mode=MULTIRUN", "hydra.sweep.dir=/old", "hydra.verbose=true"],
+        "/o/2026-01-01_00-00-00",
+    )
+    assert cmd == (
+        "python -m pnpscale -m gpus=1,2,4,8 cluster=slurm 'problem.nc=[4,8,8,8]' hydra.verbose=true "
+        "hydra.sweep.dir=/o/2026-01-01_00-00-00"
+    )
+
+
+def _compose(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    register_schema()
+    import hydra_plugins.pnpscale_plugins.launcher  # noqa: F401 - registers the launchers
+    import hydra_plugins.pnpscale_plugins.slurm_launcher  # noqa: F401
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+def test_cluster_slurm_selects_the_launcher_and_multirun():
+    cfg = _compose("cluster=slurm", "cluster.partition=gpu")
+    assert cfg.hydra.launcher._target_ == "hydra_plugins.pnpscale_plugins.slurm_launcher.PnpscaleSlurmLauncher"
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.cluster.name == "slurm" and cfg.cluster.partition == "gpu" and cfg.cluster.wait is True
+    local = _compose()
+    assert local.cluster.name == "local"
+    assert local.hydra.launcher._target_.endswith("PnpscaleBasicLauncher")
+
+
+def test_completed_run_matches_on_the_stored_resolution_of_scale_auto(tmp_path):
+    from omegaconf import OmegaConf
+
+    cfg = _compose("cluster=slurm", "gpus=2")
+    task_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    assert task_cfg.scale == "auto"
+    # the compute node had CUDA: auto -> paper; the submitting machine cannot know it
+    spec = resolve_spec(task_cfg, cuda_available=True)
+    stored = {"status": "complete", "scale": spec.scale, "fingerprint": spec.fingerprint()}
+    layout.write_json(tmp_path / layout.RUN_JSON, stored)
+    assert completed_run(tmp_path, task_cfg) == stored
+    assert completed_run(tmp_path, OmegaConf.merge(task_cfg, {"iterations": 7})) is None
+    layout.write_json(tmp_path / layout.RUN_JSON, {**stored, "status": "failed"})
+    assert completed_run(tmp_path, task_cfg) is None
+    assert completed_run(tmp_path / "missing", task_cfg) is None
+
+
+def test_bad_slurm_points_stop_before_anything_is_submitted(tmp_path):
+    """Needs no cluster: every point is validated before SLURM is asked anything."""
+    proc = run_cli("-m", "gpus=2,6", "cluster=slurm", "cluster.gpus_per_node=4", root=tmp_path, timeout=60)
+    assert proc.returncode != 0
+    assert "gpus=6: with cluster.gpus_per_node=4, allowed: 1..4 or a multiple of 4" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("run.json"))
+
+
+# --------------------------------------------------------------------------------------
+# Real SLURM (localhost cluster of scripts/slurm-up.sh)
+# --------------------------------------------------------------------------------------
+
+
+def _sinfo_problem() -> str | None:
+    if shutil.which("sinfo") is None:
+        return "sinfo not found"
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-o", "%P %D %T"], capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        return "sinfo timed out"
+    if proc.returncode != 0:
+        return "sinfo failed: " + " ".join(proc.stderr.split())[:200]
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> None:
+    problem = _sinfo_problem()
+    if problem is None:
+        return
+    why = f"no SLURM cluster answers ({problem}); start the localhost one with: bash scripts/slurm-up.sh"
+    if os.environ.get("PNPSCALE_SLURM_REQUIRED") == "1":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def _sacct_steps(job_id: str) -> list[dict[str, str]]:
+    out = subprocess.run(
+        ["sacct", "-j", job_id, "-n", "--parsable2", "-o", "JobID,NNodes,NTasks,State,AllocTRES"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    keys = ("job_id", "nodes", "ntasks", "state", "tres")
+    return [dict(zip(keys, line.split("|"), strict=True)) for line in out.splitlines() if line.strip()]
+
+
+def _slurm_args(root: Path, *extra: str) -> list[str]:
+    return ["cluster=slurm", *TINY_2D, f"hydra.sweep.dir={root / 'outputs' / 'sweep'}", *extra]
+
+
+def _point_dirs(root: Path) -> dict[int, Path]:
+    return {read_run(p.parent)["gpus"]: p.parent for p in (root / "outputs" / "sweep").glob("problem=*/*/*/run.json")}
+
+
+@pytest.fixture(scope="module")
+def slurm_sweep(slurm_cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("slurm")
+    t0 = time.monotonic()
+    proc = run_cli("-m", "gpus=1,2,4,8", *_slurm_args(root, "cluster.gpus_per_node=4"), root=root, timeout=600)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    print(f"slurm sweep gpus=1,2,4,8: {elapsed:.1f} s", file=sys.stderr)
+    return root, proc, _point_dirs(root)
+
+
+@pytest.mark.slurm
+def test_sweep_jobs_have_one_shape_per_point(slurm_sweep):
+    _, _, dirs = slurm_sweep
+    assert set(dirs) == {1, 2, 4, 8}
+    expected = {1: ("1", "1"), 2: ("1", "2"), 4: ("1", "4"), 8: ("2", "8")}
+    for gpus, d in dirs.items():
+        run = read_run(d)
+        assert run["status"] == "complete" and run["world_size"] == gpus
+        assert run["backend"] == ("gloo" if gpus > 1 else "none")
+        steps = {s["job_id"].split(".")[-1]: s for s in _sacct_steps(run["slurm"]["job_id"])}
+        step = steps["0"]  # srun's step: one task per rank
+        assert (step["nodes"], step["ntasks"]) == expected[gpus], (gpus, steps)
+        assert f"gres/gpu={gpus}" in step["tres"], step
+        assert run["slurm"]["nodes"] == job_shape(gpus, 4).nodes
+        assert run["slurm"]["tasks_per_node"] == job_shape(gpus, 4).tasks_per_node
+
+
+@pytest.mark.slurm
+def test_slurm_run_folders_match_a_local_run(slurm_sweep, tmp_path):
+    root, proc, dirs = slurm_sweep
+    local = run_cli("gpus=2", *TINY_2D, "report=false", root=tmp_path, timeout=240)
+    assert local.returncode == 0, local.stderr[-3000:]
+    (local_dir,) = [p.parent for p in (tmp_path / "outputs").glob("**/run.json")]
+    slurm_dir = dirs[2]
+    local_run, slurm_run = read_run(local_dir), read_run(slurm_dir)
+    assert set(local_run) | {"slurm"} == set(slurm_run)
+    assert local_run["fingerprint"] == slurm_run["fingerprint"] and local_run["spec"] == slurm_run["spec"]
+    for name in (*layout.TABLES, layout.RUN_JSON, ".hydra", layout.LOGS_DIR):
+        assert (slurm_dir / name).exists(), name
+    for table in layout.TABLES:
+        local_df, slurm_df = pd.read_parquet(local_dir / table), pd.read_parquet(slurm_dir / table)
+        assert list(local_df.columns) == list(slurm_df.columns) and len(local_df) == len(slurm_df), table
+    # .hydra/ once, by rank 0; every rank's log linked from logs/
+    assert sorted(p.name for p in (slurm_dir / ".hydra").iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    for r in range(2):
+        for suffix in ("out", "err"):
+            assert (slurm_dir / layout.LOGS_DIR / f"rank{r}.{suffix}").resolve().is_file()
+    rank0, rank1 = ((slurm_dir / "logs" / f"rank{r}.out").read_text() for r in range(2))
+    assert "iteration 3/3" in rank0 and "rank(s), run folder" in rank0
+    assert "iteration" not in rank1 and "run folder" not in rank1  # other ranks: no Hydra job, no progress
+    # the sweep report, as after a local sweep
+    report = root / "outputs" / "sweep" / layout.REPORT_DIR
+    try:
+        import pnpscale.report  # noqa: F401
+    except ImportError:
+        pytest.skip("pnpscale.report not available")
+    assert report.is_dir(), proc.stderr[-2000:]
+
+
+@pytest.mark.slurm
+def test_killed_job_is_reported_failed_and_a_rerun_completes_only_it(slurm_cluster, tmp_path):
+    # rank 0 sleeps 2 s per section "gradient": each job runs long enough to be cancelled mid-run
+    args = _slurm_args(tmp_path, "inject.rank=0", "inject.section=gradient", "inject.delay_s=2", "report=false")
+    cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,2", *args, f"output.root={tmp_path / 'outputs'}"]
+    with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as sweep:
+        job_id = ""
+        deadline = time.monotonic() + 180
+        while not job_id and time.monotonic() < deadline:
+            job_id = subprocess.run(
+                ["squeue", "-h", "-n", "pnpscale-1x2", "-t", "RUNNING", "-o", "%i"],
+                capture_output=True, text=True, timeout=30,
+            ).stdout.strip()  # fmt: skip
+            time.sleep(0.3)
+        assert job_id, "the gpus=2 job never ran"
+        time.sleep(2)
+        subprocess.run(["scancel", job_id], check=True, timeout=30)
+        t_cancel = time.monotonic()
+        out, _ = sweep.communicate(timeout=180)
+        reported_s = time.monotonic() - t_cancel
+    assert sweep.returncode != 0, out[-3000:]
+    assert reported_s < 60, reported_s
+    assert f"gpus=2: FAILED: problem=2d mode=inference gpus=2 failed: SLURM job {job_id} CANCELLED" in out
+    assert "to re-run only the failed points: python -m pnpscale -m gpus=1,2" in out
+    dirs = _point_dirs(tmp_path)
+    failed, done = read_run(dirs[2]), read_run(dirs[1])
+    assert done["status"] == "complete"
+    assert failed["status"] == "failed" and failed["slurm"]["state"].startswith("CANCELLED")
+    assert f"SLURM job {job_id} CANCELLED" in failed["error"]
+    assert failed["slurm"]["logs"][0]["stderr"] in failed["error"]
+    assert not any((dirs[2] / t).exists() for t in layout.TABLES)
+    # the same command again, into the same sweep folder: only the missing point runs
+    rerun = run_cli("-m", "gpus=1,2", *args, root=tmp_path, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    said = rerun.stdout + rerun.stderr
+    assert "gpus=1: skipped, complete run in" in said
+    assert said.count("submitted (") == 1 and "gpus=2: SLURM job" in said
+    assert read_run(dirs[2])["status"] == "complete"
+    assert read_run(dirs[1])["finished_at"] == done["finished_at"]
+
+
+@pytest.mark.slurm
+def test_impossible_request_fails_at_submission_with_slurms_message(slurm_cluster, tmp_path):
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+    # 12 ranks on nodes of 4 GPUs = 3 nodes; the partition has 2
+    proc = run_cli("-m", "gpus=1,12", *_slurm_args(tmp_path, "cluster.gpus_per_node=4"), root=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert "SLURM refused the sweep, nothing was submitted" in proc.stderr
+    assert "gpus=12: SLURM refused 3x4 (nodes x tasks):" in proc.stderr
+    assert "Node count specification invalid" in proc.stderr  # SLURM's own words
+    assert "Traceback" not in proc.stderr
+    after = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+    assert set(after) <= set(before)
+    sweep = tmp_path / "outputs" / "sweep"
+    assert not sweep.exists() or not any(sweep.rglob("*.pkl"))
+    assert json.dumps(list(sweep.rglob("run.json")) if sweep.exists() else []) == "[]"
