@@ -1,8 +1,9 @@
 """Validation suite: does the compute / transfer / wait split hold on this machine?
 
-``python -m pnpscale.validate [--gpus W] [--delay-s D] [overrides...]`` runs the real pipeline
-(local ranks: gloo on CPU, NCCL on a GPU node) on known perturbations and checks the
-decomposition against what they must produce:
+``python -m pnpscale.validate [--gpus W] [--delay-s D] [--slurm] [overrides...]`` runs the real
+pipeline (local ranks: gloo on CPU, NCCL on a GPU node; with ``--slurm``, as one job on one node of
+a SLURM cluster) on known perturbations and checks the decomposition against what they must
+produce:
 
 * **Injected imbalance** (``inject.delay_s = D`` on the last rank, inside one section, every
   iteration): the late rank arrives D late at the section's collectives, so the section's mean wait
@@ -368,6 +369,41 @@ def run_suite(out: Path, *, gpus: int, delay_s: float, section: str, payloads: S
     return result
 
 
+def submit_suite(
+    out: Path, overrides: Sequence[str], echo: Callable[[str], None] = print, **suite: Any
+) -> dict[str, Any]:
+    """Run :func:`run_suite` as one SLURM job on one node (``--slurm``), wait, return its result.
+
+    The job holds one task and ``gpus`` GPUs; inside it the suite launches its ranks locally, as on
+    any GPU node. ``cluster.*`` overrides (partition, account, timeout_min, ...) shape the job, the
+    others go to the suite's runs.
+    """
+    import submitit
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from pnpscale.cli_check import CONF
+    from pnpscale.config import register_schema
+    from pnpscale.slurm import executor_parameters
+
+    cluster_ov = [o for o in overrides if o.lstrip("+").startswith("cluster")]
+    run_ov = [o for o in overrides if o not in cluster_ov]
+    register_schema()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["cluster=slurm", *[o for o in cluster_ov if o != "cluster=slurm"]])
+    cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
+    params = executor_parameters(1, cluster)
+    params.update(name="pnpscale-validate", tasks_per_node=1, gpus_per_node=suite["gpus"])
+    executor = submitit.AutoExecutor(folder=str(out / ".submitit"), cluster="slurm")
+    executor.update_parameters(**params)
+    job = executor.submit(run_suite, out, overrides=run_ov, **suite)
+    echo(f"validation submitted as SLURM job {job.job_id} (logs: {out / '.submitit'}); waiting")
+    result = job.result()
+    echo(format_table([Check(**c) for c in result["checks"]]))
+    echo(("PASSED" if result["passed"] else "FAILED") + f": {out / 'validate.json'}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m pnpscale.validate``: exit 0 when every judged check passes, 1 otherwise."""
     parser = argparse.ArgumentParser(prog="python -m pnpscale.validate", description=__doc__.splitlines()[0])
@@ -378,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="payload sweep, bytes per all_reduce (default 16 KiB .. 32 MiB)")  # fmt: skip
     parser.add_argument("--iterations", type=int, default=4, help="measured iterations per run")
     parser.add_argument("--out", default=None, help="output folder (default outputs/validate/<timestamp>)")
+    parser.add_argument(
+        "--slurm",
+        action="store_true",
+        help="run the suite as one SLURM job (one node, --gpus GPUs) shaped by cluster.*",
+    )
     parser.add_argument("overrides", nargs="*", help="pnpscale config overrides, e.g. dist.backend=gloo")
     args = parser.parse_args(argv)
     if args.gpus < 2:
@@ -392,9 +433,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path("outputs") / "validate" / stamp
     from pnpscale.config import ConfigError
 
+    suite = dict(
+        gpus=args.gpus, delay_s=args.delay_s, section=args.section, payloads=payloads, iterations=args.iterations
+    )
     try:
-        result = run_suite(out, gpus=args.gpus, delay_s=args.delay_s, section=args.section, payloads=payloads,
-                           iterations=args.iterations, overrides=args.overrides)  # fmt: skip
+        if args.slurm:
+            result = submit_suite(out.resolve(), args.overrides, **suite)
+        else:
+            if any(o.lstrip("+").startswith("cluster") for o in args.overrides):
+                parser.error("cluster overrides need --slurm (the suite's own runs are local to one node)")
+            result = run_suite(out, overrides=args.overrides, **suite)
     except ConfigError as exc:
         print(f"pnpscale.validate: error: {exc}", file=sys.stderr)
         return 2
@@ -402,4 +450,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # run through the importable module, so that functions pickled for ranks and SLURM jobs resolve
+    from pnpscale.validate import main as _main
+
+    raise SystemExit(_main())
