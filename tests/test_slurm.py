@@ -448,3 +448,19 @@ def test_impossible_request_fails_at_submission_with_slurms_message(slurm_cluste
     sweep = tmp_path / "outputs" / "sweep"
     assert not sweep.exists() or not any(sweep.rglob("*.pkl"))
     assert json.dumps(list(sweep.rglob("run.json")) if sweep.exists() else []) == "[]"
+
+
+@pytest.mark.slurm
+def test_validation_suite_runs_as_one_slurm_job(slurm_cluster, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "validate"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pnpscale.validate", "--slurm", "--out", str(out), "--iterations", "3",
+         "--payloads", "16384,262144,4194304,33554432", "cluster.timeout_min=10"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "validation submitted as SLURM job" in proc.stdout and "PASSED" in proc.stdout
+    assert (out / "validate.json").is_file() and list((out / ".submitit").glob("*_log.out"))
