@@ -63,7 +63,7 @@ def _mark_missing(ax: Any, table: pd.DataFrame, problem: str | None = None, mode
         )
 
 
-def _line(ax: Any, grp: pd.DataFrame, x: pd.Series, y: str, all_gpus: list[int], **kw: Any) -> None:
+def _line(ax: Any, grp: pd.DataFrame, y: str, all_gpus: list[int], **kw: Any) -> None:
     """Plot y vs gpus with NaN at every GPU count of the sweep that this group lacks (a gap)."""
     s = grp.set_index("gpus")[y].reindex(all_gpus)
     ax.plot(s.index, s.to_numpy(dtype=float), marker="o", **kw)
@@ -101,33 +101,29 @@ def plot_scaled_cost(table: pd.DataFrame) -> Figure:
     return fig
 
 
-def _section_key(row: pd.Series) -> str:
-    return f"{row['mode']}: {row[K.SECTION]}"
+def _per_section(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any], list[int]]:
+    """Complete per-section rows keyed ``"<mode>: <section>"``, a colour per key, and every GPU count."""
+    data = table[(table[K.SECTION] != ALL) & (table["status"] == "complete")].copy()
+    data["key"] = data["mode"].astype(str) + ": " + data[K.SECTION].astype(str)
+    keys = sorted(data["key"].unique())
+    palette = dict(zip(keys, sns.color_palette("tab10", len(keys)), strict=False))
+    return data, palette, sorted({int(g) for g in table["gpus"]})
+
+
+def _section_lines(ax: Any, data: pd.DataFrame, col: str, palette: dict[str, Any], all_gpus: list[int]) -> None:
+    """One line per (problem, mode: section): colour by section, 2D solid, 3D dashed."""
+    for (problem, key), grp in data.groupby(["problem", "key"]):
+        _line(ax, grp, col, all_gpus, color=palette[key], ls=DASHES.get(problem, ":"), label=f"{problem} {key}")
 
 
 def plot_components(table: pd.DataFrame) -> Figure:
     """Chart 2: compute, transfer and wait per section vs GPU count (s/iteration), 2D solid, 3D dashed."""
-    data = table[(table[K.SECTION] != ALL) & (table["status"] == "complete")].copy()
-    data["key"] = data.apply(_section_key, axis=1)
-    keys = sorted(data["key"].unique())
-    palette = dict(zip(keys, sns.color_palette("tab10", len(keys)), strict=False))
-    all_gpus = sorted({int(g) for g in table["gpus"]})
+    data, palette, all_gpus = _per_section(table)
     fig, axes = _figure(1, 3, (16, 4.6), sharey=True)
-    for ax, (col, title) in zip(
-        axes, [(K.COMPUTE_S, "compute"), (K.TRANSFER_S, "transfer"), (K.WAIT_S, "wait")], strict=True
-    ):
-        for (problem, key), grp in data.groupby(["problem", "key"]):
-            g = grp.assign(**{col: grp[col].where(grp[col] > 0)})  # zeros cannot sit on a log axis
-            _line(
-                ax,
-                g,
-                g["gpus"],
-                col,
-                all_gpus,
-                color=palette[key],
-                ls=DASHES.get(problem, ":"),
-                label=f"{problem} {key}",
-            )
+    panels = [(K.COMPUTE_S, "compute"), (K.TRANSFER_S, "transfer"), (K.WAIT_S, "wait")]
+    for ax, (col, title) in zip(axes, panels, strict=True):
+        positive = data.assign(**{col: data[col].where(data[col] > 0)})  # zeros cannot sit on a log axis
+        _section_lines(ax, positive, col, palette, all_gpus)
         _mark_missing(ax, table)
         _log2_x(ax, all_gpus)
         if (data[col] > 0).any():
@@ -152,11 +148,10 @@ def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figu
         sections = [s for s in dict.fromkeys(sub[K.SECTION]) if s != ALL]
         colors = sns.color_palette("tab10", len(sections))
         for color, section in zip(colors, sections, strict=True):
-            _line(ax, sub[sub[K.SECTION] == section], sub["gpus"], col, all_gpus, color=color, ls="-", label=section)
+            _line(ax, sub[sub[K.SECTION] == section], col, all_gpus, color=color, ls="-", label=section)
         _line(
             ax,
             sub[sub[K.SECTION] == ALL],
-            sub["gpus"],
             col,
             all_gpus,
             color="black",
@@ -190,23 +185,9 @@ def plot_comm_efficiency(table: pd.DataFrame) -> Figure:
 
 def plot_wait_pct(table: pd.DataFrame) -> Figure:
     """Chart 5: wait as a percentage of compute per section vs GPU count (2D solid, 3D dashed)."""
-    data = table[(table[K.SECTION] != ALL) & (table["status"] == "complete")].copy()
-    data["key"] = data.apply(_section_key, axis=1)
-    keys = sorted(data["key"].unique())
-    palette = dict(zip(keys, sns.color_palette("tab10", len(keys)), strict=False))
-    all_gpus = sorted({int(g) for g in table["gpus"]})
+    data, palette, all_gpus = _per_section(table)
     fig, ax = _figure(1, 1, (8, 4.6))
-    for (problem, key), grp in data.groupby(["problem", "key"]):
-        _line(
-            ax,
-            grp,
-            grp["gpus"],
-            "wait_pct_of_compute",
-            all_gpus,
-            color=palette[key],
-            ls=DASHES.get(problem, ":"),
-            label=f"{problem} {key}",
-        )
+    _section_lines(ax, data, "wait_pct_of_compute", palette, all_gpus)
     _mark_missing(ax, table)
     _log2_x(ax, all_gpus)
     ax.set_ylabel("wait / compute (%)")
