@@ -99,6 +99,9 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
             run_rank(spec, run_dir, config)
         else:
             launch_local(spec, run_dir, config)
+    except KeyboardInterrupt:
+        write_failure(run_dir, spec, config, "interrupted (KeyboardInterrupt): the ranks were stopped")
+        raise
     except Exception as exc:
         write_failure(run_dir, spec, config, exc)
         log.error("%s failed: %s", _point(spec), exc)
