@@ -81,6 +81,14 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
             )
     if spec.scale_requested == "auto":
         log.info("scale=auto -> %s (%s)", spec.scale, "CUDA available" if spec.scale == "paper" else "no CUDA")
+    elif spec.scale == "paper" and not on_slurm and cuda_device_count() == 0:
+        log.warning(
+            "scale=paper on CPU ranks: the seed page's sizes (%s^%d image, DRUNet %s) take a very long time per "
+            "iteration without GPUs; scale=small is the CPU preset",
+            spec.sizes["image_size"],
+            2 if spec.problem == "2d" else 3,
+            spec.sizes["nc"],
+        )
     # On SLURM the launcher skipped complete points before submitting; a rank must never skip alone.
     if not on_slurm and cfg.resume and layout.run_status(run_dir) == layout.STATUS_COMPLETE:
         done = layout.read_json(run_dir / layout.RUN_JSON)
