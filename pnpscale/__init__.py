@@ -14,10 +14,14 @@ __all__ = ["__version__", "load"]
 
 
 def load(path: str, **kwargs: Any) -> Any:
-    """One tidy DataFrame (one row per run x section) of every complete run under ``path``.
+    """The report's tidy table (``summary.parquet``) of every run under ``path``, as a DataFrame.
 
-    See :func:`pnpscale.runs.load` (imported lazily: pandas/pyarrow are not loaded before use).
+    One row per point x section (section ``"all"`` = combined), typed ``problem``, ``mode``,
+    ``gpus`` columns, times in seconds per measured iteration, LB / CommE / PE, GPU-seconds and the
+    scaled cost; failed points appear with their status and NaN metrics. See
+    :func:`pnpscale.runs.load` and :func:`pnpscale.summary.scaled_cost` (imported lazily).
     """
     from pnpscale.runs import load as _load
+    from pnpscale.summary import scaled_cost
 
-    return _load(path, **kwargs)
+    return scaled_cost(_load(path, **kwargs))

@@ -19,15 +19,21 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Check the command line, then hand over to Hydra."""
-    from pnpscale.cli_check import check_overrides
+    from pnpscale.cli_check import CommandLineError, check_overrides, check_single_point
 
     try:
         check_overrides(sys.argv[1:])
-    except ConfigError as exc:
-        print(f"pnpscale: error: {exc}", file=sys.stderr)
+        check_single_point(sys.argv[1:])
+    except (ConfigError, CommandLineError) as exc:
+        for line in str(exc).splitlines():
+            print(f"pnpscale: error: {line}", file=sys.stderr)
         raise SystemExit(2) from None
     register_schema()
-    _hydra_main()
+    try:
+        _hydra_main()
+    except KeyboardInterrupt:
+        print("pnpscale: interrupted; the run folder of the point that was running says so", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

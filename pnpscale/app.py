@@ -38,6 +38,10 @@ def make_spec(cfg: DictConfig, cuda_devices: int) -> RunSpec:
         ConfigError: invalid value, or more GPUs requested than this machine has (CUDA).
     """
     spec = resolve_spec(cfg, cuda_available=cuda_devices > 0)
+    from pnpscale.cli_check import writable_dir
+
+    if not writable_dir(Path(str(cfg.output.root))):
+        raise ConfigError("output.root", cfg.output.root, "must be a folder this user can create and write")
     if cfg.cluster.name == "local" and cuda_devices and spec.backend != "gloo" and spec.gpus > cuda_devices:
         raise ConfigError(
             "gpus",
@@ -46,6 +50,26 @@ def make_spec(cfg: DictConfig, cuda_devices: int) -> RunSpec:
             "(or cluster=slurm, or dist.backend=gloo for CPU ranks)",
         )
     return spec
+
+
+def existing_run(run_dir: Path, spec: RunSpec, resume: bool) -> dict[str, Any] | None:
+    """The complete run already in ``run_dir`` to keep (``resume=true``, same spec), else ``None``.
+
+    Raises:
+        ConfigError: ``resume=true`` and the folder holds a complete run of a *different* spec
+            (never overwritten silently; ``resume=false`` replaces it).
+    """
+    if not resume or layout.run_status(run_dir) != layout.STATUS_COMPLETE:
+        return None
+    done = layout.read_json(run_dir / layout.RUN_JSON)
+    if done.get("fingerprint") == spec.fingerprint():
+        return done
+    raise ConfigError(
+        "resume",
+        True,
+        f"{run_dir} holds a complete run of another spec (fingerprint {done.get('fingerprint')}, this point "
+        f"{spec.fingerprint()}): use another hydra.sweep.dir, or resume=false to replace it",
+    )
 
 
 def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
@@ -90,12 +114,26 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
             spec.sizes["nc"],
         )
     # On SLURM the launcher skipped complete points before submitting; a rank must never skip alone.
-    if not on_slurm and cfg.resume and layout.run_status(run_dir) == layout.STATUS_COMPLETE:
-        done = layout.read_json(run_dir / layout.RUN_JSON)
-        if done.get("fingerprint") == spec.fingerprint():
+    if not on_slurm:
+        done = existing_run(run_dir, spec, bool(cfg.resume))
+        if done is not None:
             log.info("skipping %s: complete run already in %s (resume=true)", _point(spec), run_dir)
             return done
     log.info("%s: %d rank(s), run folder %s", _point(spec), spec.gpus, run_dir)
+    if not on_slurm and cuda_device_count() == 0:
+        import os
+
+        from pnpscale.worker import threads_per_rank
+
+        cpus, threads = len(os.sched_getaffinity(0)), threads_per_rank(spec.threads_per_rank, spec.gpus)
+        if spec.gpus * threads > cpus:
+            log.warning(
+                "%d rank(s) x %d thread(s) on %d CPU(s): ranks share cores, so compute and wait include that "
+                "contention (it is measured, not corrected)",
+                spec.gpus,
+                threads,
+                cpus,
+            )
     from pnpscale.launch import launch_local
     from pnpscale.writer import run_json_base, write_failure
 
@@ -108,15 +146,24 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
         else:
             launch_local(spec, run_dir, config)
     except KeyboardInterrupt:
-        write_failure(run_dir, spec, config, "interrupted (KeyboardInterrupt): the ranks were stopped")
+        write_failure(run_dir, spec, config, "interrupted (Ctrl-C): the ranks were stopped")
         raise
     except Exception as exc:
+        if _is_signal(exc):  # torch elastic turns the Ctrl-C it received into an exception
+            write_failure(run_dir, spec, config, f"interrupted ({exc}): the ranks were stopped")
+            raise KeyboardInterrupt from None  # stops the whole sweep, not only this point
         write_failure(run_dir, spec, config, exc)
         log.error("%s failed: %s", _point(spec), exc)
         raise RunFailed(f"{_point(spec)} failed: {exc} (run folder: {run_dir})") from None
     result = layout.read_json(run_dir / layout.RUN_JSON)
     log.info("%s: %s", _point(spec), summary_line(result))
     return result
+
+
+def _is_signal(exc: BaseException) -> bool:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    return isinstance(exc, SignalException)
 
 
 def _point(spec: RunSpec) -> str:

@@ -72,8 +72,12 @@ def _line(ax: Any, grp: pd.DataFrame, y: str, all_gpus: list[int], **kw: Any) ->
 def plot_scaled_cost(table: pd.DataFrame) -> Figure:
     """Chart 1: scaled GPU-seconds per GPU count, stacked compute vs communication, ideal = 1.0."""
     panels = _panels(table)
-    fig, axes = _figure(1, len(panels), (5 * len(panels), 4.2), squeeze=False, sharey=True)
+    fig, axes = _figure(1, len(panels), (max(8.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
     colors = sns.color_palette("deep")
+    all_rows = table[table[K.SECTION] == ALL]
+    totals = (all_rows["scaled_compute"] + all_rows["scaled_comm"]).to_numpy(float)
+    finite = totals[np.isfinite(totals)]
+    top = max(1.2, 1.15 * float(finite.max())) if finite.size else 1.2
     for ax, (problem, mode) in zip(axes[0], panels, strict=True):
         sub = table[(table["problem"] == problem) & (table["mode"] == mode) & (table[K.SECTION] == ALL)]
         sub = sub.sort_values("gpus")
@@ -88,8 +92,7 @@ def plot_scaled_cost(table: pd.DataFrame) -> Figure:
             else:
                 ax.text(xi, total, f"{total:.2f}", ha="center", va="bottom", fontsize=8)
         ax.axhline(1.0, color="black", ls="--", lw=1, label="ideal (linear scaling)")
-        finite = (comp + comm)[np.isfinite(comp + comm)]
-        ax.set_ylim(0, max(1.2, 1.15 * float(finite.max())) if finite.size else 1.2)
+        ax.set_ylim(0, top)
         ax.set_xticks(x, labels)
         ax.set_xlabel("GPUs (ranks)")
         base = sub["baseline_gpus"].dropna()
@@ -119,7 +122,7 @@ def _section_lines(ax: Any, data: pd.DataFrame, col: str, palette: dict[str, Any
 def plot_components(table: pd.DataFrame) -> Figure:
     """Chart 2: compute, transfer and wait per section vs GPU count (s/iteration), 2D solid, 3D dashed."""
     data, palette, all_gpus = _per_section(table)
-    fig, axes = _figure(1, 3, (16, 4.6), sharey=True)
+    fig, axes = _figure(1, 3, (15, 5.4), sharey=True)
     panels = [(K.COMPUTE_S, "compute"), (K.TRANSFER_S, "transfer"), (K.WAIT_S, "wait")]
     for ax, (col, title) in zip(axes, panels, strict=True):
         positive = data.assign(**{col: data[col].where(data[col] > 0)})  # zeros cannot sit on a log axis
@@ -133,16 +136,17 @@ def plot_components(table: pd.DataFrame) -> Figure:
         ax.set_title(title)
     axes[0].set_ylabel("seconds per iteration (log)")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right", fontsize=8)
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
     fig.suptitle("Compute, transfer and wait per section (2D solid, 3D dashed; zeros not drawn)")
-    fig.tight_layout(rect=(0, 0, 0.82, 1))
+    rows = -(-len(labels) // 4)
+    fig.tight_layout(rect=(0, min(0.35, 0.06 * rows + 0.02), 1, 1))
     return fig
 
 
 def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figure:
     panels = _panels(table)
     all_gpus = sorted({int(g) for g in table["gpus"]})
-    fig, axes = _figure(1, len(panels), (5 * len(panels), 4.2), squeeze=False, sharey=True)
+    fig, axes = _figure(1, len(panels), (max(9.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
     for ax, (problem, mode) in zip(axes[0], panels, strict=True):
         sub = table[(table["problem"] == problem) & (table["mode"] == mode) & (table["status"] == "complete")]
         sections = [s for s in dict.fromkeys(sub[K.SECTION]) if s != ALL]

@@ -33,44 +33,134 @@ def _values(ov: Any) -> list[Any]:
     return [ov.value()]
 
 
+class CommandLineError(ValueError):
+    """Every problem found on a command line, one line each (``str()`` joins them)."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
 def check_overrides(argv: Sequence[str]) -> None:
-    """Check the command line's overrides.
+    """Check the command line's overrides, all of them.
 
     Raises:
-        ConfigError: unknown key (with the closest known keys), unknown group option (with the
-            options), or a value outside its rule (:data:`pnpscale.config.RULES`).
+        CommandLineError: one line per problem: an override Hydra cannot parse, an unknown key
+            (with the closest known keys), an unknown group option (with the options), or a value
+            outside its rule (:data:`pnpscale.config.RULES`), each sweep value checked.
     """
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    args, _ = get_args_parser().parse_known_args(list(argv))
+    try:
+        parsed = OverridesParser.create().parse_overrides(args.overrides or [])
+    except OverrideParseException as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "cannot be parsed"
+        raise CommandLineError([f"could not parse the overrides: {first}"]) from None
+    known = set(schema_keys())
+    problems: list[str] = []
+    for ov in parsed:
+        try:
+            _check_one(ov, known)
+        except ConfigError as exc:
+            problems.append(str(exc))
+        except CommandLineError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise CommandLineError(problems)
+
+
+def _check_one(ov: Any, known: set[str]) -> None:
+    key = ov.key_or_group
+    if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+        return
+    if ov.is_delete():
+        raise ConfigError(key, "~", "deleting keys is not supported")
+    if key in GROUPS:
+        options = group_options(key)
+        bad = [v for v in _values(ov) if v is not None and str(v) != "null" and str(v) not in options]
+        if bad:
+            raise CommandLineError([str(ConfigError(key, v, "allowed values: " + ", ".join(options))) for v in bad])
+        return
+    base = key.split("@")[0]
+    free_form = any(base.startswith(k + ".") for k in open_keys())
+    if base not in known and not free_form:
+        close = difflib.get_close_matches(base, sorted(known), n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        top = sorted(k for k in known if "." not in k)
+        raise ConfigError(key, _show(ov), f"unknown key; {hint}top-level keys: {', '.join(top)}")
+    if (ov.is_add() or ov.is_force_add()) and not free_form:
+        raise ConfigError(key, _show(ov), f"'{base}' already exists: drop the leading '+'")
+    problems = []
+    for v in _values(ov):
+        if isinstance(v, str) and v.startswith("${"):
+            continue
+        try:
+            check_value(base, v)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if base == "output.root" and not ov.is_sweep_override() and not writable_dir(Path(str(ov.value()))):
+        problems.append(str(ConfigError(base, ov.value(), "must be a folder this user can create and write")))
+    if problems:
+        raise CommandLineError(problems)
+
+
+def writable_dir(path: Path) -> bool:
+    """Whether ``path`` is, or can be created as, a folder this process can write into.
+
+    Nothing is created: a temporary file is written and removed in ``path`` or in its nearest
+    existing ancestor (permission bits alone say nothing for root or special file systems).
+    """
+    import tempfile
+
+    p = path.absolute()
+    while not p.exists():
+        if p.parent == p:
+            return False
+        p = p.parent
+    if not p.is_dir():
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError:
+        return False
+    return True
+
+
+def check_single_point(argv: Sequence[str]) -> None:
+    """For a single run (no sweep), compose the point and run every value rule before Hydra starts.
+
+    Sweeps (``-m``, comma lists, ``sweeps=``, ``cluster=slurm``) are checked by the launcher, point
+    by point, before any runs; ``--cfg``/``--help``/``--info`` run nothing and are not checked.
+
+    Raises:
+        ConfigError: see :func:`pnpscale.app.make_spec`.
+    """
+    from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     args, _ = get_args_parser().parse_known_args(list(argv))
-    parsed = OverridesParser.create().parse_overrides(args.overrides or [])
-    known = set(schema_keys())
-    for ov in parsed:
-        key = ov.key_or_group
-        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-            continue
-        if ov.is_delete():
-            raise ConfigError(key, "~", "deleting keys is not supported")
-        if key in GROUPS:
-            options = group_options(key)
-            for v in _values(ov):
-                if v is not None and str(v) != "null" and str(v) not in options:
-                    raise ConfigError(key, v, "allowed values: " + ", ".join(options))
-            continue
-        base = key.split("@")[0]
-        free_form = any(base.startswith(k + ".") for k in open_keys())
-        if base not in known and not free_form:
-            close = difflib.get_close_matches(base, sorted(known), n=3)
-            hint = f"did you mean {', '.join(close)}? " if close else ""
-            top = sorted(k for k in known if "." not in k)
-            raise ConfigError(key, _show(ov), f"unknown key; {hint}top-level keys: {', '.join(top)}")
-        if (ov.is_add() or ov.is_force_add()) and not free_form:
-            raise ConfigError(key, _show(ov), f"'{base}' already exists: drop the leading '+'")
-        for v in _values(ov):
-            if isinstance(v, str) and v.startswith("${"):
-                continue
-            check_value(base, v)
+    if args.multirun or args.cfg or args.help or args.hydra_help or args.info or args.shell_completion:
+        return
+    overrides = list(args.overrides or [])
+    for ov in OverridesParser.create().parse_overrides(overrides):
+        if (
+            ov.is_sweep_override()
+            or ov.key_or_group == "sweeps"
+            or (ov.key_or_group == "cluster" and str(ov.value()) != "local")
+        ):
+            return
+    from pnpscale.app import cuda_device_count, make_spec
+    from pnpscale.config import register_schema
+
+    register_schema()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[o for o in overrides if not o.lstrip("+~").startswith("hydra")])
+    make_spec(cfg, cuda_device_count())
 
 
 def _show(ov: Any) -> str:

@@ -53,6 +53,8 @@ class ConfigError(ValueError, CompactHydraException):
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(map(str, value)) + "]"
     return str(value)
@@ -240,6 +242,19 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "problem.blur_sigma": _positive_float(),
     "mode.lr": _positive_float(),
     "cluster.gpus_per_node": _int_in(1),
+    **{
+        k: (lambda v: isinstance(v, bool), "must be true or false")
+        for k in (
+            "resume",
+            "report",
+            "profile.record_shapes",
+            "profile.export_traces",
+            "inject.fail",
+            "output.save_reconstruction",
+            "mode.train_stepsize",
+            "cluster.wait",
+        )
+    },
     "cluster.timeout_min": _int_in(1),
 }
 
@@ -275,23 +290,29 @@ def _get(cfg: Any, dotted: str) -> Any:
     return node
 
 
-def _candidate_scales(scale: str) -> tuple[str, ...]:
-    return ("paper", "small") if scale == "auto" else (scale,)
+def _candidate_scales(scale: str, cuda_available: bool | None) -> tuple[str, ...]:
+    if scale == "auto" and cuda_available is None:
+        return ("paper", "small")
+    return (choose_scale(scale, bool(cuda_available)),)
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: Any, cuda_available: bool | None = None) -> None:
     """Check every value rule of a composed config; nothing is launched before this passes.
 
     Args:
         cfg: a composed config (OmegaConf ``DictConfig`` or nested mappings) with the layout of
             :class:`Config`.
+        cuda_available: whether the ranks will have CUDA, when known: ``scale=auto`` is then
+            checked as the preset it resolves to; ``None`` (e.g. SLURM, decided on the compute
+            node) checks both presets.
 
     Raises:
         ConfigError: the first rule broken, as one line naming the key and the allowed values:
             ``gpus`` outside 1..64, an unknown ``problem``/``mode``/``scale``/``dist.backend``, a
             negative iteration count, a tile window ``patch_size + 2*overlap`` that is not a
             multiple of 8, a tile larger than the image, ``unroll`` < 1 in training, an
-            ``inject.rank`` outside ``0..gpus-1``, or an ``inject.section`` the mode lacks.
+            ``inject.rank`` outside ``0..gpus-1``, an ``inject.section`` the mode lacks, or an
+            injection missing the rank (or, for a delay, the section) it applies to.
     """
     for key in RULES:
         check_value(key, _get(cfg, key))
@@ -302,13 +323,18 @@ def validate(cfg: Any) -> None:
         raise ConfigError("mode", mode, "allowed values: " + ", ".join(MODES))
     if cfg["cluster"]["name"] not in CLUSTERS:
         raise ConfigError("cluster", cfg["cluster"]["name"], "allowed values: " + ", ".join(CLUSTERS))
-    for scale in _candidate_scales(cfg["scale"]):
+    for scale in _candidate_scales(cfg["scale"], cuda_available):
         _validate_sizes(cfg, scale)
     inj = cfg["inject"]
     if inj["rank"] is not None and not (isinstance(inj["rank"], int) and 0 <= inj["rank"] < cfg["gpus"]):
         raise ConfigError("inject.rank", inj["rank"], f"must be a rank in 0..{cfg['gpus'] - 1}")
     if inj["section"] is not None and inj["section"] not in SECTIONS[mode]:
         raise ConfigError("inject.section", inj["section"], "allowed values: " + ", ".join(SECTIONS[mode]))
+    if (inj["delay_s"] or inj["fail"]) and inj["rank"] is None:
+        what = "inject.delay_s" if inj["delay_s"] else "inject.fail"
+        raise ConfigError(what, inj["delay_s"] or inj["fail"], f"needs inject.rank (a rank in 0..{cfg['gpus'] - 1})")
+    if inj["delay_s"] and inj["section"] is None:
+        raise ConfigError("inject.delay_s", inj["delay_s"], "needs inject.section: " + ", ".join(SECTIONS[mode]))
 
 
 def _validate_sizes(cfg: Any, scale: str) -> None:
@@ -436,7 +462,7 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
     Raises:
         ConfigError: see :func:`validate`.
     """
-    validate(cfg)
+    validate(cfg, cuda_available)
     scale = choose_scale(cfg["scale"], cuda_available)
     p, m, d = cfg["problem"], cfg["mode"], cfg["dist"]
     return RunSpec(

@@ -128,5 +128,9 @@ def _failure_message(failure: Any) -> str:
 
 
 def _rank_log(log_dir: Path, rank: int) -> Path | None:
-    hits = sorted(log_dir.glob(f"**/{rank}/stderr.log"))
-    return hits[-1] if hits else None
+    """The failed rank's traceback (``error.json`` written by ``@record``), else its stderr log."""
+    for name in ("error.json", "stderr.log"):
+        hits = sorted(log_dir.glob(f"**/{rank}/{name}"))
+        if hits:
+            return hits[-1]
+    return None

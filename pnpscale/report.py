@@ -180,7 +180,7 @@ def _transfer_markdown(rows: pd.DataFrame, rates: pd.DataFrame) -> list[str]:
             "gpus": rows[K.GPUS],
             "nodes": rows[K.NODES],
             "algorithm": rows[K.ALGORITHM].astype(str) + " (" + rows[K.ALGORITHM_SOURCE].astype(str) + ")",
-            "bytes/GPU": rows[K.BYTES_PER_GPU].map(lambda v: _fmt(v, ".4g")),
+            "bytes/GPU": rows[K.BYTES_PER_GPU].map(lambda v: "—" if pd.isna(v) else f"{round(v):,}"),
             "transfer s": rows[K.TRANSFER_S].map(lambda v: _fmt(v, ".4g")),
             "rate GB/s": rows[K.RATE_GBPS].map(lambda v: _fmt(v, ".4g")),
             "route": rows[K.ROUTE],

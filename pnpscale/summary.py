@@ -69,13 +69,18 @@ def headline_checks(table: pd.DataFrame) -> list[dict[str, Any]]:
         ``compute_over_transfer`` (their ratio: > 1 compute-bound, < 1 transfer-bound),
         ``fastest_growing_section`` and its ``growth`` (GPU-seconds relative to its own baseline),
         ``transfer_share_of_comm`` (transfer / (transfer + wait) at the largest GPU count),
-        and ``failed_gpus`` (points without a complete run).
+        ``failed_gpus`` (points without a complete run) and ``mixed`` (run settings that differ between
+        the points compared: scale preset, measured iterations).
     """
     out = []
     for (problem, mode), grp in table.groupby(GROUP, sort=True):
         done = grp[grp["status"] == "complete"]
         failed = sorted(int(g) for g in grp.loc[grp["status"] != "complete", "gpus"].unique())
-        row: dict[str, Any] = {"problem": problem, "mode": mode, "failed_gpus": failed}
+        row: dict[str, Any] = {"problem": problem, "mode": mode, "failed_gpus": failed, "mixed": {}}
+        for col in ("scale", "iterations"):
+            values = sorted({str(v) for v in grp.loc[grp["status"] == "complete", col].dropna()}) if col in grp else []
+            if len(values) > 1:
+                row["mixed"][col] = values
         if done.empty:
             out.append(row)
             continue
@@ -125,6 +130,8 @@ def describe(check: dict[str, Any]) -> list[str]:
         )
     if check.get("transfer_share_of_comm") is not None:
         lines.append(f"Transfer is {100 * check['transfer_share_of_comm']:.0f}% of the non-compute time at {n} GPUs.")
+    for col, values in check.get("mixed", {}).items():
+        lines.append(f"Caution: the points compared differ in {col} ({', '.join(values)}).")
     if check["failed_gpus"]:
         lines.append(f"Missing (failed or incomplete) points: gpus={', '.join(map(str, check['failed_gpus']))}.")
     return lines

@@ -101,7 +101,8 @@ def write_run(
             "versions": provenance(backend),
             "backend": backend,
             "world_size": len(gathered),
-            "nodes": len({i["host"] for i in infos}),
+            # SLURM's node count when the job has one (emulated nodes can share a host name)
+            "nodes": int((extra or {}).get("slurm", {}).get("nodes") or len({i["host"] for i in infos})),
             "hosts": sorted({i["host"] for i in infos}),
             "device_names": [i["device"] for i in infos],
             "threads_per_rank": infos[0]["threads"],

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from pnpscale.cli_check import check_overrides, group_options
+from pnpscale.cli_check import CommandLineError, check_overrides, group_options
 from pnpscale.config import ConfigError, register_schema, resolve_spec, validate
 from tests.helpers import ROOT, run_cli, run_dirs
 
@@ -83,9 +83,44 @@ def test_unknown_key_fails_at_compose_time(composer):
     ],
 )
 def test_command_line_precheck(argv, expected):
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(CommandLineError) as info:
         check_overrides(argv)
     assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_precheck_reports_every_bad_value_and_unparsable_lines():
+    with pytest.raises(CommandLineError) as info:
+        check_overrides(["-m", "gpus=1,abc,0", "resume=maybe", "problem=4d,2d"])
+    assert info.value.problems == [
+        "gpus=abc: must be an integer in 1..64",
+        "gpus=0: must be an integer in 1..64",
+        "resume=maybe: must be true or false",
+        "problem=4d: allowed values: 2d, 3d",
+    ]
+    with pytest.raises(CommandLineError, match="could not parse the overrides"):
+        check_overrides(["gpus=[1,2"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["inject.delay_s=0.5", "inject.rank=0"], "inject.delay_s=0.5: needs inject.section"),
+        (["inject.delay_s=0.5", "inject.section=denoiser"], "inject.delay_s=0.5: needs inject.rank"),
+        (["inject.fail=true"], "inject.fail=true: needs inject.rank"),
+    ],
+)
+def test_partial_injection_is_refused(composer, overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        validate(composer(*overrides))
+
+
+def test_scale_auto_is_checked_as_the_preset_it_resolves_to(composer):
+    cfg = composer("problem.image_size=128")  # fine for the small preset, not for paper (256-pixel tiles)
+    validate(cfg, cuda_available=False)
+    with pytest.raises(ConfigError, match=r"\(scale=paper\)"):
+        validate(cfg, cuda_available=True)
+    with pytest.raises(ConfigError, match=r"\(scale=paper\)"):
+        validate(cfg)  # unknown (SLURM: decided on the compute node): both presets
 
 
 def test_precheck_accepts_valid_lines():
@@ -101,6 +136,30 @@ def test_cli_bad_value_exits_at_once_with_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert lines == ["pnpscale: error: gpus=65: must be an integer in 1..64"]
     assert time.monotonic() - t0 < 30 and not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["problem.patch_size=30"],
+            "problem.patch_size=30: tile window patch_size+2*overlap=46 must be a multiple of 8",
+        ),
+        (["output.root=/proc/nope"], "output.root=/proc/nope: must be a folder this user can create and write"),
+    ],
+)
+def test_cli_single_run_checks_the_composed_point_before_anything(tmp_path, args, line):
+    proc = run_cli(*args, root=tmp_path, timeout=60) if "output.root" not in args[0] else None
+    if proc is None:  # run_cli appends its own output.root: call the module directly
+        import subprocess
+        import sys
+
+        proc = subprocess.run([sys.executable, "-m", "pnpscale", *args], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"pnpscale: error: {line}" + ("" if "output" in line else " (overlap=8) (scale=small)")
+    ]
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_cli_sweep_with_a_bad_composed_point_starts_nothing(tmp_path):

@@ -7,6 +7,7 @@ point stops the sweep with one line per bad point and nothing started. After the
 """
 
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,14 +15,22 @@ from typing import Any
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn
-from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger("pnpscale")
 
 
-class SweepConfigError(CompactHydraException):
-    """One or more sweep points are invalid; one line per point."""
+class SweepConfigError(SystemExit):
+    """One or more sweep points are invalid: printed one line per problem, exit code 2.
+
+    A ``SystemExit`` (not an ``Exception``) so that Hydra does not wrap it: the sweep stops before
+    anything started, with the same ``pnpscale: error:`` lines and exit code as the command-line check.
+    """
+
+    def __init__(self, message: str) -> None:
+        for line in message.splitlines():
+            print(f"pnpscale: error: {line}", file=sys.stderr)
+        super().__init__(2)
 
 
 @dataclass
@@ -53,7 +62,7 @@ def validate_points(
         the composed config of every point, in order.
 
     Raises:
-        SweepConfigError: one line per bad point; nothing was launched.
+        SweepConfigError: one line per bad point (exit code 2); nothing was launched.
     """
     from pnpscale.config import ConfigError
 
@@ -93,9 +102,14 @@ def _remove_empty_sweep_dir(config: DictConfig) -> None:
 
 
 def check_local(cfg: DictConfig) -> None:
-    from pnpscale.app import cuda_device_count, make_spec
+    """A local point: its values, and no complete run of another spec in its folder (resume)."""
+    from pathlib import Path
 
-    make_spec(cfg, cuda_device_count())
+    from pnpscale.app import cuda_device_count, existing_run, make_spec
+
+    spec = make_spec(cfg, cuda_device_count())
+    run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    existing_run(run_dir, spec, bool(cfg.resume))
 
 
 class PnpscaleBasicLauncher(BasicLauncher):
@@ -104,7 +118,13 @@ class PnpscaleBasicLauncher(BasicLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.hydra_context is not None and self.config is not None
         validate_points(self.hydra_context.config_loader, self.config, job_overrides, check_local)
-        rets = super().launch(job_overrides, initial_job_idx)
+        try:
+            rets = super().launch(job_overrides, initial_job_idx)
+        except KeyboardInterrupt:
+            log.error("interrupted: the remaining sweep points were not run; re-run with hydra.sweep.dir=%s to resume",
+                      self.config.hydra.sweep.dir)  # fmt: skip
+            finish_sweep(self.config, [])
+            raise
         finish_sweep(self.config, rets)
         return rets
 
@@ -115,7 +135,8 @@ def finish_sweep(config: DictConfig, rets: Sequence[JobReturn]) -> None:
 
     failed = [r for r in rets if r.status == JobStatus.FAILED]
     if failed:
-        log.warning("%d of %d sweep point(s) failed; the others are complete", len(failed), len(rets))
+        rest = "the others are complete" if len(failed) < len(rets) else "none completed"
+        log.warning("%d of %d sweep point(s) failed; %s", len(failed), len(rets), rest)
     if config.get("report", False):
         from pnpscale.report import write_report
 

@@ -96,13 +96,12 @@ def check_point(cfg: DictConfig) -> None:
     Raises:
         pnpscale.config.ConfigError: the first broken rule, as one line.
     """
-    from pnpscale.app import make_spec
-    from pnpscale.config import ConfigError
+    from pnpscale.config import ConfigError, validate
     from pnpscale.slurm import executor_parameters
 
     if cfg.cluster.name != "slurm":
         raise ConfigError("cluster", cfg.cluster.name, "this sweep runs on SLURM: every point must be cluster=slurm")
-    make_spec(cfg, cuda_devices=0)
+    validate(cfg)  # scale=auto resolves on the compute node: both presets must be valid
     executor_parameters(int(cfg.gpus), OmegaConf.to_container(cfg.cluster, resolve=True))
 
 
@@ -240,8 +239,16 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
                 if pending:
                     time.sleep(POLL_S)
         except KeyboardInterrupt:
+            # the user stopped the sweep: stop its jobs too, and say so in their run folders
+            for p, job in pending.values():
+                try:
+                    job.cancel(check=False)
+                except Exception:  # noqa: BLE001 - a job that already ended cannot be cancelled
+                    pass
+                self._record_failure(p, f"cancelled: the sweep was interrupted (Ctrl-C); SLURM job {job.job_id}", {})
             log.error(
-                "stopped waiting; the jobs keep running (scancel to stop them). Later: %s",
+                "interrupted: %d unfinished SLURM job(s) cancelled and recorded as failed. To resume: %s",
+                len(pending),
                 self._resume_command(Path(str(self.config.hydra.sweep.dir)).absolute()),
             )
             raise
