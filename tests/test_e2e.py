@@ -117,3 +117,42 @@ def test_multirun_ends_with_a_report(sweep):
     assert sorted(summary["gpus"].unique()) == [1, 2] and (summary["status"] == "complete").all()
     one = summary[(summary["gpus"] == 1) & (summary[K.SECTION] == "all")]
     assert one["scaled_cost"].iloc[0] == 1.0
+
+
+def test_ctrl_c_stops_the_whole_sweep_and_records_the_point(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,2", *TINY_2D[:-2], "iterations=400", "warmup=0",
+           f"output.root={tmp_path / 'outputs'}"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    lines = []
+    for line in proc.stdout:  # wait until the first point's rank is iterating
+        lines.append(line)
+        if "iteration 2/400" in line:
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(lines) + out
+    (d,) = run_dirs(tmp_path)  # the second point never started
+    run = read_run(d)
+    assert run["gpus"] == 1 and run["status"] == "failed" and run["error"].startswith("interrupted")
+    assert not any((d / name).exists() for name in layout.TABLES)
+    assert "hydra.sweep.dir=" in out and (d.parents[2] / layout.REPORT_DIR / "README.md").is_file()
+
+
+def test_resume_skips_the_same_spec_and_refuses_to_overwrite_another(tmp_path):
+    sweep = f"hydra.sweep.dir={tmp_path / 'outputs' / 'sweep'}"
+    first = run_cli("-m", "gpus=1", *TINY_2D, sweep, "report=false", root=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (d,) = run_dirs(tmp_path)
+    before = read_run(d)
+    again = run_cli("-m", "gpus=1", *TINY_2D, sweep, "report=false", root=tmp_path)
+    assert again.returncode == 0 and "skipping problem=2d mode=inference gpus=1" in again.stderr + again.stdout
+    other = run_cli("-m", "gpus=1", *TINY_2D, "iterations=3", sweep, "report=false", root=tmp_path)
+    assert other.returncode == 2
+    assert "resume=true:" in other.stderr and "holds a complete run of another spec" in other.stderr
+    assert read_run(d) == before

@@ -250,3 +250,16 @@ def test_example_notebook_runs_headless(sweep):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not any(o.get("output_type") == "error" for o in outputs)
     assert any("image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_headline_checks_warn_when_points_differ_in_settings():
+    from pnpscale.summary import describe, headline_checks, scaled_cost
+
+    rows = []
+    for gpus, iters in ((1, 3), (2, 5)):
+        rows.append({"problem": "2d", "mode": "inference", "gpus": gpus, K.SECTION: "all", "status": "complete",
+                     "scale": "small", "iterations": iters, K.GPU_SECONDS: 1.0 * gpus, K.COMPUTE_S: 0.9,
+                     K.COMPUTE_MAX_S: 0.95, K.TRANSFER_S: 0.05 * (gpus - 1), K.WAIT_S: 0.0})  # fmt: skip
+    (check,) = headline_checks(scaled_cost(pd.DataFrame(rows)))
+    assert check["mixed"] == {"iterations": ["3", "5"]}
+    assert "Caution: the points compared differ in iterations (3, 5)." in describe(check)
