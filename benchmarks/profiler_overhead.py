@@ -20,11 +20,10 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
 from torch.profiler import record_function  # noqa: E402
 
-from pnpscale.cli_check import CONF  # noqa: E402
-from pnpscale.config import register_schema, resolve_spec  # noqa: E402
+from pnpscale.cli_check import compose_config  # noqa: E402
+from pnpscale.config import resolve_spec  # noqa: E402
 from pnpscale.profiling import make_profiler  # noqa: E402
 
 
@@ -33,9 +32,7 @@ def build(mode: str, overrides: list[str]):
 
     from pnpscale.solver import make_solver
 
-    register_schema()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"mode={mode}", "scale=small", *overrides])
+    cfg = compose_config([f"mode={mode}", "scale=small", *overrides])
     spec = resolve_spec(cfg, cuda_available=False)
     for k in ("RANK", "WORLD_SIZE"):
         os.environ.pop(k, None)

@@ -130,6 +130,20 @@ def writable_dir(path: Path) -> bool:
     return True
 
 
+def compose_config(overrides: Sequence[str]) -> Any:
+    """pnpscale's composed config for ``overrides`` (Hydra's compose API, schema registered).
+
+    ``hydra.*`` overrides are left out: they shape Hydra's run, not the point.
+    """
+    from hydra import compose, initialize_config_dir
+
+    from pnpscale.config import register_schema
+
+    register_schema()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[o for o in overrides if not o.lstrip("+~").startswith("hydra")])
+
+
 def check_single_point(argv: Sequence[str]) -> None:
     """For a single run (no sweep), compose the point and run every value rule before Hydra starts.
 
@@ -139,7 +153,6 @@ def check_single_point(argv: Sequence[str]) -> None:
     Raises:
         ConfigError: see :func:`pnpscale.app.make_spec`.
     """
-    from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -155,12 +168,8 @@ def check_single_point(argv: Sequence[str]) -> None:
         ):
             return
     from pnpscale.app import cuda_device_count, make_spec
-    from pnpscale.config import register_schema
 
-    register_schema()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[o for o in overrides if not o.lstrip("+~").startswith("hydra")])
-    make_spec(cfg, cuda_device_count())
+    make_spec(compose_config(overrides), cuda_device_count())
 
 
 def _show(ov: Any) -> str:

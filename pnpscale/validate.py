@@ -258,17 +258,11 @@ def run_probe(out: Path, *, gpus: int, payloads: Sequence[int], compute_s: float
 
 
 def _run_case(overrides: list[str], run_dir: Path) -> Tables:
-    from hydra import compose, initialize_config_dir
-
     from pnpscale.app import run
-    from pnpscale.cli_check import CONF, check_overrides
-    from pnpscale.config import register_schema
+    from pnpscale.cli_check import check_overrides, compose_config
 
     check_overrides(overrides)
-    register_schema()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    run(cfg, run_dir)
+    run(compose_config(overrides), run_dir)
     return read_tables(run_dir)
 
 
@@ -379,18 +373,14 @@ def submit_suite(
     others go to the suite's runs.
     """
     import submitit
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from pnpscale.cli_check import CONF
-    from pnpscale.config import register_schema
+    from pnpscale.cli_check import compose_config
     from pnpscale.slurm import executor_parameters
 
     cluster_ov = [o for o in overrides if o.lstrip("+").startswith("cluster")]
     run_ov = [o for o in overrides if o not in cluster_ov]
-    register_schema()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["cluster=slurm", *[o for o in cluster_ov if o != "cluster=slurm"]])
+    cfg = compose_config(["cluster=slurm", *[o for o in cluster_ov if o != "cluster=slurm"]])
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
     params = executor_parameters(1, cluster)
     params.update(name="pnpscale-validate", tasks_per_node=1, gpus_per_node=suite["gpus"])
