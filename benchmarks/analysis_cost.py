@@ -2,8 +2,8 @@
 
 Synthetic events shaped like a real inference run (per iteration: two sections, each with
 ``--ops`` CPU operators, the gradient with 4 collectives and the denoiser with 1, gloo-style), pushed
-through exactly the code a live run uses: :func:`pnpscale.events.section_records` per rank, then
-:func:`pnpscale.writer.frames` and :func:`pnpscale.metrics.decompose`. Peak memory is Python's
+through exactly the code a live run uses: :func:`pnpscale.analysis.events.section_records` per rank, then
+:func:`pnpscale.analysis.tables.frames` and :func:`pnpscale.analysis.metrics.decompose`. Peak memory is Python's
 (tracemalloc) during the analysis.
 
     python benchmarks/analysis_cost.py [--ranks 2,8,64] [--iterations 10,100] [--ops 500]
@@ -19,9 +19,9 @@ import argparse
 import time
 import tracemalloc
 
-from pnpscale.events import Event, Kind, rank_rows, section_records
-from pnpscale.metrics import decompose
-from pnpscale.writer import frames
+from pnpscale.analysis.events import Event, Kind, rank_rows, section_records
+from pnpscale.analysis.metrics import decompose
+from pnpscale.analysis.tables import frames
 
 US = 1000
 

@@ -22,15 +22,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 from torch.profiler import record_function  # noqa: E402
 
-from pnpscale.cli_check import compose_config  # noqa: E402
-from pnpscale.config import resolve_spec  # noqa: E402
-from pnpscale.profiling import make_profiler  # noqa: E402
+from pnpscale.rank.profiling import make_profiler  # noqa: E402
+from pnpscale.sweep.cli import compose_config  # noqa: E402
+from pnpscale.sweep.config import resolve_spec  # noqa: E402
 
 
 def build(mode: str, overrides: list[str]):
     from deepinv.distributed import DistributedContext
 
-    from pnpscale.solver import make_solver
+    from pnpscale.rank.solver import make_solver
 
     cfg = compose_config([f"mode={mode}", "scale=small", *overrides])
     spec = resolve_spec(cfg, cuda_available=False)

@@ -19,9 +19,9 @@ def load(path: str, **kwargs: Any) -> Any:
     One row per point x section (section ``"all"`` = combined), typed ``problem``, ``mode``,
     ``gpus`` columns, times in seconds per measured iteration, LB / CommE / PE, GPU-seconds and the
     scaled cost; failed points appear with their status and NaN metrics. See
-    :func:`pnpscale.runs.load` and :func:`pnpscale.summary.scaled_cost` (imported lazily).
+    :func:`pnpscale.results.runs.load` and :func:`pnpscale.results.summary.scaled_cost` (imported lazily).
     """
-    from pnpscale.runs import load as _load
-    from pnpscale.summary import scaled_cost
+    from pnpscale.results.runs import load as _load
+    from pnpscale.results.summary import scaled_cost
 
     return scaled_cost(_load(path, **kwargs))

@@ -7,19 +7,19 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pnpscale.config import ConfigError, register_schema
+from pnpscale.sweep.config import ConfigError, register_schema
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
-    from pnpscale.app import run
+    from pnpscale.sweep.task import run
 
     run(cfg)
 
 
 def main() -> None:
     """Check the command line, then hand over to Hydra."""
-    from pnpscale.cli_check import CommandLineError, check_overrides, check_single_point
+    from pnpscale.sweep.cli import CommandLineError, check_overrides, check_single_point
 
     try:
         check_overrides(sys.argv[1:])

@@ -78,7 +78,7 @@ CALIBRATION = "calibration"
 N_ROWS = "n_rows"
 ROWS = "rows"
 
-#: input of pnpscale.transfer.transfer_rows: one row per run x section (optional ones may be absent).
+#: input of pnpscale.results.transfer.transfer_rows: one row per run x section (optional ones may be absent).
 TRANSFER_INPUT_REQUIRED = (GPUS, SECTION, PAYLOAD_BYTES, TRANSFER_S)
 TRANSFER_INPUT_OPTIONAL = (
     PROBLEM, MODE, NODES, GPUS_PER_NODE, BACKEND, COLLECTIVE, ITERATIONS, ALGORITHM, PROTOCOL, ALGORITHM_NOTE,

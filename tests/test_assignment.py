@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from pnpscale.assignment import num_tiles, round_robin, work_per_rank
+from pnpscale.rank.assignment import num_tiles, round_robin, work_per_rank
 
 
 @pytest.mark.parametrize(("items", "world"), [(8, 1), (8, 3), (8, 16), (2, 4), (0, 2)])

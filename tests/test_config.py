@@ -8,8 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from pnpscale.cli_check import CommandLineError, check_overrides, group_options
-from pnpscale.config import ConfigError, register_schema, resolve_spec, validate
+from pnpscale.sweep.cli import CommandLineError, check_overrides, group_options
+from pnpscale.sweep.config import ConfigError, register_schema, resolve_spec, validate
 from tests.helpers import ROOT, run_cli, run_dirs
 
 

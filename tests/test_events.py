@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pnpscale.events import Event, Kind, SectionError, payload_bytes, section_records
+from pnpscale.analysis.events import Event, Kind, SectionError, payload_bytes, section_records
 
 US = 1000  # ns
 

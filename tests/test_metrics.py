@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale.metrics import DecompositionError, decompose, mark_main, run_metrics, summarize
+from pnpscale.analysis.metrics import DecompositionError, decompose, mark_main, run_metrics, summarize
 
 
 def ranks_table(rows):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pnpscale.nccl_log import (
+from pnpscale.analysis.nccl_log import (
     Communicator,
     TuningRecord,
     algorithm_for,

@@ -12,9 +12,9 @@ import pytest
 import pnpscale
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.config import RunSpec
-from pnpscale.report import write_report
-from pnpscale.writer import write_failure, write_run
+from pnpscale.results.report import write_report
+from pnpscale.sweep.config import RunSpec
+from pnpscale.sweep.record import write_failure, write_run
 from tests.helpers import ROOT
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -203,7 +203,7 @@ def test_empty_folder_is_a_one_line_error(tmp_path):
 def test_stored_sweeps_compose_and_expand():
     from hydra import compose, initialize_config_dir
 
-    from pnpscale.config import register_schema, resolve_spec
+    from pnpscale.sweep.config import register_schema, resolve_spec
 
     register_schema()
     expected = {
@@ -253,7 +253,7 @@ def test_example_notebook_runs_headless(sweep):
 
 
 def test_headline_checks_warn_when_points_differ_in_settings():
-    from pnpscale.summary import describe, headline_checks, scaled_cost
+    from pnpscale.results.summary import describe, headline_checks, scaled_cost
 
     rows = []
     for gpus, iters in ((1, 3), (2, 5)):

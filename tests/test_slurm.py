@@ -19,8 +19,7 @@ import pandas as pd
 import pytest
 
 from pnpscale import layout
-from pnpscale.config import ConfigError, register_schema, resolve_spec
-from pnpscale.slurm import (
+from pnpscale.cluster.slurm import (
     completed_run,
     error_line,
     executor_parameters,
@@ -33,6 +32,7 @@ from pnpscale.slurm import (
     sbatch_test_command,
     task_record,
 )
+from pnpscale.sweep.config import ConfigError, register_schema, resolve_spec
 from tests.helpers import ROOT, TINY_2D, read_run, run_cli
 
 CLUSTER_DEFAULTS = {
@@ -386,7 +386,7 @@ def test_slurm_run_folders_match_a_local_run(slurm_sweep, tmp_path):
     # the sweep report, as after a local sweep
     report = root / "outputs" / "sweep" / layout.REPORT_DIR
     try:
-        import pnpscale.report  # noqa: F401
+        import pnpscale.results.report  # noqa: F401
     except ImportError:
         pytest.skip("pnpscale.report not available")
     assert report.is_dir(), proc.stderr[-2000:]

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.config import ConfigError, register_schema, resolve_spec
+from pnpscale.sweep.config import ConfigError, register_schema, resolve_spec
 from tests.helpers import ROOT, TINY_2D, TINY_3D, read_run, run_cli, run_dirs
 
 UNROLL = 2

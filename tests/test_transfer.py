@@ -10,9 +10,10 @@ import pytest
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.analyze import transfer_inputs
-from pnpscale.metrics import decompose
-from pnpscale.transfer import (
+from pnpscale.analysis.metrics import decompose
+from pnpscale.analysis.offline import transfer_inputs
+from pnpscale.analysis.tables import frames
+from pnpscale.results.transfer import (
     ByteModelError,
     algbw_GBps,
     all_gather_bytes,
@@ -31,7 +32,6 @@ from pnpscale.transfer import (
     transfer_table,
     tree_all_reduce_bytes,
 )
-from pnpscale.writer import frames
 
 P2D = 8192 * 8192 * 3 * 4  # the seed page's 2D payload, 805 MB
 P3D = 512**3 * 4  # 3D, 537 MB

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale.metrics import decompose
-from pnpscale.validate import (
+from pnpscale.analysis.metrics import decompose
+from pnpscale.validation.suite import (
     PROBE,
     imbalance_checks,
     passed,
@@ -77,7 +77,7 @@ def test_payload_checks_recover_the_rate_and_flag_nonlinear_transfer():
 
 @pytest.mark.slow
 def test_suite_passes_on_cpu_ranks_and_fails_when_the_decomposition_is_broken(tmp_path):
-    from pnpscale.validate import evaluate, read_tables
+    from pnpscale.validation.suite import evaluate, read_tables
 
     result = run_suite(tmp_path, gpus=2, delay_s=0.2, section="denoiser", payloads=[1 << 14, 1 << 18, 1 << 22, 1 << 25],
                        iterations=4, echo=lambda s: None)  # fmt: skip

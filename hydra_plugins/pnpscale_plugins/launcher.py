@@ -56,7 +56,7 @@ def validate_points(
         config_loader: Hydra's config loader (``hydra_context.config_loader``).
         config: the sweep's config.
         job_overrides: one override list per point.
-        check: callable raising :class:`pnpscale.config.ConfigError` for a bad point.
+        check: callable raising :class:`pnpscale.sweep.config.ConfigError` for a bad point.
 
     Returns:
         the composed config of every point, in order.
@@ -64,7 +64,7 @@ def validate_points(
     Raises:
         SweepConfigError: one line per bad point (exit code 2); nothing was launched.
     """
-    from pnpscale.config import ConfigError
+    from pnpscale.sweep.config import ConfigError
 
     composed, seen = [], {}
     problems: dict[str, list[str]] = {}
@@ -105,7 +105,7 @@ def check_local(cfg: DictConfig) -> None:
     """A local point: its values, and no complete run of another spec in its folder (resume)."""
     from pathlib import Path
 
-    from pnpscale.app import cuda_device_count, existing_run, make_spec
+    from pnpscale.sweep.task import cuda_device_count, existing_run, make_spec
 
     spec = make_spec(cfg, cuda_device_count())
     run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
@@ -138,7 +138,7 @@ def finish_sweep(config: DictConfig, rets: Sequence[JobReturn]) -> None:
         rest = "the others are complete" if len(failed) < len(rets) else "none completed"
         log.warning("%d of %d sweep point(s) failed; %s", len(failed), len(rets), rest)
     if config.get("report", False):
-        from pnpscale.report import write_report
+        from pnpscale.results.report import write_report
 
         sweep_dir = str(config.hydra.sweep.dir)
         try:

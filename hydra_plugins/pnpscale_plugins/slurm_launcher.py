@@ -3,7 +3,7 @@
 A subclass of hydra-submitit-launcher's ``SlurmLauncher``. The stock launcher resolves
 ``hydra.launcher`` once and gives every job of a sweep the same resources; this one composes each
 point's config, computes its job from ``gpus`` and the point's ``cluster.*`` keys
-(:func:`pnpscale.slurm.executor_parameters`: nodes = ceil(gpus / gpus_per_node), tasks per node =
+(:func:`pnpscale.cluster.slurm.executor_parameters`: nodes = ceil(gpus / gpus_per_node), tasks per node =
 min(gpus, gpus_per_node), one GPU per rank) and submits one job array per distinct resource set.
 
 Order of work in :meth:`PnpscaleSlurmLauncher.launch`:
@@ -11,7 +11,7 @@ Order of work in :meth:`PnpscaleSlurmLauncher.launch`:
 1. every point is composed and validated (:func:`validate_points`): a bad value stops the sweep
    with one line per bad point, nothing submitted;
 2. points whose run folder already holds a complete run of the same spec are skipped
-   (``resume=true``, the default; :func:`pnpscale.slurm.completed_run`);
+   (``resume=true``, the default; :func:`pnpscale.cluster.slurm.completed_run`);
 3. SLURM checks every distinct request with ``sbatch --test-only``: an impossible one (more nodes
    than the partition has, an unknown partition, ...) stops the sweep with SLURM's message before
    any job is submitted;
@@ -22,8 +22,8 @@ Order of work in :meth:`PnpscaleSlurmLauncher.launch`:
    point failed, printing the command that resumes the sweep.
 
 Inside a job (:meth:`PnpscaleSlurmLauncher.__call__`, run by every SLURM task), task 0 runs the
-Hydra job (``.hydra/``, the job log, :func:`pnpscale.app.run`) and the other tasks run their rank
-directly, writing nothing shared (:func:`pnpscale.slurm.run_rank`).
+Hydra job (``.hydra/``, the job log, :func:`pnpscale.sweep.task.run`) and the other tasks run their rank
+directly, writing nothing shared (:func:`pnpscale.cluster.slurm.run_rank`).
 
 Registered as ``hydra/launcher: pnpscale_slurm``; ``conf/cluster/slurm.yaml`` selects it.
 """
@@ -91,13 +91,13 @@ def _task_cfg(cfg: DictConfig) -> DictConfig:
 
 
 def check_point(cfg: DictConfig) -> None:
-    """Validate one point for SLURM: config rules, then its job (:func:`pnpscale.slurm.executor_parameters`).
+    """Validate one point for SLURM: config rules, then its job (:func:`pnpscale.cluster.slurm.executor_parameters`).
 
     Raises:
-        pnpscale.config.ConfigError: the first broken rule, as one line.
+        pnpscale.sweep.config.ConfigError: the first broken rule, as one line.
     """
-    from pnpscale.config import ConfigError, validate
-    from pnpscale.slurm import executor_parameters
+    from pnpscale.cluster.slurm import executor_parameters
+    from pnpscale.sweep.config import ConfigError, validate
 
     if cfg.cluster.name != "slurm":
         raise ConfigError("cluster", cfg.cluster.name, "this sweep runs on SLURM: every point must be cluster=slurm")
@@ -109,7 +109,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
     """hydra-submitit-launcher's SLURM launcher with one job shape per point (see module doc)."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from pnpscale.slurm import executor_parameters, group_points
+        from pnpscale.cluster.slurm import executor_parameters, group_points
 
         assert self.hydra_context is not None and self.config is not None
         config = self.config
@@ -156,7 +156,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
 
     @staticmethod
     def _completed(p: _Point) -> dict[str, Any] | None:
-        from pnpscale.slurm import completed_run
+        from pnpscale.cluster.slurm import completed_run
 
         if not bool(p.cfg.resume):
             return None
@@ -164,7 +164,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
 
     def _preflight(self, groups: list[tuple[list[_Point], dict[str, Any]]]) -> None:
         """``sbatch --test-only`` for every distinct request; SLURM's refusals stop the sweep."""
-        from pnpscale.slurm import job_shape, sbatch_refusal, sbatch_test_command
+        from pnpscale.cluster.slurm import job_shape, sbatch_refusal, sbatch_test_command
 
         problems = []
         for members, params in groups:
@@ -198,7 +198,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             try:
                 submitted = executor.map_array(self, *zip(*args, strict=True))
             except Exception as exc:  # noqa: BLE001 - sbatch refused: record the points, submit the others
-                from pnpscale.slurm import sbatch_refusal
+                from pnpscale.cluster.slurm import sbatch_refusal
 
                 for p in members:
                     rets[p.index] = self._record_failure(p, f"sbatch refused the job: {sbatch_refusal(str(exc))}", {})
@@ -257,7 +257,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
     def _outcome(p: _Point, ret: JobReturn) -> str:
         if ret.status == JobStatus.COMPLETED:
             from pnpscale import layout
-            from pnpscale.app import summary_line
+            from pnpscale.sweep.task import summary_line
 
             try:
                 return "complete: " + summary_line(layout.read_json(p.run_dir / layout.RUN_JSON))
@@ -269,7 +269,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         """The JobReturn of a finished job: rank 0's, or a failure recorded from SLURM's state."""
         from submitit.core.utils import pickle_load
 
-        from pnpscale.slurm import error_line, wait_until_ended
+        from pnpscale.cluster.slurm import error_line, wait_until_ended
 
         state = job.state
         ret0, task_errors = None, {}
@@ -322,9 +322,9 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
     ) -> JobReturn:
         """Write the point's ``run.json`` as failed (written here: the job itself could not)."""
         from pnpscale import layout
-        from pnpscale.app import RunFailed, make_spec
-        from pnpscale.slurm import failure_text, ranks_by_cause, sacct_info, task_logs
-        from pnpscale.writer import write_failure
+        from pnpscale.cluster.slurm import failure_text, ranks_by_cause, sacct_info, task_logs
+        from pnpscale.sweep.record import write_failure
+        from pnpscale.sweep.task import RunFailed, make_spec
 
         block: dict[str, Any] = {}
         try:
@@ -363,7 +363,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         return ret
 
     def _resume_command(self, sweep_dir: Path) -> str:
-        from pnpscale.slurm import resume_command
+        from pnpscale.cluster.slurm import resume_command
 
         ov = self.config.hydra.overrides
         return resume_command(list(ov.task), list(ov.hydra), sweep_dir)
@@ -390,8 +390,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
 
         import submitit
 
-        from pnpscale.slurm import IN_TASK_ENV
-        from pnpscale.worker import LAUNCH_T0_ENV
+        from pnpscale.cluster.slurm import IN_TASK_ENV
+        from pnpscale.rank.worker import LAUNCH_T0_ENV
 
         # submitit ignores SIGTERM (for requeue on preemption); a pnpscale run cannot be resumed
         # midway, so scancel and SLURM's time limit end it at once instead of after KillWait.
@@ -405,8 +405,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
 
     def _other_rank(self, sweep_overrides: list[str], singleton_state: dict[type, Singleton]) -> None:
         """A task other than 0: same composed config, no Hydra output (``.hydra/`` and logs are rank 0's)."""
-        from pnpscale.app import cuda_device_count, make_spec
-        from pnpscale.slurm import run_rank
+        from pnpscale.cluster.slurm import run_rank
+        from pnpscale.sweep.task import cuda_device_count, make_spec
 
         assert self.hydra_context is not None and self.config is not None
         Singleton.set_state(singleton_state)

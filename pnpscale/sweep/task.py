@@ -13,7 +13,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from pnpscale import layout
-from pnpscale.config import ConfigError, RunSpec, resolve_spec
+from pnpscale.sweep.config import ConfigError, RunSpec, resolve_spec
 
 log = logging.getLogger("pnpscale")
 
@@ -38,7 +38,7 @@ def make_spec(cfg: DictConfig, cuda_devices: int) -> RunSpec:
         ConfigError: invalid value, or more GPUs requested than this machine has (CUDA).
     """
     spec = resolve_spec(cfg, cuda_available=cuda_devices > 0)
-    from pnpscale.cli_check import writable_dir
+    from pnpscale.sweep.cli import writable_dir
 
     if not writable_dir(Path(str(cfg.output.root))):
         raise ConfigError("output.root", cfg.output.root, "must be a folder this user can create and write")
@@ -94,7 +94,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     config = OmegaConf.to_container(cfg, resolve=True)
     on_slurm = cfg.cluster.name != "local"
     if on_slurm:
-        from pnpscale.slurm import in_slurm_task
+        from pnpscale.cluster.slurm import in_slurm_task
 
         if not in_slurm_task():
             raise ConfigError(
@@ -123,7 +123,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     if not on_slurm and cuda_device_count() == 0:
         import os
 
-        from pnpscale.worker import threads_per_rank
+        from pnpscale.rank.worker import threads_per_rank
 
         cpus, threads = len(os.sched_getaffinity(0)), threads_per_rank(spec.threads_per_rank, spec.gpus)
         if spec.gpus * threads > cpus:
@@ -134,13 +134,13 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
                 threads,
                 cpus,
             )
-    from pnpscale.launch import launch_local
-    from pnpscale.writer import run_json_base, write_failure
+    from pnpscale.cluster.local import launch_local
+    from pnpscale.sweep.record import run_json_base, write_failure
 
     layout.write_json(run_dir / layout.RUN_JSON, run_json_base(spec, config))
     try:
         if on_slurm:  # this process is task 0 of the point's SLURM job: rank 0
-            from pnpscale.slurm import run_rank
+            from pnpscale.cluster.slurm import run_rank
 
             run_rank(spec, run_dir, config)
         else:

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pnpscale.events import collective_type
+from pnpscale.analysis.events import collective_type
 
 #: NCCL algorithm ids (``NCCL_ALGO_*``) -> lower-case names.
 ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pnpscale.config import SPATIAL_DIMS, RunSpec
+from pnpscale.sweep.config import SPATIAL_DIMS, RunSpec
 
 
 @dataclass

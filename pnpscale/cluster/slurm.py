@@ -15,12 +15,12 @@ plain data (unit-tested against expected dicts in ``tests/test_slurm.py``):
 
 Inside a job every SLURM task is one rank: :func:`run_rank` exports
 ``submitit.helpers.TorchDistributedEnvironment`` (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT) and calls :func:`pnpscale.worker.rank_main` (which, on nccl, points each
+MASTER_ADDR, MASTER_PORT) and calls :func:`pnpscale.rank.worker.rank_main` (which, on nccl, points each
 rank's NCCL log at ``nccl/rank<r>.log`` in the run folder). Only rank 0 writes the run folder;
 every task's stdout/stderr are submitit's per-task log files, whose paths rank 0 records in
 ``run.json`` (``slurm.logs``) and links from ``logs/``.
 
-Resume compares fingerprints (:meth:`pnpscale.config.RunSpec.fingerprint`). ``scale=auto`` is
+Resume compares fingerprints (:meth:`pnpscale.sweep.config.RunSpec.fingerprint`). ``scale=auto`` is
 resolved on the compute node (paper on CUDA, small on CPU), which the submitting machine cannot
 know: :func:`completed_run` resolves the point the way the stored run was resolved (its
 ``run.json`` ``scale``) and compares that fingerprint with the stored one.
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
-from pnpscale.config import ConfigError, RunSpec, resolve_spec
+from pnpscale.sweep.config import ConfigError, RunSpec, resolve_spec
 
 #: Set (to "1") by the launcher in every SLURM task before pnpscale code runs there.
 IN_TASK_ENV = "PNPSCALE_SLURM_TASK"
@@ -138,7 +138,7 @@ def executor_parameters(gpus: int, cluster: Mapping[str, Any]) -> dict[str, Any]
 
     Args:
         gpus: ranks of the point.
-        cluster: the ``cluster`` config (keys of :class:`pnpscale.config.ClusterConfig`):
+        cluster: the ``cluster`` config (keys of :class:`pnpscale.sweep.config.ClusterConfig`):
             ``timeout_min`` in minutes, ``mem_gb`` in GB per node, ``cpus_per_task`` CPUs per rank,
             ``setup`` shell lines run before the ranks start, ``additional_parameters`` extra sbatch
             options (``{"exclusive": True}`` becomes ``--exclusive``).
@@ -473,8 +473,8 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     """Run this SLURM task as one rank of ``spec`` (see the module doc); raises what the rank hit.
 
     Exports the torch.distributed variables of ``TorchDistributedEnvironment`` (every rank sees all
-    of its node's GPUs: the backend is chosen from them, see :func:`pnpscale.worker.choose_backend`;
-    on nccl the worker sets each rank's NCCL diagnostics), then calls :func:`pnpscale.worker.rank_main`.
+    of its node's GPUs: the backend is chosen from them, see :func:`pnpscale.rank.worker.choose_backend`;
+    on nccl the worker sets each rank's NCCL diagnostics), then calls :func:`pnpscale.rank.worker.rank_main`.
     Rank 0 adds the ``slurm`` block to ``run.json`` (kept by the final write) and links every task's
     log from ``logs/``.
 
@@ -485,7 +485,7 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     """
     from submitit.helpers import TorchDistributedEnvironment
 
-    from pnpscale.worker import rank_main, threads_per_rank
+    from pnpscale.rank.worker import rank_main, threads_per_rank
 
     dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     rank = dist_env.rank

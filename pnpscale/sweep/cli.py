@@ -3,7 +3,7 @@
 Runs before Hydra composes anything, on the overrides as Hydra's own parser reads them, so that
 ``gpus=0``, ``problem=4d`` or ``gpuz=2`` stop at once with one line naming the key and the
 allowed values (Hydra's own messages span several lines). Composed-config rules (tile window vs
-image size, ...) are checked after composition by :func:`pnpscale.config.validate`.
+image size, ...) are checked after composition by :func:`pnpscale.sweep.config.validate`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pnpscale.config import ConfigError, check_value, open_keys, schema_keys
+from pnpscale.sweep.config import ConfigError, check_value, open_keys, schema_keys
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 SWEEPS = ROOT / "sweeps"
 GROUPS = ("problem", "mode", "cluster", "sweeps")
@@ -47,7 +47,7 @@ def check_overrides(argv: Sequence[str]) -> None:
     Raises:
         CommandLineError: one line per problem: an override Hydra cannot parse, an unknown key
             (with the closest known keys), an unknown group option (with the options), or a value
-            outside its rule (:data:`pnpscale.config.RULES`), each sweep value checked.
+            outside its rule (:data:`pnpscale.sweep.config.RULES`), each sweep value checked.
     """
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -137,7 +137,7 @@ def compose_config(overrides: Sequence[str]) -> Any:
     """
     from hydra import compose, initialize_config_dir
 
-    from pnpscale.config import register_schema
+    from pnpscale.sweep.config import register_schema
 
     register_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -151,7 +151,7 @@ def check_single_point(argv: Sequence[str]) -> None:
     by point, before any runs; ``--cfg``/``--help``/``--info`` run nothing and are not checked.
 
     Raises:
-        ConfigError: see :func:`pnpscale.app.make_spec`.
+        ConfigError: see :func:`pnpscale.sweep.task.make_spec`.
     """
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -167,7 +167,7 @@ def check_single_point(argv: Sequence[str]) -> None:
             or (ov.key_or_group == "cluster" and str(ov.value()) != "local")
         ):
             return
-    from pnpscale.app import cuda_device_count, make_spec
+    from pnpscale.sweep.task import cuda_device_count, make_spec
 
     make_spec(compose_config(overrides), cuda_device_count())
 

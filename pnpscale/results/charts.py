@@ -1,4 +1,4 @@
-"""The seed page's charts, drawn from the table of :func:`pnpscale.summary.scaled_cost`.
+"""The seed page's charts, drawn from the table of :func:`pnpscale.results.summary.scaled_cost`.
 
 Each ``plot_*`` function takes that tidy table and returns a matplotlib Figure (built without
 pyplot: no backend or global state is touched, so it works headless and displays in notebooks);

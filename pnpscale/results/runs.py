@@ -19,7 +19,7 @@ from pnpscale import layout
 
 POINT = ["problem", "mode", "gpus"]
 _HIVE = re.compile(r"^(problem|mode|gpus)=(.+)$")
-#: Columns of :func:`load`, besides the per-section metrics of :func:`pnpscale.metrics.summarize`.
+#: Columns of :func:`load`, besides the per-section metrics of :func:`pnpscale.analysis.metrics.summarize`.
 RUN_COLUMNS = ["run_dir", "status", "scale", "backend", "nodes", "world_size"]
 #: Metric columns of :func:`load` (NaN for failed points; present even when no run completed).
 METRIC_COLUMNS = [
@@ -124,7 +124,7 @@ def load(path: str | Path, include_failed: bool = True) -> pd.DataFrame:
     """One tidy table of every point under ``path``: one row per (run, section).
 
     Sections are the run's sections plus ``"all"`` (sums over sections). Metrics come from
-    :func:`pnpscale.metrics.summarize` (the same code as ``run.json``), with time columns as
+    :func:`pnpscale.analysis.metrics.summarize` (the same code as ``run.json``), with time columns as
     **seconds per measured iteration**: ``compute_s``, ``compute_max_s``, ``transfer_s``,
     ``wait_s``, ``section_s``, ``main_transfer_s``; ratios ``lb``, ``comm_e``, ``pe``;
     ``gpu_seconds`` = gpus x section_s; ``main_payload_bytes``. Typed partition columns
@@ -162,7 +162,7 @@ def table_of(sel: Selection, path: str | Path, include_failed: bool = True) -> p
 def _complete_table(complete: pd.DataFrame, base: Path) -> pd.DataFrame:
     import pyarrow.dataset as ds
 
-    from pnpscale.metrics import summarize
+    from pnpscale.analysis.metrics import summarize
 
     meta = {str((Path(d) / layout.SECTIONS).resolve()): row for d, row in complete.set_index("run_dir").iterrows()}
     dataset = ds.dataset(

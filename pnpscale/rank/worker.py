@@ -3,7 +3,7 @@
 Entry point :func:`rank_main` is used by both launchers (local ``elastic_launch`` and SLURM
 tasks). It expects the torch.distributed environment variables (``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``). Rank 0 gathers every
-rank's tables and writes the run folder (:func:`pnpscale.writer.write_run`); other ranks write
+rank's tables and writes the run folder (:func:`pnpscale.sweep.record.write_run`); other ranks write
 nothing shared.
 """
 
@@ -153,14 +153,14 @@ def rank_main(
     """Run one rank of a measurement (see module doc). Raises whatever the rank hit.
 
     Args:
-        spec_dict: :meth:`pnpscale.config.RunSpec.to_dict` of the run.
+        spec_dict: :meth:`pnpscale.sweep.config.RunSpec.to_dict` of the run.
         run_dir: the run folder (shared by all ranks; only rank 0 writes into it).
         config: the resolved Hydra config, stored in ``run.json``.
         extra: launcher fields added to ``run.json`` by rank 0 (e.g. ``{"slurm": {...}}``).
     """
     import torch
 
-    from pnpscale.config import RunSpec
+    from pnpscale.sweep.config import RunSpec
 
     spec = RunSpec(**spec_dict)
     local_ws = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -195,7 +195,7 @@ def _measure_and_report(
         print(f"rank {rank}: warning: CUDA is available but the run uses gloo", file=sys.stderr)
     with group.context(cuda) as ctx:
         t_setup0 = time.time()
-        from pnpscale.solver import make_solver
+        from pnpscale.rank.solver import make_solver
 
         solver = make_solver(spec, ctx)
         _sync(ctx.device)
@@ -203,8 +203,8 @@ def _measure_and_report(
         t_measure0 = time.time()
         peaks, prof = _run_iterations(spec, solver, ctx.device, group)
         t_measure1 = time.time()
-        from pnpscale.events import rank_rows, section_records
-        from pnpscale.profiling import export_trace, profiler_events
+        from pnpscale.analysis.events import rank_rows, section_records
+        from pnpscale.rank.profiling import export_trace, profiler_events
 
         if spec.export_traces:
             export_trace(prof, run_dir / "traces" / f"rank{rank}.pt.trace.json")
@@ -222,7 +222,7 @@ def _measure_and_report(
         }
         gathered = group.gather((table, info))
         if rank == 0:
-            from pnpscale.writer import write_run
+            from pnpscale.sweep.record import write_run
 
             timings = {
                 "launch_s": (t_start - float(os.environ[LAUNCH_T0_ENV])) if LAUNCH_T0_ENV in os.environ else None,
@@ -296,7 +296,7 @@ def busy_wait(seconds: float, device: Any) -> None:
 def _run_iterations(spec: Any, solver: Any, device: Any, group: Group) -> tuple[dict[tuple[int, str], int], Any]:
     from torch.profiler import record_function
 
-    from pnpscale.profiling import PeakMemory, make_profiler
+    from pnpscale.rank.profiling import PeakMemory, make_profiler
 
     total = spec.warmup + spec.iterations
     peak = PeakMemory(device)

@@ -1,6 +1,6 @@
 """Local launch: ``gpus`` ranks on this machine with torch.distributed elastic.
 
-Each rank runs :func:`pnpscale.worker.rank_main` in a spawned process. ``OMP_NUM_THREADS`` is
+Each rank runs :func:`pnpscale.rank.worker.rank_main` in a spawned process. ``OMP_NUM_THREADS`` is
 set per rank (elastic does not, unlike torchrun). A failing rank brings the others down within
 seconds (the elastic agent monitors every rank); its exception is re-raised here as
 :class:`RankFailed` with the rank's own message.
@@ -45,14 +45,14 @@ def _environ(**values: str) -> Iterator[None]:
 
 
 def launch_local(spec: Any, run_dir: Path, config: dict[str, Any] | None = None) -> None:
-    """Run ``spec.gpus`` ranks of :func:`pnpscale.worker.rank_main` here and wait for them.
+    """Run ``spec.gpus`` ranks of :func:`pnpscale.rank.worker.rank_main` here and wait for them.
 
     Per-rank stdout/stderr go to ``run_dir/logs/``; rank 0's stdout is also shown on the console.
 
     Raises:
         RankFailed: a rank raised (its message) or died (its exit code).
     """
-    from pnpscale.worker import rank_main, threads_per_rank
+    from pnpscale.rank.worker import rank_main, threads_per_rank
 
     threads = threads_per_rank(spec.threads_per_rank, spec.gpus)
     run_ranks(spec.gpus, rank_main, (spec.to_dict(), str(run_dir), config), run_dir / layout.LOGS_DIR, threads)
@@ -78,7 +78,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from pnpscale.worker import LAUNCH_T0_ENV
+    from pnpscale.rank.worker import LAUNCH_T0_ENV
 
     log_dir.mkdir(parents=True, exist_ok=True)
     launch_cfg = LaunchConfig(

@@ -1,4 +1,4 @@
-"""Live torch.profiler session and its events as plain :class:`~pnpscale.events.Event` records.
+"""Live torch.profiler session and its events as plain :class:`~pnpscale.analysis.events.Event` records.
 
 One profiler session covers every iteration (``prof.step()`` after each), as recommended for
 kernels not to be dropped or shifted between sessions; events are read in process from the
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pnpscale.events import Event, Kind, collective_type, payload_bytes
+from pnpscale.analysis.events import Event, Kind, collective_type, payload_bytes
 
 _GPU_ACTIVITIES = {"kernel", "gpu_memcpy", "gpu_memset", "concurrent_kernel"}
 _RUNTIME_ACTIVITIES = {"cuda_runtime", "cuda_driver", "runtime", "driver"}

@@ -1,4 +1,4 @@
-"""Rank tables -> run folder: decomposition, provenance, atomic write (rank 0 only)."""
+"""The run record: rank tables -> run folder (decomposition, provenance, atomic write; rank 0 only)."""
 
 from __future__ import annotations
 
@@ -8,44 +8,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.metrics import decompose, mark_main, run_metrics
-
-
-def frames(
-    gathered: list[tuple[dict[str, list[Any]], dict[str, Any]]], image_bytes: int | None = None
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Concatenate per-rank tables into ``ranks`` and ``collectives`` DataFrames.
-
-    Args:
-        gathered: one ``(table, info)`` per rank, ``table = {"ranks": [row...], "collectives":
-            [row...]}`` with the columns of :mod:`pnpscale.columns`.
-        image_bytes: the signal's size in bytes, to flag the image-sized collectives as main
-            (see :func:`pnpscale.metrics.mark_main`).
-
-    Returns:
-        ``(ranks, collectives)`` with typed columns; ``collectives`` gains the MAIN flag.
-    """
-    ranks = pd.DataFrame([r for table, _ in gathered for r in table["ranks"]], columns=list(K.RANKS_COLUMNS))
-    colls = pd.DataFrame(
-        [c for table, _ in gathered for c in table["collectives"]],
-        columns=[c for c in K.COLLECTIVES_COLUMNS if c != K.MAIN],
-    )
-    ranks = ranks.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.WARMUP: "bool",
-                          K.START_S: "float64", K.SECTION_S: "float64", K.COMM_S: "float64",
-                          K.N_COLLECTIVES: "int64", K.PEAK_MEM_BYTES: "Int64"})  # fmt: skip
-    colls = colls.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.SEQ: "int64",
-                          K.COLLECTIVE: "string", K.DURATION_S: "float64", K.PAYLOAD_BYTES: "Int64"})  # fmt: skip
-    colls[K.MAIN] = mark_main(colls, image_bytes)
-    return ranks, colls
+from pnpscale.analysis.metrics import decompose, run_metrics
+from pnpscale.analysis.tables import frames
 
 
 def image_bytes(spec: Any) -> int:
     """Bytes of the reconstructed signal: ``channels * image_size^dims * 4`` (float32)."""
-    from pnpscale.config import SPATIAL_DIMS
+    from pnpscale.sweep.config import SPATIAL_DIMS
 
     return int(spec.channels * spec.sizes["image_size"] ** SPATIAL_DIMS[spec.problem] * 4)
 

@@ -7,7 +7,7 @@ Inference (one iteration = two sections)::
 
 Each section ends with one image-sized ``all_reduce`` (deepinv's reconciliation of ranks); the
 gradient also runs deepinv's three tiny shape/flag collectives. ``gamma = stepsize / L`` with
-``L`` the bound of :class:`~pnpscale.problems.ProblemData`.
+``L`` the bound of :class:`~pnpscale.rank.problems.ProblemData`.
 
 Training (one step = two sections, see :class:`TrainingSolver`)::
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from pnpscale.config import SPATIAL_DIMS, RunSpec
-from pnpscale.problems import ProblemData, build_problem, measurements
+from pnpscale.rank.problems import ProblemData, build_problem, measurements
+from pnpscale.sweep.config import SPATIAL_DIMS, RunSpec
 
 Section = tuple[str, Callable[[], None]]
 

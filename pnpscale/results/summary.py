@@ -1,4 +1,4 @@
-"""Scaling summary of a sweep (pure functions over the tidy table of :func:`pnpscale.runs.load`).
+"""Scaling summary of a sweep (pure functions over the tidy table of :func:`pnpscale.results.runs.load`).
 
 Scaled cost (the seed page, "How does communication cost grow"): for each (problem, mode), the
 GPU-seconds of a run relative to the run at the smallest GPU count of that (problem, mode),
@@ -25,7 +25,7 @@ def scaled_cost(tidy: pd.DataFrame) -> pd.DataFrame:
     """Scaled GPU-seconds per (problem, mode, gpus, section), relative to the smallest GPU count.
 
     Args:
-        tidy: :func:`pnpscale.runs.load` output (``gpu_seconds``, ``compute_s``, ``transfer_s``,
+        tidy: :func:`pnpscale.results.runs.load` output (``gpu_seconds``, ``compute_s``, ``transfer_s``,
             ``wait_s``, ``status`` columns; failed points with NaN metrics are kept as NaN).
 
     Returns:

@@ -1,8 +1,8 @@
-"""Kineto (torch.profiler) JSON traces -> plain :class:`~pnpscale.events.Event` records, streamed.
+"""Kineto (torch.profiler) JSON traces -> plain :class:`~pnpscale.analysis.events.Event` records, streamed.
 
-The offline twin of :mod:`pnpscale.profiling`: a trace of any job (``*.json`` or ``*.json.gz``,
+The offline twin of :mod:`pnpscale.rank.profiling`: a trace of any job (``*.json`` or ``*.json.gz``,
 told apart by content, not name) is read event by event with ``ijson`` and only what
-:func:`pnpscale.events.section_records` needs is kept, so traces of hundreds of MB per rank never
+:func:`pnpscale.analysis.events.section_records` needs is kept, so traces of hundreds of MB per rank never
 sit whole in memory:
 
 * section ranges: CPU ranges (``cpu_op``/``user_annotation``) whose name matches a section pattern,
@@ -38,7 +38,7 @@ from fnmatch import translate
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pnpscale.events import DTYPE_BYTES, Event, Kind, collective_type
+from pnpscale.analysis.events import DTYPE_BYTES, Event, Kind, collective_type
 
 _GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "concurrent_kernel"})
 _RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
@@ -147,7 +147,7 @@ def read_trace(path: Path | str, sections: Mapping[str, str] | Sequence[str], ke
         path: ``.json`` or ``.json.gz`` Kineto trace.
         sections: section name -> name pattern (:func:`parse_sections`), or a list of exact names.
         keep_all_gpu: keep every GPU event instead of the two per section occurrence that give
-            the same :func:`pnpscale.events.section_records` result (for checks; uses more memory).
+            the same :func:`pnpscale.analysis.events.section_records` result (for checks; uses more memory).
 
     Returns:
         :class:`Trace`; times in integer ns on the Unix epoch, GPU events carry ``launch_ns``.

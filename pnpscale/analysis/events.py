@@ -1,7 +1,7 @@
 """Plain profiler events and their reduction to per-section records (pure, no torch).
 
-Both the live profiler (:mod:`pnpscale.profiling`) and offline Kineto traces
-(:mod:`pnpscale.analyze`) are turned into lists of :class:`Event`; :func:`section_records`
+Both the live profiler (:mod:`pnpscale.rank.profiling`) and offline Kineto traces
+(:mod:`pnpscale.analysis.offline`) are turned into lists of :class:`Event`; :func:`section_records`
 then finds, for one rank, every occurrence of each named section and the collectives inside
 it. That is the only place where "what is a section" and "what is a collective" is decided.
 
@@ -310,7 +310,7 @@ def _descriptors_in(inside: list[Event]) -> list[Event]:
 def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[int, list[SectionRecord]]:
     """Number every rank's collectives so that the same collective has the same ``seq`` everywhere.
 
-    :func:`pnpscale.metrics.decompose` matches collectives across ranks by ``seq``. Per section
+    :func:`pnpscale.analysis.metrics.decompose` matches collectives across ranks by ``seq``. Per section
     occurrence (iteration, section), collectives are keyed:
 
     * by ``(group, group_seq)`` when every collective of that occurrence, on every rank, carries
@@ -399,7 +399,7 @@ def rank_rows(
     warmup: int,
     peaks: Mapping[tuple[int, str], int | None] | None = None,
 ) -> dict[str, list[dict]]:
-    """One rank's plain table (the ``table`` of :func:`pnpscale.writer.frames`) from its records.
+    """One rank's plain table (the ``table`` of :func:`pnpscale.analysis.tables.frames`) from its records.
 
     Args:
         rank: the rank.

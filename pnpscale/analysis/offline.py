@@ -1,0 +1,398 @@
+"""Offline analysis: the same compute / transfer / wait tables as a live run, from any job's traces.
+
+Usage::
+
+    python -m pnpscale.analyze TRACE_DIR [TRACE ...] --sections gradient,denoiser
+        [--warmup N] [--rank FILE=RANK ...] [--partial] [--out DIR]
+
+One Kineto trace per rank (``*.json`` or ``*.json.gz``; folders are listed, not searched
+recursively; a pnpscale run folder stands for its ``traces/``). The rank of a trace is, in order:
+``--rank FILE=RANK``, the trace's ``distributedInfo``, or ``rank<N>``/``rank-<N>``/``rank_<N>`` in
+its file name. Every rank of the world size must be there exactly once (``--partial`` analyses the
+ranks present, e.g. a sampled pair of a 128-rank job). Sections are range names, or
+``NAME=PATTERN`` (``step=ProfilerStep#*``).
+
+The traces are streamed (:mod:`pnpscale.analysis.traces`), reduced per rank to section records
+(:func:`pnpscale.analysis.events.section_records`), matched across ranks
+(:func:`pnpscale.analysis.events.align_collectives`), and decomposed by the live run's own code
+(:func:`pnpscale.analysis.tables.frames`, :func:`pnpscale.analysis.metrics.decompose`). ``ranks.parquet``,
+``collectives.parquet`` and ``sections.parquet`` are written together
+(:func:`pnpscale.layout.commit_files`), then ``analysis.json`` (provenance and run metrics; not
+``run.json``, so that an analysis folder is never taken for a sweep point). Default output:
+``<first TRACE_DIR>/analysis``.
+
+:func:`transfer_inputs` reads run folders (``run.json``, ``sections.parquet``, ``nccl/rank*.log``)
+into the input of :func:`pnpscale.results.transfer.transfer_table`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pnpscale import columns as K
+from pnpscale import layout
+from pnpscale.analysis.events import SectionError, SectionRecord, align_collectives, rank_rows, section_records
+from pnpscale.analysis.metrics import DecompositionError, decompose, run_metrics, summarize
+from pnpscale.analysis.tables import frames
+from pnpscale.analysis.traces import TraceError, TraceInfo, iter_trace_files, parse_sections, read_header, read_trace
+from pnpscale.sweep.record import now_iso
+
+ANALYSIS_JSON = layout.ANALYSIS_JSON
+ANALYSIS_DIR = layout.ANALYSIS_DIR
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+class AnalyzeError(ValueError):
+    """Traces that cannot be analysed together (missing/duplicate ranks, unmatched sections)."""
+
+
+@dataclass(frozen=True)
+class RankedTrace:
+    """A trace file and the rank it belongs to.
+
+    Attributes:
+        rank: the rank. path: the file. source: ``"explicit"``, ``"distributedInfo"`` or
+        ``"file name"``. info: the trace's header (:func:`pnpscale.analysis.traces.read_header`).
+    """
+
+    rank: int
+    path: Path
+    source: str
+    info: TraceInfo
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Tables of an offline analysis (columns of :mod:`pnpscale.columns`) and its traces."""
+
+    ranks: pd.DataFrame
+    collectives: pd.DataFrame
+    sections: pd.DataFrame
+    traces: list[RankedTrace]
+    world_size: int
+
+
+def rank_from_name(name: str) -> int | None:
+    """Rank written in a trace's file name (``rank3``, ``rank-34``, ``sampled_rank_0``), if any.
+
+    >>> rank_from_name("rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"), rank_from_name("trace.json")
+    (34, None)
+    """
+    m = _RANK_IN_NAME.search(name)
+    return int(m.group(1)) if m else None
+
+
+def assign_ranks(
+    headers: Sequence[TraceInfo], explicit: Mapping[str, int] | None = None, partial: bool = False
+) -> tuple[list[RankedTrace], int]:
+    """Give every trace its rank and check that the ranks make a whole world.
+
+    Args:
+        headers: one header per trace file. explicit: file name (or path) -> rank, overriding the
+            trace. partial: accept a subset of the world's ranks.
+
+    Returns:
+        (traces sorted by rank, world size): the world size is ``distributedInfo``'s, else the
+        highest rank + 1.
+
+    Raises:
+        AnalyzeError: no trace; a trace whose rank cannot be told; an explicit name matching no
+            trace; two traces of one rank; traces disagreeing on the world size; a rank outside it;
+            missing ranks (unless ``partial``).
+    """
+    if not headers:
+        raise AnalyzeError("no trace files (*.json, *.json.gz) given")
+    explicit = dict(explicit or {})
+    unused = set(explicit)
+    out: list[RankedTrace] = []
+    for h in headers:
+        key = next((k for k in (str(h.path), h.path.name) if k in explicit), None)
+        if key is not None:
+            unused.discard(key)
+            out.append(RankedTrace(int(explicit[key]), h.path, "explicit", h))
+        elif h.rank is not None:
+            out.append(RankedTrace(h.rank, h.path, "distributedInfo", h))
+        elif (r := rank_from_name(h.path.name)) is not None:
+            out.append(RankedTrace(r, h.path, "file name", h))
+        else:
+            raise AnalyzeError(
+                f"{h.path}: rank unknown (no distributedInfo, no rank<N> in the file name): pass --rank {h.path.name}=R"
+            )
+    if unused:
+        raise AnalyzeError(f"--rank names no given trace: {', '.join(sorted(unused))}")
+    by_rank: dict[int, list[Path]] = {}
+    for t in out:
+        by_rank.setdefault(t.rank, []).append(t.path)
+    dups = {r: ps for r, ps in by_rank.items() if len(ps) > 1}
+    if dups:
+        r, ps = min(dups.items())
+        raise AnalyzeError(f"rank {r} appears in {len(ps)} traces: {', '.join(p.name for p in ps)}")
+    sizes = {t.info.world_size for t in out if t.info.world_size is not None}
+    if len(sizes) > 1:
+        raise AnalyzeError(f"traces disagree on the world size: {sorted(sizes)}")
+    world = sizes.pop() if sizes else max(by_rank) + 1
+    outside = sorted(r for r in by_rank if not 0 <= r < world)
+    if outside:
+        raise AnalyzeError(f"rank(s) {outside} outside the world size {world}")
+    missing = sorted(set(range(world)) - set(by_rank))
+    if missing and not partial:
+        raise AnalyzeError(
+            f"{len(missing)} of {world} ranks missing ({_ranges(missing)}); found {_ranges(sorted(by_rank))}: "
+            f"pass --partial to analyse the {len(by_rank)} present"
+        )
+    return sorted(out, key=lambda t: t.rank), world
+
+
+def _ranges(xs: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    parts, start = [], None
+    for i, x in enumerate(xs):
+        if start is None:
+            start = x
+        if i + 1 == len(xs) or xs[i + 1] != x + 1:
+            parts.append(f"{start}" if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(parts)
+
+
+def analyze_traces(
+    traces: Sequence[RankedTrace], sections: Mapping[str, str], warmup: int, world_size: int | None = None
+) -> Analysis:
+    """Stream each rank's trace, reduce it to section records, match collectives, decompose.
+
+    Args:
+        traces: from :func:`assign_ranks`. sections: :func:`pnpscale.analysis.traces.parse_sections`.
+        warmup: iterations ``< warmup`` are warm-up (excluded from the run metrics).
+        world_size: recorded in the result (default: the number of traces).
+
+    Returns:
+        :class:`Analysis` with the live run's ``ranks``, ``collectives`` and ``sections`` tables
+        (peak memory is unknown offline: NA).
+
+    Raises:
+        TraceError: an unreadable trace.
+        AnalyzeError: a trace without the sections, or ranks whose sections/collectives cannot be
+            matched.
+    """
+    records: dict[int, list[SectionRecord]] = {}
+    done: list[RankedTrace] = []
+    for t in traces:
+        trace = read_trace(t.path, sections)
+        try:
+            records[t.rank] = section_records(trace.events, list(sections))
+        except SectionError as exc:
+            raise AnalyzeError(f"rank {t.rank} ({t.path.name}): {exc}") from exc
+        done.append(RankedTrace(t.rank, t.path, t.source, trace.info))
+        del trace
+    try:
+        aligned = align_collectives(records)
+        ranks, colls = frames([(rank_rows(r, recs, warmup), {}) for r, recs in sorted(aligned.items())])
+        table = decompose(ranks, colls)
+    except (SectionError, DecompositionError) as exc:
+        raise AnalyzeError(str(exc)) from exc
+    return Analysis(ranks, colls, table, done, world_size if world_size is not None else len(traces))
+
+
+def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Write the three tables together, then ``analysis.json`` (provenance, metrics) last.
+
+    Returns:
+        the ``analysis.json`` content.
+
+    Raises:
+        AnalyzeError: no measured iteration (every iteration is warm-up).
+    """
+    n = len(analysis.traces)
+    try:
+        metrics = run_metrics(analysis.sections, n)
+    except DecompositionError as exc:
+        raise AnalyzeError(f"{exc}: lower --warmup") from exc
+    writers = {
+        layout.RANKS: lambda p: analysis.ranks.to_parquet(p, index=False),
+        layout.COLLECTIVES: lambda p: analysis.collectives.to_parquet(p, index=False),
+        layout.SECTIONS: lambda p: analysis.sections.to_parquet(p, index=False),
+    }
+    layout.commit_files(out_dir, writers)
+    infos = [t.info for t in analysis.traces]
+    doc = {
+        "status": layout.STATUS_COMPLETE,
+        "source": "offline",
+        **dict(meta),
+        "world_size": analysis.world_size,
+        "ranks": [t.rank for t in analysis.traces],
+        "partial": n != analysis.world_size,
+        "backend": next((i.backend for i in infos if i.backend), None),
+        "nccl_version": next((i.nccl_version for i in infos if i.nccl_version), None),
+        "traces": [
+            {
+                "rank": t.rank,
+                "file": str(t.path),
+                "rank_from": t.source,
+                "time_base": "baseTimeNanoseconds" if t.info.base_ns is not None else "absolute",
+                "events_read": t.info.events_read,
+                "events_kept": t.info.events_kept,
+            }
+            for t in analysis.traces
+        ],
+        "metrics": metrics,
+        "files": sorted(writers),
+        "finished_at": now_iso(),
+    }
+    layout.write_json(out_dir / ANALYSIS_JSON, doc)
+    return doc
+
+
+# --- run folders -> transfer table input -------------------------------------------------------
+
+
+def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
+    """The input of :func:`pnpscale.results.transfer.transfer_table` from complete run folders.
+
+    Per run (``run.json``: problem, mode, gpus, nodes, backend) and section (``sections.parquet``
+    through :func:`pnpscale.results.transfer.section_transfers`): payload (nccl-tests' size), mean main
+    transfer, and the algorithm NCCL logged for that size in ``nccl/rank*.log`` when there is a log
+    (:func:`pnpscale.analysis.nccl_log.algorithm_for`), else none, with the reason in ``algorithm_note``.
+    Folders whose ``run.json`` is not ``complete`` are skipped.
+
+    Raises:
+        FileNotFoundError: a complete run folder without ``sections.parquet``.
+    """
+    from pnpscale.analysis.nccl_log import algorithm_for, merge_logs, parse_nccl_log
+    from pnpscale.results.transfer import nccl_tests_size, section_transfers
+
+    rows = []
+    for d in map(Path, run_dirs):
+        if layout.run_status(d) != layout.STATUS_COMPLETE:
+            continue
+        run = layout.read_json(d / layout.RUN_JSON)
+        gpus, nodes, backend = int(run["gpus"]), int(run.get("nodes") or 1), run.get("backend")
+        logs = sorted((d / layout.NCCL_DIR).glob("rank*.log"))
+        log = None
+        if logs:
+            parsed = []
+            for p in logs:
+                with open(p, errors="replace") as f:
+                    parsed.append(parse_nccl_log(f))
+            log = merge_logs(parsed)
+        for _, s in section_transfers(pd.read_parquet(d / layout.SECTIONS)).iterrows():
+            coll = None if pd.isna(s[K.COLLECTIVE]) else str(s[K.COLLECTIVE])
+            payload = None if pd.isna(s[K.PAYLOAD_BYTES]) else nccl_tests_size(coll or "", s[K.PAYLOAD_BYTES], gpus)
+            algo = proto = None
+            if log is not None and coll and payload is not None:
+                choice = algorithm_for(log, coll, int(payload))
+                algo, proto, note = choice.algorithm, choice.protocol, choice.note
+            elif backend == "gloo":
+                note = "gloo: no NCCL log"
+            else:
+                note = f"no NCCL log in {layout.NCCL_DIR}/"
+            rows.append(
+                {
+                    K.PROBLEM: run.get("problem"),
+                    K.MODE: run.get("mode"),
+                    K.GPUS: gpus,
+                    K.NODES: nodes,
+                    K.GPUS_PER_NODE: math.ceil(gpus / nodes),
+                    K.BACKEND: backend,
+                    K.SECTION: s[K.SECTION],
+                    K.COLLECTIVE: coll,
+                    K.ITERATIONS: int(s[K.ITERATIONS]),
+                    K.PAYLOAD_BYTES: payload,
+                    K.TRANSFER_S: s[K.TRANSFER_S],
+                    K.ALGORITHM: algo,
+                    K.PROTOCOL: proto,
+                    K.ALGORITHM_NOTE: note,
+                }
+            )
+    return pd.DataFrame(rows, columns=[*K.TRANSFER_INPUT_REQUIRED, *K.TRANSFER_INPUT_OPTIONAL])
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pnpscale.analyze",
+        description="Compute / transfer / wait per section from one Kineto trace per rank (any job).",
+    )
+    p.add_argument("paths", nargs="+", metavar="TRACE_DIR", help="folders of traces (*.json, *.json.gz) or files")
+    p.add_argument(
+        "--sections",
+        required=True,
+        help="comma-separated section range names, or NAME=PATTERN (e.g. gradient,denoiser or step=ProfilerStep#*)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="warm-up iterations to exclude (default: the run's, when TRACE_DIR/../run.json exists, else 0)",
+    )
+    p.add_argument("--rank", action="append", default=[], metavar="FILE=RANK", help="the rank of a trace file")
+    p.add_argument("--partial", action="store_true", help="analyse the ranks present when some are missing")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: TRACE_DIR/analysis)")
+    return p
+
+
+def _explicit_ranks(items: Sequence[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        name, sep, rank = item.rpartition("=")
+        if not sep or not name or not rank.strip().isdigit():
+            raise AnalyzeError(f"--rank {item}: expected FILE=RANK with RANK a non-negative integer")
+        out[name] = int(rank)
+    return out
+
+
+def _traces_of_run(path: Path) -> Path:
+    """A run folder given in place of its ``traces/`` folder means that folder."""
+    if path.is_dir() and (path / layout.RUN_JSON).is_file() and (path / layout.TRACES_DIR).is_dir():
+        return path / layout.TRACES_DIR
+    return path
+
+
+def _default_warmup(paths: Sequence[Path]) -> tuple[int, str]:
+    first = paths[0] if paths[0].is_dir() else paths[0].parent
+    run_json = first.parent / layout.RUN_JSON
+    try:
+        spec = layout.read_json(run_json).get("spec") or {}
+        if "warmup" in spec:
+            return int(spec["warmup"]), str(run_json)
+    except (OSError, ValueError):
+        pass
+    return 0, "default"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status (0 ok, 1 analysis error; 2 usage error by argparse)."""
+    args = _parser().parse_args(argv)
+    try:
+        sections = parse_sections(args.sections)
+        if args.warmup is not None and args.warmup < 0:
+            raise AnalyzeError(f"--warmup {args.warmup}: must be >= 0")
+        paths = [_traces_of_run(Path(p)) for p in args.paths]
+        files = list(iter_trace_files(paths))
+        traces, world = assign_ranks([read_header(f) for f in files], _explicit_ranks(args.rank), args.partial)
+        warmup, warmup_from = (args.warmup, "--warmup") if args.warmup is not None else _default_warmup(paths)
+        out = args.out or ((paths[0] if paths[0].is_dir() else paths[0].parent) / ANALYSIS_DIR)
+        analysis = analyze_traces(traces, sections, warmup, world)
+        doc = write_analysis(out, analysis, {"sections": sections, "warmup": warmup, "warmup_from": warmup_from})
+    except (AnalyzeError, TraceError, ValueError, OSError) as exc:
+        print(f"pnpscale.analyze: error: {exc}", file=sys.stderr)
+        return 1
+    summ = summarize(analysis.sections, len(analysis.traces))
+    cols = ["section", "iterations", K.COMPUTE_S, K.TRANSFER_S, K.WAIT_S, K.LB, K.COMM_E, K.PE]
+    print(
+        f"pnpscale.analyze: {len(traces)} of {world} ranks, warm-up {warmup} ({warmup_from}) -> {out}\n"
+        + summ[cols].to_string(index=False, float_format=lambda v: f"{v:.6g}")
+    )
+    if doc["partial"]:
+        print(f"pnpscale.analyze: partial analysis: ranks {_ranges(doc['ranks'])} of {world}")
+    return 0

@@ -1,0 +1,43 @@
+"""The table builder: per-rank rows -> the typed ``ranks`` and ``collectives`` tables of a run.
+
+Used by the live run (:mod:`pnpscale.sweep.record`), the offline analysis
+(:mod:`pnpscale.analysis.offline`) and the validation probe alike, so the three write the same
+columns (:mod:`pnpscale.columns`) with the same types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from pnpscale import columns as K
+from pnpscale.analysis.metrics import mark_main
+
+
+def frames(
+    gathered: list[tuple[dict[str, list[Any]], dict[str, Any]]], image_bytes: int | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Concatenate per-rank tables into ``ranks`` and ``collectives`` DataFrames.
+
+    Args:
+        gathered: one ``(table, info)`` per rank, ``table = {"ranks": [row...], "collectives":
+            [row...]}`` with the columns of :mod:`pnpscale.columns`.
+        image_bytes: the signal's size in bytes, to flag the image-sized collectives as main
+            (see :func:`pnpscale.analysis.metrics.mark_main`).
+
+    Returns:
+        ``(ranks, collectives)`` with typed columns; ``collectives`` gains the MAIN flag.
+    """
+    ranks = pd.DataFrame([r for table, _ in gathered for r in table["ranks"]], columns=list(K.RANKS_COLUMNS))
+    colls = pd.DataFrame(
+        [c for table, _ in gathered for c in table["collectives"]],
+        columns=[c for c in K.COLLECTIVES_COLUMNS if c != K.MAIN],
+    )
+    ranks = ranks.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.WARMUP: "bool",
+                          K.START_S: "float64", K.SECTION_S: "float64", K.COMM_S: "float64",
+                          K.N_COLLECTIVES: "int64", K.PEAK_MEM_BYTES: "Int64"})  # fmt: skip
+    colls = colls.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.SEQ: "int64",
+                          K.COLLECTIVE: "string", K.DURATION_S: "float64", K.PAYLOAD_BYTES: "Int64"})  # fmt: skip
+    colls[K.MAIN] = mark_main(colls, image_bytes)
+    return ranks, colls
