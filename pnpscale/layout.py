@@ -38,6 +38,13 @@ ANALYSIS_DIR = "analysis"  # python -m pnpscale.analyze output (never holds a ru
 ANALYSIS_JSON = "analysis.json"
 RECONSTRUCTION = "reconstruction.pt"
 
+VALIDATE_JSON = "validate.json"
+# report/ (python -m pnpscale.report, end of every multirun)
+SUMMARY = "summary.parquet"
+TRANSFER = "transfer.parquet"
+RATES = "rates.parquet"
+REPORT_README = "README.md"
+
 STATUS_COMPLETE = "complete"
 STATUS_FAILED = "failed"
 STATUS_RUNNING = "running"
@@ -52,6 +59,33 @@ def point_subdir(problem: str, mode: str, gpus: int) -> str:
     'problem=2d/mode=inference/gpus=4'
     """
     return f"problem={problem}/mode={mode}/gpus={gpus}"
+
+
+def nccl_log(run_dir: Path | str, rank: int) -> Path:
+    """Rank ``rank``'s NCCL debug log (``NCCL_DEBUG_FILE``).
+
+    >>> nccl_log("r", 3).as_posix()
+    'r/nccl/rank3.log'
+    """
+    return Path(run_dir) / NCCL_DIR / f"rank{rank}.log"
+
+
+def trace_file(run_dir: Path | str, rank: int) -> Path:
+    """Rank ``rank``'s exported Kineto trace (``profile.export_traces=true``).
+
+    >>> trace_file("r", 0).as_posix()
+    'r/traces/rank0.pt.trace.json'
+    """
+    return Path(run_dir) / TRACES_DIR / f"rank{rank}.pt.trace.json"
+
+
+def rank_log_link(run_dir: Path | str, rank: int, stream: str) -> Path:
+    """``logs/rank<r>.out`` (``stream="out"``) or ``.err``: links to a SLURM task's own log files.
+
+    >>> rank_log_link("r", 2, "err").as_posix()
+    'r/logs/rank2.err'
+    """
+    return Path(run_dir) / LOGS_DIR / f"rank{rank}.{stream}"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -32,10 +32,17 @@ def spec(problem: str, mode: str, gpus: int) -> RunSpec:
         nb=1,
         unroll=None,
     )
+    impl = {"2d": "superres:SuperResolution2D", "3d": "blur3d:AnisotropicBlur3D"}[problem]
     return RunSpec(
         problem=problem,
         mode=mode,
         gpus=gpus,
+        dims=int(problem[0]),
+        problem_impl=f"pnpscale.rank.problems.{impl}",
+        mode_impl="pnpscale.rank.solver:" + ("TrainingSolver" if mode == "training" else "InferenceSolver"),
+        sections=("forward", "backward") if mode == "training" else ("gradient", "denoiser"),
+        linestyle="-" if problem == "2d" else "--",
+        params={},
         scale="small",
         scale_requested="small",
         sizes=sizes,

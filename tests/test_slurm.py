@@ -20,7 +20,6 @@ import pytest
 
 from pnpscale import layout
 from pnpscale.cluster.slurm import (
-    completed_run,
     error_line,
     executor_parameters,
     failure_text,
@@ -262,7 +261,10 @@ def test_cluster_slurm_selects_the_launcher_and_multirun():
 
 
 def test_completed_run_matches_on_the_stored_resolution_of_scale_auto(tmp_path):
+    """The one resume rule (local and SLURM): same spec -> skip; another spec -> refused, never overwritten."""
     from omegaconf import OmegaConf
+
+    from pnpscale.sweep.point import complete_run as completed_run
 
     cfg = _compose("cluster=slurm", "gpus=2")
     task_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
@@ -271,8 +273,10 @@ def test_completed_run_matches_on_the_stored_resolution_of_scale_auto(tmp_path):
     spec = resolve_spec(task_cfg, cuda_available=True)
     stored = {"status": "complete", "scale": spec.scale, "fingerprint": spec.fingerprint()}
     layout.write_json(tmp_path / layout.RUN_JSON, stored)
-    assert completed_run(tmp_path, task_cfg) == stored
-    assert completed_run(tmp_path, OmegaConf.merge(task_cfg, {"iterations": 7})) is None
+    assert {k: completed_run(tmp_path, task_cfg)[k] for k in stored} == stored
+    with pytest.raises(ConfigError, match="holds a complete run of another spec"):
+        completed_run(tmp_path, OmegaConf.merge(task_cfg, {"iterations": 7}))
+    assert completed_run(tmp_path, OmegaConf.merge(task_cfg, {"iterations": 7}), resume=False) is None
     layout.write_json(tmp_path / layout.RUN_JSON, {**stored, "status": "failed"})
     assert completed_run(tmp_path, task_cfg) is None
     assert completed_run(tmp_path / "missing", task_cfg) is None

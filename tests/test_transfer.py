@@ -33,7 +33,7 @@ from pnpscale.results.transfer import (
     tree_all_reduce_bytes,
 )
 
-P2D = 8192 * 8192 * 3 * 4  # the seed page's 2D payload, 805 MB
+P2D = 8192 * 8192 * 3 * 4  # the study's 2D payload, 805 MB
 P3D = 512**3 * 4  # 3D, 537 MB
 
 
@@ -48,7 +48,7 @@ def test_ring_and_tree_bytes_one_and_two_nodes():
     assert bytes_per_gpu("all_reduce", 1000, 8, 2, "ring") == 1750.0
     assert bytes_per_gpu("all_reduce", 1000, 8, 2, "TREE") == 1000.0
     assert tree_all_reduce_bytes(1000, 2) == 1000.0
-    # the seed page: 1.4 GB by ring, 805 MB by tree at 8 GPUs; attributing ring bytes to a tree run
+    # the study: 1.4 GB by ring, 805 MB by tree at 8 GPUs; attributing ring bytes to a tree run
     # overstates the rate by 1.75
     assert ring_all_reduce_bytes(P2D, 8) == pytest.approx(1.409e9, rel=1e-3)
     assert tree_all_reduce_bytes(P2D, 2) == P2D
@@ -99,7 +99,7 @@ def test_route_labels():
 
 # --- table, calibration, prediction ------------------------------------------------------------
 
-#: routes and rates of the seed page (GB/s), with the algorithm NCCL reported
+#: routes and rates of the study (GB/s), with the algorithm NCCL reported
 ROUTES = {2: (1, "ring", 40.0), 4: (1, "ring", 119.0), 8: (2, "tree", 17.0), 16: (4, "ring", 10.5)}
 ROUTES |= {32: (8, "ring", 10.5), 64: (16, "ring", 10.5)}
 

@@ -105,11 +105,9 @@ def check_local(cfg: DictConfig) -> None:
     """A local point: its values, and no complete run of another spec in its folder (resume)."""
     from pathlib import Path
 
-    from pnpscale.sweep.task import cuda_device_count, existing_run, make_spec
+    from pnpscale.sweep.point import resolve_point
 
-    spec = make_spec(cfg, cuda_device_count())
-    run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-    existing_run(run_dir, spec, bool(cfg.resume))
+    resolve_point(cfg, Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))
 
 
 class PnpscaleBasicLauncher(BasicLauncher):

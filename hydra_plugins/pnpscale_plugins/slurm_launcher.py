@@ -11,7 +11,7 @@ Order of work in :meth:`PnpscaleSlurmLauncher.launch`:
 1. every point is composed and validated (:func:`validate_points`): a bad value stops the sweep
    with one line per bad point, nothing submitted;
 2. points whose run folder already holds a complete run of the same spec are skipped
-   (``resume=true``, the default; :func:`pnpscale.cluster.slurm.completed_run`);
+   (``resume=true``, the default; :func:`pnpscale.sweep.point.complete_run`);
 3. SLURM checks every distinct request with ``sbatch --test-only``: an impossible one (more nodes
    than the partition has, an unknown partition, ...) stops the sweep with SLURM's message before
    any job is submitted;
@@ -78,8 +78,10 @@ class _Point:
 
 
 def _label(cfg: DictConfig) -> str:
-    """The point as its run folder names it, e.g. ``problem=2d mode=inference gpus=4``."""
-    return str(cfg.hydra.sweep.subdir).replace("/", " ")
+    """The point, e.g. ``problem=2d mode=inference gpus=4`` (from the config, whatever the folder layout)."""
+    from pnpscale.sweep.point import label
+
+    return label(str(cfg.problem.name), str(cfg.mode.name), int(cfg.gpus))
 
 
 def _task_cfg(cfg: DictConfig) -> DictConfig:
@@ -96,13 +98,15 @@ def check_point(cfg: DictConfig) -> None:
     Raises:
         pnpscale.sweep.config.ConfigError: the first broken rule, as one line.
     """
-    from pnpscale.cluster.slurm import executor_parameters
     from pnpscale.sweep.config import ConfigError, validate
+    from pnpscale.sweep.point import resolve_point
 
     if cfg.cluster.name != "slurm":
         raise ConfigError("cluster", cfg.cluster.name, "this sweep runs on SLURM: every point must be cluster=slurm")
     validate(cfg)  # scale=auto resolves on the compute node: both presets must be valid
-    executor_parameters(int(cfg.gpus), OmegaConf.to_container(cfg.cluster, resolve=True))
+    task_cfg = _task_cfg(cfg)
+    run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    resolve_point(task_cfg, run_dir, cuda_devices=0)  # job shape, and never a silent overwrite (resume rule)
 
 
 class PnpscaleSlurmLauncher(SlurmLauncher):
@@ -156,11 +160,9 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
 
     @staticmethod
     def _completed(p: _Point) -> dict[str, Any] | None:
-        from pnpscale.cluster.slurm import completed_run
+        from pnpscale.sweep.point import complete_run
 
-        if not bool(p.cfg.resume):
-            return None
-        return completed_run(p.run_dir, _task_cfg(p.cfg))
+        return complete_run(p.run_dir, _task_cfg(p.cfg), bool(p.cfg.resume))
 
     def _preflight(self, groups: list[tuple[list[_Point], dict[str, Any]]]) -> None:
         """``sbatch --test-only`` for every distinct request; SLURM's refusals stop the sweep."""
@@ -256,12 +258,12 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
     @staticmethod
     def _outcome(p: _Point, ret: JobReturn) -> str:
         if ret.status == JobStatus.COMPLETED:
-            from pnpscale import layout
+            from pnpscale.sweep.record import RecordError, read_record
             from pnpscale.sweep.task import summary_line
 
             try:
-                return "complete: " + summary_line(layout.read_json(p.run_dir / layout.RUN_JSON))
-            except (OSError, ValueError):
+                return "complete: " + summary_line(read_record(p.run_dir).to_dict())
+            except RecordError:
                 return "complete"
         return f"FAILED: {ret._return_value}"
 
@@ -270,6 +272,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         from submitit.core.utils import pickle_load
 
         from pnpscale.cluster.slurm import error_line, wait_until_ended
+        from pnpscale.sweep.task import RunFailed
 
         state = job.state
         ret0, task_errors = None, {}
@@ -294,7 +297,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         if isinstance(ret0, JobReturn) and ret0.status == JobStatus.COMPLETED:
             return ret0
         if isinstance(ret0, JobReturn):  # rank 0 ran the task and recorded its own error
-            task_errors[0] = str(ret0._return_value).split(" (run folder:")[0].removeprefix(f"{p.label} failed: ")
+            err = ret0._return_value
+            task_errors[0] = err.error if isinstance(err, RunFailed) else error_line(str(err))
         state = self._final_state(job)
         wait_until_ended(job.job_id)  # no task may write into the run folder after the failure is recorded
         return self._record_failure(p, None, task_errors, job=job, folder=folder, state=state)
@@ -323,14 +327,15 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         """Write the point's ``run.json`` as failed (written here: the job itself could not)."""
         from pnpscale import layout
         from pnpscale.cluster.slurm import failure_text, ranks_by_cause, sacct_info, task_logs
-        from pnpscale.sweep.record import write_failure
-        from pnpscale.sweep.task import RunFailed, make_spec
+        from pnpscale.sweep.config import resolve_spec
+        from pnpscale.sweep.record import RecordError, read_record, write_failure
+        from pnpscale.sweep.task import RunFailed
 
-        block: dict[str, Any] = {}
         try:
-            block = dict(layout.read_json(p.run_dir / layout.RUN_JSON).get("slurm") or {})
-        except (OSError, ValueError):
-            pass
+            previous = read_record(p.run_dir)
+        except RecordError:
+            previous = None
+        block: dict[str, Any] = dict((previous.slurm if previous else None) or {})
         if job is not None:
             info = sacct_info(job.job_id)
             logs = task_logs(folder, job.job_id, job.num_tasks)
@@ -346,20 +351,16 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             )
         block["task_errors"] = {str(k): v for k, v in sorted(task_errors.items())}
         task_cfg = _task_cfg(p.cfg)
-        try:
-            previous = layout.read_json(p.run_dir / layout.RUN_JSON)
-        except (OSError, ValueError):
-            previous = {}
-        detail = previous.get("error") if previous.get("status") == layout.STATUS_FAILED else None
+        detail = previous.error if previous and previous.status == layout.STATUS_FAILED else None
         write_failure(
             p.run_dir,
-            make_spec(task_cfg, cuda_devices=0),
+            resolve_spec(task_cfg, cuda_available=False),
             OmegaConf.to_container(task_cfg, resolve=True),
             message + (f"\n{detail}" if detail and detail != message else ""),
             slurm=block,
         )
         ret = JobReturn(overrides=p.overrides, working_dir=str(p.run_dir), status=JobStatus.FAILED)
-        ret.return_value = RunFailed(f"{p.label} failed: {message} (run folder: {p.run_dir})")
+        ret.return_value = RunFailed(p.label, p.run_dir, message)
         return ret
 
     def _resume_command(self, sweep_dir: Path) -> str:
@@ -406,13 +407,12 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
     def _other_rank(self, sweep_overrides: list[str], singleton_state: dict[type, Singleton]) -> None:
         """A task other than 0: same composed config, no Hydra output (``.hydra/`` and logs are rank 0's)."""
         from pnpscale.cluster.slurm import run_rank
-        from pnpscale.sweep.task import cuda_device_count, make_spec
+        from pnpscale.sweep.point import resolve_point
 
         assert self.hydra_context is not None and self.config is not None
         Singleton.set_state(singleton_state)
         setup_globals()
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(sweep_overrides))
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-        spec = make_spec(_task_cfg(cfg), cuda_device_count())
-        run_rank(spec, run_dir, None)
+        run_rank(resolve_point(_task_cfg(cfg), run_dir).spec, run_dir, None)
         return None

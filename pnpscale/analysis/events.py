@@ -5,7 +5,7 @@ Both the live profiler (:mod:`pnpscale.rank.profiling`) and offline Kineto trace
 then finds, for one rank, every occurrence of each named section and the collectives inside
 it. That is the only place where "what is a section" and "what is a collective" is decided.
 
-Rules (see ``../shared/notes/design.md``):
+Rules:
 
 * A section occurrence is a CPU range event whose name is a section name (a
   ``torch.profiler.record_function``). The k-th occurrence of a name is iteration k.

@@ -1,6 +1,6 @@
 """POP decomposition of section time into compute, transfer and wait (pure functions).
 
-Formulas (the seed page, "Metrics, per the POP methodology", and ``../shared/notes/design.md``),
+Formulas (POP methodology, as stated in the study "Communication under the hood: transfer vs wait"),
 per iteration i and section s, ranks r = 0..W-1, collectives c matched across ranks by their
 order inside the section:
 
@@ -35,7 +35,7 @@ class DecompositionError(ValueError):
 def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None) -> pd.Series:
     """Flag the main collectives of each section: those carrying the image.
 
-    The main collective is the seed page's image-sized ``all_reduce`` (one per inference section;
+    The main collective is the study's image-sized ``all_reduce`` (one per inference section;
     ``2K`` in training's forward with K unrolled iterations). Other collectives (deepinv's shape
     broadcasts and flag all_reduce, the weight-gradient all_reduces of training's backward) are
     recorded but not main. Rule, per iteration x section: the collectives whose payload equals
@@ -242,12 +242,22 @@ def run_metrics(sections: pd.DataFrame, gpus: int) -> dict[str, Any]:
 
     Returns:
         ``{"lb", "comm_e", "pe", "gpu_seconds_per_iteration", "iterations", "sections": {name:
-        {...}}}`` with floats (NaN rendered as ``None``).
+        {...}}}`` with floats (NaN rendered as ``None``). Per section, the time sums over the
+        measured iterations carry ``_total_s`` names (``compute_total_s``, ``compute_max_total_s``,
+        ``transfer_total_s``, ``wait_total_s``, ``section_total_s``), never the per-iteration names
+        of the tables.
     """
     summ = summarize(sections, gpus).set_index(K.SECTION)
 
+    totals = {K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S}
+
     def clean(row: pd.Series) -> dict[str, Any]:
-        return {k: (None if pd.isna(v) else (int(v) if k == "iterations" else float(v))) for k, v in row.items()}
+        return {
+            (k.removesuffix("_s") + "_total_s" if k in totals else k): (
+                None if pd.isna(v) else (int(v) if k == "iterations" else float(v))
+            )
+            for k, v in row.items()
+        }
 
     allrow = clean(summ.loc["all"])
     return {

@@ -3,7 +3,7 @@
 Run NCCL with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING`` (one file per rank through
 ``NCCL_DEBUG_FILE``); rank 0 of each communicator prints the choices. Lines look like
 ``host:pid:tid [dev] NCCL INFO <message>``; the parser looks at the message only. Formats read
-(``../shared/notes/environment.md``, "NCCL logs"):
+(as printed by NCCL 2.20 and later):
 
 * TUNING, NCCL 2.20-2.22: ``<bytes> Bytes -> Algo <n> proto <n> time <us>`` (no collective name);
 * TUNING, NCCL 2.23: ``<Coll>: <bytes> Bytes -> Algo <n> proto <n> time <us>``;

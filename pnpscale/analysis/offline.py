@@ -44,7 +44,7 @@ from pnpscale.analysis.events import SectionError, SectionRecord, align_collecti
 from pnpscale.analysis.metrics import DecompositionError, decompose, run_metrics, summarize
 from pnpscale.analysis.tables import frames
 from pnpscale.analysis.traces import TraceError, TraceInfo, iter_trace_files, parse_sections, read_header, read_trace
-from pnpscale.sweep.record import now_iso
+from pnpscale.sweep.record import RecordError, now_iso, read_record
 
 ANALYSIS_JSON = layout.ANALYSIS_JSON
 ANALYSIS_DIR = layout.ANALYSIS_DIR
@@ -271,9 +271,12 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
 
     rows = []
     for d in map(Path, run_dirs):
-        if layout.run_status(d) != layout.STATUS_COMPLETE:
+        try:
+            run = read_record(d).to_dict()
+        except RecordError:
             continue
-        run = layout.read_json(d / layout.RUN_JSON)
+        if run["status"] != layout.STATUS_COMPLETE:
+            continue
         gpus, nodes, backend = int(run["gpus"]), int(run.get("nodes") or 1), run.get("backend")
         logs = sorted((d / layout.NCCL_DIR).glob("rank*.log"))
         log = None
@@ -362,10 +365,10 @@ def _default_warmup(paths: Sequence[Path]) -> tuple[int, str]:
     first = paths[0] if paths[0].is_dir() else paths[0].parent
     run_json = first.parent / layout.RUN_JSON
     try:
-        spec = layout.read_json(run_json).get("spec") or {}
+        spec = read_record(first.parent).spec or {}
         if "warmup" in spec:
             return int(spec["warmup"]), str(run_json)
-    except (OSError, ValueError):
+    except RecordError:
         pass
     return 0, "default"
 

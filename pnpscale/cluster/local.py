@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
+from pnpscale.cluster.base import Cluster
 
 
 class RankFailed(RuntimeError):
@@ -42,6 +43,37 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+class LocalCluster(Cluster):
+    """``cluster=local``: every rank on this machine (gloo on CPU, nccl on CUDA)."""
+
+    name = "local"
+    resumes_in_task = True
+
+    def check(self, cfg: Any, spec: Any, cuda_devices: int) -> None:
+        """Refuse more local ranks than CUDA devices on a CUDA machine (unless gloo is asked for).
+
+        Raises:
+            ConfigError: ``gpus`` above this machine's CUDA device count.
+        """
+        from pnpscale.sweep.config import ConfigError
+
+        if cuda_devices and spec.backend != "gloo" and spec.gpus > cuda_devices:
+            raise ConfigError(
+                "gpus",
+                spec.gpus,
+                f"this machine has {cuda_devices} CUDA device(s): allowed 1..{cuda_devices} locally "
+                "(or cluster=slurm, or dist.backend=gloo for CPU ranks)",
+            )
+
+    def cpu_contention(self, spec: Any) -> tuple[int, int] | None:
+        from pnpscale.rank.worker import threads_per_rank
+
+        return spec.gpus * threads_per_rank(spec.threads_per_rank, spec.gpus), len(os.sched_getaffinity(0))
+
+    def run(self, spec: Any, run_dir: Path, config: dict[str, Any] | None) -> None:
+        launch_local(spec, run_dir, config)
 
 
 def launch_local(spec: Any, run_dir: Path, config: dict[str, Any] | None = None) -> None:

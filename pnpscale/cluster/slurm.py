@@ -22,7 +22,7 @@ every task's stdout/stderr are submitit's per-task log files, whose paths rank 0
 
 Resume compares fingerprints (:meth:`pnpscale.sweep.config.RunSpec.fingerprint`). ``scale=auto`` is
 resolved on the compute node (paper on CUDA, small on CPU), which the submitting machine cannot
-know: :func:`completed_run` resolves the point the way the stored run was resolved (its
+know: :func:`pnpscale.sweep.point.complete_run` resolves the point the way the stored run was resolved (its
 ``run.json`` ``scale``) and compares that fingerprint with the stored one.
 """
 
@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
-from pnpscale.sweep.config import ConfigError, RunSpec, resolve_spec
+from pnpscale.cluster.base import Cluster
+from pnpscale.sweep.config import ConfigError, RunSpec
 
 #: Set (to "1") by the launcher in every SLURM task before pnpscale code runs there.
 IN_TASK_ENV = "PNPSCALE_SLURM_TASK"
@@ -424,37 +425,50 @@ def resume_command(task_overrides: Sequence[str], hydra_overrides: Sequence[str]
     return shlex.join(["python", "-m", "pnpscale", "-m", *keep, f"hydra.sweep.dir={sweep_dir}"])
 
 
-def completed_run(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
-    """The ``run.json`` of ``run_dir`` when it is a complete run of the same point, else ``None``.
-
-    "Same point" = same fingerprint once ``cfg`` is resolved the way the stored run resolved
-    ``scale`` (``scale=auto`` is resolved on the compute node: paper with CUDA, small without).
-    """
-    if layout.run_status(run_dir) != layout.STATUS_COMPLETE:
-        return None
-    done = layout.read_json(run_dir / layout.RUN_JSON)
-    spec = resolve_spec(cfg, cuda_available=done.get("scale") == "paper")
-    return done if done.get("fingerprint") == spec.fingerprint() else None
-
-
 # --------------------------------------------------------------------------------------
 # Inside a SLURM task
 # --------------------------------------------------------------------------------------
 
 
+class SlurmCluster(Cluster):
+    """``cluster=slurm``: each point is a SLURM job, each task one rank (see the module doc).
+
+    The launcher (``hydra_plugins/pnpscale_plugins/slurm_launcher.py``) validates, skips complete
+    points and submits; inside the job, task 0 runs the Hydra task, which calls :meth:`run`.
+    """
+
+    name = "slurm"
+    resumes_in_task = False  # the launcher skipped complete points before submitting
+
+    def check(self, cfg: Any, spec: Any, cuda_devices: int) -> None:
+        """The point's job must be expressible (:func:`executor_parameters`).
+
+        Raises:
+            ConfigError: e.g. ``gpus`` above ``cluster.gpus_per_node`` and not a multiple of it.
+        """
+        from omegaconf import OmegaConf
+
+        cluster = cfg["cluster"]
+        executor_parameters(
+            int(cfg["gpus"]), OmegaConf.to_container(cluster, resolve=True) if OmegaConf.is_config(cluster) else cluster
+        )
+
+    def enter(self, cfg: Any) -> None:
+        if not in_slurm_task():
+            raise ConfigError(
+                "cluster",
+                self.name,
+                "runs every point as a SLURM job through the pnpscale SLURM launcher: keep hydra.mode=MULTIRUN "
+                "(set by cluster=slurm) and use cluster=slurm for the whole sweep",
+            )
+
+    def run(self, spec: Any, run_dir: Path, config: dict[str, Any] | None) -> None:
+        run_rank(spec, run_dir, config)  # this process is task 0 of the point's SLURM job: rank 0
+
+
 def in_slurm_task() -> bool:
     """True inside a task started by the pnpscale SLURM launcher."""
     return os.environ.get(IN_TASK_ENV) == "1"
-
-
-def _update_run_json(run_dir: Path, **fields: Any) -> None:
-    path = run_dir / layout.RUN_JSON
-    try:
-        data = layout.read_json(path)
-    except (OSError, ValueError):
-        return
-    data.update(fields)
-    layout.write_json(path, data)
 
 
 def _link_logs(run_dir: Path, logs: Sequence[Mapping[str, Any]]) -> None:
@@ -463,7 +477,7 @@ def _link_logs(run_dir: Path, logs: Sequence[Mapping[str, Any]]) -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     for entry in logs:
         for stream, suffix in (("stdout", "out"), ("stderr", "err")):
-            link = log_dir / f"rank{entry['rank']}.{suffix}"
+            link = layout.rank_log_link(run_dir, int(entry["rank"]), suffix)
             if link.is_symlink() or link.exists():
                 link.unlink()
             link.symlink_to(os.path.relpath(entry[stream], log_dir))
@@ -501,5 +515,7 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     record = task_record(os.environ, dist_env.master_addr, dist_env.master_port)
     if rank == 0:  # in run.json from the start, so that a failure record names the job too
         _link_logs(run_dir, record["logs"])
-        _update_run_json(run_dir, slurm=record)
+        from pnpscale.sweep.record import update_record
+
+        update_record(run_dir, slurm=record)
     rank_main(spec.to_dict(), str(run_dir), config, extra={"slurm": record})

@@ -2,7 +2,7 @@
 
 deepinv.distributed assigns both acquisition operators and denoiser tiles round-robin
 (item ``i`` goes to rank ``i % world_size``), keeping each item whole. The busiest rank's count
-sets a section's critical path (the seed page: "a section's critical path is set by the busiest
+sets a section's critical path (the study: "a section's critical path is set by the busiest
 GPU's operator count").
 """
 

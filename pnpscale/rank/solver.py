@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from pnpscale.rank.problems import ProblemData, build_problem, measurements
-from pnpscale.sweep.config import SPATIAL_DIMS, RunSpec
+from pnpscale.rank.problems import ProblemData, make_problem, measurements
+from pnpscale.rank.problems.base import resolve_impl
+from pnpscale.sweep.config import RunSpec
 
 Section = tuple[str, Callable[[], None]]
 
@@ -37,7 +38,7 @@ def build_denoiser(spec: RunSpec, channels: int) -> torch.nn.Module:
     """
     from deepinv.models import DRUNet
 
-    dims = SPATIAL_DIMS[spec.problem]
+    dims = spec.dims
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         return DRUNet(
@@ -62,7 +63,14 @@ def weights_digest(net: torch.nn.Module) -> str:
 
 
 class _Distributed:
-    """Shared construction: problem, distributed physics, data fidelity and tiled denoiser."""
+    """Shared construction: problem, distributed physics, data fidelity and tiled denoiser.
+
+    A mode is a subclass naming its :attr:`SECTIONS` (which ``conf/mode/<name>.yaml`` repeats
+    for the Hydra parent, and :func:`make_solver` checks) and returning them from
+    :meth:`sections` as ``(name, callable)`` pairs.
+    """
+
+    SECTIONS: tuple[str, ...] = ()
 
     def __init__(self, spec: RunSpec, ctx: Any, *, train: bool) -> None:
         from deepinv.distributed import distribute
@@ -70,7 +78,7 @@ class _Distributed:
         from deepinv.optim.data_fidelity import L2
 
         self.spec, self.ctx = spec, ctx
-        self.problem: ProblemData = build_problem(spec, ctx.device)
+        self.problem: ProblemData = make_problem(spec).build(ctx.device)
         x_true = self.problem.x_true
         n_ops = self.problem.num_operators
         self.physics = distribute(self.problem.factory, ctx, num_operators=n_ops, type_object="linear_physics")
@@ -78,7 +86,7 @@ class _Distributed:
         self.y = measurements(
             self.problem, self.physics.local_physics, self.physics.local_indexes, spec.noise_sigma, spec.seed
         )
-        dims = SPATIAL_DIMS[spec.problem]
+        dims = spec.dims
         tiling_dims = tuple(range(-dims, 0))
         strategy = TilingStrategy(
             x_true.shape,
@@ -111,6 +119,8 @@ class _Distributed:
 
 class InferenceSolver(_Distributed):
     """The PnP loop with fixed denoiser weights: sections ``gradient`` then ``denoiser``."""
+
+    SECTIONS = ("gradient", "denoiser")
 
     def __init__(self, spec: RunSpec, ctx: Any) -> None:
         super().__init__(spec, ctx, train=False)
@@ -149,6 +159,8 @@ class TrainingSolver(_Distributed):
     all-reduces (averages) the denoiser's weight gradients at the end of backward, so weights stay
     identical on every rank.
     """
+
+    SECTIONS = ("forward", "backward")
 
     def __init__(self, spec: RunSpec, ctx: Any) -> None:
         super().__init__(spec, ctx, train=True)
@@ -212,6 +224,15 @@ class TrainingSolver(_Distributed):
         return float(torch.stack(sq).sum().sqrt()) if sq else 0.0
 
 
-def make_solver(spec: RunSpec, ctx: Any) -> InferenceSolver | TrainingSolver:
-    """The solver of ``spec.mode``."""
-    return TrainingSolver(spec, ctx) if spec.mode == "training" else InferenceSolver(spec, ctx)
+def make_solver(spec: RunSpec, ctx: Any) -> _Distributed:
+    """The solver of ``spec.mode`` (the class named by ``conf/mode/<name>.yaml``'s ``impl``).
+
+    Raises:
+        ValueError: ``mode.impl`` is not a solver class, or its sections differ from ``mode.sections``.
+    """
+    cls = resolve_impl(spec.mode_impl, key="mode.impl")
+    if not (isinstance(cls, type) and issubclass(cls, _Distributed)):
+        raise ValueError(f"mode.impl={spec.mode_impl}: not a pnpscale.rank.solver solver class")
+    if tuple(cls.SECTIONS) != tuple(spec.sections):
+        raise ValueError(f"mode.sections={list(spec.sections)}: {spec.mode_impl} runs sections {list(cls.SECTIONS)}")
+    return cls(spec, ctx)

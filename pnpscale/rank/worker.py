@@ -21,6 +21,8 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from pnpscale import layout
+
 LAUNCH_T0_ENV = "PNPSCALE_LAUNCH_T0"
 
 
@@ -82,7 +84,7 @@ def nccl_debug_env(run_dir: Path, rank: int, current: Any) -> dict[str, str]:
     wanted = {
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,TUNING",
-        "NCCL_DEBUG_FILE": str(run_dir / "nccl" / f"rank{rank}.log"),
+        "NCCL_DEBUG_FILE": str(layout.nccl_log(run_dir, rank)),
     }
     return {k: v for k, v in wanted.items() if k not in current}
 
@@ -170,7 +172,7 @@ def rank_main(
     t_start = time.time()
     backend = choose_backend(spec.backend, torch.cuda.device_count(), local_ws)
     if backend == "nccl":
-        (Path(run_dir) / "nccl").mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / layout.NCCL_DIR).mkdir(parents=True, exist_ok=True)
         os.environ.update(nccl_debug_env(Path(run_dir), int(os.environ.get("RANK", "0")), os.environ))
     group = Group(backend, spec.timeout_s)
     try:
@@ -207,7 +209,7 @@ def _measure_and_report(
         from pnpscale.rank.profiling import export_trace, profiler_events
 
         if spec.export_traces:
-            export_trace(prof, run_dir / "traces" / f"rank{rank}.pt.trace.json")
+            export_trace(prof, layout.trace_file(run_dir, rank))
         sections = section_records(profiler_events(prof), spec.sections)
         table = rank_rows(rank, sections, spec.warmup, peaks)
         info = {

@@ -1,4 +1,4 @@
-"""The seed page's charts, drawn from the table of :func:`pnpscale.results.summary.scaled_cost`.
+"""The study's charts, drawn from the table of :func:`pnpscale.results.summary.scaled_cost`.
 
 Each ``plot_*`` function takes that tidy table and returns a matplotlib Figure (built without
 pyplot: no backend or global state is touched, so it works headless and displays in notebooks);
@@ -21,7 +21,25 @@ from matplotlib.figure import Figure
 from pnpscale import columns as K
 
 ALL = "all"
-DASHES = {"2d": "-", "3d": "--"}
+#: Line styles of problems whose runs do not name one (records older than the problem registry).
+FALLBACK_STYLES = ("-", "--", ":", "-.")
+
+
+def line_styles(table: pd.DataFrame) -> dict[str, str]:
+    """Problem -> matplotlib line style: the problem's own (``conf/problem/<name>.yaml``'s
+    ``linestyle``, carried by its runs), else the next of :data:`FALLBACK_STYLES` in name order.
+
+    >>> line_styles(pd.DataFrame({"problem": ["3d", "2d", "ct"], "linestyle": [None, None, ":"]}))
+    {'2d': '-', '3d': '--', 'ct': ':'}
+    """
+    styles: dict[str, str] = {}
+    named = table.dropna(subset=["linestyle"]) if "linestyle" in table else table.iloc[0:0]
+    for problem, style in zip(named["problem"], named.get("linestyle", []), strict=False):
+        styles.setdefault(str(problem), str(style))
+    rest = [p for p in sorted({str(p) for p in table["problem"]}) if p not in styles]
+    for i, problem in enumerate(rest):
+        styles[problem] = FALLBACK_STYLES[i % len(FALLBACK_STYLES)]
+    return dict(sorted(styles.items()))
 
 
 def _figure(nrows: int, ncols: int, figsize: tuple[float, float], **kw: Any) -> tuple[Figure, Any]:
@@ -114,9 +132,10 @@ def _per_section(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any], lis
 
 
 def _section_lines(ax: Any, data: pd.DataFrame, col: str, palette: dict[str, Any], all_gpus: list[int]) -> None:
-    """One line per (problem, mode: section): colour by section, 2D solid, 3D dashed."""
+    """One line per (problem, mode: section): colour by section, line style by problem (2D solid, 3D dashed)."""
+    styles = line_styles(data)
     for (problem, key), grp in data.groupby(["problem", "key"]):
-        _line(ax, grp, col, all_gpus, color=palette[key], ls=DASHES.get(problem, ":"), label=f"{problem} {key}")
+        _line(ax, grp, col, all_gpus, color=palette[key], ls=styles[str(problem)], label=f"{problem} {key}")
 
 
 def plot_components(table: pd.DataFrame) -> Figure:

@@ -9,7 +9,7 @@ choice is printed), then writes ``DIR/report/``::
     transfer.png     (inference: measured transfer and its prediction from one rate per route)
     transfer.parquet (inference: bytes per GPU, algorithm, route, rate, prediction, error per run x section)
     rates.parquet    (one rate per route and the rows that made it)
-    README.md        (a table per (problem, mode), the seed page's headline checks, transfer explained)
+    README.md        (a table per (problem, mode), the study's headline checks, transfer explained)
 """
 
 from __future__ import annotations
@@ -26,11 +26,8 @@ from pnpscale import columns as K
 from pnpscale import layout
 from pnpscale.results.runs import NoRunsError, discover, select, table_of
 
-SUMMARY = "summary.parquet"
-README = "README.md"
+SUMMARY, README, TRANSFER, RATES = layout.SUMMARY, layout.REPORT_README, layout.TRANSFER, layout.RATES
 TRANSFER_PNG = "transfer.png"
-TRANSFER = "transfer.parquet"
-RATES = "rates.parquet"
 
 
 def build_table(path: str | Path, echo: Callable[[str], None] = print) -> pd.DataFrame:
@@ -80,7 +77,7 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
 def transfer_explained(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """Transfer table and rates per route of the complete multi-GPU inference runs, or ``None``.
 
-    Restricted to inference, as on the seed page: there each section issues exactly one
+    Restricted to inference, as on the study: there each section issues exactly one
     image-sized all_reduce, so the byte model is exact; training's sections carry more messages.
     """
     from pnpscale.analysis.offline import transfer_inputs

@@ -16,11 +16,12 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale import layout
+from pnpscale.sweep.record import RecordError, read_record
 
 POINT = ["problem", "mode", "gpus"]
 _HIVE = re.compile(r"^(problem|mode|gpus)=(.+)$")
 #: Columns of :func:`load`, besides the per-section metrics of :func:`pnpscale.analysis.metrics.summarize`.
-RUN_COLUMNS = ["run_dir", "status", "scale", "backend", "nodes", "world_size"]
+RUN_COLUMNS = ["run_dir", "status", "scale", "backend", "nodes", "world_size", "linestyle"]
 #: Metric columns of :func:`load` (NaN for failed points; present even when no run completed).
 METRIC_COLUMNS = [
     "iterations", K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, K.LB, K.COMM_E, K.PE,
@@ -75,8 +76,8 @@ def discover(root: str | Path) -> pd.DataFrame:
     for d in sorted(folders):
         point = _point_from_path(d.relative_to(root) if d != root else Path(d.name))
         try:
-            run = layout.read_json(d / layout.RUN_JSON)
-        except (OSError, ValueError):
+            run = read_record(d).to_dict()
+        except RecordError:
             run = {}
         row = {
             "problem": run.get("problem", point.get("problem")),
@@ -90,6 +91,7 @@ def discover(root: str | Path) -> pd.DataFrame:
             "backend": run.get("backend"),
             "nodes": run.get("nodes"),
             "world_size": run.get("world_size"),
+            "linestyle": (run.get("spec") or {}).get("linestyle"),  # the problem's chart style
         }
         if None not in (row["problem"], row["mode"], row["gpus"]):
             rows.append(row)

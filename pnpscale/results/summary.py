@@ -1,6 +1,6 @@
 """Scaling summary of a sweep (pure functions over the tidy table of :func:`pnpscale.results.runs.load`).
 
-Scaled cost (the seed page, "How does communication cost grow"): for each (problem, mode), the
+Scaled cost (the study, "How does communication cost grow"): for each (problem, mode), the
 GPU-seconds of a run relative to the run at the smallest GPU count of that (problem, mode),
 ``cost(N) = N * S(N) / (N0 * S(N0))`` with ``S`` the section time per measured iteration summed
 over sections; 1.0 is perfect linear scaling. It splits into a compute part ``N * C(N) / (N0 * S(N0))``
@@ -57,7 +57,7 @@ def scaled_cost(tidy: pd.DataFrame) -> pd.DataFrame:
 
 
 def headline_checks(table: pd.DataFrame) -> list[dict[str, Any]]:
-    """The seed page's headline checks per (problem, mode), computed from the data.
+    """The study's headline checks per (problem, mode), computed from the data.
 
     Args:
         table: :func:`scaled_cost` output.

@@ -1,8 +1,8 @@
 """Transfer explained: bytes each GPU moves, the rate they imply, and a calibrated prediction (pure).
 
-Source: the seed page (``../shared/seed``), "What sets the transfer time?", and nccl-tests'
-``doc/PERFORMANCE.md`` for algorithm and bus bandwidth. Units: bytes, seconds, and GB/s meaning
-1e9 bytes per second (not GiB/s).
+Source: the study "Communication under the hood: transfer vs wait" (section "What sets the transfer
+time?"), and nccl-tests' ``doc/PERFORMANCE.md`` for algorithm and bus bandwidth. Units: bytes,
+seconds, and GB/s meaning 1e9 bytes per second (not GiB/s).
 
 * Bytes each GPU sends for a collective of payload ``P`` bytes on ``n`` GPUs over ``nodes`` nodes:
   all_reduce ring ``2·P·(n−1)/n``; all_reduce tree ``2·P·(nodes−1)/nodes`` (the bytes that cross
@@ -50,7 +50,7 @@ def _check(payload_bytes: float, n: int, what: str) -> None:
 
 
 def ring_all_reduce_bytes(payload_bytes: float, gpus: int) -> float:
-    """Bytes each GPU sends in a ring all_reduce: ``2·P·(n−1)/n`` (seed page; nccl-tests busbw).
+    """Bytes each GPU sends in a ring all_reduce: ``2·P·(n−1)/n`` (the study; nccl-tests busbw).
 
     Args:
         payload_bytes: ``P``, bytes of the tensor reduced. gpus: ``n`` ranks.
@@ -70,7 +70,7 @@ def ring_all_reduce_bytes(payload_bytes: float, gpus: int) -> float:
 def tree_all_reduce_bytes(payload_bytes: float, nodes: int) -> float:
     """Bytes each node's GPUs send across the network in a tree all_reduce: ``2·P·(nodes−1)/nodes``.
 
-    The seed page's tree model: each node first reduces over its fast intra-node links, then only
+    The study's tree model: each node first reduces over its fast intra-node links, then only
     node-level partial sums cross the network (up to the root and back down).
 
     Raises:

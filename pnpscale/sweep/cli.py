@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale.sweep.config import ConfigError, check_value, open_keys, schema_keys
+from pnpscale.sweep.point import writable_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
@@ -21,10 +22,22 @@ SWEEPS = ROOT / "sweeps"
 GROUPS = ("problem", "mode", "cluster", "sweeps")
 
 
-def group_options(group: str) -> list[str]:
-    """Option names of a config group (yaml files of ``conf/<group>/``, or ``sweeps/``)."""
-    folder = SWEEPS if group == "sweeps" else CONF / group
-    return sorted(p.stem for p in folder.glob("*.yaml"))
+def group_options(group: str, search_dirs: Sequence[Path] = ()) -> list[str]:
+    """Option names of a config group: yaml files of ``conf/<group>/`` (or ``sweeps/``), plus
+    ``<dir>/<group>/`` of every extra config folder on ``hydra.searchpath`` (a user's own problems)."""
+    folders = [SWEEPS if group == "sweeps" else CONF / group, *(Path(d) / group for d in search_dirs)]
+    return sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
+
+
+def search_dirs(parsed: Sequence[Any]) -> list[Path]:
+    """Local folders named by a ``hydra.searchpath=[file://...]`` override (``pkg://`` entries are skipped)."""
+    out: list[Path] = []
+    for ov in parsed:
+        if ov.key_or_group == "hydra.searchpath" and not ov.is_sweep_override():
+            for entry in ov.value() or []:
+                if str(entry).startswith("file://"):
+                    out.append(Path(str(entry).removeprefix("file://")))
+    return out
 
 
 def _values(ov: Any) -> list[Any]:
@@ -60,10 +73,11 @@ def check_overrides(argv: Sequence[str]) -> None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "cannot be parsed"
         raise CommandLineError([f"could not parse the overrides: {first}"]) from None
     known = set(schema_keys())
+    extra = search_dirs(parsed)
     problems: list[str] = []
     for ov in parsed:
         try:
-            _check_one(ov, known)
+            _check_one(ov, known, extra)
         except ConfigError as exc:
             problems.append(str(exc))
         except CommandLineError as exc:
@@ -72,14 +86,14 @@ def check_overrides(argv: Sequence[str]) -> None:
         raise CommandLineError(problems)
 
 
-def _check_one(ov: Any, known: set[str]) -> None:
+def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = ()) -> None:
     key = ov.key_or_group
     if key == "hydra" or key.startswith(("hydra.", "hydra/")):
         return
     if ov.is_delete():
         raise ConfigError(key, "~", "deleting keys is not supported")
     if key in GROUPS:
-        options = group_options(key)
+        options = group_options(key, extra)
         bad = [v for v in _values(ov) if v is not None and str(v) != "null" and str(v) not in options]
         if bad:
             raise CommandLineError([str(ConfigError(key, v, "allowed values: " + ", ".join(options))) for v in bad])
@@ -107,33 +121,11 @@ def _check_one(ov: Any, known: set[str]) -> None:
         raise CommandLineError(problems)
 
 
-def writable_dir(path: Path) -> bool:
-    """Whether ``path`` is, or can be created as, a folder this process can write into.
-
-    Nothing is created: a temporary file is written and removed in ``path`` or in its nearest
-    existing ancestor (permission bits alone say nothing for root or special file systems).
-    """
-    import tempfile
-
-    p = path.absolute()
-    while not p.exists():
-        if p.parent == p:
-            return False
-        p = p.parent
-    if not p.is_dir():
-        return False
-    try:
-        with tempfile.TemporaryFile(dir=p):
-            pass
-    except OSError:
-        return False
-    return True
-
-
 def compose_config(overrides: Sequence[str]) -> Any:
     """pnpscale's composed config for ``overrides`` (Hydra's compose API, schema registered).
 
-    ``hydra.*`` overrides are left out: they shape Hydra's run, not the point.
+    ``hydra.*`` overrides are left out (they shape Hydra's run, not the point), except
+    ``hydra.searchpath``, which can add config groups options (a user's own problem).
     """
     from hydra import compose, initialize_config_dir
 
@@ -141,7 +133,12 @@ def compose_config(overrides: Sequence[str]) -> Any:
 
     register_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=[o for o in overrides if not o.lstrip("+~").startswith("hydra")])
+        return compose("config", overrides=[o for o in overrides if _keeps(o)])
+
+
+def _keeps(override: str) -> bool:
+    key = override.lstrip("+~")
+    return not key.startswith("hydra") or key.startswith("hydra.searchpath")
 
 
 def check_single_point(argv: Sequence[str]) -> None:
@@ -151,7 +148,7 @@ def check_single_point(argv: Sequence[str]) -> None:
     by point, before any runs; ``--cfg``/``--help``/``--info`` run nothing and are not checked.
 
     Raises:
-        ConfigError: see :func:`pnpscale.sweep.task.make_spec`.
+        ConfigError: see :func:`pnpscale.sweep.point.resolve_point`.
     """
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -167,9 +164,10 @@ def check_single_point(argv: Sequence[str]) -> None:
             or (ov.key_or_group == "cluster" and str(ov.value()) != "local")
         ):
             return
-    from pnpscale.sweep.task import cuda_device_count, make_spec
+    from pnpscale.sweep.point import resolve_point
 
-    make_spec(compose_config(overrides), cuda_device_count())
+    cfg = compose_config(overrides)
+    resolve_point(cfg, Path(str(cfg.output.root)) / "__not_created__")
 
 
 def _show(ov: Any) -> str:

@@ -7,7 +7,7 @@ a type cannot express (``gpus`` in 1..64, tile windows a multiple of 8, ...) are
 the allowed values. Nothing is launched before :func:`validate` has passed.
 
 :func:`resolve_spec` turns a composed config into a :class:`RunSpec`: the problem sizes of the
-chosen ``scale`` preset (``paper`` = the seed page's sizes, ``small`` = CPU-friendly, ``auto`` =
+chosen ``scale`` preset (``paper`` = the study's sizes, ``small`` = CPU-friendly, ``auto`` =
 paper on CUDA, small on CPU), overlaid with every size key the user set explicitly.
 """
 
@@ -24,14 +24,8 @@ from hydra.errors import CompactHydraException
 from omegaconf import MISSING
 
 MAX_GPUS = 64
-PROBLEMS = ("2d", "3d")
-MODES = ("inference", "training")
 SCALES = ("paper", "small", "auto")
 BACKENDS = ("auto", "gloo", "nccl")
-CLUSTERS = ("local", "slurm")
-SECTIONS = {"inference": ("gradient", "denoiser"), "training": ("forward", "backward")}
-#: Number of spatial dimensions of each problem (2D image, 3D volume).
-SPATIAL_DIMS = {"2d": 2, "3d": 3}
 #: DRUNet downsamples three times by 2: tile windows must be a multiple of this.
 WINDOW_MULTIPLE = 8
 
@@ -100,9 +94,19 @@ class ScalePresets:
 
 @dataclass
 class ProblemConfig(SizeConfig):
-    """One reconstruction problem (config group ``problem``)."""
+    """One reconstruction problem (config group ``problem``; a YAML + a class, see :mod:`pnpscale.rank.problems`).
+
+    ``impl`` names the :class:`~pnpscale.rank.problems.Problem` subclass (``module:Class``);
+    ``dims`` the spatial dimensions of the signal (tiling and DRUNet); ``linestyle`` the
+    matplotlib line style of the problem in the report's charts; ``params`` free-form
+    parameters read by the problem class only.
+    """
 
     name: str = MISSING
+    impl: str = MISSING
+    dims: int = MISSING
+    linestyle: str = "-"
+    params: dict[str, Any] = field(default_factory=dict)
     channels: int = 3
     noise_sigma: float = 0.01
     denoiser_sigma: float = 0.05
@@ -113,9 +117,15 @@ class ProblemConfig(SizeConfig):
 
 @dataclass
 class ModeConfig:
-    """Inference loop or unrolled training (config group ``mode``)."""
+    """Inference loop or unrolled training (config group ``mode``).
+
+    ``impl`` names the solver class (``module:Class``, see :mod:`pnpscale.rank.solver`);
+    ``sections`` its section names in execution order (the class checks they match).
+    """
 
     name: str = MISSING
+    impl: str = MISSING
+    sections: list[str] = MISSING
     lr: float = 1e-4
     train_stepsize: bool = False
 
@@ -224,6 +234,13 @@ def _non_negative_float() -> tuple[Callable[[Any], bool], str]:
     )
 
 
+def _impl() -> tuple[Callable[[Any], bool], str]:
+    return (
+        lambda v: isinstance(v, str) and v.count(":") == 1 and all(v.split(":")),
+        "must be 'package.module:Class'",
+    )
+
+
 #: Rules for scalar keys, shared by the command-line pre-check and :func:`validate`.
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gpus": _int_in(1, MAX_GPUS),
@@ -236,6 +253,12 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "inject.delay_s": _non_negative_float(),
     "dist.threads_per_rank": (lambda v: v is None or _int_in(1)[0](v), "must be an integer >= 1, or null"),
     "problem.channels": _int_in(1),
+    "problem.dims": _int_in(1, 3),
+    "problem.impl": (
+        lambda v: isinstance(v, str) and v.count(":") == 1 and all(v.split(":")),
+        "must be 'module:Class'",
+    ),
+    "mode.impl": (lambda v: isinstance(v, str) and v.count(":") == 1 and all(v.split(":")), "must be 'module:Class'"),
     "problem.noise_sigma": _non_negative_float(),
     "problem.denoiser_sigma": _positive_float(),
     "problem.stepsize": _positive_float(),
@@ -316,25 +339,25 @@ def validate(cfg: Any, cuda_available: bool | None = None) -> None:
     """
     for key in RULES:
         check_value(key, _get(cfg, key))
-    problem, mode = cfg["problem"]["name"], cfg["mode"]["name"]
-    if problem not in PROBLEMS:
-        raise ConfigError("problem", problem, "allowed values: " + ", ".join(PROBLEMS))
-    if mode not in MODES:
-        raise ConfigError("mode", mode, "allowed values: " + ", ".join(MODES))
+    from pnpscale.cluster import CLUSTERS
+
     if cfg["cluster"]["name"] not in CLUSTERS:
         raise ConfigError("cluster", cfg["cluster"]["name"], "allowed values: " + ", ".join(CLUSTERS))
+    sections = tuple(cfg["mode"]["sections"])
+    if not sections or len(set(sections)) != len(sections) or not all(isinstance(s, str) and s for s in sections):
+        raise ConfigError("mode.sections", list(sections), "must be a list of distinct section names")
     for scale in _candidate_scales(cfg["scale"], cuda_available):
         _validate_sizes(cfg, scale)
     inj = cfg["inject"]
     if inj["rank"] is not None and not (isinstance(inj["rank"], int) and 0 <= inj["rank"] < cfg["gpus"]):
         raise ConfigError("inject.rank", inj["rank"], f"must be a rank in 0..{cfg['gpus'] - 1}")
-    if inj["section"] is not None and inj["section"] not in SECTIONS[mode]:
-        raise ConfigError("inject.section", inj["section"], "allowed values: " + ", ".join(SECTIONS[mode]))
+    if inj["section"] is not None and inj["section"] not in sections:
+        raise ConfigError("inject.section", inj["section"], "allowed values: " + ", ".join(sections))
     if (inj["delay_s"] or inj["fail"]) and inj["rank"] is None:
         what = "inject.delay_s" if inj["delay_s"] else "inject.fail"
         raise ConfigError(what, inj["delay_s"] or inj["fail"], f"needs inject.rank (a rank in 0..{cfg['gpus'] - 1})")
     if inj["delay_s"] and inj["section"] is None:
-        raise ConfigError("inject.delay_s", inj["delay_s"], "needs inject.section: " + ", ".join(SECTIONS[mode]))
+        raise ConfigError("inject.delay_s", inj["delay_s"], "needs inject.section: " + ", ".join(sections))
 
 
 def _validate_sizes(cfg: Any, scale: str) -> None:
@@ -360,8 +383,7 @@ def _validate_sizes(cfg: Any, scale: str) -> None:
         raise ConfigError(
             "problem.patch_size",
             sizes["patch_size"],
-            f"must be < problem.image_size={sizes['image_size']} (a tile must be smaller than the "
-            f"{'volume' if cfg['problem']['name'] == '3d' else 'image'}){where}",
+            f"must be < problem.image_size={sizes['image_size']} (a tile must be smaller than the signal){where}",
         )
     if sizes["image_size"] % sizes["factor"]:
         raise ConfigError(
@@ -421,6 +443,12 @@ class RunSpec:
     problem: str
     mode: str
     gpus: int
+    dims: int
+    problem_impl: str
+    mode_impl: str
+    sections: tuple[str, ...]
+    linestyle: str
+    params: dict[str, Any]
     scale: str
     scale_requested: str
     sizes: dict[str, Any]
@@ -441,11 +469,6 @@ class RunSpec:
     export_traces: bool
     inject: dict[str, Any]
     save_reconstruction: bool
-
-    @property
-    def sections(self) -> tuple[str, ...]:
-        """Section names of this mode, in execution order."""
-        return SECTIONS[self.mode]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -469,6 +492,12 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
         problem=p["name"],
         mode=m["name"],
         gpus=int(cfg["gpus"]),
+        dims=int(p["dims"]),
+        problem_impl=str(p["impl"]),
+        mode_impl=str(m["impl"]),
+        sections=tuple(str(s) for s in m["sections"]),
+        linestyle=str(p["linestyle"]),
+        params=_plain(p["params"]),
         scale=scale,
         scale_requested=cfg["scale"],
         sizes=resolve_sizes(cfg, scale),
@@ -497,6 +526,18 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
 # --------------------------------------------------------------------------------------
 
 
+def _plain(node: Any) -> dict[str, Any]:
+    """A config node as plain, JSON-able Python (OmegaConf containers resolved)."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(node):
+            return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    return dict(node or {})
+
+
 def schema_keys(cls: type = Config, prefix: str = "") -> Iterator[str]:
     """Every dotted key of the schema (leaves and inner nodes).
 
@@ -515,4 +556,4 @@ def schema_keys(cls: type = Config, prefix: str = "") -> Iterator[str]:
 
 def open_keys() -> tuple[str, ...]:
     """Schema keys whose children are free-form (dicts)."""
-    return ("cluster.additional_parameters",)
+    return ("cluster.additional_parameters", "problem.params")

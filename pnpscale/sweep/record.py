@@ -1,23 +1,193 @@
-"""The run record: rank tables -> run folder (decomposition, provenance, atomic write; rank 0 only)."""
+"""The run record: ``run.json``, typed and versioned, with its one writer and one reader.
+
+:class:`RunRecord` is the schema of ``run.json`` (``schema_version`` :data:`SCHEMA_VERSION`);
+:func:`read_record` is the only reader (it upgrades older records), :func:`write_record` /
+:func:`update_record` the only writers. :func:`write_run` (rank 0) decomposes the gathered rank
+tables and writes the run folder: tables staged and renamed together, ``run.json`` last.
+
+Schema history:
+
+* 1 (no ``schema_version`` key; pnpscale 0.1 before the record was typed): ``metrics.sections.<s>``
+  held totals over the measured iterations under the per-iteration names ``compute_s``, ``wait_s``...
+* 2: those totals are ``compute_total_s``, ``compute_max_total_s``, ``transfer_total_s``,
+  ``wait_total_s``, ``section_total_s`` (seconds summed over ``iterations`` measured iterations);
+  ``started_at`` added.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import platform
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
-from pnpscale.analysis.metrics import decompose, run_metrics
-from pnpscale.analysis.tables import frames
+
+SCHEMA_VERSION = 2
+#: metrics.sections keys renamed from schema 1 (totals had per-iteration names).
+_V1_TOTALS = {
+    "compute_s": "compute_total_s",
+    "compute_max_s": "compute_max_total_s",
+    "transfer_s": "transfer_total_s",
+    "wait_s": "wait_total_s",
+    "section_s": "section_total_s",
+}
+
+
+class RecordError(ValueError):
+    """An unreadable ``run.json``: ``str()`` is ``<path>: <reason>``."""
+
+
+@dataclass
+class RunRecord:
+    """The content of ``run.json`` (JSON object; units in the key names, times in seconds).
+
+    Attributes:
+        status: ``running``, ``complete`` or ``failed`` (a folder is complete exactly when this
+            says ``complete``).
+        problem, mode, gpus: the point.
+        scale, scale_requested: the size preset used, and the one asked for (``auto``).
+        fingerprint: digest of ``spec`` (same point + same sizes = same digest; the resume rule).
+        spec: the resolved :class:`~pnpscale.sweep.config.RunSpec` as a dict.
+        config: the resolved Hydra config.
+        error: the failure (first line: what happened; then the traceback tail), or ``None``.
+        started_at, finished_at: ISO 8601 UTC.
+        versions: python, torch, deepinv, nccl, pnpscale, platform, backend.
+        backend, world_size, nodes, hosts, device_names, threads_per_rank: where it ran.
+        assignment: ``operators_per_rank``, ``tiles_per_rank``, ``num_tiles``.
+        solver: mode-specific (training: ``losses``, ``grad_norms``), ``weights_sha256_per_rank``.
+        timings: ``launch_s``, ``init_s``, ``setup_s``, ``measure_s``... (seconds).
+        metrics: ``lb``, ``comm_e``, ``pe``, ``gpu_seconds_per_iteration``, ``iterations`` and
+            ``sections.<name>`` totals over the measured iterations (``*_total_s``) with ``lb``,
+            ``comm_e``, ``pe``.
+        files: the tables written.
+        slurm: the SLURM job (id, state, nodes, logs...), SLURM runs only.
+        extra: keys this version does not know (kept on rewrite).
+    """
+
+    status: str
+    problem: str | None = None
+    mode: str | None = None
+    gpus: int | None = None
+    scale: str | None = None
+    scale_requested: str | None = None
+    fingerprint: str | None = None
+    spec: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
+    error: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    versions: dict[str, Any] | None = None
+    backend: str | None = None
+    world_size: int | None = None
+    nodes: int | None = None
+    hosts: list[str] | None = None
+    device_names: list[str] | None = None
+    threads_per_rank: int | None = None
+    assignment: dict[str, Any] | None = None
+    solver: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
+    files: list[str] | None = None
+    slurm: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (``extra`` keys merged in, ``None``-valued optional blocks kept)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        out.update(self.extra)
+        return out
+
+    def set(self, **fields: Any) -> RunRecord:
+        """Set fields (unknown names go to :attr:`extra`); returns ``self``."""
+        names = {f.name for f in dataclasses.fields(self)} - {"extra"}
+        for k, v in fields.items():
+            if k in names:
+                setattr(self, k, v)
+            else:
+                self.extra[k] = v
+        return self
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        """Build from a ``run.json`` object of any schema version (upgraded to the current one).
+
+        Raises:
+            RecordError: not an object, no ``status``, or a schema newer than this version reads.
+        """
+        if not isinstance(data, dict):
+            raise RecordError(f"not a JSON object ({type(data).__name__})")
+        data = dict(data)
+        version = data.pop("schema_version", 1)
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise RecordError(f"schema_version {version!r}: this pnpscale reads 1..{SCHEMA_VERSION}")
+        if version == 1:
+            data = _upgrade_v1(data)
+        if not isinstance(data.get("status"), str):
+            raise RecordError("no status")
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "schema_version"}
+        known = {k: v for k, v in data.items() if k in names}
+        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+
+
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    metrics = data.get("metrics")
+    if isinstance(metrics, dict) and isinstance(metrics.get("sections"), dict):
+        metrics = dict(metrics)
+        metrics["sections"] = {
+            name: {_V1_TOTALS.get(k, k): v for k, v in sec.items()} if isinstance(sec, dict) else sec
+            for name, sec in metrics["sections"].items()
+        }
+        data["metrics"] = metrics
+    return data
+
+
+def read_record(run_dir: Path | str) -> RunRecord:
+    """The record in ``run_dir/run.json`` (the one reader).
+
+    Raises:
+        RecordError: missing or unreadable file, invalid JSON, or not a run record
+            (``str()`` names the file and the reason).
+    """
+    path = Path(run_dir) / layout.RUN_JSON
+    try:
+        data = layout.read_json(path)
+    except OSError as exc:
+        raise RecordError(f"{path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise RecordError(f"{path}: invalid JSON ({exc})") from None
+    try:
+        return RunRecord.from_dict(data)
+    except RecordError as exc:
+        raise RecordError(f"{path}: {exc}") from None
+    except TypeError as exc:  # pragma: no cover - a key of the wrong shape
+        raise RecordError(f"{path}: {exc}") from None
+
+
+def write_record(run_dir: Path | str, record: RunRecord) -> None:
+    """Write ``run_dir/run.json`` atomically (temporary file, then rename); the one writer."""
+    layout.write_json(Path(run_dir) / layout.RUN_JSON, record.to_dict())
+
+
+def update_record(run_dir: Path | str, **fields: Any) -> RunRecord | None:
+    """Set ``fields`` in an existing record (e.g. the ``slurm`` block); ``None`` when there is none."""
+    try:
+        record = read_record(run_dir)
+    except RecordError:
+        return None
+    write_record(run_dir, record.set(**fields))
+    return record
 
 
 def image_bytes(spec: Any) -> int:
-    """Bytes of the reconstructed signal: ``channels * image_size^dims * 4`` (float32)."""
-    from pnpscale.sweep.config import SPATIAL_DIMS
+    """Bytes of the reconstructed signal (the problem class's :meth:`~pnpscale.rank.problems.Problem.signal_bytes`)."""
+    from pnpscale.rank.problems import make_problem
 
-    return int(spec.channels * spec.sizes["image_size"] ** SPATIAL_DIMS[spec.problem] * 4)
+    return make_problem(spec).signal_bytes()
 
 
 def provenance(backend: str) -> dict[str, Any]:
@@ -64,10 +234,13 @@ def write_run(
     Returns:
         the ``run.json`` content.
     """
+    from pnpscale.analysis.metrics import decompose, run_metrics
+    from pnpscale.analysis.tables import frames
+
     infos = [info for _, info in gathered]
-    base = run_json_base(spec, config)
-    base.update(
-        {
+    base = start_record(spec, config)
+    fields = dict(
+        **{
             "versions": provenance(backend),
             "backend": backend,
             "world_size": len(gathered),
@@ -83,16 +256,22 @@ def write_run(
             },
             "solver": {**infos[0]["solver"], "weights_sha256_per_rank": [i["solver"]["weights_sha256"] for i in infos]},
             "timings": dict(timings),
-            **(extra or {}),
-        }
+        },
+        **(extra or {}),
     )
+    try:
+        previous = read_record(run_dir)
+        base.started_at = previous.started_at
+    except RecordError:
+        pass
+    base.set(**fields)
     try:
         ranks, colls = frames(gathered, image_bytes(spec))
         sections = decompose(ranks, colls)
-        base["metrics"] = run_metrics(sections, spec.gpus)
+        base.metrics = run_metrics(sections, spec.gpus)
     except Exception as exc:
-        base.update(status=layout.STATUS_FAILED, error=_error_text(exc))
-        layout.write_json(run_dir / layout.RUN_JSON, base)
+        base.status, base.error, base.finished_at = layout.STATUS_FAILED, _error_text(exc), now_iso()
+        write_record(run_dir, base)
         raise
     writers = {
         layout.RANKS: lambda p: ranks.to_parquet(p, index=False),
@@ -104,27 +283,25 @@ def write_run(
 
         writers[layout.RECONSTRUCTION] = lambda p: torch.save(reconstruction, p)
     layout.commit_files(run_dir, writers)
-    base["status"] = layout.STATUS_COMPLETE
-    base["finished_at"] = now_iso()
-    base["files"] = sorted(writers)
-    layout.write_json(run_dir / layout.RUN_JSON, base)
-    return base
+    base.status, base.finished_at, base.files = layout.STATUS_COMPLETE, now_iso(), sorted(writers)
+    write_record(run_dir, base)
+    return base.to_dict()
 
 
-def run_json_base(spec: Any, config: dict[str, Any] | None) -> dict[str, Any]:
-    """Fields of ``run.json`` known before any rank starts."""
-    return {
-        "status": layout.STATUS_RUNNING,
-        "problem": spec.problem,
-        "mode": spec.mode,
-        "gpus": spec.gpus,
-        "scale": spec.scale,
-        "scale_requested": spec.scale_requested,
-        "fingerprint": spec.fingerprint(),
-        "spec": spec.to_dict(),
-        "config": config,
-        "error": None,
-    }
+def start_record(spec: Any, config: dict[str, Any] | None) -> RunRecord:
+    """The record of a point about to start (status ``running``): what is known before any rank runs."""
+    return RunRecord(
+        status=layout.STATUS_RUNNING,
+        problem=spec.problem,
+        mode=spec.mode,
+        gpus=spec.gpus,
+        scale=spec.scale,
+        scale_requested=spec.scale_requested,
+        fingerprint=spec.fingerprint(),
+        spec=spec.to_dict(),
+        config=config,
+        started_at=now_iso(),
+    )
 
 
 def write_failure(
@@ -134,19 +311,17 @@ def write_failure(
 
     Keeps the fields of an existing ``run.json`` (e.g. written by rank 0 before it failed).
     """
-    path = run_dir / layout.RUN_JSON
     try:
-        base = layout.read_json(path)
-    except (OSError, ValueError):
-        base = run_json_base(spec, config)
-    base.update(
-        status=layout.STATUS_FAILED, error=exc if isinstance(exc, str) else _error_text(exc), finished_at=now_iso()
-    )
-    base.update(extra)
-    layout.write_json(path, base)
+        base = read_record(run_dir)
+    except RecordError:
+        base = start_record(spec, config)
+    base.status, base.finished_at = layout.STATUS_FAILED, now_iso()
+    base.error = exc if isinstance(exc, str) else _error_text(exc)
+    write_record(run_dir, base.set(**extra))
 
 
 def now_iso() -> str:
+    """Now, ISO 8601 UTC to the second."""
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 

@@ -15,7 +15,7 @@ produce:
   linearly in bytes (least squares: slope = 1/rate, intercept = latency, R²) and wait must not
   (its slope stays small against transfer's). The real sections cannot serve here: their compute
   grows with the image, and so does their timing noise.
-* **Noise floor**: without injection, wait as % of compute per section: the seed page's "timing
+* **Noise floor**: without injection, wait as % of compute per section: the study's "timing
   noise" level of this machine (reported, not judged).
 
 Checks read the runs' ``ranks.parquet`` / ``collectives.parquet`` and decompose them with
@@ -105,7 +105,7 @@ def imbalance_checks(base: Tables, injected: Tables, section: str, delay_s: floa
         delay_s: the injected delay, seconds.
         world: ranks W.
         decompose_fn: the decomposition under test.
-        rel_tol: tolerance as a fraction of the expected change (the seed page's noise is a few
+        rel_tol: tolerance as a fraction of the expected change (the study's noise is a few
             percent of compute; the delay is chosen much larger than the section's own time).
 
     Returns:
@@ -357,9 +357,9 @@ def run_suite(out: Path, *, gpus: int, delay_s: float, section: str, payloads: S
         "overrides": list(overrides),
         "checks": [asdict(c) for c in checks],
     }
-    layout.write_json(out / "validate.json", result)
+    layout.write_json(out / layout.VALIDATE_JSON, result)
     echo(format_table(checks))
-    echo(("PASSED" if result["passed"] else "FAILED") + f": {out / 'validate.json'}")
+    echo(("PASSED" if result["passed"] else "FAILED") + f": {out / layout.VALIDATE_JSON}")
     return result
 
 
@@ -390,7 +390,7 @@ def submit_suite(
     echo(f"validation submitted as SLURM job {job.job_id} (logs: {out / '.submitit'}); waiting")
     result = job.result()
     echo(format_table([Check(**c) for c in result["checks"]]))
-    echo(("PASSED" if result["passed"] else "FAILED") + f": {out / 'validate.json'}")
+    echo(("PASSED" if result["passed"] else "FAILED") + f": {out / layout.VALIDATE_JSON}")
     return result
 
 

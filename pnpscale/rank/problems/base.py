@@ -1,0 +1,205 @@
+"""What a reconstruction problem is: the :class:`Problem` interface and its registry.
+
+A problem is two files: a class (a subclass of :class:`Problem`: ground truth, acquisition
+operators, the signal's dtype) and ``conf/problem/<name>.yaml`` (its name, ``impl:
+module:Class``, spatial dimensions, chart line style, physics parameters and the ``paper`` /
+``small`` size presets). The YAML is what the Hydra parent reads (validation, sweeps, reports:
+no torch import there); the class is resolved by :func:`problem_class` on the ranks only.
+
+Everything a problem builds comes from the run's seed, identically on every rank, without
+downloads. Operators are built by a factory ``make(index, device, kwargs)`` so that each rank
+builds only its own (deepinv.distributed calls it for the rank's indices, round-robin
+``i % world_size``). Measurement ``i`` is ``A_i x + noise_sigma * n_i`` with ``n_i`` drawn from a
+generator seeded by ``(seed, i)``: the same on every rank and for every world size.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+
+class ProblemError(ValueError):
+    """A problem that cannot be resolved or built (message names ``problem.impl`` and the value)."""
+
+
+@dataclass
+class ProblemData:
+    """What a rank holds of the problem.
+
+    Attributes:
+        x_true: ground truth, shape ``(1, C, *[N]*dims)``.
+        factory: operator factory for deepinv.distributed, ``(index, device, kwargs) -> LinearPhysics``.
+        num_operators: total operator count ``M``.
+        lipschitz: upper bound of ``||sum_i A_i^T A_i||`` used for the step size ``gamma = stepsize / L``.
+    """
+
+    x_true: torch.Tensor
+    factory: Callable[[int, torch.device, dict | None], torch.nn.Module]
+    num_operators: int
+    lipschitz: float
+
+
+class Problem:
+    """Base class of a reconstruction problem (subclass it; name it in ``conf/problem/<name>.yaml``).
+
+    Subclasses implement :meth:`operator`; the defaults give a synthetic ground truth
+    (:func:`synthetic_signal`), ``L = num_operators`` (every operator of norm <= 1) and float32.
+
+    Args:
+        spec: the run's :class:`~pnpscale.sweep.config.RunSpec` (sizes in ``spec.sizes``, physics
+            parameters ``spec.channels``, ``spec.blur_sigma``, ..., dimensions ``spec.dims``).
+    """
+
+    #: dtype of the reconstructed signal: sets the payload of the image-sized collectives.
+    signal_dtype: ClassVar[torch.dtype] = torch.float32
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+    @property
+    def num_operators(self) -> int:
+        return int(self.spec.sizes["num_operators"])
+
+    def ground_truth(self, device: torch.device) -> torch.Tensor:
+        """Signal ``(1, C, *[N]*dims)`` of :attr:`signal_dtype` (default: :func:`synthetic_signal`)."""
+        s = self.spec
+        return synthetic_signal(s.sizes["image_size"], s.channels, s.dims, s.seed, device).to(self.signal_dtype)
+
+    def operator(self, index: int, device: torch.device) -> torch.nn.Module:
+        """Acquisition operator ``index`` (0..M-1), a deepinv ``LinearPhysics``, built on ``device``."""
+        raise NotImplementedError(f"{type(self).__name__}.operator")
+
+    def lipschitz(self) -> float:
+        """Upper bound of ``||sum_i A_i^T A_i||`` (default ``M``: operators of norm <= 1)."""
+        return float(self.num_operators)
+
+    def signal_bytes(self) -> int:
+        """Bytes of the reconstructed signal, ``C * N^dims * itemsize`` (the main collectives' payload).
+
+        Raises:
+            ProblemError: a complex or otherwise sizeless dtype.
+        """
+        itemsize = torch.empty((), dtype=self.signal_dtype).element_size()
+        s = self.spec
+        return int(s.channels * s.sizes["image_size"] ** s.dims * itemsize)
+
+    def build(self, device: torch.device) -> ProblemData:
+        """Ground truth and operator factory on ``device``."""
+
+        def factory(index: int, dev: torch.device, _kwargs: dict | None = None) -> torch.nn.Module:
+            return self.operator(index, dev)
+
+        return ProblemData(self.ground_truth(device), factory, self.num_operators, self.lipschitz())
+
+
+def resolve_impl(impl: str, key: str = "problem.impl") -> type:
+    """Import ``"package.module:Class"`` and return the class.
+
+    Raises:
+        ProblemError: malformed string, missing module or attribute (one line naming ``key``).
+    """
+    module_name, sep, attr = impl.partition(":")
+    if not sep or not module_name or not attr:
+        raise ProblemError(f"{key}={impl}: must be 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ProblemError(f"{key}={impl}: cannot import {module_name} ({exc})") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ProblemError(f"{key}={impl}: {module_name} has no attribute {attr}") from None
+
+
+def problem_class(impl: str) -> type[Problem]:
+    """The :class:`Problem` subclass named by ``impl`` (``conf/problem/<name>.yaml``'s ``impl``).
+
+    Raises:
+        ProblemError: not importable, or not a :class:`Problem` subclass.
+    """
+    cls = resolve_impl(impl)
+    if not (isinstance(cls, type) and issubclass(cls, Problem)):
+        raise ProblemError(f"problem.impl={impl}: not a subclass of pnpscale.rank.problems.Problem")
+    return cls
+
+
+def make_problem(spec: Any) -> Problem:
+    """The problem object of a run spec (``spec.problem_impl``)."""
+    return problem_class(spec.problem_impl)(spec)
+
+
+def synthetic_signal(
+    size: int, channels: int, dims: int, seed: int, device: torch.device, n_shapes: int = 24
+) -> torch.Tensor:
+    """Random ellipses (2D) or ellipsoids (3D) per channel on a ``[-1, 1]^dims`` grid.
+
+    Args:
+        size: side length in pixels/voxels.
+        channels: channel count ``C``.
+        dims: 1, 2 or 3.
+        seed: parameters are drawn from a CPU generator with this seed (identical on every rank).
+        device: where the signal is evaluated (no host-side full-size temporaries).
+        n_shapes: shapes per channel.
+
+    Returns:
+        float32 tensor ``(1, C, *[size]*dims)`` clamped to [0, 1].
+    """
+    g = torch.Generator().manual_seed(seed)
+    axis = torch.linspace(-1.0, 1.0, size, device=device)
+    grids = [axis.view([-1 if d == k else 1 for d in range(dims)]) for k in range(dims)]
+    out = torch.zeros((1, channels, *([size] * dims)), device=device)
+    for c in range(channels):
+        for _ in range(n_shapes):
+            centre = (torch.rand(dims, generator=g) * 1.4 - 0.7).tolist()
+            radii = (torch.rand(dims, generator=g) * 0.35 + 0.05).tolist()
+            amp = float(torch.rand(1, generator=g) * 0.4 + 0.1)
+            theta = float(torch.rand(1, generator=g) * math.pi)
+            u = [grids[k] - centre[k] for k in range(dims)]
+            if dims >= 2:  # rotate in the plane of the last two axes
+                a, b = u[-2], u[-1]
+                u[-2] = a * math.cos(theta) + b * math.sin(theta)
+                u[-1] = -a * math.sin(theta) + b * math.cos(theta)
+            r2 = sum((u[k] / radii[k]) ** 2 for k in range(dims))
+            out[0, c] += amp * (r2 <= 1.0)
+    return out.clamp_(0.0, 1.0)
+
+
+def gaussian_filter(sigmas: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """Normalised separable Gaussian, odd support ``2*ceil(3 sigma)+1`` per axis, shape ``(1, 1, *k)``."""
+    axes = []
+    for s in sigmas:
+        half = max(1, math.ceil(3 * s))
+        t = torch.arange(-half, half + 1, dtype=torch.float32, device=device)
+        axes.append(torch.exp(-0.5 * (t / s) ** 2))
+    filt = axes[0]
+    for ax in axes[1:]:
+        filt = filt.unsqueeze(-1) * ax
+    filt = filt / filt.sum()
+    return filt.view(1, 1, *filt.shape)
+
+
+def measurements(
+    problem: ProblemData, local_physics: list[torch.nn.Module], local_indices: list[int], noise_sigma: float, seed: int
+) -> list[torch.Tensor]:
+    """Noisy measurements for every operator index (deepinv's data fidelity wants the full list).
+
+    Entries of operators held by other ranks are empty placeholders: deepinv's
+    ``DistributedDataFidelity`` only reads the rank's own entries.
+
+    Returns:
+        list of length ``problem.num_operators``.
+    """
+    x = problem.x_true
+    ys: list[torch.Tensor] = [torch.empty(0, device=x.device) for _ in range(problem.num_operators)]
+    for phys, i in zip(local_physics, local_indices, strict=True):
+        clean = phys.A(x)
+        g = torch.Generator(device=x.device).manual_seed(seed * 100_003 + i)
+        noise = torch.randn(clean.shape, generator=g, device=x.device, dtype=clean.dtype)
+        ys[i] = clean + noise_sigma * noise
+    return ys

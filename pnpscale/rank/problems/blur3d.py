@@ -1,0 +1,36 @@
+"""``problem=3d``: a volume behind anisotropic 3D Gaussian blurs (``conf/problem/3d.yaml``).
+
+View ``i`` is deepinv's :class:`~deepinv.physics.Blur` (FFT-based, circular boundary) with a
+Gaussian long along axis ``i mod 3`` (sigma ``2 + 0.5 (i div 3)`` times the short one), decimated by
+``factor`` along every axis when ``factor > 1``. Norms <= 1, so ``L = M``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pnpscale.rank.problems.base import Problem, gaussian_filter
+
+
+def _upsample_zeros(y: torch.Tensor, f: int) -> torch.Tensor:
+    shape = (*y.shape[:-3], *(d * f for d in y.shape[-3:]))
+    x = torch.zeros(shape, dtype=y.dtype, device=y.device)
+    x[..., ::f, ::f, ::f] = y
+    return x
+
+
+class AnisotropicBlur3D(Problem):
+    """Anisotropic 3D blurs at different orientations (one channel volume, ``M`` views)."""
+
+    def operator(self, index: int, device: torch.device) -> torch.nn.Module:
+        from deepinv.physics import Blur, LinearPhysics
+
+        s = self.spec.blur_sigma
+        sig = [s, s, s]
+        sig[index % 3] = s * (2.0 + 0.5 * (index // 3))
+        blur = Blur(filter=gaussian_filter(tuple(sig), device), padding="circular", use_fft=True, device=device)
+        f = self.spec.sizes["factor"]
+        if f == 1:
+            return blur
+        dec = LinearPhysics(A=lambda x: x[..., ::f, ::f, ::f], A_adjoint=lambda y: _upsample_zeros(y, f))
+        return dec * blur

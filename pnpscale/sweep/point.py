@@ -1,0 +1,151 @@
+"""One sweep point: resolved and validated once, its label and folder, and the resume rule.
+
+Every launcher (local, SLURM) and the Hydra task go through :func:`resolve_point`: the composed
+config is validated (:func:`pnpscale.sweep.config.validate`), resolved into the frozen
+:class:`~pnpscale.sweep.config.RunSpec` (``scale`` preset, sizes, problem and mode classes),
+checked by the cluster backend that will run it (:meth:`pnpscale.cluster.base.Cluster.check`) and
+against the run folder it will write (:func:`complete_run`). Nothing starts before this passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pnpscale import layout
+from pnpscale.sweep.config import ConfigError, RunSpec, resolve_spec
+
+
+def cuda_device_count() -> int:
+    """CUDA devices visible to this process (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def label(problem: str, mode: str, gpus: int) -> str:
+    """How logs and reports name a point.
+
+    >>> label("2d", "inference", 4)
+    'problem=2d mode=inference gpus=4'
+    """
+    return f"problem={problem} mode={mode} gpus={gpus}"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One sweep point, resolved.
+
+    Attributes:
+        spec: the resolved measurement (what the ranks receive).
+        cluster: the cluster backend's name (``local``, ``slurm``, ...).
+        run_dir: the point's run folder.
+        resume: skip the point when ``run_dir`` already holds a complete run of the same spec.
+        done: that complete run's ``run.json`` (``resume=true``), else ``None``.
+    """
+
+    spec: RunSpec
+    cluster: str
+    run_dir: Path
+    resume: bool
+    done: dict[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        return label(self.spec.problem, self.spec.mode, self.spec.gpus)
+
+
+_RESOLVED: dict[tuple[str, str, int | None], Point] = {}
+
+
+def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None) -> Point:
+    """Validate and resolve one composed config into a :class:`Point` (the only place this happens).
+
+    A launcher resolves every point of a sweep before the first runs; the Hydra task of the same
+    process then gets the same :class:`Point` back (memoised on the config and folder), so each
+    point is validated once.
+
+    Args:
+        cfg: the point's composed config (``DictConfig`` or nested mappings).
+        run_dir: its run folder.
+        cuda_devices: CUDA devices of the machine deciding ``scale=auto`` (default: this one's).
+            Backends that resolve on the compute node (SLURM) check both presets instead.
+
+    Raises:
+        ConfigError: a broken value rule, a point this cluster backend cannot run, an unwritable
+            ``output.root``, or (``resume=true``) a folder holding a complete run of another spec.
+    """
+    import json
+
+    from omegaconf import OmegaConf
+
+    from pnpscale.cluster import cluster_backend
+
+    plain = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else dict(cfg)
+    plain.pop("hydra", None)
+    key = (str(Path(run_dir).absolute()), json.dumps(plain, sort_keys=True, default=str), cuda_devices)
+    if key in _RESOLVED:
+        return _RESOLVED[key]
+    backend = cluster_backend(str(cfg["cluster"]["name"]))
+    devices = cuda_device_count() if cuda_devices is None else cuda_devices
+    spec = resolve_spec(cfg, cuda_available=devices > 0)
+    backend.check(cfg, spec, devices)
+    if not writable_dir(Path(str(cfg["output"]["root"]))):
+        raise ConfigError("output.root", cfg["output"]["root"], "must be a folder this user can create and write")
+    resume = bool(cfg["resume"])
+    point = Point(spec, backend.name, Path(run_dir), resume, complete_run(Path(run_dir), cfg, resume))
+    _RESOLVED[key] = point
+    return point
+
+
+def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any] | None:
+    """The resume rule: the ``run.json`` of a complete run of the same spec in ``run_dir``, else ``None``.
+
+    "Same spec" compares fingerprints once ``cfg`` is resolved the way the stored run resolved
+    ``scale`` (``scale=auto`` is decided where the ranks run: paper with CUDA, small without).
+
+    Raises:
+        ConfigError: ``resume=true`` and the folder holds a complete run of a *different* spec
+            (never overwritten silently; ``resume=false`` replaces it).
+    """
+    from pnpscale.sweep.record import RecordError, read_record
+
+    if not resume or layout.run_status(run_dir) != layout.STATUS_COMPLETE:
+        return None
+    try:
+        done = read_record(run_dir).to_dict()
+    except RecordError:
+        return None
+    spec = resolve_spec(cfg, cuda_available=done.get("scale") == "paper")
+    if done.get("fingerprint") == spec.fingerprint():
+        return done
+    raise ConfigError(
+        "resume",
+        True,
+        f"{run_dir} holds a complete run of another spec (fingerprint {done.get('fingerprint')}, this point "
+        f"{spec.fingerprint()}): use another hydra.sweep.dir, or resume=false to replace it",
+    )
+
+
+def writable_dir(path: Path) -> bool:
+    """Whether ``path`` is, or can be created as, a folder this process can write into.
+
+    Nothing is created: a temporary file is written and removed in ``path`` or in its nearest
+    existing ancestor (permission bits alone say nothing for root or special file systems).
+    """
+    import tempfile
+
+    p = path.absolute()
+    while not p.exists():
+        if p.parent == p:
+            return False
+        p = p.parent
+    if not p.is_dir():
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,209 @@
+"""The house: no import cycles, one owner of file names, registries that extend without edits, old records load."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pnpscale import columns as K
+from pnpscale import layout
+from tests.helpers import ROOT, TINY_2D, read_run, run_cli, run_dirs
+
+PKG = ROOT / "pnpscale"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _module_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """pnpscale modules imported at module level (not inside functions), resolved to known module names."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If):  # TYPE_CHECKING blocks are not executed
+            continue
+        for sub in [node] if not isinstance(node, ast.Try) else node.body:
+            targets: list[str] = []
+            if isinstance(sub, ast.Import):
+                targets = [a.name for a in sub.names]
+            elif isinstance(sub, ast.ImportFrom) and sub.module:
+                targets = [sub.module] + [f"{sub.module}.{a.name}" for a in sub.names]
+            for t in targets:
+                if t in known and t != name:
+                    found.add(t)
+    return found
+
+
+def test_no_import_cycle_in_the_static_import_graph():
+    mods = _modules()
+    graph = {m: _module_level_imports(p, m, set(mods)) for m, p in mods.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n) :] + [n]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_every_module_imports_in_a_fresh_interpreter():
+    names = [m for m in _modules() if not m.endswith("__main__")]
+    code = (
+        "import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\nprint('ok', len(sys.argv) - 1)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == f"ok {len(names)}"
+
+
+#: File names a run writes that are not pnpscale's to choose (torch elastic's own per-rank files),
+#: and the report's chart names (owned by the CHARTS registry next to the functions that draw them).
+_FOREIGN = {
+    ("pnpscale/cluster/local.py", "error.json"),
+    ("pnpscale/cluster/local.py", "stderr.log"),
+}
+_FILE_NAME = re.compile(r"^[\w{}\-][\w.{}\-]*\.(parquet|json|log|pt|out|err|yaml|md)$|^rank\{")
+
+
+def test_layout_owns_every_file_name_a_run_writes():
+    """No module but pnpscale.layout spells a run-folder file name (``*.parquet``, ``run.json``, ``rank{r}...``)."""
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "pnpscale/layout.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                if _FILE_NAME.match(node.value) and (rel, node.value) not in _FOREIGN:
+                    offenders.append(f"{rel}:{node.lineno}: {node.value!r}")
+            if isinstance(node, ast.JoinedStr):
+                text = "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+                if re.match(r"^rank$", text.split("{")[0]) and re.search(r"\.(log|json|out|err)", text):
+                    offenders.append(f"{rel}:{node.lineno}: f-string {text!r}")
+    assert not offenders, "file names outside pnpscale.layout:\n" + "\n".join(offenders)
+
+
+def test_nothing_in_the_package_points_outside_the_repository():
+    hits = []
+    for path in list(PKG.rglob("*.py")) + list((ROOT / "conf").rglob("*.yaml")) + [ROOT / "README.md"]:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if "../shared" in line or "seed page" in line:
+                hits.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not hits, "\n".join(hits)
+
+
+def test_a_record_of_schema_1_loads_and_is_upgraded():
+    """A run folder written before run.json was typed (no schema_version, totals under per-iteration names)."""
+    import pnpscale
+    from pnpscale.sweep.record import SCHEMA_VERSION, read_record
+
+    sweep = ROOT / "tests" / "data" / "run_v1"
+    run_dir = sweep / "problem=2d" / "mode=inference" / "gpus=2"
+    raw = json.loads((run_dir / layout.RUN_JSON).read_text())
+    assert "schema_version" not in raw and "compute_s" in raw["metrics"]["sections"]["gradient"]
+    rec = read_record(run_dir)
+    assert rec.schema_version == SCHEMA_VERSION and rec.status == "complete" and rec.gpus == 2
+    grad = rec.metrics["sections"]["gradient"]
+    assert grad["compute_total_s"] == raw["metrics"]["sections"]["gradient"]["compute_s"]
+    assert "compute_s" not in grad and grad["iterations"] == 1
+    table = pnpscale.load(str(sweep))
+    row = table[(table[K.SECTION] == "gradient")].iloc[0]
+    assert row["status"] == "complete" and row["gpus"] == 2
+    sections = pd.read_parquet(run_dir / layout.SECTIONS)
+    measured = sections[(sections[K.SECTION] == "gradient") & ~sections[K.WARMUP]]
+    assert row[K.COMPUTE_S] == pytest.approx(measured[K.COMPUTE_S].mean())
+
+
+def test_a_record_roundtrips_and_keeps_unknown_keys(tmp_path):
+    from pnpscale.sweep.record import RecordError, RunRecord, read_record, update_record, write_record
+
+    write_record(tmp_path, RunRecord(status="running", problem="2d", mode="inference", gpus=2).set(anomalies=[]))
+    update_record(tmp_path, slurm={"job_id": "7"}, future_block={"x": 1})
+    rec = read_record(tmp_path)
+    assert rec.slurm == {"job_id": "7"} and rec.extra == {"anomalies": [], "future_block": {"x": 1}}
+    assert json.loads((tmp_path / layout.RUN_JSON).read_text())["future_block"] == {"x": 1}
+    (tmp_path / layout.RUN_JSON).write_text("{garbage")
+    with pytest.raises(RecordError, match=r"run\.json: invalid JSON"):
+        read_record(tmp_path)
+    (tmp_path / layout.RUN_JSON).write_text(json.dumps({"status": "complete", "schema_version": 99}))
+    with pytest.raises(RecordError, match="schema_version 99: this pnpscale reads 1..2"):
+        read_record(tmp_path)
+
+
+def test_cluster_backends_come_from_the_registry():
+    from pnpscale.cluster import CLUSTERS, cluster_backend
+    from pnpscale.cluster.base import Cluster
+    from pnpscale.sweep.config import ConfigError
+
+    for name in CLUSTERS:
+        backend = cluster_backend(name)
+        assert isinstance(backend, Cluster) and backend.name == name
+    with pytest.raises(ConfigError, match="cluster=pbs: allowed values: local, slurm"):
+        cluster_backend("pbs")
+    task = (PKG / "sweep" / "task.py").read_text()
+    assert "slurm" not in task.lower(), "the Hydra task must know only the Cluster interface"
+
+
+@pytest.mark.slow
+def test_a_problem_added_through_the_registry_runs_end_to_end(tmp_path):
+    """tests/toy_problem.py + tests/data/conf/problem/toy.yaml, nothing else: 2 CPU ranks, complete run."""
+    conf = ROOT / "tests" / "data" / "conf"
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = run_cli(
+        "problem=toy", "gpus=2", "iterations=2", "warmup=1", f"hydra.searchpath=[file://{conf}]",
+        root=tmp_path, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = run_dirs(tmp_path)
+    run = read_run(run_dir)
+    assert run["status"] == "complete" and run["problem"] == "toy" and run["spec"]["linestyle"] == ":"
+    assert run["assignment"]["operators_per_rank"] == [2, 1]  # 3 operators round-robin on 2 ranks
+    colls = pd.read_parquet(run_dir / layout.COLLECTIVES)
+    main = colls[colls[K.MAIN]]
+    assert set(main[K.PAYLOAD_BYTES]) == {1 * 32 * 32 * 4}  # one channel, 32x32, float32
+    bad = run_cli("problem=nope", root=tmp_path, env=env)
+    assert bad.returncode == 2 and "problem=nope: allowed values: 2d, 3d" in bad.stderr
+
+
+def test_tiny_2d_overrides_still_compose():
+    from pnpscale.sweep.cli import compose_config
+    from pnpscale.sweep.point import resolve_point
+
+    cfg = compose_config(["gpus=2", *TINY_2D])
+    point = resolve_point(cfg, Path("/nonexistent/run"), cuda_devices=0)
+    assert point.spec.dims == 2 and point.spec.sections == ("gradient", "denoiser")
+    assert point.label == "problem=2d mode=inference gpus=2" and point.done is None

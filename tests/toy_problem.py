@@ -1,0 +1,22 @@
+"""A problem defined outside pnpscale, through the registry only (tests/data/conf/problem/toy.yaml + this class).
+
+One-channel 2D deconvolution: operator ``i`` is a plain convolution with a Gaussian of width
+``blur_sigma * (1 + i/2)`` (deepinv ``Blur``, circular boundary), norm <= 1 so ``L = M``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pnpscale.rank.problems import Problem
+from pnpscale.rank.problems.base import gaussian_filter
+
+
+class ToyDeconvolution(Problem):
+    """Deconvolution of a one-channel image from ``M`` differently blurred copies."""
+
+    def operator(self, index: int, device: torch.device) -> torch.nn.Module:
+        from deepinv.physics import Blur
+
+        sigma = self.spec.blur_sigma * (1.0 + 0.5 * index) * float(self.spec.params.get("width", 1.0))
+        return Blur(filter=gaussian_filter((sigma, sigma), device), padding="circular", device=device)
