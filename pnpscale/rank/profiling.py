@@ -9,7 +9,6 @@ is launched and finished inside it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,10 +89,10 @@ def profiler_events(prof: profile) -> list[Event]:
 
 def export_trace(prof: profile, path: Path) -> None:
     """Write the Kineto trace (Chrome/Perfetto/HTA-readable JSON) atomically to ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    prof.export_chrome_trace(str(tmp))
-    os.replace(tmp, path)
+    from pnpscale import layout
+
+    with layout.atomic_path(path) as tmp:
+        prof.export_chrome_trace(str(tmp))
 
 
 class PeakMemory:

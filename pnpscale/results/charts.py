@@ -230,10 +230,8 @@ CHARTS = {
 
 
 def save(fig: Figure, path: Path) -> None:
-    """Write ``fig`` as a PNG (via a temporary name, then rename) and close it."""
-    import os
+    """Write ``fig`` as a PNG atomically (temporary name, then rename: :func:`pnpscale.layout.atomic_path`)."""
+    from pnpscale import layout
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
+    with layout.atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
