@@ -97,3 +97,16 @@ TRANSFER_COLUMNS = (
     CALIBRATED_RATE_GBPS, PREDICTED_TRANSFER_S, REL_ERROR,
 )  # fmt: skip
 RATES_COLUMNS = (BACKEND, ROUTE, RATE_GBPS, N_ROWS, CALIBRATION, ROWS)
+
+# --- projection (pnpscale.results.projection): one row per (problem, mode) x N x section ---
+SCALED_COST = "scaled_cost"
+MEASURED = "measured"
+PROJECTION_COLUMNS = (
+    PROBLEM, MODE, GPUS, NODES, SECTION, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S, LB, COMM_E, PE,
+    GPU_SECONDS, SCALED_COST, ROUTE, RATE_GBPS, MEASURED,
+)  # fmt: skip
+#: leave-one-out validation of the projection: one row per held-out N x section x metric.
+VALIDATION_COLUMNS = (
+    PROBLEM, MODE, "held_out_gpus", "fitted_on", SECTION, "metric", "measured_value", "projected_value", REL_ERROR,
+    "headline",
+)  # fmt: skip
