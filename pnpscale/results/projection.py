@@ -654,7 +654,7 @@ def markdown(p: Projection) -> list[str]:
 def plot(p: Projection) -> Any:
     """Measured points (markers) and the projection (lines) per (problem, mode): time per iteration and its
     parts (top), PE (bottom); a dotted line at the largest measured N. Returns a matplotlib Figure."""
-    from pnpscale.results.charts import _figure
+    from pnpscale.results.charts import _figure, _log2_x
 
     keys = sorted(p.findings) or [("", "")]
     fig, axes = _figure(2, len(keys), (6.0 * len(keys), 8.0), squeeze=False)
@@ -675,8 +675,7 @@ def plot(p: Projection) -> Any:
         largest = int(meas[K.GPUS].max())
         for ax in (top, bottom):
             ax.axvline(largest, color="gray", ls=":", label=f"largest measured N = {largest}")
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("GPUs")
+            _log2_x(ax, t[K.GPUS])
         top.set_yscale("log")
         top.set_ylabel("seconds per iteration")
         top.set_title(f"{problem} {mode}: projection")

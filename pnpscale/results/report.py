@@ -81,7 +81,7 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
     projected = project_sweep(table, out)
     if projected:
         charts.append(layout.PROJECTION_PNG)
-    layout.atomic_write_text(out / README, markdown(table, charts, transfer, ranks) + "\n".join(projected))
+    layout.atomic_write_text(out / README, "\n".join([markdown(table, charts, transfer, ranks), *projected]))
     return out
 
 
@@ -206,7 +206,8 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
             elif counts.min() != counts.max():
                 why.append(f"{unit} per rank range {int(counts.min())}–{int(counts.max())}")
             else:
-                why.append(f"every rank holds {int(counts.iloc[0])} {unit}: the ranks differ in speed")
+                k = int(counts.iloc[0])
+                why.append(f"every rank holds {k} {unit if k != 1 else unit[:-1]}: the ranks differ in speed")
         text += (": " + ", ".join(why)) if why else ""
     elif top == K.WAIT_JITTER_S and not crit.empty:
         text += ": the same work finishes at different times from one iteration to the next"
