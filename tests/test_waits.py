@@ -153,7 +153,7 @@ def test_injected_delay_shows_up_as_uneven_work_not_late_start(tmp_path):
     """A busy delay D on rank 1 of 2 in the denoiser: uneven work grows by D(W−1)/W, late start stays ~0."""
     from tests.helpers import TINY_2D, run_cli, run_dirs
 
-    delay, world = 0.2, 2
+    delay, world = 0.5, 2  # large against the noise of a shared machine (the 5 % is relative to D(W-1)/W)
     tiny = [o for o in TINY_2D if not o.startswith("iterations=")] + ["iterations=3"]
     parts = {}
     for name, extra in (

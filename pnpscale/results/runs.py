@@ -21,7 +21,17 @@ from pnpscale.sweep.record import RecordError, read_record
 POINT = ["problem", "mode", "gpus"]
 _HIVE = re.compile(r"^(problem|mode|gpus)=(.+)$")
 #: Columns of :func:`load`, besides the per-section metrics of :func:`pnpscale.analysis.metrics.summarize`.
-RUN_COLUMNS = ["run_dir", "status", "scale", "backend", "nodes", "world_size", "linestyle", "num_operators", "num_tiles"]
+RUN_COLUMNS = [
+    "run_dir",
+    "status",
+    "scale",
+    "backend",
+    "nodes",
+    "world_size",
+    "linestyle",
+    "num_operators",
+    "num_tiles",
+]
 #: Metric columns of :func:`load` (NaN for failed points; present even when no run completed).
 METRIC_COLUMNS = [
     "iterations", K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, K.LB, K.COMM_E, K.PE,
