@@ -6,12 +6,15 @@ Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_GBps`` 1e9 bytes pe
     RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES
 
 ``collectives.parquet`` — one row per rank x iteration x section x collective:
-    RANK, ITERATION, SECTION, SEQ, COLLECTIVE, DURATION_S, PAYLOAD_BYTES, MAIN
+    RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN
+    (START_S: the collective's start on the rank's clock, same origin as the rank's section START_S;
+    absent, or NaN, in run folders written before it existed)
 
 ``sections.parquet`` — one row per iteration x section (the POP decomposition):
     ITERATION, SECTION, WARMUP, WORLD_SIZE, SECTION_S, SECTION_MAX_S, COMPUTE_S, COMPUTE_MAX_S,
     TRANSFER_S, WAIT_S, LB, N_COLLECTIVES, MAIN_COLLECTIVE, MAIN_PAYLOAD_BYTES, N_MAIN,
-    MAIN_TRANSFER_S, OTHER_PAYLOAD_BYTES
+    MAIN_TRANSFER_S, OTHER_PAYLOAD_BYTES, WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S
+    (the three wait parts sum to WAIT_S; see pnpscale.analysis.waits; NA in older run folders)
 """
 
 RANK = "rank"
@@ -44,14 +47,19 @@ MAIN_PAYLOAD_BYTES = "main_payload_bytes"
 MAIN_TRANSFER_S = "main_transfer_s"
 N_MAIN = "n_main"
 OTHER_PAYLOAD_BYTES = "other_payload_bytes"
+WAIT_LATE_START_S = "wait_late_start_s"
+WAIT_IMBALANCE_S = "wait_imbalance_s"
+WAIT_JITTER_S = "wait_jitter_s"
+#: the wait split by cause (pnpscale.analysis.waits): late start + uneven work + jitter = wait.
+WAIT_CAUSES = (WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S)
 GPU_SECONDS = "gpu_seconds"
 
 RANKS_COLUMNS = (RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES)
-COLLECTIVES_COLUMNS = (RANK, ITERATION, SECTION, SEQ, COLLECTIVE, DURATION_S, PAYLOAD_BYTES, MAIN)
+COLLECTIVES_COLUMNS = (RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN)
 SECTIONS_COLUMNS = (
     ITERATION, SECTION, WARMUP, WORLD_SIZE, SECTION_S, SECTION_MAX_S, COMPUTE_S, COMPUTE_MAX_S,
     TRANSFER_S, WAIT_S, LB, N_COLLECTIVES, MAIN_COLLECTIVE, MAIN_PAYLOAD_BYTES, N_MAIN, MAIN_TRANSFER_S,
-    OTHER_PAYLOAD_BYTES,
+    OTHER_PAYLOAD_BYTES, WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S,
 )  # fmt: skip
 
 # --- transfer explained (pnpscale.transfer): one row per run x section, and rates per route ---
@@ -89,3 +97,16 @@ TRANSFER_COLUMNS = (
     CALIBRATED_RATE_GBPS, PREDICTED_TRANSFER_S, REL_ERROR,
 )  # fmt: skip
 RATES_COLUMNS = (BACKEND, ROUTE, RATE_GBPS, N_ROWS, CALIBRATION, ROWS)
+
+# --- projection (pnpscale.results.projection): one row per (problem, mode) x N x section ---
+SCALED_COST = "scaled_cost"
+MEASURED = "measured"
+PROJECTION_COLUMNS = (
+    PROBLEM, MODE, GPUS, NODES, SECTION, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S, LB, COMM_E, PE,
+    GPU_SECONDS, SCALED_COST, ROUTE, RATE_GBPS, MEASURED,
+)  # fmt: skip
+#: leave-one-out validation of the projection: one row per held-out N x section x metric.
+VALIDATION_COLUMNS = (
+    PROBLEM, MODE, "held_out_gpus", "fitted_on", SECTION, "metric", "measured_value", "projected_value", REL_ERROR,
+    "headline",
+)  # fmt: skip

@@ -38,6 +38,11 @@ REPORT_DIR = "report"
 ANALYSIS_DIR = "analysis"  # python -m pnpscale.analyze output (never holds a run.json)
 ANALYSIS_JSON = "analysis.json"
 RECONSTRUCTION = "reconstruction.pt"
+# python -m pnpscale.project output (also in the report): projection rows, its validation, chart, text
+PROJECTION = "projection.parquet"
+PROJECTION_VALIDATION = "projection_validation.parquet"
+PROJECTION_PNG = "projection.png"
+PROJECTION_MD = "projection.md"
 
 VALIDATE_JSON = "validate.json"
 # report/ (python -m pnpscale.report, end of every multirun)
@@ -45,6 +50,7 @@ SUMMARY = "summary.parquet"
 TRANSFER = "transfer.parquet"
 RATES = "rates.parquet"
 REPORT_README = "README.md"
+WAIT_RANKS = "wait_ranks.parquet"
 
 STATUS_COMPLETE = "complete"
 STATUS_FAILED = "failed"

@@ -117,6 +117,8 @@ class Collective:
         payload_bytes: bytes of the tensor reduced/broadcast (``None`` when unknown).
         stream: CUDA stream of the NCCL kernel (``None`` for gloo: one stream per rank).
         group, group_seq: process group and sequence number within it, when the trace has them.
+        start_s: start of the gloo work range or NCCL kernel, seconds on the same clock and origin as
+            :attr:`SectionRecord.start_s` (the rank's arrival at the collective), when known.
     """
 
     seq: int
@@ -126,6 +128,7 @@ class Collective:
     stream: int | None = None
     group: str | None = None
     group_seq: int | None = None
+    start_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -249,7 +252,8 @@ def section_records(events: Iterable[Event], sections: Sequence[str]) -> list[Se
                 payload = k.payload_bytes if k.payload_bytes is not None else (d.payload_bytes if d else None)
                 group = k.group if k.group is not None else (d.group if d else None)
                 gseq = k.group_seq if k.group_seq is not None else (d.group_seq if d else None)
-                colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq))
+                start = (k.start_ns - origin) * 1e-9
+                colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
             out.append(SectionRecord(it, r.name, (r.start_ns - origin) * 1e-9, span * 1e-9, colls))
         else:
             works = cpu_comm.between(r.start_ns, r.end_ns)
@@ -262,6 +266,7 @@ def section_records(events: Iterable[Event], sections: Sequence[str]) -> list[Se
                     None,
                     e.group,
                     e.group_seq,
+                    (e.start_ns - origin) * 1e-9,
                 )
                 for i, e in enumerate(works)
             ]
@@ -438,6 +443,7 @@ def rank_rows(
                     K.SECTION: s.section,
                     K.SEQ: c.seq,
                     K.COLLECTIVE: c.name,
+                    K.START_S: c.start_s,
                     K.DURATION_S: c.duration_s,
                     K.PAYLOAD_BYTES: c.payload_bytes,
                 }

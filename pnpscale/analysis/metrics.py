@@ -10,6 +10,7 @@ order inside the section:
 * compute ``C = mean_r (S_r - sum_c D_rc)``; ``C_max = max_r (S_r - sum_c D_rc)``.
 * additivity: ``C + T + W = mean_r S_r``.
 * per-section load balance ``LB = C / C_max``.
+* wait by cause (:mod:`pnpscale.analysis.waits`): ``W = late start + uneven work + jitter``.
 
 Over the measured iterations (warm-up excluded), summed per section and over all sections:
 ``LB = sum C / sum C_max``, ``CommE = sum C_max / sum mean_r S_r``, ``PE = LB x CommE``.
@@ -24,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from pnpscale import columns as K
+from pnpscale.analysis.waits import wait_by_cause
 
 _KEY = [K.ITERATION, K.SECTION]
 
@@ -82,7 +84,8 @@ def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
     Returns:
         ``sections`` table (columns :data:`pnpscale.columns.SECTIONS_COLUMNS`), one row per
         iteration x section, sorted by iteration then order of first appearance. LB is NaN when
-        ``C_max`` is 0.
+        ``C_max`` is 0. The wait split by cause comes from
+        :func:`pnpscale.analysis.waits.wait_by_cause` (NaN without collective starts).
 
     Raises:
         DecompositionError: a rank lacks a section occurrence, or ranks disagree on the number
@@ -158,6 +161,8 @@ def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
     out[K.MAIN_TRANSFER_S] = out[K.MAIN_TRANSFER_S].astype("float64")
     out[K.N_MAIN] = out[K.N_MAIN].fillna(0).astype("int64")
     out[K.MAIN_COLLECTIVE] = out[K.MAIN_COLLECTIVE].astype("string")
+    causes = wait_by_cause(ranks, collectives).astype({K.SECTION: out[K.SECTION].dtype})
+    out = out.merge(causes, on=_KEY, how="left", validate="one_to_one")
     return out[list(K.SECTIONS_COLUMNS)].reset_index(drop=True)
 
 
@@ -215,7 +220,8 @@ def summarize(sections: pd.DataFrame, gpus: int) -> pd.DataFrame:
     Returns:
         One row per section plus a row with SECTION ``"all"`` (sums over sections), columns
         SECTION, ``iterations``, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S (sums over
-        measured iterations, seconds), LB = ΣC/ΣC_max, COMM_E = ΣC_max/ΣS, PE = LB x CommE, and
+        measured iterations, seconds; plus the wait parts of :data:`pnpscale.columns.WAIT_CAUSES` when
+        ``sections`` has them, NaN where unknown), LB = ΣC/ΣC_max, COMM_E = ΣC_max/ΣS, PE = LB x CommE, and
         GPU_SECONDS = gpus x ΣS / iterations (GPU-seconds per measured iteration).
 
     Raises:
@@ -226,8 +232,9 @@ def summarize(sections: pd.DataFrame, gpus: int) -> pd.DataFrame:
         raise DecompositionError("no measured iteration (all rows are warm-up)")
     n_it = m[K.ITERATION].nunique()
     cols = [K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S]
-    per = m.groupby(K.SECTION, sort=False)[cols].sum()
-    per.loc["all"] = per.sum()
+    causes = [c for c in K.WAIT_CAUSES if c in m.columns]  # absent in run folders older than the split
+    per = m.groupby(K.SECTION, sort=False)[cols + causes].sum(min_count=1)
+    per.loc["all"] = per.sum(skipna=False)
     with np.errstate(divide="ignore", invalid="ignore"):
         per[K.LB] = np.where(per[K.COMPUTE_MAX_S] != 0, per[K.COMPUTE_S] / per[K.COMPUTE_MAX_S], np.nan)
         per[K.COMM_E] = np.where(per[K.SECTION_S] != 0, per[K.COMPUTE_MAX_S] / per[K.SECTION_S], np.nan)

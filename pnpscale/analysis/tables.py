@@ -38,6 +38,7 @@ def frames(
                           K.START_S: "float64", K.SECTION_S: "float64", K.COMM_S: "float64",
                           K.N_COLLECTIVES: "int64", K.PEAK_MEM_BYTES: "Int64"})  # fmt: skip
     colls = colls.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.SEQ: "int64",
-                          K.COLLECTIVE: "string", K.DURATION_S: "float64", K.PAYLOAD_BYTES: "Int64"})  # fmt: skip
+                          K.COLLECTIVE: "string", K.START_S: "float64", K.DURATION_S: "float64",
+                          K.PAYLOAD_BYTES: "Int64"})  # fmt: skip
     colls[K.MAIN] = mark_main(colls, image_bytes)
     return ranks, colls

@@ -60,3 +60,22 @@ def work_per_rank(num_operators: int, tiles: int, world_size: int) -> dict[str, 
         "operators_per_rank": [len(x) for x in round_robin(num_operators, world_size)],
         "tiles_per_rank": [len(x) for x in round_robin(tiles, world_size)],
     }
+
+
+#: The work a section's compute is made of (the study's solver): the gradient applies the rank's
+#: operators, the denoiser runs on its tiles, training's forward and backward do both.
+SECTION_WORK: dict[str, tuple[str, ...]] = {
+    "gradient": ("operators",),
+    "denoiser": ("tiles",),
+    "forward": ("operators", "tiles"),
+    "backward": ("operators", "tiles"),
+}
+
+
+def section_work(section: str) -> tuple[str, ...]:
+    """Work units of a section: ``operators``, ``tiles`` or both (any other section name: both).
+
+    >>> section_work("gradient"), section_work("step")
+    (('operators',), ('operators', 'tiles'))
+    """
+    return SECTION_WORK.get(section, ("operators", "tiles"))

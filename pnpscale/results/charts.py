@@ -220,12 +220,65 @@ def plot_wait_pct(table: pd.DataFrame) -> Figure:
     return fig
 
 
+CAUSE_LABELS = {
+    K.WAIT_LATE_START_S: "late start (entry skew)",
+    K.WAIT_IMBALANCE_S: "uneven work (systematic)",
+    K.WAIT_JITTER_S: "jitter (the rest)",
+}
+
+
+def plot_wait_causes(table: pd.DataFrame) -> Figure:
+    """Chart 6: wait by cause per section vs GPU count, stacked (s/iteration), one panel per section.
+
+    Positive parts stack upwards, negative ones (a late start that saved wait, a faster-than-usual
+    critical rank) downwards; a black dot marks the measured wait (their sum). Points without the split
+    (run folders older than it) are labelled ``no split``; failed points ``missing``.
+    """
+    data = table[(table[K.SECTION] != ALL)]
+    keys = sorted({(p, m, s) for p, m, s in zip(data["problem"], data["mode"], data[K.SECTION], strict=True)})
+    keys = keys or [("", "", "")]
+    ncols = min(2, len(keys))
+    nrows = -(-len(keys) // ncols)
+    fig, axes = _figure(nrows, ncols, (6.5 * ncols, 3.8 * nrows), squeeze=False)
+    colors = dict(zip(CAUSE_LABELS, sns.color_palette("deep")[1:4], strict=True))
+    for ax, (problem, mode, section) in zip(axes.flat, keys, strict=False):
+        sub = data[(data["problem"] == problem) & (data["mode"] == mode) & (data[K.SECTION] == section)]
+        sub = sub.sort_values("gpus")
+        x = np.arange(len(sub))
+        up, down = np.zeros(len(sub)), np.zeros(len(sub))
+        for col, label in CAUSE_LABELS.items():
+            v = (sub[col] if col in sub else pd.Series(np.nan, index=sub.index)).to_numpy(float)
+            v = np.nan_to_num(v)
+            pos, neg = np.clip(v, 0, None), np.clip(v, None, 0)
+            ax.bar(x, pos, bottom=up, color=colors[col], label=label)
+            ax.bar(x, neg, bottom=down, color=colors[col])
+            up, down = up + pos, down + neg
+        ax.plot(x, sub[K.WAIT_S].to_numpy(float), "o", color="black", label="measured wait")
+        ax.axhline(0, color="black", lw=0.8)
+        for xi, (_, r) in enumerate(sub.iterrows()):
+            if r["status"] != "complete":
+                ax.text(xi, 0, "missing", rotation=90, ha="center", va="bottom", color="red")
+            elif any(c not in r or pd.isna(r[c]) for c in CAUSE_LABELS):
+                ax.text(xi, 0, "no split", rotation=90, ha="center", va="bottom", color="gray")
+        ax.set_xticks(x, [str(int(g)) for g in sub["gpus"]])
+        ax.set_xlabel("GPUs (ranks)")
+        ax.set_ylabel("wait per iteration (s)")
+        ax.set_title(f"{problem} {mode}: {section}")
+    for ax in list(axes.flat)[len(keys) :]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle("Why ranks wait: wait split by cause (late start + uneven work + jitter = measured wait)")
+    fig.tight_layout()
+    return fig
+
+
 CHARTS = {
     "scaled_cost.png": plot_scaled_cost,
     "compute_transfer_wait.png": plot_components,
     "load_balance.png": plot_load_balance,
     "comm_efficiency.png": plot_comm_efficiency,
     "wait_pct.png": plot_wait_pct,
+    "wait_causes.png": plot_wait_causes,
 }
 
 

@@ -9,7 +9,12 @@ choice is printed), then writes ``DIR/report/``::
     transfer.png     (inference: measured transfer and its prediction from one rate per route)
     transfer.parquet (inference: bytes per GPU, algorithm, route, rate, prediction, error per run x section)
     rates.parquet    (one rate per route and the rows that made it)
-    README.md        (a table per (problem, mode), the study's headline checks, transfer explained)
+    wait_causes.png  (wait by cause per section vs GPU count)
+    wait_ranks.parquet (per point x section x rank: compute, critical-path share, wait by cause, assignment)
+    projection.png, projection.parquet, projection_validation.parquet, projection.md
+                     (a (problem, mode) with >= 3 measured GPU counts: see pnpscale.results.projection)
+    README.md        (a table per (problem, mode), the study's headline checks, why the ranks wait,
+                      transfer explained, the projection)
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pnpscale.results.runs import NoRunsError, discover, select, table_of
 
 SUMMARY, README, TRANSFER, RATES = layout.SUMMARY, layout.REPORT_README, layout.TRANSFER, layout.RATES
 TRANSFER_PNG = "transfer.png"
+WAIT_RANKS = layout.WAIT_RANKS
 
 
 def build_table(path: str | Path, echo: Callable[[str], None] = print) -> pd.DataFrame:
@@ -61,6 +67,8 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
     for name, plot in CHARTS.items():
         save(plot(table), out / name)
     files = {SUMMARY: lambda p: table.to_parquet(p, index=False)}
+    ranks = wait_ranks(table)
+    files[WAIT_RANKS] = lambda p: ranks.to_parquet(p, index=False)
     transfer = transfer_explained(table)
     charts = list(CHARTS)
     if transfer is not None:
@@ -70,8 +78,40 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         files[TRANSFER] = lambda p: rows.to_parquet(p, index=False)
         files[RATES] = lambda p: rates.to_parquet(p, index=False)
     layout.commit_files(out, files)
-    layout.atomic_write_text(out / README, markdown(table, charts, transfer))
+    projected = project_sweep(table, out)
+    if projected:
+        charts.append(layout.PROJECTION_PNG)
+    layout.atomic_write_text(out / README, "\n".join([markdown(table, charts, transfer, ranks), *projected]))
     return out
+
+
+def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
+    """The report's projection: every (problem, mode) with >= 3 measured GPU counts, to the powers of two
+    above the largest measured N up to 16 times it (:mod:`pnpscale.results.projection`, default options).
+
+    Writes projection.parquet, projection_validation.parquet, projection.png and projection.md into ``out``
+    when some (problem, mode) qualifies.
+
+    Returns:
+        README lines (empty when nothing qualifies).
+    """
+    from pnpscale.results.projection import Options, default_targets, project, with_algorithms, write
+
+    done = table[table["status"] == "complete"]
+    if done.empty or not (done.groupby(["problem", "mode"])["gpus"].nunique() >= 3).any():
+        return []
+    p = project(with_algorithms(done), default_targets(int(done["gpus"].max())), Options(), min_points=3)
+    if not p.findings:
+        return ["## Projection", "", *(f"- {k[0]} {k[1]}: not projected: {v}" for k, v in p.skipped.items()), ""]
+    lines = write(p, out)
+    return [
+        "## Projection past the measured GPU counts",
+        "",
+        "`projection.png`, `projection.parquet` (measured and projected rows), `projection_validation.parquet` "
+        "(leave-one-out); other GPU counts, rates or nodes: `python -m pnpscale.project <sweep dir> --gpus ...`.",
+        "",
+        *lines,
+    ]
 
 
 def transfer_explained(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame] | None:
@@ -95,6 +135,117 @@ def transfer_explained(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     return predict(rows, cal), cal.rates
 
 
+def wait_ranks(table: pd.DataFrame) -> pd.DataFrame:
+    """Per complete point x section x rank: :func:`pnpscale.analysis.waits.rank_table` with its point.
+
+    Reads each run's ``ranks.parquet``, ``collectives.parquet`` and ``run.json``'s assignment.
+
+    Returns:
+        PROBLEM, MODE, GPUS and :data:`pnpscale.analysis.waits.RANK_TABLE_COLUMNS`; empty (with those
+        columns) when no run completed.
+    """
+    from pnpscale.analysis.waits import RANK_TABLE_COLUMNS, rank_table
+
+    frames = []
+    done = table[table["status"] == "complete"].drop_duplicates("run_dir")
+    for _, r in done.iterrows():
+        d = Path(r["run_dir"])
+        assignment = layout.read_json(d / layout.RUN_JSON).get("assignment") or {}
+        t = rank_table(
+            pd.read_parquet(d / layout.RANKS),
+            pd.read_parquet(d / layout.COLLECTIVES),
+            assignment.get("operators_per_rank"),
+            assignment.get("tiles_per_rank"),
+        )
+        frames.append(t.assign(**{K.PROBLEM: r["problem"], K.MODE: r["mode"], K.GPUS: int(r["gpus"])}))
+    cols = [K.PROBLEM, K.MODE, K.GPUS, *RANK_TABLE_COLUMNS]
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    return pd.concat(frames, ignore_index=True)[cols]
+
+
+def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
+    """One sentence on why a section waits at one point (the report's README).
+
+    Args:
+        row: the summary row of the point x section (WAIT_S and the parts, seconds per iteration).
+        ranks: that point x section's rows of :func:`wait_ranks`.
+
+    >>> row = pd.Series({"section": "gradient", "gpus": 16, "wait_s": 1.0, "wait_late_start_s": 0.02,
+    ...                  "wait_imbalance_s": 0.83, "wait_jitter_s": 0.15})
+    >>> rk = pd.DataFrame({"rank": range(16), "operators": [1] * 8 + [0] * 8, "tiles": 1,
+    ...                    "critical": [True] + [False] * 15, "critical_share": 1.0})
+    >>> text = wait_sentence(row, rk)
+    >>> text.split(" (")[0]
+    'gradient at 16: 83 % of wait is uneven work: 8 of 16 ranks hold no operator'
+    >>> text.split(" (")[1]
+    'critical-path rank 0: 1 operator, 100 % of iterations).'
+    """
+    from pnpscale.rank.assignment import section_work
+
+    head = f"{row[K.SECTION]} at {int(row['gpus'])}"
+    wait = row[K.WAIT_S]
+    if pd.isna(wait) or wait <= 0:
+        return f"{head}: no wait."
+    if any(pd.isna(row.get(c)) for c in K.WAIT_CAUSES):
+        return f"{head}: wait {wait:.4g} s per iteration, not split by cause (run recorded before the split)."
+    names = {K.WAIT_LATE_START_S: "late start", K.WAIT_IMBALANCE_S: "uneven work", K.WAIT_JITTER_S: "jitter"}
+    top = max(K.WAIT_CAUSES, key=lambda c: row[c])
+    text = f"{head}: {100 * row[top] / wait:.0f} % of wait is {names[top]}"
+    crit = ranks[ranks["critical"]] if not ranks.empty else ranks
+    units = section_work(str(row[K.SECTION]))
+    if top == K.WAIT_IMBALANCE_S and not ranks.empty:
+        why = []
+        for unit in units:
+            counts = ranks[unit].dropna() if unit in ranks else pd.Series(dtype="Int64")
+            if counts.empty:
+                continue
+            idle = int((counts == 0).sum())
+            if idle:
+                why.append(f"{idle} of {len(counts)} ranks hold no {unit[:-1]}")
+            elif counts.min() != counts.max():
+                why.append(f"{unit} per rank range {int(counts.min())}–{int(counts.max())}")
+            else:
+                k = int(counts.iloc[0])
+                why.append(f"every rank holds {k} {unit if k != 1 else unit[:-1]}: the ranks differ in speed")
+        text += (": " + ", ".join(why)) if why else ""
+    elif top == K.WAIT_JITTER_S and not crit.empty:
+        text += ": the same work finishes at different times from one iteration to the next"
+    elif top == K.WAIT_LATE_START_S:
+        text += ": ranks enter the section at different times (the previous section's tail)"
+    if not crit.empty:
+        c = crit.iloc[0]
+        held = [f"{int(c[u])} {u[:-1] if int(c[u]) == 1 else u}" for u in units if u in c and pd.notna(c[u])]
+        text += f" (critical-path rank {int(c[K.RANK])}: " + ", ".join(
+            held + [f"{100 * float(c['critical_share']):.0f} % of iterations"]
+        )
+        text += ")"
+    return text + "."
+
+
+def _wait_markdown(table: pd.DataFrame, ranks: pd.DataFrame, problem: str, mode: str) -> list[str]:
+    """Why the ranks wait, for one (problem, mode): a sentence per section at each GPU count."""
+    sub = table[
+        (table["problem"] == problem)
+        & (table["mode"] == mode)
+        & (table["status"] == "complete")
+        & (table[K.SECTION] != "all")
+        & (table["gpus"] > 1)
+    ]
+    if sub.empty:
+        return []
+    lines = ["Why the ranks wait (wait by cause: late start + uneven work + jitter = wait; `wait_causes.png`):", ""]
+    for _, row in sub.sort_values(["gpus", K.SECTION]).iterrows():
+        rk = ranks[
+            (ranks[K.PROBLEM] == problem)
+            & (ranks[K.MODE] == mode)
+            & (ranks[K.GPUS] == row["gpus"])
+            & (ranks[K.SECTION] == row[K.SECTION])
+        ]
+        lines.append(f"- {wait_sentence(row, rk)}")
+    return lines + [""]
+
+
 def plot_transfer_figure(rows: pd.DataFrame) -> Figure:
     """The transfer chart (:func:`pnpscale.results.transfer.plot_transfer`) on its own figure."""
     from pnpscale.results.charts import _figure
@@ -111,8 +262,14 @@ def _fmt(v: object, pattern: str) -> str:
     return "—" if v is None or (isinstance(v, float) and pd.isna(v)) else format(v, pattern)
 
 
-def markdown(table: pd.DataFrame, charts: list[str], transfer: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> str:
-    """README of a report: one table per (problem, mode), the headline checks, transfer explained."""
+def markdown(
+    table: pd.DataFrame,
+    charts: list[str],
+    transfer: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    ranks: pd.DataFrame | None = None,
+) -> str:
+    """README of a report: one table per (problem, mode), the headline checks, why the ranks wait (when
+    ``ranks``, :func:`wait_ranks`, is given), transfer explained."""
     from pnpscale.results.summary import describe, headline_checks
 
     lines = ["# pnpscale report", ""]
@@ -144,6 +301,8 @@ def markdown(table: pd.DataFrame, charts: list[str], transfer: tuple[pd.DataFram
             )
         lines += [pd.DataFrame(rows).to_markdown(index=False), ""]
         lines += [f"- {s}" for s in describe(checks[(problem, mode)])] + [""]
+        if ranks is not None:
+            lines += _wait_markdown(table, ranks, problem, mode)
         errors = grp[(grp["status"] != "complete")]
         for _, r in errors.iterrows():
             lines.append(f"- gpus={int(r['gpus'])}: {r.get('error') or r['status']} ({r['run_dir']})")

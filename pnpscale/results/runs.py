@@ -21,11 +21,21 @@ from pnpscale.sweep.record import RecordError, read_record
 POINT = ["problem", "mode", "gpus"]
 _HIVE = re.compile(r"^(problem|mode|gpus)=(.+)$")
 #: Columns of :func:`load`, besides the per-section metrics of :func:`pnpscale.analysis.metrics.summarize`.
-RUN_COLUMNS = ["run_dir", "status", "scale", "backend", "nodes", "world_size", "linestyle"]
+RUN_COLUMNS = [
+    "run_dir",
+    "status",
+    "scale",
+    "backend",
+    "nodes",
+    "world_size",
+    "linestyle",
+    "num_operators",
+    "num_tiles",
+]
 #: Metric columns of :func:`load` (NaN for failed points; present even when no run completed).
 METRIC_COLUMNS = [
     "iterations", K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, K.LB, K.COMM_E, K.PE,
-    K.GPU_SECONDS, K.MAIN_PAYLOAD_BYTES, K.MAIN_TRANSFER_S,
+    K.GPU_SECONDS, K.MAIN_PAYLOAD_BYTES, K.MAIN_TRANSFER_S, K.N_MAIN, K.OTHER_PAYLOAD_BYTES, *K.WAIT_CAUSES,
 ]  # fmt: skip
 
 
@@ -92,6 +102,8 @@ def discover(root: str | Path) -> pd.DataFrame:
             "nodes": run.get("nodes"),
             "world_size": run.get("world_size"),
             "linestyle": (run.get("spec") or {}).get("linestyle"),  # the problem's chart style
+            "num_operators": sum((run.get("assignment") or {}).get("operators_per_rank") or []) or None,
+            "num_tiles": (run.get("assignment") or {}).get("num_tiles"),
         }
         if None not in (row["problem"], row["mode"], row["gpus"]):
             rows.append(row)
@@ -128,8 +140,11 @@ def load(path: str | Path, include_failed: bool = True) -> pd.DataFrame:
     Sections are the run's sections plus ``"all"`` (sums over sections). Metrics come from
     :func:`pnpscale.analysis.metrics.summarize` (the same code as ``run.json``), with time columns as
     **seconds per measured iteration**: ``compute_s``, ``compute_max_s``, ``transfer_s``,
-    ``wait_s``, ``section_s``, ``main_transfer_s``; ratios ``lb``, ``comm_e``, ``pe``;
-    ``gpu_seconds`` = gpus x section_s; ``main_payload_bytes``. Typed partition columns
+    ``wait_s``, ``section_s``, ``main_transfer_s``, the wait parts ``wait_late_start_s``,
+    ``wait_imbalance_s``, ``wait_jitter_s`` (NaN for runs older than the split); ratios ``lb``, ``comm_e``, ``pe``;
+    ``gpu_seconds`` = gpus x section_s; ``main_payload_bytes``, ``n_main`` and ``other_payload_bytes``
+    (per iteration, the largest over iterations); from ``run.json``: ``num_operators``, ``num_tiles``.
+    Typed partition columns
     ``problem`` (str), ``mode`` (str), ``gpus`` (int) come from the hive folder names through a
     pyarrow dataset. Failed or incomplete points appear once, with section ``"all"``, their
     ``status`` and NaN metrics (``include_failed=False`` drops them).
@@ -183,11 +198,16 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> pd.DataFrame:
         gpus = int(sections["gpus"].iloc[0]) if "gpus" in sections else int(info["gpus"])
         summ = summarize(sections, gpus)
         n_it = summ["iterations"].iloc[0]
-        for c in (K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S):
+        for c in (K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, *K.WAIT_CAUSES):
+            if c not in summ:  # a run folder written before the wait split: NaN, never 0
+                summ[c] = float("nan")
             summ[c] = summ[c] / n_it
         measured = sections[~sections[K.WARMUP].astype(bool)]
         per = measured.groupby(K.SECTION).agg(
-            main_payload_bytes=(K.MAIN_PAYLOAD_BYTES, "max"), main_transfer_s=(K.MAIN_TRANSFER_S, "mean")
+            main_payload_bytes=(K.MAIN_PAYLOAD_BYTES, "max"),
+            main_transfer_s=(K.MAIN_TRANSFER_S, "mean"),
+            n_main=(K.N_MAIN, "max"),
+            other_payload_bytes=(K.OTHER_PAYLOAD_BYTES, "max"),
         )
         summ = summ.merge(per, left_on=K.SECTION, right_index=True, how="left")
         for k in ("problem", "mode"):

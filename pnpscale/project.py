@@ -1,0 +1,10 @@
+"""``python -m pnpscale.project SWEEP_DIR --gpus 128,256,512,1024 [--gpus-per-node 4] [--rate ROUTE=GBps ...]
+[--pe-min 0.8] [--fit-gpus 1,2,4] [--out DIR]``: project a sweep's scaling curve past the measured GPU counts.
+
+The command only; the model lives in :mod:`pnpscale.results.projection`.
+"""
+
+from pnpscale.results.projection import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
