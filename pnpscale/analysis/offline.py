@@ -349,7 +349,8 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
     Per run (``run.json``: problem, mode, gpus, nodes, backend) and section (``sections.parquet``
     through :func:`pnpscale.results.transfer.section_transfers`): payload (nccl-tests' size), mean main
     transfer, and the algorithm NCCL logged for that size in ``nccl/rank*.log`` when there is a log
-    (:func:`pnpscale.analysis.nccl_log.algorithm_for`), else none, with the reason in ``algorithm_note``.
+    (:func:`pnpscale.analysis.nccl_log.algorithm_for`), else none, with the reason in ``algorithm_note``;
+    the transport the log's connection lines show (``NVLink P2P``, ``SHM``, ``NET/IB``...) names the route.
     Folders whose ``run.json`` is not ``complete`` are skipped.
 
     Raises:
@@ -402,6 +403,7 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
                     K.ALGORITHM: algo,
                     K.PROTOCOL: proto,
                     K.ALGORITHM_NOTE: note,
+                    K.TRANSPORT: log.transport_label(nodes > 1) if log is not None else None,
                 }
             )
     return pd.DataFrame(rows, columns=[*K.TRANSFER_INPUT_REQUIRED, *K.TRANSFER_INPUT_OPTIONAL])

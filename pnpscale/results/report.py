@@ -18,6 +18,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -70,7 +71,20 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         files[TRANSFER] = lambda p: rows.to_parquet(p, index=False)
         files[RATES] = lambda p: rates.to_parquet(p, index=False)
     layout.commit_files(out, files)
-    layout.atomic_write_text(out / README, markdown(table, charts, transfer))
+    layout.atomic_write_text(out / README, markdown(table, charts, transfer, run_anomalies(table)))
+    return out
+
+
+def run_anomalies(table: pd.DataFrame) -> dict[str, list[dict[str, Any]] | None]:
+    """``"problem mode gpus=N"`` -> the ``anomalies`` of that complete run's ``run.json`` (``None``: not recorded)."""
+    out: dict[str, list[dict[str, Any]] | None] = {}
+    rows = table[(table["status"] == "complete") & table["run_dir"].notna()].drop_duplicates("run_dir")
+    for _, r in rows.sort_values(["problem", "mode", "gpus"]).iterrows():
+        try:
+            doc = layout.read_json(Path(r["run_dir"]) / layout.RUN_JSON)
+        except (OSError, ValueError):
+            continue
+        out[f"{r['problem']} {r['mode']} gpus={int(r['gpus'])}"] = doc.get("anomalies")
     return out
 
 
@@ -111,8 +125,17 @@ def _fmt(v: object, pattern: str) -> str:
     return "—" if v is None or (isinstance(v, float) and pd.isna(v)) else format(v, pattern)
 
 
-def markdown(table: pd.DataFrame, charts: list[str], transfer: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> str:
-    """README of a report: one table per (problem, mode), the headline checks, transfer explained."""
+def markdown(
+    table: pd.DataFrame,
+    charts: list[str],
+    transfer: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    anomalies: dict[str, list[dict[str, Any]] | None] | None = None,
+) -> str:
+    """README of a report: one table per (problem, mode), the headline checks, transfer explained, anomalies.
+
+    ``anomalies``: :func:`run_anomalies`; every run's anomaly summary is listed, and a report without
+    any says so.
+    """
     from pnpscale.results.summary import describe, headline_checks
 
     lines = ["# pnpscale report", ""]
@@ -151,7 +174,24 @@ def markdown(table: pd.DataFrame, charts: list[str], transfer: tuple[pd.DataFram
             lines.append("")
     if transfer is not None:
         lines += _transfer_markdown(*transfer)
+    if anomalies is not None:
+        lines += _anomalies_markdown(anomalies)
     return "\n".join(lines)
+
+
+def _anomalies_markdown(anomalies: dict[str, list[dict[str, Any]] | None]) -> list[str]:
+    from pnpscale.analysis.anomalies import summary_lines
+
+    lines = ["## Anomalies", ""]
+    found = {k: v for k, v in anomalies.items() if v}
+    unknown = [k for k, v in anomalies.items() if v is None]
+    if not found:
+        lines.append("No anomaly in any run: nothing was dropped, assumed or repaired.")
+    for label, recs in found.items():
+        lines += [f"- {label}: {line}" for line in summary_lines(recs)]
+    if unknown:
+        lines.append(f"- not recorded (runs written before anomaly reports): {', '.join(unknown)}")
+    return [*lines, ""]
 
 
 def _transfer_markdown(rows: pd.DataFrame, rates: pd.DataFrame) -> list[str]:
