@@ -12,17 +12,23 @@ Rules:
 * CPU backends (gloo): section time is the wall span of that range; collectives are the
   ``gloo:*`` work ranges (on gloo worker threads) that start inside it.
 * CUDA (NCCL): section time is the span of the GPU work launched inside the range (the
-  ``gpu_user_annotation`` span: first kernel start to last kernel end); collectives are the NCCL
-  kernels (``ncclDevKernel_*``, ``ncclKernel_*``, matched case-insensitively on ``nccl``) among
-  them. A kernel belongs to the section whose CPU range contains its launch (``launch_ns``, from
-  the runtime event with the same correlation id), or, when the launch is unknown, its start.
-* Payload bytes of a collective: from the collective's own shapes/dtype (gloo), from the NCCL
-  kernel's own arguments when the trace carries them, or else from the k-th collective
-  descriptor (``nccl:*`` range or ``record_param_comms``) inside the CPU range for the k-th
-  NCCL kernel. The same precedence gives the collective type, process group and sequence number.
-  Descriptors are paired with kernels only when there are as many and every pair agrees where
-  the kernel name tells the type (a ``SendRecv`` kernel serves all_to_all, send, recv, gather,
-  scatter; an ``AllReduce`` kernel a barrier); otherwise (e.g. sampled traces) none is used.
+  ``gpu_user_annotation`` span: first kernel start to last kernel end); collectives are the
+  collective kernels among them (:data:`pnpscale.analysis.kineto.COLLECTIVE_KERNELS`). A kernel
+  belongs to the section whose CPU range contains its launch (``launch_ns``, from the runtime event
+  with the same correlation id). A collective kernel whose launch is unknown (correlation 0) is
+  paired in order with the rank's CPU descriptors that no launched kernel belongs to, else placed
+  by its GPU start (both recorded as anomalies).
+* Collective type, payload bytes, process group and sequence number: from the collective's own
+  shapes/dtype (gloo), from the NCCL kernel's own arguments when the trace carries them, or else
+  from the CPU-side descriptor (``nccl:*`` range or ``record_param_comms``) paired with the
+  kernel: the k-th descriptor in start order with the k-th kernel in launch order, when there are
+  as many and one CPU thread issued them all (or, issued from several threads, when every kernel
+  name allows its descriptor's type). The descriptor wins over the kernel name (an all_reduce may
+  run in a ``SendRecv`` kernel); a disagreeing name is recorded. Descriptors without a kernel are
+  counted (``missing_kernels``) and named when ranks cannot be matched.
+* Sections may nest (``parent``); overlapping without nesting is refused. ``ProfilerStep#N``
+  numbers are kept (``step``) to match ranks by step (:func:`match_steps`); non-physical events
+  mark their record ``bad`` (:func:`drop_bad_iterations`).
 * Matching across ranks (:func:`align_collectives`): by (process group, sequence number) when
   every collective of a section occurrence carries both, else by order within each stream
   (NCCL: the kernel's CUDA stream; gloo: one stream per rank).
