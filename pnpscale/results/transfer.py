@@ -271,7 +271,8 @@ def transfer_rows(runs: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFr
             section's main collective, bytes), TRANSFER_S (its transfer per iteration, seconds), and
             optionally PROBLEM, MODE, NODES, GPUS_PER_NODE, BACKEND, COLLECTIVE (default
             ``all_reduce``), ITERATIONS, ALGORITHM (from the NCCL log; missing = assumed ring),
-            PROTOCOL, ALGORITHM_NOTE. NODES defaults to ``ceil(gpus / gpus_per_node)``, and to 1 for
+            PROTOCOL, ALGORITHM_NOTE, TRANSPORT (from the NCCL log, names the route). NODES defaults
+            to ``ceil(gpus / gpus_per_node)``, and to 1 for
             gloo.
 
     Returns:
