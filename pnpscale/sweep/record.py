@@ -64,8 +64,6 @@ class RunRecord:
             ``sections.<name>`` totals over the measured iterations (``*_total_s``) with ``lb``,
             ``comm_e``, ``pe``.
         files: the tables written.
-        anomalies: what the analysis dropped, assumed or repaired (:mod:`pnpscale.analysis.anomalies`;
-            ``[]``: none; ``None``: not recorded, runs written before anomaly reports).
         slurm: the SLURM job (id, state, nodes, logs...), SLURM runs only.
         extra: keys this version does not know (kept on rewrite).
     """
@@ -94,7 +92,6 @@ class RunRecord:
     timings: dict[str, Any] | None = None
     metrics: dict[str, Any] | None = None
     files: list[str] | None = None
-    anomalies: list[dict[str, Any]] | None = None
     slurm: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
@@ -275,7 +272,7 @@ def write_run(
     anomalies = Anomalies()
     for table, _ in gathered:
         anomalies.extend(table.get("anomalies", []))
-    base.anomalies = anomalies.records()
+    base.set(anomalies=anomalies.records())  # an extra key: [] none; absent in runs written before
     try:
         ranks, colls = frames(gathered, image_bytes(spec))
         sections = decompose(ranks, colls)
