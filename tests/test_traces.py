@@ -278,7 +278,7 @@ def test_real_gloo_trace_worker_threads(shared_traces):
     path = shared_traces / "cpu_only" / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
     tr = read_trace(path, STEP)
     assert (tr.info.rank, tr.info.world_size, tr.info.backend) == (34, 300, "gloo")
-    assert tr.info.base_ns == 1719853884000000000 and tr.info.events_kept == 11  # 10 gloo ranges + the step
+    assert tr.info.base_ns == 1719853884000000000 and tr.info.events_kept == 12  # 10 gloo, step, ProfilerStep
     (step,) = section_records(tr.events, ["step"])
     # two gloo:all_reduce on two gloo worker threads start inside the step; payload from Input Dims
     assert [(c.name, c.payload_bytes) for c in step.collectives] == [

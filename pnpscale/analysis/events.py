@@ -12,17 +12,23 @@ Rules:
 * CPU backends (gloo): section time is the wall span of that range; collectives are the
   ``gloo:*`` work ranges (on gloo worker threads) that start inside it.
 * CUDA (NCCL): section time is the span of the GPU work launched inside the range (the
-  ``gpu_user_annotation`` span: first kernel start to last kernel end); collectives are the NCCL
-  kernels (``ncclDevKernel_*``, ``ncclKernel_*``, matched case-insensitively on ``nccl``) among
-  them. A kernel belongs to the section whose CPU range contains its launch (``launch_ns``, from
-  the runtime event with the same correlation id), or, when the launch is unknown, its start.
-* Payload bytes of a collective: from the collective's own shapes/dtype (gloo), from the NCCL
-  kernel's own arguments when the trace carries them, or else from the k-th collective
-  descriptor (``nccl:*`` range or ``record_param_comms``) inside the CPU range for the k-th
-  NCCL kernel. The same precedence gives the collective type, process group and sequence number.
-  Descriptors are paired with kernels only when there are as many and every pair agrees where
-  the kernel name tells the type (a ``SendRecv`` kernel serves all_to_all, send, recv, gather,
-  scatter; an ``AllReduce`` kernel a barrier); otherwise (e.g. sampled traces) none is used.
+  ``gpu_user_annotation`` span: first kernel start to last kernel end); collectives are the
+  collective kernels among them (:data:`pnpscale.analysis.kineto.COLLECTIVE_KERNELS`). A kernel
+  belongs to the section whose CPU range contains its launch (``launch_ns``, from the runtime event
+  with the same correlation id). A collective kernel whose launch is unknown (correlation 0) is
+  paired in order with the rank's CPU descriptors that no launched kernel belongs to, else placed
+  by its GPU start (both recorded as anomalies).
+* Collective type, payload bytes, process group and sequence number: from the collective's own
+  shapes/dtype (gloo), from the NCCL kernel's own arguments when the trace carries them, or else
+  from the CPU-side descriptor (``nccl:*`` range or ``record_param_comms``) paired with the
+  kernel: the k-th descriptor in start order with the k-th kernel in launch order, when there are
+  as many and one CPU thread issued them all (or, issued from several threads, when every kernel
+  name allows its descriptor's type). The descriptor wins over the kernel name (an all_reduce may
+  run in a ``SendRecv`` kernel); a disagreeing name is recorded. Descriptors without a kernel are
+  counted (``missing_kernels``) and named when ranks cannot be matched.
+* Sections may nest (``parent``); overlapping without nesting is refused. ``ProfilerStep#N``
+  numbers are kept (``step``) to match ranks by step (:func:`match_steps`); non-physical events
+  mark their record ``bad`` (:func:`drop_bad_iterations`).
 * Matching across ranks (:func:`align_collectives`): by (process group, sequence number) when
   every collective of a section occurrence carries both, else by order within each stream
   (NCCL: the kernel's CUDA stream; gloo: one stream per rank).
@@ -30,12 +36,25 @@ Rules:
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+
+from pnpscale.analysis.anomalies import Anomalies
+from pnpscale.analysis.kineto import (
+    DTYPE_BYTES,
+    NCCL_PREFIX,
+    PARAM_COMMS,
+    collective_type,
+    is_collective_kernel,
+    is_descriptor,
+    is_gloo_work,
+    kernel_collective,
+    payload_bytes,
+    step_number,
+)
 
 
 class Kind(StrEnum):
@@ -46,27 +65,8 @@ class Kind(StrEnum):
     RUNTIME = "runtime"  # a CUDA runtime/driver call (cudaLaunchKernel, ...) on a CPU thread
 
 
-#: bytes per element for dtype names as they appear in live profiler events (C++ names) and in
-#: Kineto JSON (``record_param_comms`` args use ScalarType names).
-DTYPE_BYTES: dict[str, int] = {
-    "float": 4, "Float": 4, "float32": 4,
-    "double": 8, "Double": 8, "float64": 8,
-    "c10::Half": 2, "Half": 2, "float16": 2,
-    "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2,
-    "long int": 8, "Long": 8, "int64": 8, "long long": 8, "long": 8,
-    "int": 4, "Int": 4, "int32": 4,
-    "short int": 2, "Short": 2, "int16": 2,
-    "signed char": 1, "Char": 1, "int8": 1,
-    "unsigned char": 1, "Byte": 1, "uint8": 1,
-    "bool": 1, "Bool": 1,
-    "c10::complex<float>": 8, "ComplexFloat": 8,
-    "c10::complex<double>": 16, "ComplexDouble": 16,
-}  # fmt: skip
-
-_NCCL_KERNEL = re.compile(r"nccl", re.IGNORECASE)
-_GLOO_WORK = re.compile(r"^gloo:")
-_NCCL_DESCRIPTOR = re.compile(r"^nccl:")
-_PARAM_COMMS = "record_param_comms"
+# the vocabulary lives in pnpscale.analysis.kineto; re-exported here for callers of this module
+__all__ = ["DTYPE_BYTES", "collective_type", "payload_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +87,8 @@ class Event:
         group: process group name of a collective (``"Process Group Name"``), when known.
         group_seq: the collective's sequence number within its process group (``"Seq"``), when
             known; the same collective has the same ``(group, group_seq)`` on every rank.
+        bad: why the event's timing is not physical (negative or missing ``dur``), else ``None``;
+            such an event has ``end_ns == start_ns``.
     """
 
     name: str
@@ -100,6 +102,7 @@ class Event:
     collective: str | None = None
     group: str | None = None
     group_seq: int | None = None
+    bad: str | None = None
 
     @property
     def duration_ns(self) -> int:
@@ -141,6 +144,10 @@ class SectionRecord:
         start_s: section start relative to the rank's first section start, seconds.
         section_s: section time in seconds (CPU wall span, or GPU span on CUDA).
         collectives: collectives inside, ordered by start.
+        step: ``N`` of the ``ProfilerStep#N`` range enclosing it (or being it), when there is one.
+        parent: the requested section whose range encloses this one (nested sections), else ``None``.
+        bad: description of a non-physical event inside (see :attr:`Event.bad`), else ``None``.
+        missing_kernels: CPU-side collective descriptors inside that have no GPU kernel (CUDA).
     """
 
     iteration: int
@@ -148,74 +155,46 @@ class SectionRecord:
     start_s: float
     section_s: float
     collectives: list[Collective] = field(default_factory=list)
+    step: int | None = None
+    parent: str | None = None
+    bad: str | None = None
+    missing_kernels: int = 0
 
 
 class SectionError(ValueError):
     """Events that cannot be reduced to sections (missing or unequal section counts)."""
 
 
-def collective_type(name: str) -> str | None:
-    """Collective type from a gloo/nccl range, c10d op or NCCL kernel name.
-
-    >>> collective_type("gloo:all_reduce"), collective_type("nccl:_all_gather_base")
-    ('all_reduce', 'all_gather')
-    >>> collective_type("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
-    'all_reduce'
-    >>> collective_type("aten::mm") is None
-    True
-    """
-    low = name.lower()
-    for key, norm in (
-        ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
-        ("reducescatter", "reduce_scatter"), ("reduce_scatter", "reduce_scatter"),
-        ("allgather", "all_gather"), ("all_gather", "all_gather"),
-        ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"),
-        ("broadcast", "broadcast"), ("sendrecv", "send_recv"), ("barrier", "barrier"),
-        ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
-        ("send", "send"), ("recv", "recv"),
-    ):  # fmt: skip
-        if key in low:
-            return norm
-    return None
-
-
-def payload_bytes(shapes: Sequence[Sequence[int]] | None, dtypes: Sequence[str] | None) -> int | None:
-    """Bytes of the first tensor input: ``prod(shape) * itemsize``.
-
-    >>> payload_bytes([[1000, 1000]], ["float"])
-    4000000
-    >>> payload_bytes([[]], ["float"]) is None, payload_bytes([[3]], ["unknown"]) is None
-    (True, True)
-    """
-    if not shapes or not dtypes or not shapes[0]:
-        return None
-    size = DTYPE_BYTES.get(dtypes[0])
-    if size is None:
-        return None
-    n = 1
-    for d in shapes[0]:
-        n *= int(d)
-    return n * size
-
-
 def is_nccl_kernel(ev: Event) -> bool:
-    return ev.kind is Kind.GPU and bool(_NCCL_KERNEL.search(ev.name))
+    """A collective's GPU kernel (see :func:`pnpscale.analysis.kineto.is_collective_kernel`)."""
+    return ev.kind is Kind.GPU and is_collective_kernel(ev.name)
 
 
-def section_records(events: Iterable[Event], sections: Sequence[str]) -> list[SectionRecord]:
+def section_records(
+    events: Iterable[Event],
+    sections: Sequence[str],
+    anomalies: Anomalies | None = None,
+    rank: int | None = None,
+) -> list[SectionRecord]:
     """Reduce one rank's events to its section occurrences and their collectives.
 
     Args:
         events: all events of one rank (any order).
         sections: section names, e.g. ``("gradient", "denoiser")``.
+        anomalies: where to record what was assumed or repaired (see
+            :mod:`pnpscale.analysis.anomalies`); ``rank`` labels those records.
 
     Returns:
         Records ordered by start; ``iteration`` counts occurrences per name from 0. Times
         in seconds. When the trace has GPU events, section times are GPU spans (see module doc).
+        Each record carries its ``ProfilerStep`` number, its enclosing section (nesting), the
+        first non-physical event inside it, and its descriptors without a GPU kernel.
 
     Raises:
-        SectionError: a section name never occurs, or names occur a different number of times.
+        SectionError: a section name never occurs, names occur a different number of times, or two
+            section ranges overlap without one enclosing the other.
     """
+    anomalies = anomalies if anomalies is not None else Anomalies()
     evs = sorted(events, key=lambda e: (e.start_ns, -e.end_ns))
     ranges = [e for e in evs if e.kind is Kind.CPU and e.name in sections]
     counts = {s: sum(1 for r in ranges if r.name == s) for s in sections}
@@ -225,17 +204,24 @@ def section_records(events: Iterable[Event], sections: Sequence[str]) -> list[Se
             + ", ".join(f"{s}={n}" for s, n in counts.items())
             + " (expected the same non-zero count for every section)"
         )
-    gpu = _Window([e for e in evs if e.kind is Kind.GPU], key=_launch_key)
-    cpu_comm = _Window([e for e in evs if e.kind is Kind.CPU and _GLOO_WORK.match(e.name)])
-    descriptors = _Window(
-        [e for e in evs if e.kind is Kind.CPU and (_NCCL_DESCRIPTOR.match(e.name) or e.name == _PARAM_COMMS)]
-    )
+    parents = _nesting(ranges, counts)
+    step_ranges = [e for e in evs if e.kind is Kind.CPU and e.name not in sections and step_number(e.name) is not None]
+    step_starts = [e.start_ns for e in step_ranges]
+    descriptor_events = [e for e in evs if e.kind is Kind.CPU and is_descriptor(e.name)]
+    gpu_events = _place_unknown_launches([e for e in evs if e.kind is Kind.GPU], descriptor_events, anomalies, rank)
+    gpu = _Window(gpu_events, key=_launch_key)
+    cpu_comm = _Window([e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)])
+    descriptors = _Window(descriptor_events)
     origin = ranges[0].start_ns
     occurrence: dict[str, int] = defaultdict(int)
     out: list[SectionRecord] = []
-    for r in ranges:
+    for r, parent in zip(ranges, parents, strict=True):
         it = occurrence[r.name]
         occurrence[r.name] += 1
+        i = bisect_right(step_starts, r.start_ns) - 1
+        step = step_number(step_ranges[i].name) if i >= 0 and step_ranges[i].end_ns >= r.end_ns else None
+        bad = f"{r.name!r} range: {r.bad}" if r.bad else None
+        missing = 0
         if gpu:
             launched = sorted(gpu.between(r.start_ns, r.end_ns), key=lambda e: (e.start_ns, -e.end_ns))
             if launched:
@@ -244,17 +230,40 @@ def section_records(events: Iterable[Event], sections: Sequence[str]) -> list[Se
                 span = 0
             kernels = [e for e in launched if is_nccl_kernel(e)]
             descs = _descriptors_in(descriptors.between(r.start_ns, r.end_ns))
-            paired = len(descs) == len(kernels) and all(map(_compatible, kernels, descs))
+            # by issue order: kernels by launch, descriptors by start; trusted when one CPU thread issued
+            # them all (its order is the kernels' order), else only where every kernel name agrees
+            by_launch = sorted(range(len(kernels)), key=lambda j: (_launch_key(kernels[j]), kernels[j].start_ns))
+            paired = len(descs) == len(kernels) and (
+                len({d.tid for d in descs}) <= 1
+                or all(_compatible(kernels[j], d) for j, d in zip(by_launch, descs, strict=True))
+            )
+            desc_of = dict(zip(by_launch, descs, strict=True)) if paired else {}
+            if len(descs) > len(kernels):
+                missing = len(descs) - len(kernels)
+                anomalies.add(
+                    "collective_without_kernel",
+                    rank,
+                    f"iteration {it} section {r.name!r}: {len(descs)} descriptor(s) "
+                    f"({', '.join(d.name for d in descs)}), {len(kernels)} kernel(s)",
+                    missing,
+                )
             colls = []
             for i, k in enumerate(kernels):
-                d = descs[i] if paired else None
-                name = k.collective or (d.collective if d else None) or collective_type(k.name) or k.name
+                d = desc_of.get(i)
+                hint = kernel_collective(k.name)
+                described = k.collective or (d.collective if d else None)
+                if described and hint and hint != described and not _may_run(hint, described):
+                    anomalies.add(
+                        "kernel_name_disagrees", rank, f"{k.name.split('(')[0]} ran {described} (iteration {it})"
+                    )
+                name = described or hint or k.name
                 payload = k.payload_bytes if k.payload_bytes is not None else (d.payload_bytes if d else None)
                 group = k.group if k.group is not None else (d.group if d else None)
                 gseq = k.group_seq if k.group_seq is not None else (d.group_seq if d else None)
                 start = (k.start_ns - origin) * 1e-9
                 colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
-            out.append(SectionRecord(it, r.name, (r.start_ns - origin) * 1e-9, span * 1e-9, colls))
+            bad = bad or next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
+            section_ns = span
         else:
             works = cpu_comm.between(r.start_ns, r.end_ns)
             colls = [
@@ -270,21 +279,99 @@ def section_records(events: Iterable[Event], sections: Sequence[str]) -> list[Se
                 )
                 for i, e in enumerate(works)
             ]
-            out.append(SectionRecord(it, r.name, (r.start_ns - origin) * 1e-9, r.duration_ns * 1e-9, colls))
+            bad = bad or next((f"{e.name!r}: {e.bad}" for e in works if e.bad), None)
+            section_ns = r.duration_ns
+        out.append(
+            SectionRecord(
+                it, r.name, (r.start_ns - origin) * 1e-9, section_ns * 1e-9, colls, step, parent, bad, missing
+            )
+        )
     return out
 
 
+#: a kernel named after one collective may run others queued with it (NCCL >= 2.12 runs any work
+#: in the launched kernel); these are the cases seen in practice, recorded without an anomaly.
 _SERVED_BY = {
     "send_recv": {"all_to_all", "send", "recv", "gather", "scatter"},
     "all_reduce": {"barrier"},
 }
 
 
+def _may_run(kernel_type: str, described: str) -> bool:
+    return described in _SERVED_BY.get(kernel_type, set())
+
+
 def _compatible(kernel: Event, descriptor: Event) -> bool:
-    """Whether an NCCL kernel can be the launch of a collective descriptor (by their types)."""
-    kt = kernel.collective or collective_type(kernel.name)
+    """Whether a kernel's name allows it to run the descriptor's collective."""
+    kt = kernel.collective or kernel_collective(kernel.name)
     dt = descriptor.collective or collective_type(descriptor.name)
-    return kt is None or dt is None or kt == dt or dt in _SERVED_BY.get(kt, set())
+    return kt is None or dt is None or kt == dt or _may_run(kt, dt)
+
+
+def _nesting(ranges: Sequence[Event], counts: Mapping[str, int]) -> list[str | None]:
+    """The enclosing section of each range (``None`` at top level), aligned with ``ranges``.
+
+    Raises:
+        SectionError: two ranges overlap without one enclosing the other, or a range encloses one of
+            its own name.
+    """
+    out: list[str | None] = []
+    stack: list[Event] = []
+    occurrence: dict[str, int] = defaultdict(int)
+    index: dict[int, int] = {}
+    for pos, r in enumerate(ranges):
+        index[pos] = occurrence[r.name]
+        occurrence[r.name] += 1
+        while stack and stack[-1].end_ns <= r.start_ns:
+            stack.pop()
+        if stack and r.end_ns > stack[-1].end_ns:
+            o = stack[-1]
+            raise SectionError(
+                f"sections overlap without nesting: {o.name!r} [{o.start_ns} ns, {o.end_ns} ns] and {r.name!r} "
+                f"(iteration {index[pos]}) [{r.start_ns} ns, {r.end_ns} ns]: pnpscale cannot split overlapping time"
+            )
+        if stack and stack[-1].name == r.name:
+            raise SectionError(f"section {r.name!r} (iteration {index[pos]}) lies inside another {r.name!r} range")
+        out.append(stack[-1].name if stack else None)
+        stack.append(r)
+    return out
+
+
+def _place_unknown_launches(
+    gpu: list[Event], descriptors: Sequence[Event], anomalies: Anomalies, rank: int | None
+) -> list[Event]:
+    """Give collective kernels with an unknown launch (correlation 0) one, from the CPU descriptors.
+
+    The kernels of one rank run in the order their collectives were issued, so the k-th kernel
+    without a launch is the k-th descriptor (``nccl:*`` range, else ``record_param_comms``) that
+    no kernel with a known launch belongs to; it is placed at that descriptor's start. When the
+    counts differ, the kernels stay placed by their GPU start time. Both are recorded.
+    """
+    unknown = [e for e in gpu if e.launch_ns is None and is_collective_kernel(e.name)]
+    if not unknown:
+        return gpu
+    known = sorted(e.launch_ns for e in gpu if e.launch_ns is not None and is_collective_kernel(e.name))
+    named: dict[int, list[int]] = defaultdict(list)  # tid -> starts of nccl:* ranges (sorted: events are)
+    for d in descriptors:
+        if d.name.startswith(NCCL_PREFIX):
+            named[d.tid].append(d.start_ns)
+    free = []
+    for d in descriptors:
+        starts = named.get(d.tid, [])
+        if d.name == PARAM_COMMS and bisect_right(starts, d.end_ns) > bisect_left(starts, d.start_ns):
+            continue  # the nccl:* range inside stands for this collective
+        lo, hi = bisect_left(known, d.start_ns), bisect_right(known, d.end_ns)
+        if hi == lo:
+            free.append(d)
+    unknown.sort(key=lambda e: (e.start_ns, e.tid))
+    example = f"{unknown[0].name.split('(')[0]} at {unknown[0].start_ns} ns, correlation {unknown[0].correlation}"
+    if len(free) != len(unknown):
+        anomalies.add("launch_unknown_by_start", rank, f"{example} ({len(unknown)} kernels, {len(free)} descriptors)",
+                      len(unknown))  # fmt: skip
+        return gpu
+    anomalies.add("launch_unknown_paired", rank, example, len(unknown))
+    placed = {id(k): replace(k, launch_ns=d.start_ns) for k, d in zip(unknown, free, strict=True)}
+    return [placed.get(id(e), e) for e in gpu]
 
 
 def _launch_key(e: Event) -> int:
@@ -308,8 +395,8 @@ class _Window:
 
 def _descriptors_in(inside: list[Event]) -> list[Event]:
     """Collective descriptors of a range: ``nccl:*`` ranges if any, else param comms."""
-    named = [d for d in inside if _NCCL_DESCRIPTOR.match(d.name)]
-    return named if named else [d for d in inside if d.name == _PARAM_COMMS]
+    named = [d for d in inside if d.name.startswith(NCCL_PREFIX)]
+    return named if named else [d for d in inside if d.name == PARAM_COMMS]
 
 
 def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[int, list[SectionRecord]]:
@@ -367,6 +454,16 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
             raise SectionError(f"iteration {occ[0]} section {occ[1]!r}: rank {ranks[0]} repeats a collective key")
         for r in ranks[1:]:
             if sorted(keys[r]) != sorted(ref):
+                for rr in (r, ranks[0]):
+                    rec = index[rr][occ]
+                    if rec.missing_kernels:
+                        raise SectionError(
+                            f"iteration {occ[0]} section {occ[1]!r}: rank {rr} has {rec.missing_kernels} "
+                            f"collective(s) on the CPU side (record_param_comms / nccl:*) without a GPU kernel in "
+                            f"the trace ({len(rec.collectives)} kernel(s) for them): the profiler dropped kernels "
+                            f"(seen with repeated profiler sessions); fix: profile every iteration in one profiler "
+                            f"session (prof.step() per iteration)"
+                        )
                 how = "process group and sequence number" if by_pg else "order within each stream"
                 raise SectionError(
                     f"iteration {occ[0]} section {occ[1]!r}: rank {r} ran {len(keys[r])} collective(s), rank "
@@ -381,6 +478,113 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
         for s in records[r]:
             out[r].append(replace(s, collectives=new_seq[r][(s.iteration, s.section)]))
     return out
+
+
+def _steps_text(steps: Sequence[int]) -> str:
+    """``[1, 2, 3, 5]`` -> ``"#1-3, #5"``."""
+    parts: list[str] = []
+    for x in sorted(steps):
+        if parts and parts[-1][1] == x - 1:
+            parts[-1] = (parts[-1][0], x)
+        else:
+            parts.append((x, x))  # type: ignore[arg-type]
+    return ", ".join(f"#{a}" if a == b else f"#{a}-{b}" for a, b in parts)  # type: ignore[misc]
+
+
+def match_steps(
+    records: Mapping[int, Sequence[SectionRecord]], anomalies: Anomalies | None = None
+) -> dict[int, list[SectionRecord]]:
+    """Match section occurrences across ranks by ``ProfilerStep#N`` number, not by position.
+
+    When every record of every rank lies in a numbered ``ProfilerStep`` range, only the step numbers
+    present on every rank are kept (the others are recorded as ``step_not_on_every_rank``) and
+    iterations are renumbered from 0 in step order; otherwise the records are returned unchanged.
+
+    Raises:
+        SectionError: the ranks have no step number in common (the message lists each rank's steps).
+
+    >>> a = [SectionRecord(0, "s", 0.0, 1.0, step=2), SectionRecord(1, "s", 1.0, 1.0, step=3)]
+    >>> b = [SectionRecord(0, "s", 0.0, 1.0, step=1), SectionRecord(1, "s", 1.0, 1.0, step=2)]
+    >>> [(s.iteration, s.step) for s in match_steps({0: a, 1: b})[1]]
+    [(0, 2)]
+    """
+    out = {r: list(recs) for r, recs in records.items()}
+    if not out or not all(s.step is not None for recs in out.values() for s in recs):
+        return out
+    steps = {r: sorted({s.step for s in recs}) for r, recs in out.items()}  # type: ignore[type-var]
+    common = set.intersection(*(set(v) for v in steps.values()))
+    if not common:
+        raise SectionError(
+            "the ranks have no ProfilerStep number in common ("
+            + "; ".join(f"rank {r}: {_steps_text(v)}" for r, v in sorted(steps.items()))  # type: ignore[arg-type]
+            + "): steps are matched by number, never by position"
+        )
+    for r, v in sorted(steps.items()):
+        extra = [x for x in v if x not in common]
+        if extra and anomalies is not None:
+            anomalies.add(
+                "step_not_on_every_rank",
+                r,
+                f"ProfilerStep {_steps_text(extra)} (steps on every rank: {_steps_text(sorted(common))})",
+                len(extra),
+            )
+    for r, recs in out.items():
+        occurrence: dict[str, int] = defaultdict(int)
+        kept = []
+        for s in recs:
+            if s.step in common:
+                kept.append(replace(s, iteration=occurrence[s.section]))
+                occurrence[s.section] += 1
+        out[r] = kept
+    return out
+
+
+def drop_bad_iterations(
+    records: Mapping[int, Sequence[SectionRecord]], anomalies: Anomalies | None = None
+) -> dict[int, list[SectionRecord]]:
+    """Drop, on every rank, each iteration in which some rank has a non-physical event (``bad``).
+
+    Each dropped iteration is recorded as ``non_physical_timing`` on the rank that had the event,
+    with the event in the example.
+
+    Raises:
+        SectionError: every iteration holds a non-physical event (the message names the first).
+    """
+    bad: dict[int, tuple[int, SectionRecord]] = {}
+    for r, recs in sorted(records.items()):
+        for s in recs:
+            if s.bad and s.iteration not in bad:
+                bad[s.iteration] = (r, s)
+    for it, (r, s) in sorted(bad.items()):
+        if anomalies is not None:
+            anomalies.add("non_physical_timing", r, f"iteration {it} section {s.section!r}: {s.bad}")
+    out = {r: [s for s in recs if s.iteration not in bad] for r, recs in records.items()}
+    if bad and not any(out.values()):
+        it, (r, s) = min(bad.items())
+        raise SectionError(
+            f"every iteration holds a non-physical event, e.g. rank {r} iteration {it} section {s.section!r}: {s.bad}"
+        )
+    return out
+
+
+def nested_sections(records: Mapping[int, Sequence[SectionRecord]]) -> dict[str, str]:
+    """Section -> the section enclosing it, for sections nested in another in every occurrence.
+
+    Raises:
+        SectionError: a section is nested in some occurrences and not in others, or in different
+            sections (the message names rank and iteration).
+    """
+    seen: dict[str, tuple[str | None, int, int]] = {}
+    for r, recs in sorted(records.items()):
+        for s in recs:
+            first = seen.setdefault(s.section, (s.parent, r, s.iteration))
+            if first[0] != s.parent:
+                raise SectionError(
+                    f"section {s.section!r} is inside {first[0]!r} on rank {first[1]} iteration {first[2]} but inside "
+                    f"{s.parent!r} on rank {r} iteration {s.iteration}: the 'all' row cannot be built from "
+                    f"non-overlapping time"
+                )
+    return {name: parent for name, (parent, _, _) in seen.items() if parent is not None}
 
 
 def _match_keys(colls: Sequence[Collective], by_pg: bool) -> list[tuple]:

@@ -19,6 +19,7 @@ GPU-seconds of a run: ``gpus x sum of section times`` (here per measured iterati
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,64 @@ _KEY = [K.ITERATION, K.SECTION]
 
 class DecompositionError(ValueError):
     """Per-rank tables that cannot be decomposed (missing ranks, unmatched collectives)."""
+
+
+class InvariantError(DecompositionError):
+    """A decomposed table breaks a physical invariant (negative time, comm longer than its section)."""
+
+
+#: tolerance of :func:`check_invariants`: 1 ns absolute plus 1e-9 of the section time (float rounding
+#: of sums of integer-nanosecond times).
+INVARIANT_ABS_S = 1e-9
+INVARIANT_REL = 1e-9
+
+
+def check_invariants(ranks: pd.DataFrame, sections: pd.DataFrame) -> None:
+    """Check, before anything is written, that every row is physical.
+
+    With ``tol = 1e-9 s + 1e-9 x S`` (:data:`INVARIANT_ABS_S`, :data:`INVARIANT_REL`):
+
+    * per rank row (``ranks``): ``S_r >= 0``, ``sum_c D_rc >= 0`` and ``sum_c D_rc <= S_r + tol``;
+    * per section row (``sections``): ``T, W, C >= -tol`` and ``|C + T + W - mean_r S_r| <= tol``.
+
+    Args:
+        ranks: the ``ranks`` table (RANK, ITERATION, SECTION, SECTION_S, COMM_S; seconds).
+        sections: the :func:`decompose` output.
+
+    Raises:
+        InvariantError: the first violation, naming iteration, section, rank and the numbers.
+    """
+    s = ranks[K.SECTION_S].astype("float64")
+    comm = ranks[K.COMM_S].astype("float64")
+    tol = INVARIANT_ABS_S + INVARIANT_REL * s.abs()
+    bad = (s < -tol) | (comm < -tol) | (comm > s + tol) | ~np.isfinite(s) | ~np.isfinite(comm)
+    if bad.any():
+        row = ranks[bad].iloc[0]
+        raise InvariantError(
+            f"iteration {row[K.ITERATION]} section {row[K.SECTION]!r} rank {row[K.RANK]}: collectives take "
+            f"{row[K.COMM_S]:.9g} s of a {row[K.SECTION_S]:.9g} s section (need 0 <= sum D_rc <= S_r; they "
+            f"overlap each other on several threads/streams, or run past the section): compute would be "
+            f"negative, nothing written"
+        )
+    m = sections[K.SECTION_S].astype("float64")
+    tol = INVARIANT_ABS_S + INVARIANT_REL * m.abs()
+    c, t, w = (sections[k].astype("float64") for k in (K.COMPUTE_S, K.TRANSFER_S, K.WAIT_S))
+    for name, v in ((K.COMPUTE_S, c), (K.TRANSFER_S, t), (K.WAIT_S, w)):
+        neg = (v < -tol) | ~np.isfinite(v)
+        if neg.any():
+            row = sections[neg].iloc[0]
+            raise InvariantError(
+                f"iteration {row[K.ITERATION]} section {row[K.SECTION]!r}: {name} = {row[name]:.9g} s is negative "
+                f"or not finite: not physical, nothing written"
+            )
+    off = (c + t + w - m).abs() > tol
+    if off.any():
+        row = sections[off].iloc[0]
+        raise InvariantError(
+            f"iteration {row[K.ITERATION]} section {row[K.SECTION]!r}: compute + transfer + wait = "
+            f"{row[K.COMPUTE_S] + row[K.TRANSFER_S] + row[K.WAIT_S]:.9g} s differs from the mean section time "
+            f"{row[K.SECTION_S]:.9g} s: nothing written"
+        )
 
 
 def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None) -> pd.Series:
@@ -71,7 +130,7 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None) -> pd.S
     return is_main.astype(bool)
 
 
-def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
+def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame, world_size: int | None = None) -> pd.DataFrame:
     """Compute, transfer and wait per iteration x section from per-rank tables.
 
     Args:
@@ -80,6 +139,8 @@ def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
         collectives: one row per rank x iteration x section x collective with RANK, ITERATION,
             SECTION, SEQ, COLLECTIVE, DURATION_S (seconds), PAYLOAD_BYTES, and optionally MAIN.
             May be empty (one rank: no collectives).
+        world_size: the job's world size for the WORLD_SIZE column (default: the ranks present; a
+            partial analysis passes the job's).
 
     Returns:
         ``sections`` table (columns :data:`pnpscale.columns.SECTIONS_COLUMNS`), one row per
@@ -152,7 +213,7 @@ def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
     out = out.join(main_info.reindex(out.index))
     warm = ranks.groupby(_KEY, sort=False)[K.WARMUP].first()
     out[K.WARMUP] = warm.reindex(out.index).astype(bool)
-    out[K.WORLD_SIZE] = w
+    out[K.WORLD_SIZE] = w if world_size is None else int(world_size)
     out = out.reset_index()
     order = {name: i for i, name in enumerate(dict.fromkeys(ranks[K.SECTION]))}
     out = out.sort_values([K.ITERATION, K.SECTION], key=lambda c: c.map(order) if c.name == K.SECTION else c)
@@ -210,15 +271,17 @@ def _main_info(collectives: pd.DataFrame, dmin: pd.Series) -> pd.DataFrame:
     return out
 
 
-def summarize(sections: pd.DataFrame, gpus: int) -> pd.DataFrame:
+def summarize(sections: pd.DataFrame, gpus: int, nested: Mapping[str, str] | None = None) -> pd.DataFrame:
     """Per-section and combined totals over the measured iterations of one run.
 
     Args:
         sections: a ``sections`` table (see :func:`decompose`).
         gpus: world size, for GPU-seconds.
+        nested: section -> the section enclosing it (:func:`pnpscale.analysis.events.nested_sections`);
+            nested sections are left out of the ``"all"`` row, so it counts non-overlapping time only.
 
     Returns:
-        One row per section plus a row with SECTION ``"all"`` (sums over sections), columns
+        One row per section plus a row with SECTION ``"all"`` (sums over the top-level sections), columns
         SECTION, ``iterations``, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S (sums over
         measured iterations, seconds; plus the wait parts of :data:`pnpscale.columns.WAIT_CAUSES` when
         ``sections`` has them, NaN where unknown), LB = ΣC/ΣC_max, COMM_E = ΣC_max/ΣS, PE = LB x CommE, and
@@ -234,7 +297,7 @@ def summarize(sections: pd.DataFrame, gpus: int) -> pd.DataFrame:
     cols = [K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S]
     causes = [c for c in K.WAIT_CAUSES if c in m.columns]  # absent in run folders older than the split
     per = m.groupby(K.SECTION, sort=False)[cols + causes].sum(min_count=1)
-    per.loc["all"] = per.sum(skipna=False)
+    per.loc["all"] = per.drop(index=[s for s in (nested or {}) if s in per.index]).sum(skipna=False)
     with np.errstate(divide="ignore", invalid="ignore"):
         per[K.LB] = np.where(per[K.COMPUTE_MAX_S] != 0, per[K.COMPUTE_S] / per[K.COMPUTE_MAX_S], np.nan)
         per[K.COMM_E] = np.where(per[K.SECTION_S] != 0, per[K.COMPUTE_MAX_S] / per[K.SECTION_S], np.nan)
@@ -244,8 +307,10 @@ def summarize(sections: pd.DataFrame, gpus: int) -> pd.DataFrame:
     return per.reset_index().rename(columns={"index": K.SECTION})
 
 
-def run_metrics(sections: pd.DataFrame, gpus: int) -> dict[str, Any]:
+def run_metrics(sections: pd.DataFrame, gpus: int, nested: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Run-level figures for ``run.json``: combined LB, CommE, PE, GPU-seconds, per section.
+
+    ``nested``: see :func:`summarize`.
 
     Returns:
         ``{"lb", "comm_e", "pe", "gpu_seconds_per_iteration", "iterations", "sections": {name:
@@ -254,7 +319,7 @@ def run_metrics(sections: pd.DataFrame, gpus: int) -> dict[str, Any]:
         ``transfer_total_s``, ``wait_total_s``, ``section_total_s``), never the per-iteration names
         of the tables.
     """
-    summ = summarize(sections, gpus).set_index(K.SECTION)
+    summ = summarize(sections, gpus, nested).set_index(K.SECTION)
 
     totals = {K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S}
 

@@ -11,7 +11,16 @@ Run NCCL with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING`` (one file 
   algorithm ids 0 Tree, 1 Ring, 2 CollNetDirect, 3 CollNetChain, 4 NVLS, 5 NVLSTree, 6 PAT;
   protocol ids 0 LL, 1 LL128, 2 Simple;
 * INIT: ``NCCL version X.Y.Z``; ``comm 0x... rank R nRanks N nNodes M localRanks L ...`` (or
-  ``nranks``); ``C coll channels, ...``; ``Channel cc/CC : ...`` (CC channels).
+  ``nranks``, and no ``nNodes`` before NCCL 2.20: the node count is then the number of distinct
+  host names in the line prefixes of the merged logs); ``C coll channels, ...`` (the channel count);
+  ring listings ``Channel cc/CC :  0 1 2 3`` (CC channels, when no ``coll channels`` line was seen);
+  connection lines ``Channel cc/k : 0[0] -> 1[1] via P2P/CUMEM/read`` (``k`` is a connection index,
+  never a channel count) give the transport of each connection: ``P2P`` (``CUMEM``, ``IPC``,
+  ``direct pointer``), ``SHM``, ``NET/IB``, ``NET/Socket``, with ``GDRDMA``;
+* GRAPH: ``Pattern p, crossNic c, nChannels n, bw a/b, type NVL/PIX, ...``: ``NVL`` = NVLink.
+
+Two records written on one line (interleaved writes) are both read: a line is split at every
+``NCCL INFO``/``NCCL WARN``.
 
 Before NCCL 2.20 the per-collective choice is not logged at INFO level: :func:`algorithm_for` then
 says so instead of guessing. Names are normalised to lower case (``ring``, ``tree``, ``simple``),
@@ -23,9 +32,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from pnpscale.analysis.events import collective_type
+from pnpscale.analysis.kineto import collective_type
 
 #: NCCL algorithm ids (``NCCL_ALGO_*``) -> lower-case names.
 ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
@@ -43,7 +52,11 @@ _VERSION = re.compile(r"NCCL version (\d+(?:\.\d+)+)")
 _COMM = re.compile(r"\bcomm (0x[0-9a-fA-F]+)")
 _COMM_FIELDS = re.compile(r"\b(rank|nranks|nRanks|nNodes|localRanks)\s+(\d+)")
 _COLL_CHANNELS = re.compile(r"\b(\d+) coll channels")
-_CHANNEL_LINE = re.compile(r"\bChannel \d+/(\d+)\s*:")
+_RING_LISTING = re.compile(r"\bChannel \d+/(\d+)\s*:(?:\s+\d+)+\s*$")
+_CONNECTION = re.compile(r"\bChannel \d+/\d+\s*:\s*\d+\[[^\]]*\]\s*->\s*\d+\[[^\]]*\].*?\bvia\s+(\S+(?: pointer)?)")
+_GRAPH_TYPE = re.compile(r"\bnChannels \d+,.*?\btype (\w+)/(\w+)")
+_RECORD_SPLIT = re.compile(r"NCCL (?:INFO|WARN) ")
+_HOST = re.compile(r"^\s*([^\s:]+):\d+:\d+ \[\d+\]")
 
 
 @dataclass(frozen=True)
@@ -85,18 +98,48 @@ class Communicator:
     channels: int | None = None
 
 
+def transport_kind(via: str) -> str:
+    """Transport of a connection from the text after ``via``.
+
+    >>> [transport_kind(v) for v in ("P2P/CUMEM/read", "P2P/IPC", "SHM/direct/direct", "NET/IB/1/GDRDMA",
+    ...                              "NET/Socket/0")]
+    ['P2P', 'P2P', 'SHM', 'NET/IB GDRDMA', 'NET/Socket']
+    """
+    parts = via.split("/")
+    kind = parts[0].upper()
+    if kind == "NET" and len(parts) > 1:
+        kind = f"NET/{parts[1]}"
+    return f"{kind} GDRDMA" if "GDRDMA" in via.upper() else kind
+
+
 @dataclass(frozen=True)
 class NcclLog:
     """What one (or several merged) NCCL logs say.
 
     Attributes:
         version: ``"2.21.5"`` or ``None``; communicators: INIT facts per communicator, in order of
-        appearance; tuning: every TUNING record, in order.
+        appearance; tuning: every TUNING record, in order. transports: (transport kind, number of
+        connections), most frequent first (:func:`transport_kind`). link_types: GRAPH ``type``
+        values (``NVL``, ``PIX``, ``SYS``...). hosts: host names of the line prefixes. lines: lines read.
     """
 
     version: str | None
     communicators: tuple[Communicator, ...]
     tuning: tuple[TuningRecord, ...]
+    transports: tuple[tuple[str, int], ...] = ()
+    link_types: frozenset[str] = frozenset()
+    hosts: frozenset[str] = frozenset()
+    lines: int = 0
+
+    def transport_label(self, inter_node: bool) -> str | None:
+        """How collectives travel, for route names: intra-node ``"NVLink P2P"``, ``"P2P"`` or ``"SHM"``;
+        inter-node the most used ``NET/...`` transport; ``None`` when the log shows no connection."""
+        if inter_node:
+            return next((k for k, _ in self.transports if k.startswith("NET/")), None)
+        kind = next((k for k, _ in self.transports if not k.startswith("NET/")), None)
+        if kind == "P2P" and "NVL" in self.link_types:
+            return "NVLink P2P"
+        return kind
 
     def largest(self) -> Communicator | None:
         """The communicator with the most ranks (the world communicator of a job), if any."""
@@ -177,40 +220,86 @@ def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
     """
     version: str | None = None
     comms: dict[str, dict[str, int | None]] = {}
+    from_coll_line: set[str] = set()
     current: str | None = None
     tuning: list[TuningRecord] = []
+    transports: Counter[str] = Counter()
+    link_types: set[str] = set()
+    hosts: set[str] = set()
+    number = 0
     for number, line in enumerate(lines, start=1):
-        rec = parse_tuning_line(line, number)
-        if rec is not None:
-            tuning.append(rec)
-            continue
-        if version is None and (m := _VERSION.search(line)):
-            version = m.group(1)
-            continue
-        if m := _COMM.search(line):
-            current = m.group(1)
-            fields = comms.setdefault(current, {})
-            for key, value in _COMM_FIELDS.findall(line):
-                key = {"nRanks": "nranks", "nNodes": "nnodes", "localRanks": "local_ranks"}.get(key, key)
-                fields[key] = int(value)
-            continue
-        if current is not None and (m := _COLL_CHANNELS.search(line) or _CHANNEL_LINE.search(line)):
-            comms[current]["channels"] = int(m.group(1))
+        if m := _HOST.match(line):
+            hosts.add(m.group(1))
+        parts = _RECORD_SPLIT.split(line)
+        for msg in parts[1:] if len(parts) > 1 else parts:
+            rec = parse_tuning_line(msg, number)
+            if rec is not None:
+                tuning.append(rec)
+                continue
+            if version is None and (m := _VERSION.search(msg)):
+                version = m.group(1)
+                continue
+            if m := _CONNECTION.search(msg):
+                transports[transport_kind(m.group(1))] += 1
+                continue
+            if m := _GRAPH_TYPE.search(msg):
+                link_types.update((m.group(1), m.group(2)))
+                continue
+            if m := _COMM.search(msg):
+                current = m.group(1)
+                fields = comms.setdefault(current, {})
+                for key, value in _COMM_FIELDS.findall(msg):
+                    key = {"nRanks": "nranks", "nNodes": "nnodes", "localRanks": "local_ranks"}.get(key, key)
+                    fields[key] = int(value)
+                continue
+            if current is None:
+                continue
+            if m := _COLL_CHANNELS.search(msg):
+                comms[current]["channels"] = int(m.group(1))
+                from_coll_line.add(current)
+            elif (m := _RING_LISTING.search(msg)) and current not in from_coll_line:
+                comms[current]["channels"] = int(m.group(1))
     return NcclLog(
         version=version,
         communicators=tuple(Communicator(comm, **fields) for comm, fields in comms.items()),  # type: ignore[arg-type]
         tuning=tuple(tuning),
+        transports=tuple(transports.most_common()),
+        link_types=frozenset(link_types),
+        hosts=frozenset(hosts),
+        lines=number,
     )
 
 
 def merge_logs(logs: Sequence[NcclLog]) -> NcclLog:
-    """One :class:`NcclLog` from the logs of several ranks (first version; all records, in order)."""
+    """One :class:`NcclLog` from the logs of several ranks (first version; all records, in order).
+
+    A communicator without ``nNodes`` (NCCL < 2.20) spanning the most ranks gets the number of
+    distinct host names of the logs as its node count, when there is one log per rank of it.
+    """
     version = next((log.version for log in logs if log.version), None)
     comms: dict[str, Communicator] = {}
     for log in logs:
         for c in log.communicators:
             comms.setdefault(c.comm, c)
-    return NcclLog(version, tuple(comms.values()), tuple(r for log in logs for r in log.tuning))
+    hosts = frozenset(h for log in logs for h in log.hosts)
+    transports: Counter[str] = Counter()
+    for log in logs:
+        transports.update(dict(log.transports))
+    world = max((c.nranks or 0 for c in comms.values()), default=0)
+    if hosts and len(logs) >= world > 0:
+        comms = {
+            k: (replace(c, nnodes=len(hosts)) if c.nnodes is None and c.nranks == world else c)
+            for k, c in comms.items()
+        }
+    return NcclLog(
+        version,
+        tuple(comms.values()),
+        tuple(r for log in logs for r in log.tuning),
+        transports=tuple(transports.most_common()),
+        link_types=frozenset(t for log in logs for t in log.link_types),
+        hosts=hosts,
+        lines=sum(log.lines for log in logs),
+    )
 
 
 def algorithm_for(log: NcclLog, collective: str, size_bytes: int) -> AlgorithmChoice:
@@ -235,7 +324,9 @@ def algorithm_for(log: NcclLog, collective: str, size_bytes: int) -> AlgorithmCh
     hits = [r for r in log.tuning if r.size_bytes == size_bytes and r.collective in (None, collective)]
     if not hits:
         v = version_tuple(log.version)
-        if v is not None and v[:2] < FIRST_TUNING_VERSION and not log.tuning:
+        if log.lines == 0:
+            note = "the NCCL log is empty"
+        elif v is not None and v[:2] < FIRST_TUNING_VERSION and not log.tuning:
             note = f"NCCL {log.version} does not log the per-collective algorithm at INFO level (2.20+ does)"
         elif not log.tuning:
             note = "no TUNING lines in the NCCL log (NCCL_DEBUG_SUBSYS must include TUNING)"

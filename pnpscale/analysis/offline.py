@@ -40,10 +40,28 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.analysis.events import SectionError, SectionRecord, align_collectives, rank_rows, section_records
-from pnpscale.analysis.metrics import DecompositionError, decompose, run_metrics, summarize
+from pnpscale.analysis.anomalies import Anomalies, summary_lines
+from pnpscale.analysis.events import (
+    SectionError,
+    SectionRecord,
+    align_collectives,
+    drop_bad_iterations,
+    match_steps,
+    nested_sections,
+    rank_rows,
+    section_records,
+)
+from pnpscale.analysis.metrics import DecompositionError, check_invariants, decompose, run_metrics, summarize
 from pnpscale.analysis.tables import frames
-from pnpscale.analysis.traces import TraceError, TraceInfo, iter_trace_files, parse_sections, read_header, read_trace
+from pnpscale.analysis.traces import (
+    NotATraceError,
+    TraceError,
+    TraceInfo,
+    iter_trace_files,
+    parse_sections,
+    read_header,
+    read_trace,
+)
 from pnpscale.sweep.record import RecordError, now_iso, read_record
 
 ANALYSIS_JSON = layout.ANALYSIS_JSON
@@ -72,13 +90,25 @@ class RankedTrace:
 
 @dataclass(frozen=True)
 class Analysis:
-    """Tables of an offline analysis (columns of :mod:`pnpscale.columns`) and its traces."""
+    """Tables of an offline analysis (columns of :mod:`pnpscale.columns`) and its traces.
+
+    Attributes:
+        anomalies: what was dropped, assumed or repaired (:mod:`pnpscale.analysis.anomalies`).
+        nested: section -> the section enclosing it (left out of the ``all`` row).
+    """
 
     ranks: pd.DataFrame
     collectives: pd.DataFrame
     sections: pd.DataFrame
     traces: list[RankedTrace]
     world_size: int
+    anomalies: Anomalies
+    nested: dict[str, str]
+
+    @property
+    def no_collectives(self) -> bool:
+        """A multi-rank job in which no collective was seen: transfer and wait are unknown, not zero."""
+        return self.world_size > 1 and self.collectives.empty
 
 
 def rank_from_name(name: str) -> int | None:
@@ -105,9 +135,9 @@ def assign_ranks(
         highest rank + 1.
 
     Raises:
-        AnalyzeError: no trace; a trace whose rank cannot be told; an explicit name matching no
-            trace; two traces of one rank; traces disagreeing on the world size; a rank outside it;
-            missing ranks (unless ``partial``).
+        AnalyzeError: no trace; a trace whose rank cannot be told; a file-name rank that contradicts
+            the trace's ``distributedInfo``; an explicit name matching no trace; two traces of one rank;
+            traces disagreeing on the world size; a rank outside it; missing ranks (unless ``partial``).
     """
     if not headers:
         raise AnalyzeError("no trace files (*.json, *.json.gz) given")
@@ -120,6 +150,12 @@ def assign_ranks(
             unused.discard(key)
             out.append(RankedTrace(int(explicit[key]), h.path, "explicit", h))
         elif h.rank is not None:
+            named = rank_from_name(h.path.name)
+            if named is not None and named != h.rank:
+                raise AnalyzeError(
+                    f"{h.path}: the trace states rank {h.rank} (distributedInfo) but its file name says rank "
+                    f"{named}: pass --rank {h.path.name}=R to say which"
+                )
             out.append(RankedTrace(h.rank, h.path, "distributedInfo", h))
         elif (r := rank_from_name(h.path.name)) is not None:
             out.append(RankedTrace(r, h.path, "file name", h))
@@ -165,14 +201,26 @@ def _ranges(xs: Sequence[int]) -> str:
 
 
 def analyze_traces(
-    traces: Sequence[RankedTrace], sections: Mapping[str, str], warmup: int, world_size: int | None = None
+    traces: Sequence[RankedTrace],
+    sections: Mapping[str, str],
+    warmup: int,
+    world_size: int | None = None,
+    anomalies: Anomalies | None = None,
 ) -> Analysis:
     """Stream each rank's trace, reduce it to section records, match collectives, decompose.
+
+    Steps are matched by ``ProfilerStep#N`` number (:func:`pnpscale.analysis.events.match_steps`);
+    iterations holding a non-physical event are dropped on every rank
+    (:func:`pnpscale.analysis.events.drop_bad_iterations`); nested sections are found
+    (:func:`pnpscale.analysis.events.nested_sections`). Everything dropped, assumed or repaired is
+    in ``Analysis.anomalies``.
 
     Args:
         traces: from :func:`assign_ranks`. sections: :func:`pnpscale.analysis.traces.parse_sections`.
         warmup: iterations ``< warmup`` are warm-up (excluded from the run metrics).
-        world_size: recorded in the result (default: the number of traces).
+        world_size: the job's world size (default: the number of traces); it is the WORLD_SIZE
+            column even when only some ranks are analysed.
+        anomalies: anomalies found before (e.g. skipped files), to extend.
 
     Returns:
         :class:`Analysis` with the live run's ``ranks``, ``collectives`` and ``sections`` tables
@@ -180,42 +228,81 @@ def analyze_traces(
 
     Raises:
         TraceError: an unreadable trace.
-        AnalyzeError: a trace without the sections, or ranks whose sections/collectives cannot be
-            matched.
+        AnalyzeError: a trace without the sections (the message lists the 20 most frequent range
+            names), a trace stating another rank than the one it was given by its file name, or ranks
+            whose sections/collectives cannot be matched.
     """
+    anomalies = anomalies if anomalies is not None else Anomalies()
+    world = world_size if world_size is not None else len(traces)
     records: dict[int, list[SectionRecord]] = {}
     done: list[RankedTrace] = []
     for t in traces:
-        trace = read_trace(t.path, sections)
+        trace = read_trace(t.path, sections, anomalies=anomalies, rank=t.rank)
+        stated = trace.info.rank
+        if stated is not None and stated != t.rank:
+            if t.source != "explicit":
+                raise AnalyzeError(
+                    f"{t.path}: the trace states rank {stated} (distributedInfo) but was taken as rank {t.rank} "
+                    f"from its {t.source}: pass --rank {t.path.name}=R to say which"
+                )
+            anomalies.add("rank_overridden", t.rank, f"{t.path.name}: states rank {stated}, --rank {t.rank}")
         try:
-            records[t.rank] = section_records(trace.events, list(sections))
+            records[t.rank] = section_records(trace.events, list(sections), anomalies, t.rank)
         except SectionError as exc:
-            raise AnalyzeError(f"rank {t.rank} ({t.path.name}): {exc}") from exc
+            hint = ""
+            if "=0" in str(exc) and trace.info.range_names:
+                names = ", ".join(f"{n!r} ({c})" for n, c in trace.info.range_names)
+                hint = f"; the trace's most frequent range names: {names}"
+            raise AnalyzeError(f"rank {t.rank} ({t.path.name}): {exc}{hint}") from exc
         done.append(RankedTrace(t.rank, t.path, t.source, trace.info))
         del trace
     try:
+        records = drop_bad_iterations(match_steps(records, anomalies), anomalies)
+        nested = nested_sections(records)
         aligned = align_collectives(records)
         ranks, colls = frames([(rank_rows(r, recs, warmup), {}) for r, recs in sorted(aligned.items())])
-        table = decompose(ranks, colls)
+        table = decompose(ranks, colls, world)
     except (SectionError, DecompositionError) as exc:
         raise AnalyzeError(str(exc)) from exc
-    return Analysis(ranks, colls, table, done, world_size if world_size is not None else len(traces))
+    for inner, outer in nested.items():
+        anomalies.add("nested_sections", None, f"{inner!r} inside {outer!r}")
+    analysis = Analysis(ranks, colls, table, done, world, anomalies, nested)
+    if analysis.no_collectives:
+        anomalies.add(
+            "no_collectives",
+            None,
+            f"{len(done)} rank(s) of {world}, no gloo:* range or collective GPU kernel in any section "
+            f"(communication outside NCCL/gloo, e.g. NVSHMEM/DeepEP, or kernels not recorded)",
+        )
+    if len(done) == 1 and world > 1:
+        anomalies.add("transfer_includes_wait", done[0].rank, f"rank {done[0].rank} alone of {world}")
+    return analysis
 
 
 def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -> dict[str, Any]:
-    """Write the three tables together, then ``analysis.json`` (provenance, metrics) last.
+    """Check the invariants, write the three tables together, then ``analysis.json`` last.
+
+    ``analysis.json`` holds provenance, run metrics (CommE and PE ``None`` when no collective was
+    seen in a multi-rank job), the nested sections and the ``anomalies`` list (empty: none).
 
     Returns:
         the ``analysis.json`` content.
 
     Raises:
-        AnalyzeError: no measured iteration (every iteration is warm-up).
+        AnalyzeError: no measured iteration (every iteration is warm-up), or a table that breaks an
+            invariant (:func:`pnpscale.analysis.metrics.check_invariants`); nothing is written then.
     """
     n = len(analysis.traces)
     try:
-        metrics = run_metrics(analysis.sections, n)
+        check_invariants(analysis.ranks, analysis.sections)
+        metrics = run_metrics(analysis.sections, n, analysis.nested)
     except DecompositionError as exc:
-        raise AnalyzeError(f"{exc}: lower --warmup") from exc
+        if "warm-up" in str(exc):
+            raise AnalyzeError(f"{exc}: lower --warmup") from exc
+        raise AnalyzeError(str(exc)) from exc
+    if analysis.no_collectives:
+        for m in (metrics, *metrics["sections"].values()):
+            m["comm_e"] = m["pe"] = None
     writers = {
         layout.RANKS: lambda p: analysis.ranks.to_parquet(p, index=False),
         layout.COLLECTIVES: lambda p: analysis.collectives.to_parquet(p, index=False),
@@ -244,6 +331,8 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
             for t in analysis.traces
         ],
         "metrics": metrics,
+        "nested_sections": dict(analysis.nested),
+        "anomalies": analysis.anomalies.records(),
         "files": sorted(writers),
         "finished_at": now_iso(),
     }
@@ -260,7 +349,8 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
     Per run (``run.json``: problem, mode, gpus, nodes, backend) and section (``sections.parquet``
     through :func:`pnpscale.results.transfer.section_transfers`): payload (nccl-tests' size), mean main
     transfer, and the algorithm NCCL logged for that size in ``nccl/rank*.log`` when there is a log
-    (:func:`pnpscale.analysis.nccl_log.algorithm_for`), else none, with the reason in ``algorithm_note``.
+    (:func:`pnpscale.analysis.nccl_log.algorithm_for`), else none, with the reason in ``algorithm_note``;
+    the transport the log's connection lines show (``NVLink P2P``, ``SHM``, ``NET/IB``...) names the route.
     Folders whose ``run.json`` is not ``complete`` are skipped.
 
     Raises:
@@ -313,6 +403,7 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
                     K.ALGORITHM: algo,
                     K.PROTOCOL: proto,
                     K.ALGORITHM_NOTE: note,
+                    K.TRANSPORT: log.transport_label(nodes > 1) if log is not None else None,
                 }
             )
     return pd.DataFrame(rows, columns=[*K.TRANSFER_INPUT_REQUIRED, *K.TRANSFER_INPUT_OPTIONAL])
@@ -381,21 +472,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.warmup is not None and args.warmup < 0:
             raise AnalyzeError(f"--warmup {args.warmup}: must be >= 0")
         paths = [_traces_of_run(Path(p)) for p in args.paths]
-        files = list(iter_trace_files(paths))
-        traces, world = assign_ranks([read_header(f) for f in files], _explicit_ranks(args.rank), args.partial)
+        anomalies = Anomalies()
+        headers = _headers(paths, anomalies)
+        traces, world = assign_ranks(headers, _explicit_ranks(args.rank), args.partial)
         warmup, warmup_from = (args.warmup, "--warmup") if args.warmup is not None else _default_warmup(paths)
         out = args.out or ((paths[0] if paths[0].is_dir() else paths[0].parent) / ANALYSIS_DIR)
-        analysis = analyze_traces(traces, sections, warmup, world)
+        analysis = analyze_traces(traces, sections, warmup, world, anomalies)
         doc = write_analysis(out, analysis, {"sections": sections, "warmup": warmup, "warmup_from": warmup_from})
     except (AnalyzeError, TraceError, ValueError, OSError) as exc:
         print(f"pnpscale.analyze: error: {exc}", file=sys.stderr)
         return 1
-    summ = summarize(analysis.sections, len(analysis.traces))
+    summ = summarize(analysis.sections, len(analysis.traces), analysis.nested)
+    if analysis.no_collectives:
+        summ[[K.COMM_E, K.PE]] = float("nan")
     cols = ["section", "iterations", K.COMPUTE_S, K.TRANSFER_S, K.WAIT_S, K.LB, K.COMM_E, K.PE]
     print(
         f"pnpscale.analyze: {len(traces)} of {world} ranks, warm-up {warmup} ({warmup_from}) -> {out}\n"
-        + summ[cols].to_string(index=False, float_format=lambda v: f"{v:.6g}")
+        + summ[cols].to_string(index=False, float_format=lambda v: f"{v:.6g}", na_rep="n/a")
     )
+    if analysis.nested:
+        inner = ", ".join(f"{i} (inside {o})" for i, o in analysis.nested.items())
+        print(f"pnpscale.analyze: 'all' counts non-overlapping time only: nested sections left out: {inner}")
     if doc["partial"]:
         print(f"pnpscale.analyze: partial analysis: ranks {_ranges(doc['ranks'])} of {world}")
+    if len(analysis.traces) == 1 and world > 1:
+        print("pnpscale.analyze: one rank present: transfer includes wait (no other rank to take the minimum over)")
+    if analysis.no_collectives:
+        print(
+            f"pnpscale.analyze: WARNING: {world}-rank job but no collective was found in any section "
+            "(no gloo:* range, no NCCL/RCCL kernel): transfer and wait are unknown, not zero; CommE and PE are "
+            "not given (n/a)",
+            file=sys.stderr,
+        )
+    for line in summary_lines(doc["anomalies"]):
+        print(f"pnpscale.analyze: {line}")
     return 0
+
+
+def _headers(paths: Sequence[Path], anomalies: Anomalies) -> list[TraceInfo]:
+    """Headers of the trace files named by ``paths``; JSON files in a folder that are no trace are skipped."""
+    out = []
+    for p in paths:
+        for f in iter_trace_files([p]):
+            try:
+                out.append(read_header(f))
+            except NotATraceError as exc:
+                if not p.is_dir():
+                    raise
+                anomalies.add("non_trace_file", None, str(exc))
+                print(f"pnpscale.analyze: note: {exc}: skipped", file=sys.stderr)
+    return out

@@ -31,6 +31,7 @@ import io
 import re
 import zlib
 from array import array
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -38,15 +39,28 @@ from fnmatch import translate
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pnpscale.analysis.events import DTYPE_BYTES, Event, Kind, collective_type
+from pnpscale.analysis.anomalies import Anomalies
+from pnpscale.analysis.events import Event, Kind
+from pnpscale.analysis.kineto import (
+    CPU_CATS,
+    GPU_CATS,
+    NOT_A_LAUNCH,
+    PARAM_COMMS,
+    RUNTIME_CATS,
+    UNKNOWN_CORRELATIONS,
+    comm_fields,
+    is_collective_kernel,
+    is_descriptor,
+    is_gloo_work,
+    step_number,
+)
 
-_GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "concurrent_kernel"})
-_RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
-_CPU_CATS = frozenset({"cpu_op", "user_annotation"})
-_NCCL = re.compile(r"nccl", re.IGNORECASE)
-_PARAM_COMMS = "record_param_comms"
-_NOT_A_LAUNCH = {"wait"}  # record_param_comms of Work.wait(): no collective of its own
-_BASE_TAIL = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)\s*}\s*$')
+__all__ = ["TraceError", "NotATraceError", "Trace", "TraceInfo", "comm_fields", "read_header", "read_trace"]
+
+#: top-level keys of a trace besides ``traceEvents`` that pnpscale reads, wherever they sit in the file
+_META_KEYS = ("distributedInfo", "deviceProperties", "baseTimeNanoseconds")
+#: bare non-finite number tokens Kineto writes (not JSON), as values: after ``:``/``,``/``[``
+_NON_FINITE = re.compile(rb"(?<=[:,\[])(\s*)(-?(?:Infinity|inf|NaN|nan))(?=\s*[,\]}])")
 _HEAD_START = 1 << 18
 _HEAD_MAX = 1 << 26
 _TAIL = 1 << 16
@@ -55,6 +69,10 @@ _CHUNK = 1 << 16
 
 class TraceError(ValueError):
     """A trace that cannot be read (missing, not gzip/JSON, no event list)."""
+
+
+class NotATraceError(TraceError):
+    """A readable JSON file that is not a Kineto trace (no ``traceEvents``): skipped in folders."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,8 @@ class TraceInfo:
         rank, world_size, backend, nccl_version: from ``distributedInfo`` (``None`` when absent).
         base_ns: ``baseTimeNanoseconds`` when ``ts`` is relative to it, else ``None`` (absolute).
         events_read: events in the trace; events_kept: events returned.
+        range_names: the 20 most frequent CPU range names with their counts (to help when a
+            section name is not found).
     """
 
     path: Path
@@ -76,6 +96,7 @@ class TraceInfo:
     base_ns: int | None = None
     events_read: int = 0
     events_kept: int = 0
+    range_names: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,48 +141,115 @@ def parse_sections(spec: str | Sequence[str]) -> dict[str, str]:
 def read_header(path: Path | str) -> TraceInfo:
     """Rank, world size, backend, NCCL version and time base of a trace, without reading its events.
 
-    Only the part of the file before ``traceEvents`` is parsed (Kineto writes ``distributedInfo``
-    there); a ``baseTimeNanoseconds`` written after the events is not seen here (see
-    :func:`read_trace`).
+    The part of the file before ``traceEvents`` is parsed (Kineto writes ``distributedInfo``
+    there); when ``distributedInfo`` is not there, the file's last 64 KiB are searched for the keys
+    written after the events (a gzip file is decompressed to its end for that).
 
     Raises:
-        TraceError: the file is missing, not gzip/JSON, or holds no ``traceEvents`` list.
+        NotATraceError: a JSON file without ``traceEvents`` (not a Kineto trace).
+        TraceError: the file is missing, empty or not gzip/JSON.
     """
     path = Path(path)
     try:
         with _open(path) as raw:
             meta, head, array_top = _read_head(path, raw)
+            if not array_top and "distributedInfo" not in meta and "traceEvents" in meta:
+                tail = bytearray(head[-_TAIL:])
+                while chunk := raw.read(_CHUNK * 16):
+                    tail += chunk
+                    del tail[: max(0, len(tail) - _TAIL)]
+                meta = {**_meta_from_tail(bytes(tail)), **meta}
     except TraceError:
         raise
     except (OSError, EOFError, ValueError, zlib.error) as exc:
         raise TraceError(f"{path}: cannot read trace: {_first_line(exc)}") from exc
     if not array_top and "traceEvents" not in meta and len(head) < _HEAD_MAX:
-        raise TraceError(f"{path}: no traceEvents list before the end of the file: not a Kineto trace")
+        raise NotATraceError(f"{path}: no traceEvents list before the end of the file: not a Kineto trace")
     return _info(path, meta)
 
 
-def read_trace(path: Path | str, sections: Mapping[str, str] | Sequence[str], keep_all_gpu: bool = False) -> Trace:
+def read_trace(
+    path: Path | str,
+    sections: Mapping[str, str] | Sequence[str],
+    keep_all_gpu: bool = False,
+    anomalies: Anomalies | None = None,
+    rank: int | None = None,
+) -> Trace:
     """Stream one Kineto trace and keep the events that section analysis needs (see module doc).
+
+    What is repaired or dropped is recorded in ``anomalies`` under ``rank``: bare ``inf``/``NaN``
+    tokens (read as null), events without ``ts`` (dropped), GPU events whose correlation id has no
+    runtime launch in a trace that has runtime events (outside the profiled window: dropped), other
+    GPU events with correlation 0 (unknown launch: placed by GPU start). Events with a negative or
+    missing ``dur`` are kept with ``Event.bad`` set and ``end == start``.
 
     Args:
         path: ``.json`` or ``.json.gz`` Kineto trace.
         sections: section name -> name pattern (:func:`parse_sections`), or a list of exact names.
         keep_all_gpu: keep every GPU event instead of the two per section occurrence that give
             the same :func:`pnpscale.analysis.events.section_records` result (for checks; uses more memory).
+        anomalies, rank: where to record anomalies, and the rank to record them under.
 
     Returns:
         :class:`Trace`; times in integer ns on the Unix epoch, GPU events carry ``launch_ns``.
 
     Raises:
-        TraceError: unreadable file, invalid JSON, or no ``traceEvents`` list.
+        NotATraceError: a JSON file without a ``traceEvents`` list.
+        TraceError: unreadable file; invalid JSON (the message names the byte offset, and the token
+            when it is a bare non-finite number that could not be repaired); a section range
+            without ``ts``.
     """
     path = Path(path)
     pats = dict(sections) if isinstance(sections, Mapping) else {s: s for s in sections}
-    collector = _Collector(pats, keep_all_gpu)
+    anomalies = anomalies if anomalies is not None else Anomalies()
+    try:
+        collector, meta, array_top, tail = _stream(path, pats, keep_all_gpu, repair=False)
+    except _JsonFailure as failure:
+        tokens = _non_finite_tokens(path)
+        if not tokens:
+            raise TraceError(f"{path}: cannot read trace: invalid JSON at or before byte {failure.offset}: "
+                             f"{failure.message}") from None  # fmt: skip
+        try:
+            collector, meta, array_top, tail = _stream(path, pats, keep_all_gpu, repair=True)
+        except _JsonFailure as again:
+            tok, at = tokens[0]
+            raise TraceError(
+                f"{path}: cannot read trace: invalid JSON at or before byte {again.offset}: {again.message} "
+                f"(the file also holds bare non-finite tokens such as {tok!r} at byte {at})"
+            ) from None
+        tok, at = tokens[0]
+        anomalies.add("non_finite_number", rank, f"{path.name}: token {tok!r} at byte {at}", len(tokens))
+    if not array_top and "traceEvents" not in meta:
+        raise NotATraceError(f"{path}: no traceEvents list before the end of the file: not a Kineto trace")
+    meta = {**_meta_from_tail(tail), **meta}
+    base = meta.get("baseTimeNanoseconds")
+    events = collector.events(int(base) if base is not None else 0, anomalies, rank)
+    info = replace(
+        _info(path, meta),
+        base_ns=int(base) if base is not None else None,
+        events_read=collector.read,
+        events_kept=len(events),
+        range_names=tuple(collector.range_names.most_common(20)),
+    )
+    return Trace(info, events)
+
+
+class _JsonFailure(Exception):
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.message, self.offset = message, offset
+
+
+def _stream(
+    path: Path, pats: Mapping[str, str], keep_all_gpu: bool, repair: bool
+) -> tuple[_Collector, dict[str, Any], bool, bytes]:
+    """One pass over the file: (collector, metadata before the events, top is an array, last bytes)."""
+    collector = _Collector(pats, keep_all_gpu, path)
+    stream = None
     try:
         with _open(path) as raw:
             meta, head, array_top = _read_head(path, raw)
-            stream = _Replay(head, raw)
+            stream = _Replay(head, raw, repair)
             import ijson
 
             prefix = "item" if array_top else "traceEvents.item"
@@ -169,22 +257,47 @@ def read_trace(path: Path | str, sections: Mapping[str, str] | Sequence[str], ke
                 collector.add(ev)
     except TraceError:
         raise
-    except (OSError, EOFError, ValueError, zlib.error, _json_error()) as exc:
+    except _json_error() as exc:
+        raise _JsonFailure(_first_line(exc), stream.offset if stream is not None else 0) from exc
+    except (OSError, EOFError, ValueError, zlib.error) as exc:
         raise TraceError(f"{path}: cannot read trace: {_first_line(exc)}") from exc
-    if not array_top and "traceEvents" not in meta:
-        raise TraceError(f"{path}: no traceEvents list before the end of the file: not a Kineto trace")
-    base = meta.get("baseTimeNanoseconds")
-    if base is None:
-        m = _BASE_TAIL.search(bytes(stream.tail))
-        base = int(m.group(1)) if m else None
-    events = collector.events(int(base) if base is not None else 0)
-    info = replace(
-        _info(path, meta),
-        base_ns=int(base) if base is not None else None,
-        events_read=collector.read,
-        events_kept=len(events),
-    )
-    return Trace(info, events)
+    return collector, meta, array_top, bytes(stream.tail)
+
+
+def _non_finite_tokens(path: Path) -> list[tuple[str, int]]:
+    """Every bare ``inf``/``NaN``/``Infinity`` value token in the (decompressed) file, with its byte offset."""
+    out: list[tuple[str, int]] = []
+    done = 0  # offset of carry[0] (the last byte of the previous part, kept for the look-behind)
+    carry = b""
+    with _open(path) as raw:
+        while True:
+            chunk = raw.read(1 << 22)
+            text = carry + chunk
+            cut = len(text) if not chunk else max(text.rfind(b","), text.rfind(b"]"), text.rfind(b"}")) + 1
+            for m in _NON_FINITE.finditer(text[:cut]):
+                out.append((m.group(2).decode(), done + m.start(2)))
+            if not chunk:
+                return out
+            start = max(cut - 1, 0)
+            done += start
+            carry = text[start:]
+
+
+def _meta_from_tail(tail: bytes) -> dict[str, Any]:
+    """The top-level keys of :data:`_META_KEYS` written after ``traceEvents`` (found in the file's last bytes)."""
+    import json
+
+    text = tail.decode("utf-8", errors="replace")
+    out: dict[str, Any] = {}
+    dec = json.JSONDecoder()
+    for key in _META_KEYS:
+        for m in reversed(list(re.finditer(rf'"{key}"\s*:\s*', text))):
+            try:
+                out[key] = dec.raw_decode(text, m.end())[0]
+                break
+            except ValueError:
+                continue
+    return out
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -214,7 +327,7 @@ def _read_head(path: Path, raw: BinaryIO) -> tuple[dict[str, Any], bytes, bool]:
         if start == b"[":
             return {}, head, True
         if head.strip() and start != b"{":
-            raise TraceError(f"{path}: not a JSON trace (starts with {head.lstrip()[:20]!r})")
+            raise NotATraceError(f"{path}: not a JSON trace (starts with {head.lstrip()[:20]!r})")
         meta, complete = _parse_head(head)
         if complete or not chunk or len(head) >= _HEAD_MAX:
             if not head.strip():
@@ -252,23 +365,57 @@ def _parse_head(head: bytes) -> tuple[dict[str, Any], bool]:
 
 
 class _Replay(io.RawIOBase):
-    """Binary stream: ``head`` then the rest of ``raw``; remembers the last bytes read."""
+    """Binary stream: ``head`` then the rest of ``raw``; remembers the last bytes read and the offset.
 
-    def __init__(self, head: bytes, raw: BinaryIO) -> None:
+    With ``repair``, bare non-finite value tokens (``inf``, ``-inf``, ``NaN``, ``Infinity``) are
+    replaced by ``null``; the text is cut after the last ``,``/``]``/``}`` of each chunk so that no
+    token is split.
+    """
+
+    def __init__(self, head: bytes, raw: BinaryIO, repair: bool = False) -> None:
         self._head = memoryview(head)
         self._raw = raw
         self.tail = bytearray()
+        self.offset = 0
+        self._repair = repair
+        self._carry = b""
+        self._prev = b""
+        self._out = b""
 
     def readable(self) -> bool:
         return True
 
     def read(self, n: int = -1) -> bytes:
         n = _CHUNK if n is None or n < 0 else n
+        if not self._repair:
+            return self._read(n)
+        while len(self._out) < n:
+            data = self._read(n)
+            if not data:
+                self._out += self._fix(self._carry)
+                self._carry = b""
+                break
+            text = self._carry + data
+            cut = max(text.rfind(b","), text.rfind(b"]"), text.rfind(b"}")) + 1
+            self._out += self._fix(text[:cut])
+            self._carry = text[cut:]
+        out, self._out = self._out[:n], self._out[n:]
+        return out
+
+    def _fix(self, text: bytes) -> bytes:
+        if not text:
+            return text
+        fixed = _NON_FINITE.sub(rb"\1null", self._prev + text)[len(self._prev) :]
+        self._prev = text[-1:]
+        return fixed
+
+    def _read(self, n: int) -> bytes:
         if len(self._head):
             data, self._head = bytes(self._head[:n]), self._head[n:]
         else:
             data = self._raw.read(n)
         if data:
+            self.offset += len(data)
             self.tail += data
             if len(self.tail) > 2 * _TAIL:
                 del self.tail[: len(self.tail) - _TAIL]
@@ -332,45 +479,6 @@ def _int_or_none(v: Any) -> int | None:
         return None
 
 
-def comm_fields(name: str, args: Mapping[str, Any]) -> dict[str, Any]:
-    """Collective type, payload bytes, process group and sequence number from Kineto ``args``.
-
-    Payload: ``"In msg nelems"`` x bytes of ``"dtype"`` when present (``record_param_comms``, NCCL
-    kernels), else the first input's ``"Input Dims"`` x ``"Input type"`` (``gloo:*``/``nccl:*``
-    ranges). Type: ``"Collective name"``, else from ``name``. Unknown values are ``None``.
-
-    >>> comm_fields("ncclKernel_AllReduce", {"Collective name": "allreduce", "In msg nelems": 10,
-    ...             "dtype": "Float", "Process Group Name": "0", "Seq": 3})
-    {'collective': 'all_reduce', 'payload_bytes': 40, 'group': '0', 'group_seq': 3}
-    >>> comm_fields("gloo:all_reduce", {"Input Dims": [[1, 3, 32, 32]], "Input type": ["float"]})
-    {'collective': 'all_reduce', 'payload_bytes': 12288, 'group': None, 'group_seq': None}
-    """
-    cname = args.get("Collective name")
-    coll = (collective_type(str(cname)) or str(cname)) if cname else collective_type(name)
-    payload = None
-    nelems, dtype = _int_or_none(args.get("In msg nelems")), args.get("dtype")
-    if nelems is not None and dtype in DTYPE_BYTES:
-        payload = nelems * DTYPE_BYTES[dtype]
-    else:
-        dims, types = args.get("Input Dims"), args.get("Input type")
-        if isinstance(dims, list) and dims and isinstance(types, list) and types:
-            first = dims[0]
-            size = DTYPE_BYTES.get(types[0]) if isinstance(types[0], str) else None
-            if isinstance(first, list) and first and size and all(isinstance(d, int) for d in first):
-                n = 1
-                for d in first:
-                    n *= d
-                payload = n * size
-    group = args.get("Process Group Name")
-    seq = args.get("Seq", args.get("seq"))
-    return {
-        "collective": coll,
-        "payload_bytes": payload,
-        "group": None if group is None else str(group),
-        "group_seq": _int_or_none(seq),
-    }
-
-
 def merge_descriptors(events: Sequence[Event]) -> list[Event]:
     """Fill each ``nccl:*`` range's unknown fields from the ``record_param_comms`` enclosing it.
 
@@ -388,7 +496,7 @@ def merge_descriptors(events: Sequence[Event]) -> list[Event]:
 
     wrappers: dict[int, list[Event]] = {}
     for e in events:
-        if e.name == _PARAM_COMMS:
+        if e.name == PARAM_COMMS:
             wrappers.setdefault(e.tid, []).append(e)
     for ws in wrappers.values():
         ws.sort(key=lambda e: e.start_ns)
@@ -414,8 +522,9 @@ def merge_descriptors(events: Sequence[Event]) -> list[Event]:
 class _Collector:
     """Keeps the needed events of one trace as they stream by (see module doc)."""
 
-    def __init__(self, sections: Mapping[str, str], keep_all_gpu: bool = False) -> None:
+    def __init__(self, sections: Mapping[str, str], keep_all_gpu: bool = False, path: Path | None = None) -> None:
         self.keep_all_gpu = keep_all_gpu
+        self.path = path
         self.exact: dict[str, str] = {}
         globs = []
         for name, pat in sections.items():
@@ -425,13 +534,16 @@ class _Collector:
                 self.exact[pat] = name
         self.globs = globs
         self.read = 0
-        self.cpu: list[Event] = []  # section ranges and collective CPU ranges
+        self.cpu: list[Event] = []  # collective CPU ranges and ProfilerStep ranges
         self.sections: list[Event] = []
-        self.nccl: list[tuple] = []  # (name, start, end, stream, corr, fields)
+        self.nccl: list[tuple] = []  # (name, start, end, stream, corr, fields, bad)
+        self.bad_gpu: list[Event] = []  # other GPU events with a non-physical duration (all kept)
         self.gpu_start, self.gpu_end, self.gpu_corr = array("q"), array("q"), array("q")
         self.gpu_stream, self.gpu_name = array("q"), array("q")
         self.names: dict[str, int] = {}
         self.rt_corr, self.rt_start = array("q"), array("q")
+        self.range_names: Counter[str] = Counter()
+        self.no_ts: list[str] = []
 
     def _section_of(self, name: str) -> str | None:
         hit = self.exact.get(name)
@@ -442,53 +554,91 @@ class _Collector:
                 return sec
         return None
 
+    def _times(self, ev: Mapping[str, Any]) -> tuple[int, int, str | None] | None:
+        """(start, end, why the duration is not physical) in ns; ``None`` without ``ts``."""
+        ts = ev.get("ts")
+        if ts is None or isinstance(ts, bool):
+            return None
+        start = _ns(ts)
+        dur = ev.get("dur")
+        if dur is None or isinstance(dur, bool):
+            return start, start, f"no dur (ts {ts} us)"
+        d = _ns(dur)
+        if d < 0:
+            return start, start, f"negative dur {dur} us (ts {ts} us)"
+        return start, start + d, None
+
+    def _no_ts(self, ev: Mapping[str, Any]) -> None:
+        self.no_ts.append(f"event #{self.read - 1} {ev.get('name')!r} ({ev.get('cat')})")
+
     def add(self, ev: Mapping[str, Any]) -> None:
         self.read += 1
         if ev.get("ph") != "X":
             return
         cat = ev.get("cat")
-        if cat in _RUNTIME_CATS:
+        if cat in RUNTIME_CATS:
             corr = _int_or_none((ev.get("args") or {}).get("correlation"))
             if corr is not None:
+                times = self._times(ev)
+                if times is None:
+                    self._no_ts(ev)
+                    return
                 self.rt_corr.append(corr)
-                self.rt_start.append(_ns(ev["ts"]))
+                self.rt_start.append(times[0])
             return
-        if cat in _GPU_CATS:
+        if cat in GPU_CATS:
             self._add_gpu(ev)
             return
-        if cat not in _CPU_CATS:
+        if cat not in CPU_CATS:
             return
         name = ev.get("name")
         if not isinstance(name, str):
             return
+        self.range_names[name] += 1
         section = self._section_of(name)
-        if section is None and not (name.startswith(("gloo:", "nccl:")) or name == _PARAM_COMMS):
+        step = step_number(name) is not None
+        if section is None and not step and not (is_gloo_work(name) or is_descriptor(name)):
             return
-        start = _ns(ev["ts"])
-        end = start + _ns(ev.get("dur", 0))
+        times = self._times(ev)
+        if times is None:
+            if section is not None:
+                raise TraceError(f"{self.path}: event #{self.read - 1} {name!r} (section {section!r}) has no ts")
+            self._no_ts(ev)
+            return
+        start, end, bad = times
         tid = _int_or_none(ev.get("tid")) or 0
+        if step:
+            self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad))
         if section is not None:
-            self.sections.append(Event(section, Kind.CPU, start, end, tid=tid))
+            self.sections.append(Event(section, Kind.CPU, start, end, tid=tid, bad=bad))
+            return
+        if step:
             return
         fields = comm_fields(name, ev.get("args") or {})
-        if name == _PARAM_COMMS and fields["collective"] in _NOT_A_LAUNCH:
+        if name == PARAM_COMMS and fields["collective"] in NOT_A_LAUNCH:
             return
-        self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, **fields))
+        self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad, **fields))
 
     def _add_gpu(self, ev: Mapping[str, Any]) -> None:
         args = ev.get("args") or {}
         name = ev.get("name")
         name = name if isinstance(name, str) else ""
-        start = _ns(ev["ts"])
-        end = start + _ns(ev.get("dur", 0))
+        times = self._times(ev)
+        if times is None:
+            self._no_ts(ev)
+            return
+        start, end, bad = times
         stream = _int_or_none(args.get("stream"))
         if stream is None:
             stream = _int_or_none(ev.get("tid")) or 0
         corr = _int_or_none(args.get("correlation"))
         corr = -1 if corr is None else corr
-        if ev.get("cat") == "kernel" and _NCCL.search(name):
+        if ev.get("cat") == "kernel" and is_collective_kernel(name):
             fields = comm_fields(name, args) if "Collective name" in args or "Seq" in args else {}
-            self.nccl.append((name, start, end, stream, corr, fields))
+            self.nccl.append((name, start, end, stream, corr, fields, bad))
+            return
+        if bad is not None:
+            self.bad_gpu.append(Event(name, Kind.GPU, start, end, tid=stream, correlation=corr, bad=bad))
             return
         nid = self.names.setdefault(name, len(self.names))
         self.gpu_start.append(start)
@@ -497,30 +647,44 @@ class _Collector:
         self.gpu_stream.append(stream)
         self.gpu_name.append(nid)
 
-    def events(self, base_ns: int) -> list[Event]:
-        """The kept events, shifted by ``base_ns`` (0 for absolute traces)."""
+    def events(self, base_ns: int, anomalies: Anomalies | None = None, rank: int | None = None) -> list[Event]:
+        """The kept events, shifted by ``base_ns`` (0 for absolute traces); anomalies recorded (:func:`read_trace`)."""
         import numpy as np
 
+        anomalies = anomalies if anomalies is not None else Anomalies()
+        if self.no_ts:
+            anomalies.add("event_without_ts", rank, self.no_ts[0], len(self.no_ts))
         rt_corr = np.frombuffer(self.rt_corr, dtype=np.int64) if len(self.rt_corr) else np.zeros(0, np.int64)
         rt_start = np.frombuffer(self.rt_start, dtype=np.int64) if len(self.rt_start) else np.zeros(0, np.int64)
         order = np.argsort(rt_corr, kind="stable")
         rt_corr, rt_start = rt_corr[order], rt_start[order]
+        unknown = np.array(sorted(UNKNOWN_CORRELATIONS), dtype=np.int64)
 
-        def launch_of(corr: np.ndarray) -> np.ndarray:
+        def launch_of(corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """(launch start or -1, outside the window): a correlation without runtime event is outside
+            the profiled window when the trace has runtime events; 0/-1 mean unknown."""
             if not len(rt_corr):
-                return np.full(len(corr), -1, dtype=np.int64)
+                return np.full(len(corr), -1, dtype=np.int64), np.zeros(len(corr), dtype=bool)
             idx = np.searchsorted(rt_corr, corr)
             idx_c = np.minimum(idx, len(rt_corr) - 1)
-            found = (idx < len(rt_corr)) & (rt_corr[idx_c] == corr) & (corr >= 0)
-            return np.where(found, rt_start[idx_c], -1)
+            known = ~np.isin(corr, unknown)
+            found = (idx < len(rt_corr)) & (rt_corr[idx_c] == corr) & known
+            return np.where(found, rt_start[idx_c], -1), known & ~found
 
-        out = [replace(e, start_ns=e.start_ns + base_ns, end_ns=e.end_ns + base_ns) for e in self.sections]
-        out += [
-            replace(e, start_ns=e.start_ns + base_ns, end_ns=e.end_ns + base_ns) for e in merge_descriptors(self.cpu)
-        ]
+        def shift(e: Event) -> Event:
+            return replace(e, start_ns=e.start_ns + base_ns, end_ns=e.end_ns + base_ns)
+
+        out = [shift(e) for e in self.sections]
+        out += [shift(e) for e in merge_descriptors(self.cpu)]
+        outside: list[str] = []
         if self.nccl:
-            launches = launch_of(np.array([n[4] for n in self.nccl], dtype=np.int64))
-            for (name, start, end, stream, corr, fields), launch in zip(self.nccl, launches, strict=True):
+            launches, away = launch_of(np.array([n[4] for n in self.nccl], dtype=np.int64))
+            for (name, start, end, stream, corr, fields, bad), launch, gone in zip(
+                self.nccl, launches, away, strict=True
+            ):
+                if gone:
+                    outside.append(f"{name.split('(')[0]} at ts {start} ns, correlation {corr}")
+                    continue
                 out.append(
                     Event(
                         name,
@@ -530,13 +694,22 @@ class _Collector:
                         tid=stream,
                         correlation=corr,
                         launch_ns=None if launch < 0 else int(launch) + base_ns,
+                        bad=bad,
                         **fields,
                     )
                 )
-        out += self._gpu_representatives(launch_of, base_ns)
+        for e in self.bad_gpu:
+            launch, gone = launch_of(np.array([e.correlation], dtype=np.int64))
+            if not gone[0]:
+                out.append(shift(replace(e, launch_ns=None if launch[0] < 0 else int(launch[0]) + base_ns)))
+        out += self._gpu_representatives(launch_of, base_ns, outside, anomalies, rank)
+        if outside:
+            anomalies.add("gpu_event_outside_window", rank, outside[0], len(outside))
         return out
 
-    def _gpu_representatives(self, launch_of: Any, base_ns: int) -> list[Event]:
+    def _gpu_representatives(
+        self, launch_of: Any, base_ns: int, outside: list[str], anomalies: Anomalies, rank: int | None
+    ) -> list[Event]:
         """Per section range, the first-starting and last-ending GPU event launched inside it."""
         import numpy as np
 
@@ -546,11 +719,26 @@ class _Collector:
         start = np.frombuffer(self.gpu_start, dtype=np.int64)
         end = np.frombuffer(self.gpu_end, dtype=np.int64)
         corr = np.frombuffer(self.gpu_corr, dtype=np.int64)
-        launch = launch_of(corr)
-        place = np.where(launch >= 0, launch, start)
-        order = np.argsort(place, kind="stable")
-        placed = place[order]
-        keep = set(range(n)) if self.keep_all_gpu else {0}
+        launch, away = launch_of(corr)
+        names = list(self.names)
+        if away.any():
+            i = int(np.argmax(away))
+            outside.append(f"{names[self.gpu_name[i]]} at ts {int(start[i])} ns, correlation {int(corr[i])}")
+            outside.extend([""] * (int(away.sum()) - 1))
+        by_start = (launch < 0) & ~away
+        if by_start.any():
+            i = int(np.argmax(by_start))
+            anomalies.add(
+                "launch_unknown_by_start",
+                rank,
+                f"{names[self.gpu_name[i]]} at ts {int(start[i])} ns, correlation {int(corr[i])}",
+                int(by_start.sum()),
+            )
+        valid = np.flatnonzero(~away)
+        place = np.where(launch >= 0, launch, start)[valid]
+        order = valid[np.argsort(place, kind="stable")]
+        placed = np.sort(place, kind="stable")
+        keep = set(valid.tolist()) if self.keep_all_gpu else ({int(valid[0])} if len(valid) else set())
         for r in [] if self.keep_all_gpu else self.sections:
             lo = int(np.searchsorted(placed, r.start_ns, side="left"))
             hi = int(np.searchsorted(placed, r.end_ns, side="right"))
@@ -558,7 +746,6 @@ class _Collector:
                 idx = order[lo:hi]
                 keep.add(int(idx[np.argmin(start[idx])]))
                 keep.add(int(idx[np.argmax(end[idx])]))
-        names = list(self.names)
         return [
             Event(
                 names[self.gpu_name[i]],

@@ -16,11 +16,18 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pnpscale.analysis.events import Event, Kind, collective_type, payload_bytes
-
-_GPU_ACTIVITIES = {"kernel", "gpu_memcpy", "gpu_memset", "concurrent_kernel"}
-_RUNTIME_ACTIVITIES = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
-_SKIP_ACTIVITIES = {"gpu_user_annotation", "overhead", "python_function", "cuda_sync"}
+from pnpscale.analysis.anomalies import Anomalies
+from pnpscale.analysis.events import Event, Kind
+from pnpscale.analysis.kineto import (
+    GPU_CATS,
+    RUNTIME_CATS,
+    SKIP_CATS,
+    UNKNOWN_CORRELATIONS,
+    collective_type,
+    is_descriptor,
+    is_gloo_work,
+    payload_bytes,
+)
 
 
 def make_profiler(cuda: bool, record_shapes: bool) -> profile:
@@ -32,8 +39,13 @@ def make_profiler(cuda: bool, record_shapes: bool) -> profile:
     return profile(activities=activities, record_shapes=record_shapes)
 
 
-def profiler_events(prof: profile) -> list[Event]:
+def profiler_events(prof: profile, anomalies: Anomalies | None = None, rank: int | None = None) -> list[Event]:
     """Convert a finished profiler session's Kineto events to :class:`Event` records.
+
+    The same rules as the offline reader (:func:`pnpscale.analysis.traces.read_trace`): a GPU event
+    whose correlation id has no runtime launch in the session ran before the profiler started and
+    is dropped; correlation 0 means unknown (the event is placed by its GPU start); a negative
+    duration marks the event ``bad``. Each is recorded in ``anomalies`` under ``rank``.
 
     Raises:
         RuntimeError: the profiler has no results (it was not run).
@@ -41,21 +53,31 @@ def profiler_events(prof: profile) -> list[Event]:
     results = getattr(prof.profiler, "kineto_results", None) if prof.profiler else None
     if results is None:
         raise RuntimeError("the profiler has no results: was the profiling context exited?")
+    anomalies = anomalies if anomalies is not None else Anomalies()
     raw = list(results.events())
     runtime_start: dict[int, int] = {}
     for e in raw:
-        if e.activity_type() in _RUNTIME_ACTIVITIES:
+        if e.activity_type() in RUNTIME_CATS:
             runtime_start[e.correlation_id()] = e.start_ns()
     out: list[Event] = []
     for e in raw:
         act = e.activity_type()
-        if act in _SKIP_ACTIVITIES:
+        if act in SKIP_CATS:
             continue
         start = int(e.start_ns())
-        end = start + int(e.duration_ns())
+        dur = int(e.duration_ns())
+        end = start + max(dur, 0)
+        bad = f"negative dur {dur} ns" if dur < 0 else None
         name = e.name()
-        if act in _GPU_ACTIVITIES or str(e.device_type()) == "DeviceType.CUDA":
+        if act in GPU_CATS or str(e.device_type()) == "DeviceType.CUDA":
             corr = int(e.correlation_id())
+            launch = runtime_start.get(corr)
+            what = f"{name.split('(')[0]} at {start} ns, correlation {corr}"
+            if launch is None and runtime_start and corr not in UNKNOWN_CORRELATIONS:
+                anomalies.add("gpu_event_outside_window", rank, what)
+                continue
+            if launch is None:
+                anomalies.add("launch_unknown_by_start", rank, what)
             out.append(
                 Event(
                     name,
@@ -64,15 +86,16 @@ def profiler_events(prof: profile) -> list[Event]:
                     end,
                     tid=int(e.device_resource_id()),
                     correlation=corr,
-                    launch_ns=runtime_start.get(corr),
+                    launch_ns=launch,
+                    bad=bad,
                 )
             )
-        elif act in _RUNTIME_ACTIVITIES:
+        elif act in RUNTIME_CATS:
             out.append(
                 Event(name, Kind.RUNTIME, start, end, tid=int(e.start_thread_id()), correlation=int(e.correlation_id()))
             )
         else:
-            is_comm = name.startswith(("gloo:", "nccl:"))
+            is_comm = is_gloo_work(name) or (is_descriptor(name) and name != "record_param_comms")
             out.append(
                 Event(
                     name,
@@ -82,6 +105,7 @@ def profiler_events(prof: profile) -> list[Event]:
                     tid=int(e.start_thread_id()),
                     payload_bytes=payload_bytes(e.shapes(), e.dtypes()) if is_comm else None,
                     collective=collective_type(name) if is_comm else None,
+                    bad=bad,
                 )
             )
     return out

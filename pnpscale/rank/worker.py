@@ -210,8 +210,11 @@ def _measure_and_report(
 
         if spec.export_traces:
             export_trace(prof, layout.trace_file(run_dir, rank))
-        sections = section_records(profiler_events(prof), spec.sections)
-        table = rank_rows(rank, sections, spec.warmup, peaks)
+        from pnpscale.analysis.anomalies import Anomalies
+
+        anomalies = Anomalies()
+        sections = section_records(profiler_events(prof, anomalies, rank), spec.sections, anomalies, rank)
+        table = {**rank_rows(rank, sections, spec.warmup, peaks), "anomalies": anomalies.records()}
         info = {
             "rank": rank,
             "host": socket.gethostname(),

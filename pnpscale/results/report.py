@@ -23,6 +23,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -30,6 +31,7 @@ from matplotlib.figure import Figure
 from pnpscale import columns as K
 from pnpscale import layout
 from pnpscale.results.runs import NoRunsError, discover, select, table_of
+from pnpscale.sweep.record import RecordError, read_record
 
 SUMMARY, README, TRANSFER, RATES = layout.SUMMARY, layout.REPORT_README, layout.TRANSFER, layout.RATES
 TRANSFER_PNG = "transfer.png"
@@ -81,7 +83,21 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
     projected = project_sweep(table, out)
     if projected:
         charts.append(layout.PROJECTION_PNG)
-    layout.atomic_write_text(out / README, "\n".join([markdown(table, charts, transfer, ranks), *projected]))
+    readme = markdown(table, charts, transfer, ranks, run_anomalies(table))
+    layout.atomic_write_text(out / README, "\n".join([readme, *projected]))
+    return out
+
+
+def run_anomalies(table: pd.DataFrame) -> dict[str, list[dict[str, Any]] | None]:
+    """``"problem mode gpus=N"`` -> the ``anomalies`` of that complete run's ``run.json`` (``None``: not recorded)."""
+    out: dict[str, list[dict[str, Any]] | None] = {}
+    rows = table[(table["status"] == "complete") & table["run_dir"].notna()].drop_duplicates("run_dir")
+    for _, r in rows.sort_values(["problem", "mode", "gpus"]).iterrows():
+        try:
+            doc = read_record(r["run_dir"]).to_dict()
+        except RecordError:
+            continue
+        out[f"{r['problem']} {r['mode']} gpus={int(r['gpus'])}"] = doc.get("anomalies")
     return out
 
 
@@ -267,9 +283,14 @@ def markdown(
     charts: list[str],
     transfer: tuple[pd.DataFrame, pd.DataFrame] | None = None,
     ranks: pd.DataFrame | None = None,
+    anomalies: dict[str, list[dict[str, Any]] | None] | None = None,
 ) -> str:
     """README of a report: one table per (problem, mode), the headline checks, why the ranks wait (when
-    ``ranks``, :func:`wait_ranks`, is given), transfer explained."""
+    ``ranks``, :func:`wait_ranks`, is given), transfer explained, anomalies.
+
+    ``anomalies``: :func:`run_anomalies`; every run's anomaly summary is listed, and a report without
+    any says so.
+    """
     from pnpscale.results.summary import describe, headline_checks
 
     lines = ["# pnpscale report", ""]
@@ -310,7 +331,24 @@ def markdown(
             lines.append("")
     if transfer is not None:
         lines += _transfer_markdown(*transfer)
+    if anomalies is not None:
+        lines += _anomalies_markdown(anomalies)
     return "\n".join(lines)
+
+
+def _anomalies_markdown(anomalies: dict[str, list[dict[str, Any]] | None]) -> list[str]:
+    from pnpscale.analysis.anomalies import summary_lines
+
+    lines = ["## Anomalies", ""]
+    found = {k: v for k, v in anomalies.items() if v}
+    unknown = [k for k, v in anomalies.items() if v is None]
+    if not found:
+        lines.append("No anomaly in any run: nothing was dropped, assumed or repaired.")
+    for label, recs in found.items():
+        lines += [f"- {label}: {line}" for line in summary_lines(recs)]
+    if unknown:
+        lines.append(f"- not recorded (runs written before anomaly reports): {', '.join(unknown)}")
+    return [*lines, ""]
 
 
 def _transfer_markdown(rows: pd.DataFrame, rates: pd.DataFrame) -> list[str]:

@@ -205,15 +205,21 @@ def busbw_GBps(collective: str, size_bytes: float, seconds: float, gpus: int) ->
     return algbw_GBps(size_bytes, seconds) * bus_factor(collective, gpus)
 
 
-def route_label(gpus: int, nodes: int, algorithm: str) -> str:
+def route_label(gpus: int, nodes: int, algorithm: str, transport: str | None = None) -> str:
     """The physical route of a collective: one node -> its GPU count, else the inter-node algorithm.
+
+    ``transport`` (from the NCCL log's connection lines,
+    :meth:`pnpscale.analysis.nccl_log.NcclLog.transport_label`) names the link when known, so that
+    routes over different links get different rates.
 
     >>> route_label(4, 1, "ring"), route_label(8, 2, "tree"), route_label(64, 16, "ring")
     ('intra-node, 4 GPUs', 'inter-node tree', 'inter-node ring')
+    >>> route_label(4, 1, "ring", "NVLink P2P"), route_label(2, 1, "ring", "SHM"), route_label(8, 2, "ring", "NET/IB")
+    ('intra-node NVLink P2P, 4 GPUs', 'intra-node SHM, 2 GPUs', 'inter-node ring over NET/IB')
     """
     if nodes <= 1:
-        return f"intra-node, {int(gpus)} GPUs"
-    return f"inter-node {algorithm.lower()}"
+        return f"intra-node {transport}, {int(gpus)} GPUs" if transport else f"intra-node, {int(gpus)} GPUs"
+    return f"inter-node {algorithm.lower()}" + (f" over {transport}" if transport else "")
 
 
 # --- tables ----------------------------------------------------------------------------------
@@ -265,7 +271,8 @@ def transfer_rows(runs: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFr
             section's main collective, bytes), TRANSFER_S (its transfer per iteration, seconds), and
             optionally PROBLEM, MODE, NODES, GPUS_PER_NODE, BACKEND, COLLECTIVE (default
             ``all_reduce``), ITERATIONS, ALGORITHM (from the NCCL log; missing = assumed ring),
-            PROTOCOL, ALGORITHM_NOTE. NODES defaults to ``ceil(gpus / gpus_per_node)``, and to 1 for
+            PROTOCOL, ALGORITHM_NOTE, TRANSPORT (from the NCCL log, names the route). NODES defaults
+            to ``ceil(gpus / gpus_per_node)``, and to 1 for
             gloo.
 
     Returns:
@@ -327,7 +334,7 @@ def transfer_rows(runs: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFr
                 K.RATE_GBPS: nbytes / transfer / GB if transfer > 0 else math.nan,
                 K.ALGBW_GBPS: algbw_GBps(payload, transfer),
                 K.BUSBW_GBPS: busbw,
-                K.ROUTE: route_label(gpus, nodes, algo),
+                K.ROUTE: route_label(gpus, nodes, algo, r[K.TRANSPORT]),
             }
         )
     out = pd.DataFrame(rows, columns=list(K.TRANSFER_COLUMNS))

@@ -228,13 +228,17 @@ def write_run(
 ) -> dict[str, Any]:
     """Decompose, then write the tables and ``run.json`` (status ``complete``) atomically.
 
-    ``extra`` adds launcher-specific fields to ``run.json`` (e.g. the ``slurm`` block).
-    On a decomposition error, writes ``run.json`` with status ``failed`` and re-raises.
+    ``extra`` adds launcher-specific fields to ``run.json`` (e.g. the ``slurm`` block). The ranks'
+    ``anomalies`` (``table["anomalies"]``, see :mod:`pnpscale.analysis.anomalies`) are merged into
+    ``anomalies``; the invariants are checked before anything is written
+    (:func:`pnpscale.analysis.metrics.check_invariants`). On a decomposition or invariant error,
+    writes ``run.json`` with status ``failed`` and re-raises.
 
     Returns:
         the ``run.json`` content.
     """
-    from pnpscale.analysis.metrics import decompose, run_metrics
+    from pnpscale.analysis.anomalies import Anomalies
+    from pnpscale.analysis.metrics import check_invariants, decompose, run_metrics
     from pnpscale.analysis.tables import frames
 
     infos = [info for _, info in gathered]
@@ -265,9 +269,14 @@ def write_run(
     except RecordError:
         pass
     base.set(**fields)
+    anomalies = Anomalies()
+    for table, _ in gathered:
+        anomalies.extend(table.get("anomalies", []))
+    base.set(anomalies=anomalies.records())  # an extra key: [] none; absent in runs written before
     try:
         ranks, colls = frames(gathered, image_bytes(spec))
         sections = decompose(ranks, colls)
+        check_invariants(ranks, sections)
         base.metrics = run_metrics(sections, spec.gpus)
     except Exception as exc:
         base.status, base.error, base.finished_at = layout.STATUS_FAILED, _error_text(exc), now_iso()

@@ -1,0 +1,103 @@
+"""The anomaly report: everything an analysis dropped, assumed or repaired, counted per kind and rank.
+
+Every analysis (live ``run.json``, offline ``analysis.json``) carries an ``anomalies`` list; an empty
+list means none was found (and is said so). Each entry: ``kind`` (a key of :data:`KINDS`), ``rank``
+(``None`` for the whole job), ``count``, ``example`` (one event or file, as text) and ``action``
+(what was done about it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+#: kind -> what pnpscale did about it (printed in the summary line).
+KINDS: dict[str, str] = {
+    "gpu_event_outside_window": "dropped: its correlation id has no runtime launch in the trace "
+    "(launched before the profiler started)",
+    "launch_unknown_paired": "collective kernel with correlation 0 (unknown launch): paired in order with the "
+    "CPU-side collective descriptors",
+    "launch_unknown_by_start": "GPU event with correlation 0 (unknown launch): placed by its GPU start time; "
+    "section assignment may be wrong",
+    "non_physical_timing": "event with a negative or missing duration: its iteration dropped on every rank",
+    "event_without_ts": "event without a timestamp: dropped",
+    "non_finite_number": "bare inf/NaN token in the JSON: read as null",
+    "non_trace_file": "JSON file without traceEvents in a trace folder: skipped",
+    "collective_without_kernel": "CPU-side collective descriptor without a GPU kernel in its section "
+    "(profiler dropped kernels, or coalesced collectives)",
+    "kernel_name_disagrees": "kernel name hints another collective than its CPU descriptor: the descriptor wins",
+    "nested_sections": "section nested in another: the 'all' row counts the outer section only",
+    "step_not_on_every_rank": "ProfilerStep numbers missing on another rank: those steps dropped",
+    "rank_overridden": "--rank given for a trace that states another rank: --rank used",
+    "no_collectives": "multi-rank job without any collective kernel: transfer and wait unknown, CommE/PE not given",
+    "transfer_includes_wait": "one rank present: no other rank to take the minimum over, transfer includes wait",
+}
+
+
+@dataclass
+class Anomaly:
+    """One kind of anomaly on one rank (``rank=None``: the whole job)."""
+
+    kind: str
+    rank: int | None
+    count: int
+    example: str
+    action: str
+
+
+class Anomalies:
+    """Collects anomalies; one entry per (kind, rank) with a count and the first example."""
+
+    def __init__(self, items: Iterable[Mapping[str, Any]] = ()) -> None:
+        self._by: dict[tuple[str, int | None], Anomaly] = {}
+        for it in items:
+            self.add(str(it["kind"]), it.get("rank"), str(it.get("example", "")), int(it.get("count", 1)))
+
+    def add(self, kind: str, rank: int | None, example: str, count: int = 1) -> None:
+        """Count ``count`` more of ``kind`` on ``rank``; the first example is kept.
+
+        Raises:
+            KeyError: ``kind`` is not in :data:`KINDS`.
+        """
+        action = KINDS[kind]
+        key = (kind, rank)
+        if key in self._by:
+            self._by[key].count += count
+        else:
+            self._by[key] = Anomaly(kind, rank, count, example, action)
+
+    def extend(self, other: Anomalies | Iterable[Mapping[str, Any]]) -> None:
+        for a in other.records() if isinstance(other, Anomalies) else other:
+            self.add(a["kind"], a["rank"], a["example"], a["count"])
+
+    def kinds(self) -> set[str]:
+        return {k for k, _ in self._by}
+
+    def __len__(self) -> int:
+        return len(self._by)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Plain dicts (for JSON), ordered by kind then rank."""
+        items = sorted(self._by.values(), key=lambda a: (a.kind, -1 if a.rank is None else a.rank))
+        return [asdict(a) for a in items]
+
+
+def summary_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per kind: ``kind: N on rank(s) ...: action; e.g. example``; one line saying none when empty.
+
+    >>> summary_lines([])
+    ['anomalies: none (nothing dropped, assumed or repaired)']
+    >>> summary_lines([{"kind": "event_without_ts", "rank": 1, "count": 2, "example": "x", "action": "dropped"}])
+    ['anomaly event_without_ts: 2 on rank 1: dropped; e.g. x']
+    """
+    if not records:
+        return ["anomalies: none (nothing dropped, assumed or repaired)"]
+    out = []
+    for kind in dict.fromkeys(r["kind"] for r in records):
+        rows = [r for r in records if r["kind"] == kind]
+        ranks = sorted({r["rank"] for r in rows if r["rank"] is not None})
+        where = f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else ""
+        total = sum(int(r["count"]) for r in rows)
+        out.append(f"anomaly {kind}: {total}{where}: {rows[0]['action']}; e.g. {rows[0]['example']}")
+    return out

@@ -1,0 +1,236 @@
+"""The Kineto vocabulary, in one place: event categories, collective names, kernel names, dtypes, payloads.
+
+Used by the offline reader (:mod:`pnpscale.analysis.traces`), the live profiler
+(:mod:`pnpscale.rank.profiling`) and the section reduction (:mod:`pnpscale.analysis.events`), so the three
+never disagree on what a GPU event, a collective or a payload is.
+
+Sources: Kineto's ``ActivityType`` names (``libkineto/include/ActivityType.h``); PyTorch's
+``record_param_comms`` arguments (``torch/csrc/distributed/c10d/ParamCommsUtils.hpp``: "Collective
+name", "In msg nelems", "dtype", "Process Group Name", "Seq"); NCCL's kernel names
+(``src/device/generate.py`` of NCCL 2.19+, ``src/collectives/device/`` before, and
+``src/device/symmetric/generate.py`` of NCCL 2.27); RCCL uses NCCL's names plus ``mscclKernel_*``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Kineto categories (``cat`` in JSON, ``activity_type()`` live) of work that ran on a GPU stream.
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "concurrent_kernel"})
+#: runtime/driver calls on a CPU thread; their ``correlation`` links them to the GPU work they launched.
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
+#: CPU ranges: operators and ``record_function`` annotations (sections, ``nccl:*``, ``gloo:*``).
+CPU_CATS = frozenset({"cpu_op", "user_annotation"})
+#: live activities that are neither (GPU-side copies of annotations, profiler overhead...).
+SKIP_CATS = frozenset({"gpu_user_annotation", "overhead", "python_function", "cuda_sync"})
+#: correlation ids that mean "unknown" (ROCm tracers write 0 for every kernel; -1: absent).
+UNKNOWN_CORRELATIONS = frozenset({0, -1})
+
+#: the CPU-side collective descriptor PyTorch records around every c10d call.
+PARAM_COMMS = "record_param_comms"
+#: ``record_param_comms`` of ``Work.wait()``: no collective of its own.
+NOT_A_LAUNCH = frozenset({"wait"})
+GLOO_PREFIX = "gloo:"
+NCCL_PREFIX = "nccl:"
+#: ``prof.step()`` ranges: ``ProfilerStep#N``.
+PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+#: bytes per element for dtype names as they appear in live profiler events (C++ names) and in
+#: Kineto JSON (``record_param_comms`` args use ScalarType names).
+DTYPE_BYTES: dict[str, int] = {
+    "float": 4, "Float": 4, "float32": 4,
+    "double": 8, "Double": 8, "float64": 8,
+    "c10::Half": 2, "Half": 2, "float16": 2,
+    "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2,
+    "long int": 8, "Long": 8, "int64": 8, "long long": 8, "long": 8,
+    "int": 4, "Int": 4, "int32": 4,
+    "short int": 2, "Short": 2, "int16": 2,
+    "signed char": 1, "Char": 1, "int8": 1,
+    "unsigned char": 1, "Byte": 1, "uint8": 1,
+    "bool": 1, "Bool": 1,
+    "c10::complex<float>": 8, "ComplexFloat": 8,
+    "c10::complex<double>": 16, "ComplexDouble": 16,
+}  # fmt: skip
+
+
+def collective_type(name: str) -> str | None:
+    """Collective type from a gloo/nccl range, c10d op or NCCL kernel name.
+
+    >>> collective_type("gloo:all_reduce"), collective_type("nccl:_all_gather_base")
+    ('all_reduce', 'all_gather')
+    >>> collective_type("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
+    'all_reduce'
+    >>> collective_type("aten::mm") is None
+    True
+    """
+    low = name.lower()
+    for key, norm in (
+        ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
+        ("reducescatter", "reduce_scatter"), ("reduce_scatter", "reduce_scatter"),
+        ("allgather", "all_gather"), ("all_gather", "all_gather"),
+        ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"),
+        ("broadcast", "broadcast"), ("sendrecv", "send_recv"), ("barrier", "barrier"),
+        ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
+        ("send", "send"), ("recv", "recv"),
+    ):  # fmt: skip
+        if key in low:
+            return norm
+    return None
+
+
+# --- collective kernels --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """One row of the collective-kernel vocabulary.
+
+    Attributes:
+        family: short label (``"nccl>=2.19"``...). pattern: regex matched against the kernel name
+        (a leading ``void`` removed). typed: whether the name's collective may be trusted as a hint
+        (``False``: a generic kernel that runs any collective; the type comes from the CPU descriptor).
+        example: a real name of this family (tested).
+    """
+
+    family: str
+    pattern: re.Pattern[str]
+    typed: bool
+    example: str
+
+
+#: Every collective-kernel name pnpscale recognises. The CPU-side descriptor (``record_param_comms``,
+#: ``nccl:*``) always wins over the name: since NCCL 2.12 one launched kernel runs whatever work is
+#: queued, so even a typed name is only a hint (an all_reduce can run in a ``SendRecv`` kernel).
+COLLECTIVE_KERNELS: tuple[KernelFamily, ...] = (
+    KernelFamily("nccl>=2.19 generic", re.compile(r"^ncclDevKernel_Generic(?:_\d+)?\b"), False,
+                 "ncclDevKernel_Generic(ncclDevComm*, channelMasks, ncclWork*)"),
+    KernelFamily("nccl>=2.19", re.compile(r"^ncclDevKernel_[A-Z][A-Za-z]+"), True,
+                 "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+    KernelFamily("nccl<2.19", re.compile(r"^ncclKernel_[A-Z][A-Za-z]+_"), True,
+                 "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"),
+    KernelFamily("nccl>=2.27 symmetric", re.compile(r"^ncclSymDevKernel_[A-Z][A-Za-z]+"), True,
+                 "ncclSymDevKernel_AllReduce_RSxLD_AGxST_sum_bf16(ncclSymDevArgs)"),
+    KernelFamily("rccl msccl", re.compile(r"^mscclKernel_"), False, "mscclKernel_Sum_float_LL128(...)"),
+)  # fmt: skip
+_ANY_NCCL = re.compile(r"nccl", re.IGNORECASE)
+
+
+def kernel_family(name: str) -> KernelFamily | None:
+    """The row of :data:`COLLECTIVE_KERNELS` a GPU kernel name belongs to, else ``None``.
+
+    >>> kernel_family("void ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)").family
+    'nccl<2.19'
+    >>> kernel_family("void at::native::elementwise_kernel<128, 4>") is None
+    True
+    """
+    base = name[5:] if name.startswith("void ") else name
+    for fam in COLLECTIVE_KERNELS:
+        if fam.pattern.search(base):
+            return fam
+    return None
+
+
+def is_collective_kernel(name: str) -> bool:
+    """Whether a GPU kernel is a collective's: a :data:`COLLECTIVE_KERNELS` name, or any name with ``nccl``."""
+    return kernel_family(name) is not None or bool(_ANY_NCCL.search(name))
+
+
+def kernel_collective(name: str) -> str | None:
+    """The collective a kernel name hints at (``None`` for generic kernels or unknown names).
+
+    >>> kernel_collective("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)") is None
+    True
+    >>> kernel_collective("ncclSymDevKernel_AllGather_LL(ncclSymDevArgs)")
+    'all_gather'
+    """
+    fam = kernel_family(name)
+    if fam is not None and not fam.typed:
+        return None
+    base = name[5:] if name.startswith("void ") else name
+    return collective_type(base.split("(", 1)[0].split("_", 1)[-1]) if fam is not None else collective_type(base)
+
+
+# --- descriptors and payloads --------------------------------------------------------------------
+
+
+def is_gloo_work(name: str) -> bool:
+    return name.startswith(GLOO_PREFIX)
+
+
+def is_descriptor(name: str) -> bool:
+    """CPU-side collective descriptor: an ``nccl:*`` range or ``record_param_comms``."""
+    return name.startswith(NCCL_PREFIX) or name == PARAM_COMMS
+
+
+def step_number(name: str) -> int | None:
+    """``N`` of a ``ProfilerStep#N`` range, else ``None``.
+
+    >>> step_number("ProfilerStep#12"), step_number("gradient")
+    (12, None)
+    """
+    m = PROFILER_STEP.match(name)
+    return int(m.group(1)) if m else None
+
+
+def payload_bytes(shapes: Sequence[Sequence[int]] | None, dtypes: Sequence[str] | None) -> int | None:
+    """Bytes of the first tensor input: ``prod(shape) * itemsize``.
+
+    >>> payload_bytes([[1000, 1000]], ["float"])
+    4000000
+    >>> payload_bytes([[]], ["float"]) is None, payload_bytes([[3]], ["unknown"]) is None
+    (True, True)
+    """
+    if not shapes or not dtypes or not shapes[0]:
+        return None
+    size = DTYPE_BYTES.get(dtypes[0]) if isinstance(dtypes[0], str) else None
+    if size is None or not all(isinstance(d, int) for d in shapes[0]):
+        return None
+    n = 1
+    for d in shapes[0]:
+        n *= int(d)
+    return n * size
+
+
+def _int_or_none(v: Any) -> int | None:
+    try:
+        return None if v is None or isinstance(v, bool) else int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def comm_fields(name: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Collective type, payload bytes, process group and sequence number from Kineto ``args``.
+
+    Payload: ``"In msg nelems"`` x bytes of ``"dtype"`` when present (``record_param_comms``, NCCL
+    kernels), else the first input's ``"Input Dims"`` x ``"Input type"`` (``gloo:*``/``nccl:*``
+    ranges; :func:`payload_bytes`). Type: ``"Collective name"``, else from ``name``. Unknown values
+    are ``None``.
+
+    >>> comm_fields("ncclKernel_AllReduce", {"Collective name": "allreduce", "In msg nelems": 10,
+    ...             "dtype": "Float", "Process Group Name": "0", "Seq": 3})
+    {'collective': 'all_reduce', 'payload_bytes': 40, 'group': '0', 'group_seq': 3}
+    >>> comm_fields("gloo:all_reduce", {"Input Dims": [[1, 3, 32, 32]], "Input type": ["float"]})
+    {'collective': 'all_reduce', 'payload_bytes': 12288, 'group': None, 'group_seq': None}
+    """
+    cname = args.get("Collective name")
+    coll = (collective_type(str(cname)) or str(cname)) if cname else collective_type(name)
+    payload = None
+    nelems, dtype = _int_or_none(args.get("In msg nelems")), args.get("dtype")
+    if nelems is not None and dtype in DTYPE_BYTES:
+        payload = nelems * DTYPE_BYTES[dtype]
+    else:
+        dims, types = args.get("Input Dims"), args.get("Input type")
+        if isinstance(dims, list) and isinstance(types, list):
+            first = dims[0] if dims else None
+            payload = payload_bytes([first] if isinstance(first, list) else None, types)
+    group = args.get("Process Group Name")
+    seq = args.get("Seq", args.get("seq"))
+    return {
+        "collective": coll,
+        "payload_bytes": payload,
+        "group": None if group is None else str(group),
+        "group_seq": _int_or_none(seq),
+    }
