@@ -52,7 +52,7 @@ from pnpscale.analysis.events import (
     section_records,
 )
 from pnpscale.analysis.metrics import DecompositionError, check_invariants, decompose, run_metrics, summarize
-from pnpscale.analysis.tables import frames
+from pnpscale.analysis.tables import frames, table_writers
 from pnpscale.analysis.traces import (
     NotATraceError,
     TraceError,
@@ -303,11 +303,7 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
     if analysis.no_collectives:
         for m in (metrics, *metrics["sections"].values()):
             m["comm_e"] = m["pe"] = None
-    writers = {
-        layout.RANKS: lambda p: analysis.ranks.to_parquet(p, index=False),
-        layout.COLLECTIVES: lambda p: analysis.collectives.to_parquet(p, index=False),
-        layout.SECTIONS: lambda p: analysis.sections.to_parquet(p, index=False),
-    }
+    writers = table_writers(analysis.ranks, analysis.collectives, analysis.sections)
     layout.commit_files(out_dir, writers)
     infos = [t.info for t in analysis.traces]
     doc = {

@@ -42,3 +42,22 @@ def frames(
                           K.PAYLOAD_BYTES: "Int64"})  # fmt: skip
     colls[K.MAIN] = mark_main(colls, image_bytes)
     return ranks, colls
+
+
+def table_writers(
+    ranks: pd.DataFrame, collectives: pd.DataFrame, sections: pd.DataFrame | None = None
+) -> dict[str, Any]:
+    """File name -> writer of a run's tables, for :func:`pnpscale.layout.commit_files` (the one place
+    the three tables are written: live runs, offline analysis and the validation probe).
+
+    ``sections`` is omitted by the validation probe, which decomposes later.
+    """
+    from pnpscale import layout
+
+    writers: dict[str, Any] = {
+        layout.RANKS: lambda p: ranks.to_parquet(p, index=False),
+        layout.COLLECTIVES: lambda p: collectives.to_parquet(p, index=False),
+    }
+    if sections is not None:
+        writers[layout.SECTIONS] = lambda p: sections.to_parquet(p, index=False)
+    return writers

@@ -239,7 +239,7 @@ def write_run(
     """
     from pnpscale.analysis.anomalies import Anomalies
     from pnpscale.analysis.metrics import check_invariants, decompose, run_metrics
-    from pnpscale.analysis.tables import frames
+    from pnpscale.analysis.tables import frames, table_writers
 
     infos = [info for _, info in gathered]
     base = start_record(spec, config)
@@ -282,11 +282,7 @@ def write_run(
         base.status, base.error, base.finished_at = layout.STATUS_FAILED, _error_text(exc), now_iso()
         write_record(run_dir, base)
         raise
-    writers = {
-        layout.RANKS: lambda p: ranks.to_parquet(p, index=False),
-        layout.COLLECTIVES: lambda p: colls.to_parquet(p, index=False),
-        layout.SECTIONS: lambda p: sections.to_parquet(p, index=False),
-    }
+    writers = table_writers(ranks, colls, sections)
     if reconstruction is not None:
         import torch
 

@@ -283,7 +283,7 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
     from torch.profiler import record_function
 
     from pnpscale.analysis.events import rank_rows, section_records
-    from pnpscale.analysis.tables import frames
+    from pnpscale.analysis.tables import frames, table_writers
     from pnpscale.rank.profiling import make_profiler, profiler_events
     from pnpscale.rank.worker import Group, _sync, busy_wait, choose_backend
 
@@ -315,11 +315,7 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
                 ranks, colls = frames(per_rank, image_bytes=p)
                 ranks[K.SECTION] = PROBE
                 colls[K.SECTION] = PROBE
-                layout.commit_files(
-                    Path(out) / f"payload={p}",
-                    {layout.RANKS: lambda f, r=ranks: r.to_parquet(f, index=False),
-                     layout.COLLECTIVES: lambda f, c=colls: c.to_parquet(f, index=False)},
-                )  # fmt: skip
+                layout.commit_files(Path(out) / f"payload={p}", table_writers(ranks, colls))
         group.barrier()
     finally:
         group.close()
