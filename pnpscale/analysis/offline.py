@@ -261,7 +261,7 @@ def analyze_traces(
         nested = nested_sections(records)
         aligned = align_collectives(records)
         ranks, colls = frames([(rank_rows(r, recs, warmup), {}) for r, recs in sorted(aligned.items())])
-        table = decompose(ranks, colls, world)
+        table = decompose(ranks, colls, world, on_negative_compute=lambda m: anomalies.add("negative_compute", None, m))
     except (SectionError, DecompositionError) as exc:
         raise AnalyzeError(str(exc)) from exc
     for inner, outer in nested.items():
@@ -344,16 +344,17 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
 
     Per run (``run.json``: problem, mode, gpus, nodes, backend) and section (``sections.parquet``
     through :func:`pnpscale.results.transfer.section_transfers`): payload (nccl-tests' size), mean main
-    transfer, and the algorithm NCCL logged for that size in ``nccl/rank*.log`` when there is a log
-    (:func:`pnpscale.analysis.nccl_log.algorithm_for`), else none, with the reason in ``algorithm_note``;
+    transfer, and the algorithm NCCL logged for that collective in ``nccl/rank*.log`` when there is a log
+    (:func:`pnpscale.analysis.nccl_log.algorithm_for`, looked up at the size NCCL prints:
+    :func:`pnpscale.results.transfer.nccl_log_size`), else none, with the reason in ``algorithm_note``;
     the transport the log's connection lines show (``NVLink P2P``, ``SHM``, ``NET/IB``...) names the route.
     Folders whose ``run.json`` is not ``complete`` are skipped.
 
     Raises:
         FileNotFoundError: a complete run folder without ``sections.parquet``.
     """
-    from pnpscale.analysis.nccl_log import algorithm_for, merge_logs, parse_nccl_log
-    from pnpscale.results.transfer import nccl_tests_size, section_transfers
+    from pnpscale.analysis.nccl_log import algorithm_for, merge_logs, parse_nccl_log, version_tuple
+    from pnpscale.results.transfer import nccl_log_size, nccl_tests_size, section_transfers
 
     rows = []
     for d in map(Path, run_dirs):
@@ -377,7 +378,9 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
             payload = None if pd.isna(s[K.PAYLOAD_BYTES]) else nccl_tests_size(coll or "", s[K.PAYLOAD_BYTES], gpus)
             algo = proto = None
             if log is not None and coll and payload is not None:
-                choice = algorithm_for(log, coll, int(payload))
+                # TUNING lines print NCCL's own size, per rank for all_gather/reduce_scatter (NCCL >= 2.24)
+                logged = nccl_log_size(coll, s[K.PAYLOAD_BYTES], gpus, version_tuple(log.version))
+                choice = algorithm_for(log, coll, logged)
                 algo, proto, note = choice.algorithm, choice.protocol, choice.note
             elif backend == "gloo":
                 note = "gloo: no NCCL log"
