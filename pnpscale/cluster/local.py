@@ -52,7 +52,8 @@ class LocalCluster(Cluster):
     resumes_in_task = True
 
     def check(self, cfg: Any, spec: Any, cuda_devices: int) -> None:
-        """Refuse more local ranks than CUDA devices on a CUDA machine (unless gloo is asked for).
+        """Refuse more local ranks than CUDA devices on a CUDA machine (unless gloo is asked for, or a
+        structure check on a shared GPU: ``dist.backend=nccl`` with ``NCCL_MULTI_RANK_GPU_ENABLE=1``).
 
         Raises:
             ConfigError: ``gpus`` above this machine's CUDA device count.

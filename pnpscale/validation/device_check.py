@@ -40,9 +40,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pnpscale import layout
+
 PASS, FAIL, SKIP, TIMEOUT = "pass", "FAIL", "skip", "TIMEOUT"
-TABLE_MD = "device-check.md"
-TABLE_JSON = "device-check.json"
+TABLE_MD = layout.DEVICE_CHECK_MD
+TABLE_JSON = layout.DEVICE_CHECK_JSON
 DELAY_S = 0.2
 TOLERANCE = 0.10
 
@@ -158,21 +160,19 @@ def run_app(overrides: Sequence[str], root: Path, timeout: float, env: dict[str,
     root.mkdir(parents=True)
     cmd = [sys.executable, "-m", "pnpscale", *overrides, f"output.root={root}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
-    (root / "stdout.log").write_text(proc.stdout)
-    (root / "stderr.log").write_text(proc.stderr)
+    (root / layout.COMMAND_STDOUT).write_text(proc.stdout)
+    (root / layout.COMMAND_STDERR).write_text(proc.stderr)
     tail = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
     check(proc.returncode == 0, f"exit {proc.returncode}: {tail}")
-    runs = sorted(p.parent for p in root.glob("**/run.json"))
+    runs = sorted(p.parent for p in root.glob(f"**/{layout.RUN_JSON}"))
     check(len(runs) == 1, f"{len(runs)} run folders under {root}")
-    doc = json.loads((runs[0] / "run.json").read_text())
-    check(doc.get("status") == "complete", f"run.json status {doc.get('status')}")
+    status = layout.run_status(runs[0])
+    check(status == layout.STATUS_COMPLETE, f"{layout.RUN_JSON} status {status}")
     return runs[0]
 
 
 def _ranks(run: Path) -> Any:
     import pandas as pd
-
-    from pnpscale import layout
 
     return pd.read_parquet(run / layout.RANKS)
 
@@ -259,7 +259,7 @@ def _step_run(problem: str, mode: str) -> Callable[[Ctx], str]:
         from pnpscale import columns as K
 
         folder = run_app(run_overrides(problem, mode, ctx.cuda), ctx.runs / f"run_{problem}_{mode}", ctx.timeout)
-        doc = json.loads((folder / "run.json").read_text())
+        doc = layout.read_json(folder / layout.RUN_JSON)
         ranks = _ranks(folder)
         device = doc["device_names"][0]
         nccl = doc.get("versions", {}).get("nccl")
@@ -286,9 +286,8 @@ def step_offline_equals_live(ctx: Ctx) -> str:
     import pandas as pd
 
     from pnpscale import columns as K
-    from pnpscale import layout
 
-    runs = sorted(p.parent for p in ctx.runs.glob("run_*/**/run.json"))
+    runs = sorted(p.parent for p in ctx.runs.glob(f"run_*/**/{layout.RUN_JSON}"))
     check(bool(runs), "no run folder (the run_* steps failed)")
     done = []
     for run in runs:
@@ -318,7 +317,6 @@ def step_two_ranks_shared_gpu(ctx: Ctx) -> str:
     import pandas as pd
 
     from pnpscale import columns as K
-    from pnpscale import layout
     from pnpscale.analysis.nccl_log import parse_nccl_log
     from pnpscale.analysis.offline import transfer_inputs
 
@@ -338,7 +336,7 @@ def step_two_ranks_shared_gpu(ctx: Ctx) -> str:
     nccl = run_app([*base, "dist.backend=nccl"], ctx.runs / "two_ranks_nccl", ctx.timeout, env=env)
     got = structure(nccl)
     check(got == ref, f"NCCL collectives differ from gloo: {len(got)} vs {len(ref)} rows; first {got[:1]} vs {ref[:1]}")
-    logs = sorted((nccl / layout.NCCL_DIR).glob("rank*.log"))
+    logs = [layout.nccl_log(nccl, r) for r in range(2) if layout.nccl_log(nccl, r).is_file()]
     check(len(logs) == 2, f"{len(logs)} NCCL logs in {nccl / layout.NCCL_DIR}")
     with open(logs[0], errors="replace") as f:
         log = parse_nccl_log(f)
@@ -357,7 +355,7 @@ def step_injected_delay(ctx: Ctx) -> str:
     from pnpscale import columns as K
 
     over = run_overrides("2d", "inference", ctx.cuda)
-    base = next(iter(sorted(ctx.runs.glob("run_2d_inference/**/run.json"))), None)
+    base = next(iter(sorted(ctx.runs.glob(f"run_2d_inference/**/{layout.RUN_JSON}"))), None)
     base_run = base.parent if base else run_app(over, ctx.runs / "injected_delay_base", ctx.timeout)
     inj = ["inject.rank=0", "inject.section=denoiser", f"inject.delay_s={DELAY_S}"]
     run = run_app([*over, *inj], ctx.runs / "injected_delay", ctx.timeout)
@@ -447,8 +445,8 @@ def run_all(out: Path, cuda: bool, budget_s: float, names: Sequence[str] | None 
             print(format_table(results[-1:]).splitlines()[-1], flush=True)
             continue
         seconds = time.monotonic() - t0
-        (out / "logs").mkdir(exist_ok=True)
-        (out / "logs" / f"{name}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+        (out / layout.LOGS_DIR).mkdir(exist_ok=True)
+        (out / layout.LOGS_DIR / f"{name}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
         detail = _detail(proc.stdout) or (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         status = {0: PASS, 3: SKIP}.get(proc.returncode, FAIL)
         results.append(StepResult(name, status, seconds, detail))
@@ -494,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = [r.name for r in results if r.status in (FAIL, TIMEOUT)]
     print(f"\n{len(results) - len(failed)} of {len(results)} steps passed or skipped; table and runs in {out}")
     if failed:
-        print(f"failed: {', '.join(failed)} (logs in {out / 'logs'})")
+        print(f"failed: {', '.join(failed)} (logs in {out / layout.LOGS_DIR})")
     return exit_status(results)
 
 
