@@ -23,7 +23,7 @@ if ! "$PY" -c 'import sys; print("python", sys.version.split()[0])'; then
   exit 2
 fi
 IMPORTS='import torch, deepinv, hydra, pandas, pyarrow, ijson, pnpscale.validation.device_check; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "| deepinv", deepinv.__version__)'
-if ! "$PY" -c "$IMPORTS" 2>/dev/null && [ -n "${PNPSCALE_WHEELS:-}" ]; then
+if ! "$PY" -c "$IMPORTS" >/dev/null 2>&1 && [ -n "${PNPSCALE_WHEELS:-}" ]; then
   # offline machine: install pnpscale's dependencies from a folder of wheels
   echo "== installing from wheels in $PNPSCALE_WHEELS"
   "$PY" -m pip install --no-index --find-links "$PNPSCALE_WHEELS" -e "$ROOT" || echo "device-check: pip install failed" >&2
