@@ -204,7 +204,8 @@ def test_rank_late_on_cpu_shows_compute_not_peer_wait():
         ]
 
     per_rank = {
-        r: section_records(rank_events(late), ("gradient",), require_gpu=True) for r, late in [(0, 0), (1, 300)]
+        r: section_records(rank_events(late), ("gradient",), require_gpu=True, cpu_start=True)
+        for r, late in [(0, 0), (1, 300)]
     }
     gathered = [(rank_rows(r, recs, 0), {}) for r, recs in per_rank.items()]
     ranks, colls = frames(gathered)

@@ -11,10 +11,11 @@ Rules:
   ``torch.profiler.record_function``). The k-th occurrence of a name is iteration k.
 * CPU backends (gloo): section time is the wall span of that range; collectives are the
   ``gloo:*`` work ranges (on gloo worker threads) that start inside it.
-* CUDA (NCCL): section time ``S_r`` runs from the CPU range start to the end of the last GPU work
-  launched inside the range (one clock within a process), so a rank late on the CPU before its
-  first kernel shows compute, not its peers' wait; the GPU span alone (first kernel start to last
-  kernel end) is kept as ``gpu_span_s`` (:func:`cuda_section_span`). A live CUDA run
+* CUDA (NCCL): section time is the span of the GPU work launched inside the range (first kernel
+  start to last kernel end, kept as ``gpu_span_s``); for pnpscale's own runs (``cpu_start``: every
+  section starts with the GPU idle, after a synchronize and a barrier) it runs from the CPU range
+  start to the last GPU end (one clock within a process), so a rank late on the CPU before its
+  first kernel shows compute, not its peers' wait (:func:`cuda_section_span`). A live CUDA run
   (``require_gpu``) without GPU events, or with a section whose collectives have no kernel at all,
   is refused. Collectives are the
   collective kernels among them (:data:`pnpscale.analysis.kineto.COLLECTIVE_KERNELS`). A kernel
@@ -183,6 +184,7 @@ def section_records(
     anomalies: Anomalies | None = None,
     rank: int | None = None,
     require_gpu: bool = False,
+    cpu_start: bool = False,
 ) -> list[SectionRecord]:
     """Reduce one rank's events to its section occurrences and their collectives.
 
@@ -194,11 +196,14 @@ def section_records(
         require_gpu: a live CUDA run: a trace without GPU events is refused instead of being read
             with CPU semantics (zero transfer and wait), and so is a section whose collectives have
             no kernel at all (see :func:`cuda_section_span`).
+        cpu_start: CUDA section time from the CPU range start to the last GPU end (pnpscale's runs,
+            whose sections start with the GPU idle), else the GPU span (foreign traces, where the GPU
+            may still run earlier work when a range starts).
 
     Returns:
         Records ordered by start; ``iteration`` counts occurrences per name from 0. Times
-        in seconds. When the trace has GPU events, section times run from the CPU range start to the
-        last GPU end (see module doc).
+        in seconds. When the trace has GPU events, section times are GPU spans, or with ``cpu_start``
+        from the CPU range start to the last GPU end (see module doc).
         Each record carries its ``ProfilerStep`` number, its enclosing section (nesting), the
         first non-physical event inside it, and its descriptors without a GPU kernel.
 
@@ -244,7 +249,7 @@ def section_records(
             kernels = [e for e in launched if is_nccl_kernel(e)]
             descs = _descriptors_in(descriptors.between(r.start_ns, r.end_ns))
             n_descs = len(descs) if require_gpu else 0  # offline: recorded as anomalies below
-            section_ns, gpu_span_ns = cuda_section_span(r, launched, n_descs, len(kernels), it)
+            section_ns, gpu_span_ns = cuda_section_span(r, launched, n_descs, len(kernels), it, cpu_start)
             # by issue order: kernels by launch, descriptors by start; trusted when one CPU thread issued
             # them all (its order is the kernels' order), else only where every kernel name agrees
             by_launch = sorted(range(len(kernels)), key=lambda j: (_launch_key(kernels[j]), kernels[j].start_ns))
@@ -314,15 +319,23 @@ def section_records(
 
 
 def cuda_section_span(
-    cpu_range: Event, launched: Sequence[Event], n_descriptors: int, n_nccl_kernels: int, iteration: int
+    cpu_range: Event,
+    launched: Sequence[Event],
+    n_descriptors: int,
+    n_nccl_kernels: int,
+    iteration: int,
+    cpu_start: bool = True,
 ) -> tuple[int, int | None]:
     """Section time of one CUDA section occurrence, and its GPU span (nanoseconds).
 
-    ``S_r`` runs from the CPU range start to the last end of the GPU work launched inside it
-    (Kineto puts CPU and GPU events of a process on one clock): a rank that is late on the CPU
-    before its first kernel (Python, launches, a host-side wait) shows that delay as its own
-    compute, so load imbalance is not hidden as its peers' wait. Without GPU work, ``S_r`` is the
-    CPU range. The GPU span (first GPU start to last GPU end) is returned beside it.
+    With ``cpu_start`` (pnpscale's runs, whose sections start with the GPU idle) ``S_r`` runs from
+    the CPU range start to the last end of the GPU work launched inside it (Kineto puts CPU and GPU
+    events of a process on one clock): a rank that is late on the CPU before its first kernel
+    (Python, launches, a host-side wait) shows that delay as its own compute, so load imbalance is
+    not hidden as its peers' wait. Without ``cpu_start`` (foreign traces: the GPU may still be
+    running earlier work when the range starts) ``S_r`` is the GPU span. Without GPU work, ``S_r``
+    is the CPU range with ``cpu_start``, else 0. The GPU span (first GPU start to last GPU end) is
+    returned beside it.
 
     Args:
         cpu_range: the section's ``record_function`` range.
@@ -331,6 +344,7 @@ def cuda_section_span(
             check against ``n_nccl_kernels`` (0: no check).
         n_nccl_kernels: collective kernels among ``launched``.
         iteration: occurrence index, for messages.
+        cpu_start: see above.
 
     Returns:
         ``(section_ns, gpu_span_ns)``; ``gpu_span_ns`` is ``None`` without GPU work.
@@ -342,6 +356,8 @@ def cuda_section_span(
     >>> r = Event("s", Kind.CPU, 100, 400)
     >>> cuda_section_span(r, [Event("k", Kind.GPU, 150, 300), Event("k", Kind.GPU, 310, 390)], 0, 0, 0)
     (290, 240)
+    >>> cuda_section_span(r, [Event("k", Kind.GPU, 150, 300), Event("k", Kind.GPU, 310, 390)], 0, 0, 0, False)
+    (240, 240)
     """
     if n_descriptors and not n_nccl_kernels:
         raise SectionError(
@@ -350,9 +366,10 @@ def cuda_section_span(
             "smaller problem per run, and see Kineto's messages in the rank's stderr)"
         )
     if not launched:
-        return cpu_range.end_ns - cpu_range.start_ns, None
+        return (cpu_range.end_ns - cpu_range.start_ns if cpu_start else 0), None
     last = max(e.end_ns for e in launched)
-    return last - cpu_range.start_ns, last - min(e.start_ns for e in launched)
+    span = last - min(e.start_ns for e in launched)
+    return (last - cpu_range.start_ns if cpu_start else span), span
 
 
 #: a kernel named after one collective may run others queued with it (NCCL >= 2.12 runs any work

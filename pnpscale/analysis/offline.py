@@ -206,6 +206,7 @@ def analyze_traces(
     warmup: int,
     world_size: int | None = None,
     anomalies: Anomalies | None = None,
+    cpu_start: bool = False,
 ) -> Analysis:
     """Stream each rank's trace, reduce it to section records, match collectives, decompose.
 
@@ -221,6 +222,8 @@ def analyze_traces(
         world_size: the job's world size (default: the number of traces); it is the WORLD_SIZE
             column even when only some ranks are analysed.
         anomalies: anomalies found before (e.g. skipped files), to extend.
+        cpu_start: CUDA section time from the CPU range start to the last GPU end, as the live run
+            measures it (a pnpscale run's traces), instead of the GPU span (foreign traces).
 
     Returns:
         :class:`Analysis` with the live run's ``ranks``, ``collectives`` and ``sections`` tables
@@ -247,7 +250,7 @@ def analyze_traces(
                 )
             anomalies.add("rank_overridden", t.rank, f"{t.path.name}: states rank {stated}, --rank {t.rank}")
         try:
-            records[t.rank] = section_records(trace.events, list(sections), anomalies, t.rank)
+            records[t.rank] = section_records(trace.events, list(sections), anomalies, t.rank, cpu_start=cpu_start)
         except SectionError as exc:
             hint = ""
             if "=0" in str(exc) and trace.info.range_names:
@@ -451,6 +454,12 @@ def _traces_of_run(path: Path) -> Path:
     return path
 
 
+def _pnpscale_run(paths: Sequence[Path]) -> bool:
+    """Whether the traces are a pnpscale run's (``traces/`` beside a ``run.json``)."""
+    first = paths[0] if paths[0].is_dir() else paths[0].parent
+    return (first.parent / layout.RUN_JSON).is_file()
+
+
 def _default_warmup(paths: Sequence[Path]) -> tuple[int, str]:
     first = paths[0] if paths[0].is_dir() else paths[0].parent
     run_json = first.parent / layout.RUN_JSON
@@ -476,8 +485,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         traces, world = assign_ranks(headers, _explicit_ranks(args.rank), args.partial)
         warmup, warmup_from = (args.warmup, "--warmup") if args.warmup is not None else _default_warmup(paths)
         out = args.out or ((paths[0] if paths[0].is_dir() else paths[0].parent) / ANALYSIS_DIR)
-        analysis = analyze_traces(traces, sections, warmup, world, anomalies)
-        doc = write_analysis(out, analysis, {"sections": sections, "warmup": warmup, "warmup_from": warmup_from})
+        own = _pnpscale_run(paths)  # its sections start with the GPU idle: S_r from the CPU range start
+        analysis = analyze_traces(traces, sections, warmup, world, anomalies, cpu_start=own)
+        meta = {"sections": sections, "warmup": warmup, "warmup_from": warmup_from,
+                "cuda_section_time": "cpu_start_to_gpu_end" if own else "gpu_span"}  # fmt: skip
+        doc = write_analysis(out, analysis, meta)
     except (AnalyzeError, TraceError, ValueError, OSError) as exc:
         print(f"pnpscale.analyze: error: {exc}", file=sys.stderr)
         return 1

@@ -424,7 +424,7 @@ def _measure_and_report(
         anomalies = Anomalies()
         try:
             events = profiler_events(prof, anomalies, rank)
-            sections = section_records(events, spec.sections, anomalies, rank, require_gpu=cuda)
+            sections = section_records(events, spec.sections, anomalies, rank, require_gpu=cuda, cpu_start=cuda)
         except SectionError as exc:
             raise SectionError(f"rank {rank}: {exc}") from exc
         check_trace_complete(sections, spec.sections, spec.warmup + spec.iterations, cuda, rank)

@@ -307,7 +307,7 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
         events = profiler_events(prof)
         tables = []
         for n in names:
-            records = section_records(events, (n,), require_gpu=cuda)
+            records = section_records(events, (n,), require_gpu=cuda, cpu_start=cuda)
             check_trace_complete(records, (n,), warmup + iterations, cuda, group.rank)
             tables.append(rank_rows(group.rank, records, warmup))
         gathered = group.gather(tables)
