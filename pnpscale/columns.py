@@ -3,7 +3,8 @@
 Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_GBps`` 1e9 bytes per second.
 
 ``ranks.parquet`` — one row per rank x iteration x section:
-    RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES
+    RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES, GPU_SPAN_S
+    (SECTION_S on CUDA: CPU range start to last GPU end; GPU_SPAN_S: first to last GPU event, NaN on CPU)
 
 ``collectives.parquet`` — one row per rank x iteration x section x collective:
     RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN
@@ -27,6 +28,7 @@ SECTION_MAX_S = "section_max_s"
 COMM_S = "comm_s"
 N_COLLECTIVES = "n_collectives"
 PEAK_MEM_BYTES = "peak_mem_bytes"
+GPU_SPAN_S = "gpu_span_s"
 
 SEQ = "seq"
 COLLECTIVE = "collective"
@@ -54,7 +56,9 @@ WAIT_JITTER_S = "wait_jitter_s"
 WAIT_CAUSES = (WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S)
 GPU_SECONDS = "gpu_seconds"
 
-RANKS_COLUMNS = (RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES)
+RANKS_COLUMNS = (
+    RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES, GPU_SPAN_S,
+)  # fmt: skip
 COLLECTIVES_COLUMNS = (RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN)
 SECTIONS_COLUMNS = (
     ITERATION, SECTION, WARMUP, WORLD_SIZE, SECTION_S, SECTION_MAX_S, COMPUTE_S, COMPUTE_MAX_S,

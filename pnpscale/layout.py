@@ -45,6 +45,10 @@ PROJECTION_PNG = "projection.png"
 PROJECTION_MD = "projection.md"
 
 VALIDATE_JSON = "validate.json"
+DEVICE_CHECK_MD = "device-check.md"  # scripts/device-check.sh: the pass/fail table
+DEVICE_CHECK_JSON = "device-check.json"
+COMMAND_STDOUT = "stdout.log"  # a command's output kept beside the run folders it made (device check)
+COMMAND_STDERR = "stderr.log"
 # report/ (python -m pnpscale.report, end of every multirun)
 SUMMARY = "summary.parquet"
 TRANSFER = "transfer.parquet"

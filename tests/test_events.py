@@ -41,7 +41,7 @@ def test_gloo_sections_and_collectives():
     assert recs[2].collectives == [] and recs[3].start_s == pytest.approx(460e-6)
 
 
-def test_cuda_section_is_gpu_span_and_nccl_kernels_are_collectives():
+def test_cuda_section_runs_from_cpu_start_to_last_gpu_end_and_nccl_kernels_are_collectives():
     events = [
         cpu("denoiser", 0, 50),
         cpu("nccl:all_reduce", 30, 31, payload_bytes=1 << 20, collective="all_reduce"),
@@ -51,12 +51,16 @@ def test_cuda_section_is_gpu_span_and_nccl_kernels_are_collectives():
         cpu("gradient", 100, 120),
         Event("elementwise", Kind.GPU, 125 * US, 140 * US, tid=7, launch_ns=110 * US),
     ]
-    d, g = section_records(events, ("denoiser", "gradient"))
-    assert d.section_s == pytest.approx(70e-6)  # 20 -> 90 us on the GPU
+    # pnpscale's own runs (sections start with the GPU idle): from the CPU range start
+    d, g = section_records(events, ("denoiser", "gradient"), cpu_start=True)
+    assert d.section_s == pytest.approx(90e-6)  # CPU start 0 -> last GPU end 90 us
+    assert d.gpu_span_s == pytest.approx(70e-6)  # 20 -> 90 us on the GPU
+    # foreign traces: the GPU span
+    assert section_records(events, ("denoiser", "gradient"))[0].section_s == pytest.approx(70e-6)
     assert len(d.collectives) == 1
     c = d.collectives[0]
     assert c.name == "all_reduce" and c.payload_bytes == 1 << 20 and c.duration_s == pytest.approx(30e-6)
-    assert g.section_s == pytest.approx(15e-6) and g.collectives == []
+    assert g.section_s == pytest.approx(40e-6) and g.gpu_span_s == pytest.approx(15e-6) and g.collectives == []
 
 
 def test_kernel_without_launch_time_is_placed_by_its_start():
@@ -67,7 +71,10 @@ def test_kernel_without_launch_time_is_placed_by_its_start():
     ]
     g, d = section_records(events, ("gradient", "denoiser"))
     assert [c.name for c in g.collectives] == ["all_reduce"] and g.collectives[0].payload_bytes is None
-    assert d.section_s == 0 and d.collectives == []
+    # no GPU work launched inside: no GPU span, and 0 (foreign trace) or the CPU range (pnpscale run)
+    assert d.section_s == 0 and d.gpu_span_s is None and d.collectives == []
+    own = section_records(events, ("gradient", "denoiser"), cpu_start=True)[1]
+    assert own.section_s == pytest.approx(100e-6) and own.gpu_span_s is None
 
 
 def test_unequal_section_counts_raise():

@@ -95,9 +95,9 @@ def cuda_rank_events(ts0=1000.0, nccl_dur=30.0, seq0=0, with_args=True, extra_ke
 # --- synthetic ---------------------------------------------------------------------------------
 
 
-def test_cuda_sections_from_gpu_span_and_nccl_args(tmp_path):
+def test_cuda_sections_from_cpu_start_to_gpu_end_and_nccl_args(tmp_path):
     tr = read_trace(write_trace(tmp_path / "r0.json", cuda_rank_events(), rank=0, world=2), ["gradient", "denoiser"])
-    recs = section_records(tr.events, ["gradient", "denoiser"])
+    recs = section_records(tr.events, ["gradient", "denoiser"], cpu_start=True)
     assert [(r.iteration, r.section) for r in recs] == [
         (0, "gradient"),
         (0, "denoiser"),
@@ -105,8 +105,10 @@ def test_cuda_sections_from_gpu_span_and_nccl_args(tmp_path):
         (1, "denoiser"),
     ]
     g, d = recs[0], recs[1]
-    assert g.section_s == pytest.approx(80e-9 * 1000)  # GPU span 1020 -> 1100 us
-    assert d.section_s == pytest.approx(150.125e-6)  # the kernel after the CPU range, by its launch
+    assert g.section_s == pytest.approx(100e-6)  # CPU start 1000 -> last GPU end 1100 us
+    assert g.gpu_span_s == pytest.approx(80e-6)  # GPU span 1020 -> 1100 us
+    # the kernel that ends after the CPU range still belongs to it (by its launch): 1200 -> 1550.125 us
+    assert d.section_s == pytest.approx(350.125e-6) and d.gpu_span_s == pytest.approx(150.125e-6)
     (c,) = g.collectives
     assert (c.name, c.payload_bytes, c.stream, c.group, c.group_seq) == ("all_reduce", 3072 * 4, 20, "0", 0)
     assert c.duration_s == pytest.approx(30e-6) and recs[2].collectives[0].group_seq == 1
@@ -255,7 +257,8 @@ def test_real_nccl_trace_with_nccl_args_old_kernel_names(shared_traces):
     assert {c.group for r in recs for c in r.collectives} == {"0"}
     nccl = [e for e in tr.events if e.kind is Kind.GPU and e.name.startswith("ncclKernel_")]
     assert len(nccl) == 21 and all(e.launch_ns is not None for e in nccl)
-    assert recs[0].section_s == pytest.approx(0.215769424, abs=1e-9)
+    # a foreign trace: S_r is the GPU span (the GPU may run earlier work when a range starts)
+    assert recs[0].section_s == recs[0].gpu_span_s == pytest.approx(0.215769424, abs=1e-9)
     assert section_records(read_trace(path, STEP, keep_all_gpu=True).events, ["step"]) == recs
 
 

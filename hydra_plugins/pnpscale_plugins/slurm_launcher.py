@@ -113,11 +113,14 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
     """hydra-submitit-launcher's SLURM launcher with one job shape per point (see module doc)."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from pnpscale.cluster.slurm import executor_parameters, group_points
+        from pnpscale.cluster.slurm import cpus_per_task_warning, executor_parameters, group_points
 
         assert self.hydra_context is not None and self.config is not None
         config = self.config
         composed = validate_points(self.hydra_context.config_loader, config, job_overrides, check_point)
+        warning = cpus_per_task_warning(OmegaConf.to_container(config.cluster, resolve=True))
+        if warning:
+            log.warning(warning)
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         points = [
             _Point(

@@ -31,6 +31,8 @@ KINDS: dict[str, str] = {
     "step_not_on_every_rank": "ProfilerStep numbers missing on another rank: those steps dropped",
     "rank_overridden": "--rank given for a trace that states another rank: --rank used",
     "no_collectives": "multi-rank job without any collective kernel: transfer and wait unknown, CommE/PE not given",
+    "negative_compute": "a rank's collectives last longer than its section (overlapping, asynchronous "
+    "collectives): compute and load balance of those rows are not meaningful",
     "transfer_includes_wait": "one rank present: no other rank to take the minimum over, transfer includes wait",
 }
 

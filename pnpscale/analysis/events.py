@@ -11,8 +11,13 @@ Rules:
   ``torch.profiler.record_function``). The k-th occurrence of a name is iteration k.
 * CPU backends (gloo): section time is the wall span of that range; collectives are the
   ``gloo:*`` work ranges (on gloo worker threads) that start inside it.
-* CUDA (NCCL): section time is the span of the GPU work launched inside the range (the
-  ``gpu_user_annotation`` span: first kernel start to last kernel end); collectives are the
+* CUDA (NCCL): section time is the span of the GPU work launched inside the range (first kernel
+  start to last kernel end, kept as ``gpu_span_s``); for pnpscale's own runs (``cpu_start``: every
+  section starts with the GPU idle, after a synchronize and a barrier) it runs from the CPU range
+  start to the last GPU end (one clock within a process), so a rank late on the CPU before its
+  first kernel shows compute, not its peers' wait (:func:`cuda_section_span`). A live CUDA run
+  (``require_gpu``) without GPU events, or with a section whose collectives have no kernel at all,
+  is refused. Collectives are the
   collective kernels among them (:data:`pnpscale.analysis.kineto.COLLECTIVE_KERNELS`). A kernel
   belongs to the section whose CPU range contains its launch (``launch_ns``, from the runtime event
   with the same correlation id). A collective kernel whose launch is unknown (correlation 0) is
@@ -148,6 +153,8 @@ class SectionRecord:
         parent: the requested section whose range encloses this one (nested sections), else ``None``.
         bad: description of a non-physical event inside (see :attr:`Event.bad`), else ``None``.
         missing_kernels: CPU-side collective descriptors inside that have no GPU kernel (CUDA).
+        gpu_span_s: on CUDA, first GPU start to last GPU end of the work launched inside (seconds;
+            ``None`` without GPU work, and on CPU backends).
     """
 
     iteration: int
@@ -159,6 +166,7 @@ class SectionRecord:
     parent: str | None = None
     bad: str | None = None
     missing_kernels: int = 0
+    gpu_span_s: float | None = None
 
 
 class SectionError(ValueError):
@@ -175,6 +183,8 @@ def section_records(
     sections: Sequence[str],
     anomalies: Anomalies | None = None,
     rank: int | None = None,
+    require_gpu: bool = False,
+    cpu_start: bool = False,
 ) -> list[SectionRecord]:
     """Reduce one rank's events to its section occurrences and their collectives.
 
@@ -183,16 +193,23 @@ def section_records(
         sections: section names, e.g. ``("gradient", "denoiser")``.
         anomalies: where to record what was assumed or repaired (see
             :mod:`pnpscale.analysis.anomalies`); ``rank`` labels those records.
+        require_gpu: a live CUDA run: a trace without GPU events is refused instead of being read
+            with CPU semantics (zero transfer and wait), and so is a section whose collectives have
+            no kernel at all (see :func:`cuda_section_span`).
+        cpu_start: CUDA section time from the CPU range start to the last GPU end (pnpscale's runs,
+            whose sections start with the GPU idle), else the GPU span (foreign traces, where the GPU
+            may still run earlier work when a range starts).
 
     Returns:
         Records ordered by start; ``iteration`` counts occurrences per name from 0. Times
-        in seconds. When the trace has GPU events, section times are GPU spans (see module doc).
+        in seconds. When the trace has GPU events, section times are GPU spans, or with ``cpu_start``
+        from the CPU range start to the last GPU end (see module doc).
         Each record carries its ``ProfilerStep`` number, its enclosing section (nesting), the
         first non-physical event inside it, and its descriptors without a GPU kernel.
 
     Raises:
         SectionError: a section name never occurs, names occur a different number of times, or two
-            section ranges overlap without one enclosing the other.
+            section ranges overlap without one enclosing the other; see also ``require_gpu``.
     """
     anomalies = anomalies if anomalies is not None else Anomalies()
     evs = sorted(events, key=lambda e: (e.start_ns, -e.end_ns))
@@ -210,6 +227,11 @@ def section_records(
     descriptor_events = [e for e in evs if e.kind is Kind.CPU and is_descriptor(e.name)]
     gpu_events = _place_unknown_launches([e for e in evs if e.kind is Kind.GPU], descriptor_events, anomalies, rank)
     gpu = _Window(gpu_events, key=_launch_key)
+    if require_gpu and not gpu:
+        raise SectionError(
+            "a CUDA run whose profiler recorded no GPU event (kernels, memcpy): CUPTI did not trace (another "
+            "profiler attached, or CUPTI unavailable); see the Kineto messages in the rank's stderr"
+        )
     cpu_comm = _Window([e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)])
     descriptors = _Window(descriptor_events)
     origin = ranges[0].start_ns
@@ -224,12 +246,10 @@ def section_records(
         missing = 0
         if gpu:
             launched = sorted(gpu.between(r.start_ns, r.end_ns), key=lambda e: (e.start_ns, -e.end_ns))
-            if launched:
-                span = max(e.end_ns for e in launched) - min(e.start_ns for e in launched)
-            else:
-                span = 0
             kernels = [e for e in launched if is_nccl_kernel(e)]
             descs = _descriptors_in(descriptors.between(r.start_ns, r.end_ns))
+            n_descs = len(descs) if require_gpu else 0  # offline: recorded as anomalies below
+            section_ns, gpu_span_ns = cuda_section_span(r, launched, n_descs, len(kernels), it, cpu_start)
             # by issue order: kernels by launch, descriptors by start; trusted when one CPU thread issued
             # them all (its order is the kernels' order), else only where every kernel name agrees
             by_launch = sorted(range(len(kernels)), key=lambda j: (_launch_key(kernels[j]), kernels[j].start_ns))
@@ -263,8 +283,8 @@ def section_records(
                 start = (k.start_ns - origin) * 1e-9
                 colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
             bad = bad or next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
-            section_ns = span
         else:
+            gpu_span_ns = None
             works = cpu_comm.between(r.start_ns, r.end_ns)
             colls = [
                 Collective(
@@ -283,10 +303,73 @@ def section_records(
             section_ns = r.duration_ns
         out.append(
             SectionRecord(
-                it, r.name, (r.start_ns - origin) * 1e-9, section_ns * 1e-9, colls, step, parent, bad, missing
-            )
+                it,
+                r.name,
+                (r.start_ns - origin) * 1e-9,
+                section_ns * 1e-9,
+                colls,
+                step,
+                parent,
+                bad,
+                missing,
+                None if gpu_span_ns is None else gpu_span_ns * 1e-9,
+            )  # fmt: skip
         )
     return out
+
+
+def cuda_section_span(
+    cpu_range: Event,
+    launched: Sequence[Event],
+    n_descriptors: int,
+    n_nccl_kernels: int,
+    iteration: int,
+    cpu_start: bool = True,
+) -> tuple[int, int | None]:
+    """Section time of one CUDA section occurrence, and its GPU span (nanoseconds).
+
+    With ``cpu_start`` (pnpscale's runs, whose sections start with the GPU idle) ``S_r`` runs from
+    the CPU range start to the last end of the GPU work launched inside it (Kineto puts CPU and GPU
+    events of a process on one clock): a rank that is late on the CPU before its first kernel
+    (Python, launches, a host-side wait) shows that delay as its own compute, so load imbalance is
+    not hidden as its peers' wait. Without ``cpu_start`` (foreign traces: the GPU may still be
+    running earlier work when the range starts) ``S_r`` is the GPU span. Without GPU work, ``S_r``
+    is the CPU range with ``cpu_start``, else 0. The GPU span (first GPU start to last GPU end) is
+    returned beside it.
+
+    Args:
+        cpu_range: the section's ``record_function`` range.
+        launched: GPU events launched inside it.
+        n_descriptors: collective descriptors (``nccl:*`` / ``record_param_comms``) inside it to
+            check against ``n_nccl_kernels`` (0: no check).
+        n_nccl_kernels: collective kernels among ``launched``.
+        iteration: occurrence index, for messages.
+        cpu_start: see above.
+
+    Returns:
+        ``(section_ns, gpu_span_ns)``; ``gpu_span_ns`` is ``None`` without GPU work.
+
+    Raises:
+        SectionError: collectives were issued (descriptors) but no collective kernel was recorded:
+            CUPTI dropped or stopped recording, and the section would read as all compute.
+
+    >>> r = Event("s", Kind.CPU, 100, 400)
+    >>> cuda_section_span(r, [Event("k", Kind.GPU, 150, 300), Event("k", Kind.GPU, 310, 390)], 0, 0, 0)
+    (290, 240)
+    >>> cuda_section_span(r, [Event("k", Kind.GPU, 150, 300), Event("k", Kind.GPU, 310, 390)], 0, 0, 0, False)
+    (240, 240)
+    """
+    if n_descriptors and not n_nccl_kernels:
+        raise SectionError(
+            f"iteration {iteration} section {cpu_range.name!r}: {n_descriptors} NCCL collective(s) issued but no "
+            "NCCL kernel recorded (CUPTI dropped or stopped recording GPU activity; fewer iterations or a "
+            "smaller problem per run, and see Kineto's messages in the rank's stderr)"
+        )
+    if not launched:
+        return (cpu_range.end_ns - cpu_range.start_ns if cpu_start else 0), None
+    last = max(e.end_ns for e in launched)
+    span = last - min(e.start_ns for e in launched)
+    return (last - cpu_range.start_ns if cpu_start else span), span
 
 
 #: a kernel named after one collective may run others queued with it (NCCL >= 2.12 runs any work
@@ -637,6 +720,7 @@ def rank_rows(
                 K.COMM_S: sum(c.duration_s for c in s.collectives),
                 K.N_COLLECTIVES: len(s.collectives),
                 K.PEAK_MEM_BYTES: peaks.get((s.iteration, s.section)),
+                K.GPU_SPAN_S: s.gpu_span_s,
             }
         )
         for c in s.collectives:

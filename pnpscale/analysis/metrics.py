@@ -19,7 +19,7 @@ GPU-seconds of a run: ``gpus x sum of section times`` (here per measured iterati
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -130,7 +130,12 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None) -> pd.S
     return is_main.astype(bool)
 
 
-def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame, world_size: int | None = None) -> pd.DataFrame:
+def decompose(
+    ranks: pd.DataFrame,
+    collectives: pd.DataFrame,
+    world_size: int | None = None,
+    on_negative_compute: Callable[[str], None] | None = None,
+) -> pd.DataFrame:
     """Compute, transfer and wait per iteration x section from per-rank tables.
 
     Args:
@@ -141,6 +146,10 @@ def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame, world_size: int | 
             May be empty (one rank: no collectives).
         world_size: the job's world size for the WORLD_SIZE column (default: the ranks present; a
             partial analysis passes the job's).
+        on_negative_compute: called with the message when a rank's collectives last longer than
+            its section (negative compute); ``None`` (default) raises instead. The offline analysis of
+            foreign traces (asynchronous, overlapping collectives) records an anomaly; a pnpscale run
+            refuses.
 
     Returns:
         ``sections`` table (columns :data:`pnpscale.columns.SECTIONS_COLUMNS`), one row per
@@ -149,8 +158,9 @@ def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame, world_size: int | 
         :func:`pnpscale.analysis.waits.wait_by_cause` (NaN without collective starts).
 
     Raises:
-        DecompositionError: a rank lacks a section occurrence, or ranks disagree on the number
-            or types of collectives in a section (they cannot be matched by order).
+        DecompositionError: a rank lacks a section occurrence, ranks disagree on the number
+            or types of collectives in a section (they cannot be matched by order), or a rank's
+            collectives last longer than its section (negative compute).
 
     >>> ranks = pd.DataFrame({"rank": [0, 1], "iteration": 0, "section": "s", "warmup": False,
     ...                       "section_s": [1.0, 1.0]})
@@ -196,6 +206,7 @@ def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame, world_size: int | 
         main_info = _main_info(collectives, dmin)
 
     compute_r = s - comm
+    _check_compute(compute_r, comm, s, on_negative_compute)
     g = compute_r.groupby(level=_KEY, sort=False)
     out = pd.DataFrame(
         {
@@ -225,6 +236,32 @@ def decompose(ranks: pd.DataFrame, collectives: pd.DataFrame, world_size: int | 
     causes = wait_by_cause(ranks, collectives).astype({K.SECTION: out[K.SECTION].dtype})
     out = out.merge(causes, on=_KEY, how="left", validate="one_to_one")
     return out[list(K.SECTIONS_COLUMNS)].reset_index(drop=True)
+
+
+#: tolerance on a rank's compute ``S_r - sum_c D_rc`` below zero (seconds): float sums of microseconds.
+NEGATIVE_COMPUTE_TOL_S = 1e-6
+
+
+def _check_compute(
+    compute_r: pd.Series, comm: pd.Series, s: pd.Series, report: Callable[[str], None] | None = None
+) -> None:
+    """Refuse (or report) a negative compute ``S_r - sum_c D_rc``: collectives longer than their section.
+
+    It means the section time does not contain its collectives (overlapping collectives on several
+    streams or threads, or a section time that is not the section): the decomposition is wrong there.
+    """
+    bad = compute_r[compute_r < -NEGATIVE_COMPUTE_TOL_S]
+    if bad.empty:
+        return
+    it, sec, rank = bad.index[0]
+    message = (
+        f"iteration {it} section {sec!r} rank {rank}: negative compute ({bad.iloc[0]:.6g} s): its collectives "
+        f"last {comm.loc[bad.index[0]]:.6g} s in a section of {s.loc[bad.index[0]]:.6g} s "
+        f"({len(bad)} such rank x iteration x section row(s); overlapping collectives, or a truncated section)"
+    )
+    if report is None:
+        raise DecompositionError(message)
+    report(message)
 
 
 def _check_matched(collectives: pd.DataFrame, w: int) -> None:

@@ -206,6 +206,7 @@ def analyze_traces(
     warmup: int,
     world_size: int | None = None,
     anomalies: Anomalies | None = None,
+    cpu_start: bool = False,
 ) -> Analysis:
     """Stream each rank's trace, reduce it to section records, match collectives, decompose.
 
@@ -221,6 +222,8 @@ def analyze_traces(
         world_size: the job's world size (default: the number of traces); it is the WORLD_SIZE
             column even when only some ranks are analysed.
         anomalies: anomalies found before (e.g. skipped files), to extend.
+        cpu_start: CUDA section time from the CPU range start to the last GPU end, as the live run
+            measures it (a pnpscale run's traces), instead of the GPU span (foreign traces).
 
     Returns:
         :class:`Analysis` with the live run's ``ranks``, ``collectives`` and ``sections`` tables
@@ -247,7 +250,7 @@ def analyze_traces(
                 )
             anomalies.add("rank_overridden", t.rank, f"{t.path.name}: states rank {stated}, --rank {t.rank}")
         try:
-            records[t.rank] = section_records(trace.events, list(sections), anomalies, t.rank)
+            records[t.rank] = section_records(trace.events, list(sections), anomalies, t.rank, cpu_start=cpu_start)
         except SectionError as exc:
             hint = ""
             if "=0" in str(exc) and trace.info.range_names:
@@ -261,7 +264,7 @@ def analyze_traces(
         nested = nested_sections(records)
         aligned = align_collectives(records)
         ranks, colls = frames([(rank_rows(r, recs, warmup), {}) for r, recs in sorted(aligned.items())])
-        table = decompose(ranks, colls, world)
+        table = decompose(ranks, colls, world, on_negative_compute=lambda m: anomalies.add("negative_compute", None, m))
     except (SectionError, DecompositionError) as exc:
         raise AnalyzeError(str(exc)) from exc
     for inner, outer in nested.items():
@@ -344,16 +347,17 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
 
     Per run (``run.json``: problem, mode, gpus, nodes, backend) and section (``sections.parquet``
     through :func:`pnpscale.results.transfer.section_transfers`): payload (nccl-tests' size), mean main
-    transfer, and the algorithm NCCL logged for that size in ``nccl/rank*.log`` when there is a log
-    (:func:`pnpscale.analysis.nccl_log.algorithm_for`), else none, with the reason in ``algorithm_note``;
+    transfer, and the algorithm NCCL logged for that collective in ``nccl/rank*.log`` when there is a log
+    (:func:`pnpscale.analysis.nccl_log.algorithm_for`, looked up at the size NCCL prints:
+    :func:`pnpscale.results.transfer.nccl_log_size`), else none, with the reason in ``algorithm_note``;
     the transport the log's connection lines show (``NVLink P2P``, ``SHM``, ``NET/IB``...) names the route.
     Folders whose ``run.json`` is not ``complete`` are skipped.
 
     Raises:
         FileNotFoundError: a complete run folder without ``sections.parquet``.
     """
-    from pnpscale.analysis.nccl_log import algorithm_for, merge_logs, parse_nccl_log
-    from pnpscale.results.transfer import nccl_tests_size, section_transfers
+    from pnpscale.analysis.nccl_log import algorithm_for, merge_logs, parse_nccl_log, version_tuple
+    from pnpscale.results.transfer import nccl_log_size, nccl_tests_size, section_transfers
 
     rows = []
     for d in map(Path, run_dirs):
@@ -377,7 +381,9 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
             payload = None if pd.isna(s[K.PAYLOAD_BYTES]) else nccl_tests_size(coll or "", s[K.PAYLOAD_BYTES], gpus)
             algo = proto = None
             if log is not None and coll and payload is not None:
-                choice = algorithm_for(log, coll, int(payload))
+                # TUNING lines print NCCL's own size, per rank for all_gather/reduce_scatter (NCCL >= 2.24)
+                logged = nccl_log_size(coll, s[K.PAYLOAD_BYTES], gpus, version_tuple(log.version))
+                choice = algorithm_for(log, coll, logged)
                 algo, proto, note = choice.algorithm, choice.protocol, choice.note
             elif backend == "gloo":
                 note = "gloo: no NCCL log"
@@ -448,6 +454,12 @@ def _traces_of_run(path: Path) -> Path:
     return path
 
 
+def _pnpscale_run(paths: Sequence[Path]) -> bool:
+    """Whether the traces are a pnpscale run's (``traces/`` beside a ``run.json``)."""
+    first = paths[0] if paths[0].is_dir() else paths[0].parent
+    return (first.parent / layout.RUN_JSON).is_file()
+
+
 def _default_warmup(paths: Sequence[Path]) -> tuple[int, str]:
     first = paths[0] if paths[0].is_dir() else paths[0].parent
     run_json = first.parent / layout.RUN_JSON
@@ -473,8 +485,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         traces, world = assign_ranks(headers, _explicit_ranks(args.rank), args.partial)
         warmup, warmup_from = (args.warmup, "--warmup") if args.warmup is not None else _default_warmup(paths)
         out = args.out or ((paths[0] if paths[0].is_dir() else paths[0].parent) / ANALYSIS_DIR)
-        analysis = analyze_traces(traces, sections, warmup, world, anomalies)
-        doc = write_analysis(out, analysis, {"sections": sections, "warmup": warmup, "warmup_from": warmup_from})
+        own = _pnpscale_run(paths)  # its sections start with the GPU idle: S_r from the CPU range start
+        analysis = analyze_traces(traces, sections, warmup, world, anomalies, cpu_start=own)
+        meta = {"sections": sections, "warmup": warmup, "warmup_from": warmup_from,
+                "cuda_section_time": "cpu_start_to_gpu_end" if own else "gpu_span"}  # fmt: skip
+        doc = write_analysis(out, analysis, meta)
     except (AnalyzeError, TraceError, ValueError, OSError) as exc:
         print(f"pnpscale.analyze: error: {exc}", file=sys.stderr)
         return 1

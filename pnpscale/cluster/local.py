@@ -52,19 +52,23 @@ class LocalCluster(Cluster):
     resumes_in_task = True
 
     def check(self, cfg: Any, spec: Any, cuda_devices: int) -> None:
-        """Refuse more local ranks than CUDA devices on a CUDA machine (unless gloo is asked for).
+        """Refuse more local ranks than CUDA devices on a CUDA machine (unless gloo is asked for, or a
+        structure check on a shared GPU: ``dist.backend=nccl`` with ``NCCL_MULTI_RANK_GPU_ENABLE=1``).
 
         Raises:
             ConfigError: ``gpus`` above this machine's CUDA device count.
         """
+        from pnpscale.rank.worker import shared_gpu_allowed
         from pnpscale.sweep.config import ConfigError
 
-        if cuda_devices and spec.backend != "gloo" and spec.gpus > cuda_devices:
+        shared = shared_gpu_allowed(spec.backend, os.environ)  # a structure check on one GPU
+        if cuda_devices and spec.backend != "gloo" and spec.gpus > cuda_devices and not shared:
             raise ConfigError(
                 "gpus",
                 spec.gpus,
                 f"this machine has {cuda_devices} CUDA device(s): allowed 1..{cuda_devices} locally "
-                "(or cluster=slurm, or dist.backend=gloo for CPU ranks)",
+                "(or cluster=slurm, or dist.backend=gloo for CPU ranks; a structure check only: "
+                "dist.backend=nccl with NCCL_MULTI_RANK_GPU_ENABLE=1)",
             )
 
     def cpu_contention(self, spec: Any) -> tuple[int, int] | None:
@@ -110,7 +114,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from pnpscale.rank.worker import LAUNCH_T0_ENV
+    from pnpscale.rank.worker import KINETO_LOG_LEVEL, LAUNCH_T0_ENV
 
     log_dir.mkdir(parents=True, exist_ok=True)
     launch_cfg = LaunchConfig(
@@ -130,7 +134,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
         LAUNCH_T0_ENV: repr(time.time()),
-        "KINETO_LOG_LEVEL": os.environ.get("KINETO_LOG_LEVEL", "5"),
+        "KINETO_LOG_LEVEL": os.environ.get("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
     elastic_log = logging.getLogger("torch.distributed.elastic")

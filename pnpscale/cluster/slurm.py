@@ -134,6 +134,30 @@ def _optional_int(key: str, value: Any) -> int | None:
     return value
 
 
+def cpus_per_task_warning(cluster: Mapping[str, Any]) -> str | None:
+    """A warning when ``cluster.cpus_per_task`` may leave a GPU rank fewer than 4 CPUs, else ``None``.
+
+    ``null`` takes the partition's default, often 1 CPU per task: the rank's main thread, NCCL's
+    proxy and watchdog threads and CUPTI then share it, delaying kernel launches (measured as wait).
+    The rank repeats the warning with the CPUs it really got.
+
+    >>> cpus_per_task_warning({"cpus_per_task": 8}) is None
+    True
+    >>> cpus_per_task_warning({"cpus_per_task": None}).startswith("cluster.cpus_per_task=null")
+    True
+    """
+    from pnpscale.rank.worker import MIN_CPUS_PER_GPU_RANK as MIN_CPUS_PER_GPU_TASK
+
+    cpus = cluster.get("cpus_per_task")
+    if cpus is not None and int(cpus) >= MIN_CPUS_PER_GPU_TASK:
+        return None
+    what = "null (the partition's default, often 1 CPU per task)" if cpus is None else f"{cpus}"
+    return (
+        f"cluster.cpus_per_task={what}: each GPU rank should have >= {MIN_CPUS_PER_GPU_TASK} CPUs (main thread, "
+        f"NCCL proxy and watchdog threads, CUPTI); set cluster.cpus_per_task={MIN_CPUS_PER_GPU_TASK} or more"
+    )
+
+
 def executor_parameters(gpus: int, cluster: Mapping[str, Any]) -> dict[str, Any]:
     """submitit ``AutoExecutor(cluster="slurm")`` parameters of one point.
 
@@ -499,7 +523,7 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     """
     from submitit.helpers import TorchDistributedEnvironment
 
-    from pnpscale.rank.worker import rank_main, threads_per_rank
+    from pnpscale.rank.worker import KINETO_LOG_LEVEL, rank_main, threads_per_rank
 
     dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     rank = dist_env.rank
@@ -508,7 +532,7 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
         {
             "OMP_NUM_THREADS": str(threads),
             "MKL_NUM_THREADS": str(threads),
-            "KINETO_LOG_LEVEL": os.environ.get("KINETO_LOG_LEVEL", "5"),
+            "KINETO_LOG_LEVEL": os.environ.get("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL),
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         }
     )

@@ -9,7 +9,7 @@ is launched and finished inside it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from pnpscale.analysis.anomalies import Anomalies
-from pnpscale.analysis.events import Event, Kind
+from pnpscale.analysis.events import Event, Kind, SectionRecord
 from pnpscale.analysis.kineto import (
     GPU_CATS,
     RUNTIME_CATS,
@@ -109,6 +109,47 @@ def profiler_events(prof: profile, anomalies: Anomalies | None = None, rank: int
                 )
             )
     return out
+
+
+class IncompleteTrace(RuntimeError):
+    """The profiler did not record every iteration (see :func:`check_trace_complete`)."""
+
+
+_TRACE_ADVICE = (
+    "the profiler stopped recording (a full CUPTI activity buffer stops the trace at some prof.step()): run fewer "
+    "iterations or a smaller problem per run, set record_shapes only where needed, and read Kineto's messages in "
+    "this rank's stderr"
+)
+
+
+def check_trace_complete(
+    records: Sequence[SectionRecord], sections: Sequence[str], expected: int, cuda: bool, rank: int
+) -> None:
+    """Refuse a trace that lost iterations: each section must occur ``expected`` times
+    (``warmup + iterations``), and on CUDA every occurrence must have GPU work when any has.
+
+    Args:
+        records: one rank's section records (:func:`pnpscale.analysis.events.section_records`).
+        sections: the section names. expected: occurrences per section. cuda: the rank ran on CUDA.
+        rank: for messages.
+
+    Raises:
+        IncompleteTrace: naming rank, section and the first missing iteration, with advice.
+    """
+    for name in sections:
+        occ = sorted((r for r in records if r.section == name), key=lambda r: r.iteration)
+        if len(occ) != expected:
+            raise IncompleteTrace(
+                f"rank {rank}: section {name!r} recorded {len(occ)} time(s), expected {expected} "
+                f"(warmup + iterations): {_TRACE_ADVICE}"
+            )
+        if cuda and any(r.gpu_span_s is not None for r in occ):
+            empty = [r.iteration for r in occ if r.gpu_span_s is None]
+            if empty:
+                raise IncompleteTrace(
+                    f"rank {rank}: section {name!r} has no GPU event from iteration {empty[0]} on "
+                    f"({len(empty)} of {expected} occurrence(s) without GPU work): {_TRACE_ADVICE}"
+                )
 
 
 def export_trace(prof: profile, path: Path) -> None:

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -42,72 +42,267 @@ def threads_per_rank(requested: int | None, ranks: int, cpus: int | None = None)
     return max(1, cpus // max(1, ranks))
 
 
-def choose_backend(requested: str, cuda_devices: int, local_world_size: int) -> str:
-    """Process-group backend: ``nccl`` when every local rank has a CUDA device, else ``gloo``.
+#: NCCL refuses ranks sharing a GPU unless this variable is ``1`` (then timings are meaningless).
+SHARED_GPU_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
+#: Kineto's log level for the ranks unless the user set one: 2 = WARNING (Kineto's levels: 0 VERBOSE,
+#: 1 INFO, 2 WARNING, 3 ERROR, 4 STAGE), so CUPTI errors and dropped-record warnings reach the rank's
+#: stderr; 5 would hide everything.
+KINETO_LOG_LEVEL = "2"
+
+
+def shared_gpu_allowed(requested: str, env: Any) -> bool:
+    """Whether ranks may share a GPU: ``dist.backend=nccl`` with ``NCCL_MULTI_RANK_GPU_ENABLE=1``.
+
+    Only for structure checks (collectives, payloads, NCCL logs): ranks sharing a GPU time-slice it.
+
+    >>> shared_gpu_allowed("nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}), shared_gpu_allowed("auto", {})
+    (True, False)
+    """
+    return requested == "nccl" and str(env.get(SHARED_GPU_ENV, "")) == "1"
+
+
+def cuda_device_index(local_rank: int, visible: int) -> int | None:
+    """The CUDA device of a local rank, by deepinv 0.5's ``DistributedContext`` rule.
+
+    No visible device: ``None``; one visible device (isolation done outside, e.g. SLURM binding one
+    GPU per task, or ``CUDA_VISIBLE_DEVICES``): ``0``; else ``local_rank % visible``.
+
+    >>> cuda_device_index(3, 0), cuda_device_index(3, 1), cuda_device_index(3, 4), cuda_device_index(5, 4)
+    (None, 0, 3, 1)
+    """
+    if visible < 1:
+        return None
+    return 0 if visible == 1 else local_rank % visible
+
+
+def choose_backend(requested: str, devices: Sequence[tuple[str, str | None]], shared_ok: bool = False) -> str:
+    """Process-group backend from every rank's GPU: ``nccl`` when each rank has its own GPU.
+
+    Decided from the same list on every rank, so all ranks agree. GPUs are compared by UUID (unique
+    per physical device): ranks on one node that see one device each (SLURM's per-task binding),
+    or all of them (local ranks mapped ``local_rank % visible``), are told apart correctly, unlike
+    a count of visible devices against ``LOCAL_WORLD_SIZE``.
 
     Args:
         requested: ``auto``, ``gloo`` or ``nccl``.
-        cuda_devices: CUDA devices visible to this process.
-        local_world_size: ranks on this node.
+        devices: per rank (index = rank), ``(host, GPU UUID)``, UUID ``None`` when that rank has
+            no CUDA device.
+        shared_ok: ranks may share a GPU (:func:`shared_gpu_allowed`; ``nccl`` only).
+
+    Returns:
+        ``"nccl"`` or ``"gloo"``.
 
     Raises:
-        RuntimeError: ``nccl`` requested without enough CUDA devices (deepinv would silently
-            fall back to gloo; we refuse).
+        RuntimeError: ``nccl`` requested while some rank has no GPU; or two ranks share a GPU with
+            ``auto``/``nccl`` (NCCL 2.30 refuses that; timings would be meaningless anyway), naming
+            the ranks, host and GPU.
 
-    >>> choose_backend("auto", 0, 4), choose_backend("auto", 4, 4), choose_backend("gloo", 4, 4)
-    ('gloo', 'nccl', 'gloo')
+    >>> choose_backend("auto", [("n1", None), ("n1", None)]), choose_backend("gloo", [("n1", "G0")])
+    ('gloo', 'gloo')
+    >>> choose_backend("auto", [("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-c")])
+    'nccl'
     """
     if requested == "gloo":
         return "gloo"
-    enough = cuda_devices >= 1 and (cuda_devices >= local_world_size or cuda_devices == 1)
-    if requested == "nccl":
-        if not enough:
+    missing = [r for r, (_, uuid) in enumerate(devices) if not uuid]
+    if missing:
+        if requested == "nccl":
             raise RuntimeError(
-                f"dist.backend=nccl: {cuda_devices} CUDA device(s) visible for {local_world_size} "
-                "local rank(s); allowed: gloo, or run where each rank has a GPU"
+                f"dist.backend=nccl: rank(s) {_ranks(missing)} have no CUDA device (host "
+                f"{devices[missing[0]][0]}); allowed: dist.backend=gloo, or run where each rank has a GPU"
             )
-        return "nccl"
-    return "nccl" if enough and cuda_devices >= local_world_size else "gloo"
+        return "gloo"
+    owner: dict[str, int] = {}
+    for r, (host, uuid) in enumerate(devices):
+        first = owner.setdefault(str(uuid), r)
+        if first != r and not shared_ok:
+            raise RuntimeError(
+                f"dist.backend={requested}: ranks {first} and {r} share the GPU {uuid} on host {host}; NCCL "
+                "refuses ranks sharing a GPU and their timings would be meaningless. Give each rank its own "
+                "GPU (fewer gpus, or SLURM with one GPU per task), or use dist.backend=gloo for CPU ranks; "
+                f"for a structure check only: dist.backend=nccl with {SHARED_GPU_ENV}=1"
+            )
+    return "nccl"
 
 
-def nccl_debug_env(run_dir: Path, rank: int, current: Any) -> dict[str, str]:
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
+
+
+def device_uuid(index: int | None) -> str | None:
+    """UUID of CUDA device ``index`` (``None`` when ``index`` is ``None``); PCI address when no UUID."""
+    if index is None:
+        return None
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    uuid = str(getattr(props, "uuid", "") or "")
+    if uuid:
+        return uuid
+    return "pci:{}:{}:{}".format(*(getattr(props, k, "?") for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")))
+
+
+def exchange_devices(store: Any, rank: int, world: int, mine: tuple[str, str | None], attempt: int = 0) -> list:
+    """Every rank's ``(host, GPU UUID)`` through the rendezvous store (a ``torch.distributed.Store``).
+
+    Each rank sets ``pnpscale/device/<attempt>/<rank>`` and reads all ``world`` keys (``get`` waits
+    for a missing key up to the store's timeout).
+
+    Returns:
+        list indexed by rank of ``(host, uuid)`` (``uuid`` ``None`` for a rank without GPU).
+    """
+    import json
+
+    prefix = f"pnpscale/device/{attempt}/"
+    store.set(f"{prefix}{rank}", json.dumps(list(mine)))
+    out = []
+    for r in range(world):
+        raw = store.get(f"{prefix}{r}")
+        host, uuid = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        out.append((str(host), uuid))
+    return out
+
+
+#: fewest CPUs a GPU rank should have (see :func:`cpu_warning`).
+MIN_CPUS_PER_GPU_RANK = 4
+
+
+def cpu_warning(cpus: int, backend: str, rank: int) -> str | None:
+    """A warning when a CUDA rank has fewer than 4 CPUs, else ``None``.
+
+    The main thread, NCCL's proxy and watchdog threads and CUPTI's buffer handling all need a CPU;
+    with one or two they delay kernel launches and inflate the measured wait.
+
+    >>> cpu_warning(8, "nccl", 0) is None, cpu_warning(1, "gloo", 0) is None
+    (True, True)
+    >>> cpu_warning(1, "nccl", 3).split(":")[0]
+    'rank 3'
+    """
+    if backend != "nccl" or cpus >= MIN_CPUS_PER_GPU_RANK:
+        return None
+    return (
+        f"rank {rank}: warning: {cpus} CPU(s) for a GPU rank (main thread, NCCL proxy and watchdog, CUPTI "
+        f"share them; launch delays show up as wait): give each GPU task >= {MIN_CPUS_PER_GPU_RANK} CPUs "
+        "(SLURM: cluster.cpus_per_task)"
+    )
+
+
+def nccl_log_file(run_dir: Path, rank: int, tmp_dir: str | None = None) -> Path:
+    """Node-local file a rank's NCCL log is written to while it runs (copied to the run folder after).
+
+    NCCL's rank 0 prints a TUNING line per collective, from inside measured sections: on a shared
+    file system each of those writes could stall the rank. The file is in ``tmp_dir`` (default
+    :func:`tempfile.gettempdir`, i.e. ``$TMPDIR``, node-local on most clusters), named after the run
+    folder, the rank and the process.
+
+    >>> nccl_log_file(Path("/r/run-a"), 3, "/tmp").name.startswith("pnpscale-nccl-run-a-rank3-")
+    True
+    """
+    import tempfile
+
+    base = Path(tmp_dir or tempfile.gettempdir())
+    return base / f"pnpscale-nccl-{run_dir.name}-rank{rank}-{os.getpid()}.log"
+
+
+def nccl_debug_env(log_file: Path, current: Any) -> dict[str, str]:
     """NCCL diagnostics for the transfer analysis, unless the user set them already.
 
     ``NCCL_DEBUG=INFO``, ``NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING`` (topology, ring/tree graphs and the
-    algorithm chosen per collective size) and ``NCCL_DEBUG_FILE=<run_dir>/nccl/rank<r>.log``.
+    algorithm chosen per collective size) and ``NCCL_DEBUG_FILE=<log_file>`` (see
+    :func:`nccl_log_file`; :func:`collect_nccl_log` moves it to ``<run_dir>/nccl/rank<r>.log``).
 
-    >>> nccl_debug_env(Path("/r"), 3, {})["NCCL_DEBUG_FILE"]
-    '/r/nccl/rank3.log'
-    >>> nccl_debug_env(Path("/r"), 0, {"NCCL_DEBUG": "WARN"}).get("NCCL_DEBUG") is None
+    >>> nccl_debug_env(Path("/tmp/x.log"), {})["NCCL_DEBUG_FILE"]
+    '/tmp/x.log'
+    >>> nccl_debug_env(Path("/tmp/x.log"), {"NCCL_DEBUG": "WARN"}).get("NCCL_DEBUG") is None
     True
     """
     wanted = {
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,TUNING",
-        "NCCL_DEBUG_FILE": str(layout.nccl_log(run_dir, rank)),
+        "NCCL_DEBUG_FILE": str(log_file),
     }
     return {k: v for k, v in wanted.items() if k not in current}
 
 
-class Group:
-    """The ranks of a run; a 1-rank run has no process group (deepinv's single-process path).
+def collect_nccl_log(log_file: Path, run_dir: Path, rank: int) -> Path | None:
+    """Move a rank's node-local NCCL log to ``<run_dir>/nccl/rank<r>.log``; ``None`` if it has none."""
+    import shutil
 
-    With one rank nothing is distributed, so its sections hold no collectives at all: the seed
-    page's 1-GPU baseline, with zero transfer and zero wait by construction.
+    if not log_file.is_file():
+        return None
+    dest = layout.nccl_log(run_dir, rank)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    shutil.copyfile(log_file, tmp)
+    os.replace(tmp, dest)
+    log_file.unlink(missing_ok=True)
+    return dest
+
+
+class Group:
+    """The ranks of a run, their backend and this rank's device.
+
+    A 1-rank run has no process group (deepinv's single-process path): with one rank nothing is
+    distributed, so its sections hold no collectives at all: the study's 1-GPU baseline, with
+    zero transfer and zero wait by construction.
+
+    With several ranks: rendezvous through ``env://`` (the store ``init_process_group`` would
+    create), exchange every rank's GPU UUID through that store, choose the backend from them
+    (:func:`choose_backend`), then on ``nccl`` ``torch.cuda.set_device`` and
+    ``init_process_group(..., device_id=...)`` so that NCCL communicators are created (and fail)
+    at init, not at the first collective.
+
+    Args:
+        requested: ``auto``, ``gloo`` or ``nccl`` (``dist.backend``).
+        timeout_s: process-group timeout, seconds.
+        before_init: called with the chosen backend before the process group starts (e.g. to set
+            NCCL's environment).
+
+    Attributes:
+        backend: ``nccl`` (each rank has its own CUDA device; also a 1-rank CUDA run) or ``gloo``.
+        device: this rank's ``torch.device`` (``cuda:<i>`` by :func:`cuda_device_index`, or cpu).
+
+    Raises:
+        RuntimeError: see :func:`choose_backend`.
     """
 
-    def __init__(self, backend: str, timeout_s: float) -> None:
+    def __init__(self, requested: str, timeout_s: float, before_init: Callable[[str], None] | None = None) -> None:
+        import torch
         import torch.distributed as dist
 
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.backend = backend
+        visible = torch.cuda.device_count() if requested != "gloo" and torch.cuda.is_available() else 0
+        index = cuda_device_index(int(os.environ.get("LOCAL_RANK", "0")), visible)
+        mine = (socket.gethostname(), device_uuid(index))
+        timeout = timedelta(seconds=timeout_s)
         if self.world > 1:
-            dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-            if dist.get_backend() != backend:
-                raise RuntimeError(f"process group backend is {dist.get_backend()}, expected {backend}")
-            self.rank = dist.get_rank()
+            store, self.rank, self.world = next(dist.rendezvous("env://", timeout=timeout))
+            store.set_timeout(timeout)
+            if requested == "gloo":
+                devices = [mine] * self.world
+            else:
+                attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+                devices = exchange_devices(store, self.rank, self.world, mine, attempt)
         else:
-            self.rank = 0
+            store, self.rank, devices = None, 0, [mine]
+        self.backend = choose_backend(requested, devices, shared_gpu_allowed(requested, os.environ))
+        cuda = self.backend == "nccl"
+        self.device = torch.device("cuda", index) if cuda and index is not None else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(self.device)
+        if before_init is not None:
+            before_init(self.backend)
+        if self.world > 1:
+            dist.init_process_group(
+                backend=self.backend,
+                store=store,
+                rank=self.rank,
+                world_size=self.world,
+                timeout=timeout,
+                device_id=self.device if cuda else None,
+            )
+            if dist.get_backend() != self.backend:
+                raise RuntimeError(f"process group backend is {dist.get_backend()}, expected {self.backend}")
 
     @property
     def distributed(self) -> bool:
@@ -170,15 +365,27 @@ def rank_main(
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
     t_start = time.time()
-    backend = choose_backend(spec.backend, torch.cuda.device_count(), local_ws)
-    if backend == "nccl":
-        (Path(run_dir) / layout.NCCL_DIR).mkdir(parents=True, exist_ok=True)
-        os.environ.update(nccl_debug_env(Path(run_dir), int(os.environ.get("RANK", "0")), os.environ))
-    group = Group(backend, spec.timeout_s)
+    rank = int(os.environ.get("RANK", "0"))
+    nccl_log = nccl_log_file(Path(run_dir), rank)
+    staged = False
+
+    def before_init(backend: str) -> None:
+        nonlocal staged
+        if backend == "nccl":
+            env = nccl_debug_env(nccl_log, os.environ)
+            staged = "NCCL_DEBUG_FILE" in env
+            os.environ.update(env)
+        warning = cpu_warning(len(os.sched_getaffinity(0)), backend, rank)
+        if warning:
+            print(warning, file=sys.stderr)
+
+    group = Group(spec.backend, spec.timeout_s, before_init)
     try:
         _measure_and_report(spec, Path(run_dir), group, threads, t_start, config, extra)
     finally:
         group.close()
+        if staged:
+            collect_nccl_log(nccl_log, Path(run_dir), rank)
 
 
 def _measure_and_report(
@@ -196,6 +403,8 @@ def _measure_and_report(
     if not cuda and spec.backend == "auto" and torch.cuda.is_available():
         print(f"rank {rank}: warning: CUDA is available but the run uses gloo", file=sys.stderr)
     with group.context(cuda) as ctx:
+        if ctx.device != group.device:
+            raise RuntimeError(f"rank {rank}: deepinv chose {ctx.device}, the process group {group.device}")
         t_setup0 = time.time()
         from pnpscale.rank.solver import make_solver
 
@@ -205,15 +414,20 @@ def _measure_and_report(
         t_measure0 = time.time()
         peaks, prof = _run_iterations(spec, solver, ctx.device, group)
         t_measure1 = time.time()
-        from pnpscale.analysis.events import rank_rows, section_records
-        from pnpscale.rank.profiling import export_trace, profiler_events
+        from pnpscale.analysis.events import SectionError, rank_rows, section_records
+        from pnpscale.rank.profiling import check_trace_complete, export_trace, profiler_events
 
         if spec.export_traces:
             export_trace(prof, layout.trace_file(run_dir, rank))
         from pnpscale.analysis.anomalies import Anomalies
 
         anomalies = Anomalies()
-        sections = section_records(profiler_events(prof, anomalies, rank), spec.sections, anomalies, rank)
+        try:
+            events = profiler_events(prof, anomalies, rank)
+            sections = section_records(events, spec.sections, anomalies, rank, require_gpu=cuda, cpu_start=cuda)
+        except SectionError as exc:
+            raise SectionError(f"rank {rank}: {exc}") from exc
+        check_trace_complete(sections, spec.sections, spec.warmup + spec.iterations, cuda, rank)
         table = {**rank_rows(rank, sections, spec.warmup, peaks), "anomalies": anomalies.records()}
         info = {
             "rank": rank,
@@ -284,14 +498,63 @@ def _inject(spec: Any, rank: int, section: str, measured: bool, device: Any) -> 
         busy_wait(float(inj["delay_s"]), device)
 
 
-def busy_wait(seconds: float, device: Any) -> None:
-    """Keep the rank busy for ``seconds``: a CPU spin, or a GPU sleep kernel on CUDA."""
+#: cycles per second of ``torch.cuda._sleep`` per CUDA device index, measured once (:func:`sleep_rate_hz`).
+_SLEEP_RATE_HZ: dict[int, float] = {}
+
+
+def sleep_cycles(seconds: float, rate_hz: float) -> int:
+    """Cycles to pass to ``torch.cuda._sleep`` for ``seconds`` at ``rate_hz`` cycles per second.
+
+    >>> sleep_cycles(0.2, 1.5e9)
+    300000000
+    """
+    if seconds < 0 or rate_hz <= 0:
+        raise ValueError(f"sleep of {seconds} s at {rate_hz} Hz")
+    return round(seconds * rate_hz)
+
+
+def sleep_rate_hz(device: Any, cycles: int = 20_000_000, repeats: int = 3) -> float:
+    """Measured rate of ``torch.cuda._sleep`` on ``device`` (cycles per second), once per device.
+
+    The sleep kernel spins on the SM clock, which runs below the maximum clock
+    (``clock_rate``) most of the time, so converting with the maximum makes delays longer than
+    asked. Measured with CUDA events around ``_sleep(cycles)`` (after one warm-up call); the median
+    of ``repeats``. Call it before the profiler starts, so its kernels are not traced.
+
+    Raises:
+        RuntimeError: the events measured no time.
+    """
+    import statistics
+
     import torch
 
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index in _SLEEP_RATE_HZ:
+        return _SLEEP_RATE_HZ[index]
+    rates = []
+    with torch.cuda.device(index):
+        torch.cuda._sleep(cycles)  # warm-up: clocks up, module loaded
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            ms = float(start.elapsed_time(end))
+            if ms <= 0:
+                raise RuntimeError(f"cuda:{index}: a sleep of {cycles} cycles measured {ms} ms")
+            rates.append(cycles / (ms * 1e-3))
+    _SLEEP_RATE_HZ[index] = statistics.median(rates)
+    return _SLEEP_RATE_HZ[index]
+
+
+def busy_wait(seconds: float, device: Any) -> None:
+    """Keep the rank busy for ``seconds``: a CPU spin, or on CUDA a GPU sleep kernel of
+    ``seconds x`` :func:`sleep_rate_hz` cycles (launched asynchronously, like any kernel)."""
     if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        rate_hz = getattr(props, "clock_rate", 0) * 1e3 or 1.4e9
-        torch.cuda._sleep(int(seconds * rate_hz))
+        import torch
+
+        torch.cuda._sleep(sleep_cycles(seconds, sleep_rate_hz(device)))
         return
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -308,6 +571,8 @@ def _run_iterations(spec: Any, solver: Any, device: Any, group: Group) -> tuple[
     peaks: dict[tuple[int, str], int] = {}
     rank = group.rank
     progress = _progress(total, spec.warmup, rank)
+    if device.type == "cuda" and spec.inject["rank"] == rank and spec.inject["delay_s"]:
+        sleep_rate_hz(device)  # calibrated before the profiler starts
     with make_profiler(cuda=device.type == "cuda", record_shapes=spec.record_shapes) as prof:
         for it in range(total):
             t0 = time.perf_counter()

@@ -128,6 +128,33 @@ def nccl_tests_size(collective: str, input_bytes: float, gpus: int) -> float:
     return float(input_bytes) * (gpus if collective == "all_gather" else 1)
 
 
+#: first NCCL version whose TUNING line prints the per-rank count (``task->count x type size``): for
+#: all_gather the send count, for reduce_scatter the receive count. Before it (2.20-2.23) the line
+#: printed ``nBytes``, which NCCL scales by the number of ranks for those two collectives.
+PER_RANK_TUNING_VERSION = (2, 24)
+
+
+def nccl_log_size(collective: str, input_bytes: float, gpus: int, nccl_version: tuple[int, ...] | None) -> int:
+    """The size NCCL's TUNING line prints for a collective, from the bytes of one rank's input tensor.
+
+    NCCL >= 2.24 (``enqueue.cc``: ``task->count * ncclTypeSize``): all_gather the per-rank input,
+    reduce_scatter the per-rank output (``input / n``), others the input. 2.20-2.23: all_gather and
+    reduce_scatter the total (``nBytes *= nRanks``: nccl-tests' size, :func:`nccl_tests_size`).
+    An unknown version is taken as >= 2.24 (what torch 2.x ships).
+
+    >>> nccl_log_size("all_gather", 1000, 4, (2, 30, 7)), nccl_log_size("reduce_scatter", 4000, 4, (2, 30))
+    (1000, 1000)
+    >>> nccl_log_size("all_gather", 1000, 4, (2, 21, 5)), nccl_log_size("all_reduce", 1000, 4, None)
+    (4000, 1000)
+    """
+    modern = nccl_version is None or tuple(nccl_version[:2]) >= PER_RANK_TUNING_VERSION
+    if collective == "all_gather":
+        return int(input_bytes if modern else input_bytes * gpus)
+    if collective == "reduce_scatter":
+        return int(input_bytes // gpus if modern else input_bytes)
+    return int(input_bytes)
+
+
 def bytes_per_gpu(collective: str, payload_bytes: float, gpus: int, nodes: int, algorithm: str) -> float:
     """Bytes each GPU moves for one collective, by the model of its algorithm (see module doc).
 

@@ -284,16 +284,14 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
 
     from pnpscale.analysis.events import rank_rows, section_records
     from pnpscale.analysis.tables import frames, table_writers
-    from pnpscale.rank.profiling import make_profiler, profiler_events
-    from pnpscale.rank.worker import Group, _sync, busy_wait, choose_backend
+    from pnpscale.rank.profiling import check_trace_complete, make_profiler, profiler_events
+    from pnpscale.rank.worker import Group, _sync, busy_wait, sleep_rate_hz
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    group = Group(choose_backend(backend, torch.cuda.device_count(), local), timeout_s)
-    cuda = group.backend == "nccl"
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
+    group = Group(backend, timeout_s)  # the solver's device rule (deepinv's) and backend choice
+    cuda, device = group.backend == "nccl", group.device
     if cuda:
-        torch.cuda.set_device(device)
+        sleep_rate_hz(device)  # busy_wait calibrated before the profiler starts
     names = [f"{PROBE}_{p}" for p in payloads]
     try:
         with make_profiler(cuda=cuda, record_shapes=True) as prof:
@@ -307,7 +305,11 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
                     group.barrier()
                     prof.step()
         events = profiler_events(prof)
-        tables = [rank_rows(group.rank, section_records(events, (n,)), warmup) for n in names]
+        tables = []
+        for n in names:
+            records = section_records(events, (n,), require_gpu=cuda, cpu_start=cuda)
+            check_trace_complete(records, (n,), warmup + iterations, cuda, group.rank)
+            tables.append(rank_rows(group.rank, records, warmup))
         gathered = group.gather(tables)
         if group.rank == 0:
             for i, p in enumerate(payloads):

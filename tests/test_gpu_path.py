@@ -1,0 +1,334 @@
+"""The CUDA/NCCL path without a GPU: device queries monkeypatched, Kineto events synthetic (issue 13).
+
+One test (or a few) per defect: backend by device isolation, the probe's device rule, traces
+without GPU events, lost iterations, S_r on CUDA, busy_wait calibration, NCCL log sizes and
+staging, set_device before init_process_group, CPUs per GPU task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+
+from pnpscale import columns as K
+from pnpscale import layout
+from pnpscale.analysis.events import Event, Kind, SectionError, rank_rows, section_records
+from pnpscale.analysis.metrics import DecompositionError, decompose
+from pnpscale.analysis.tables import frames
+from pnpscale.rank import worker
+from pnpscale.rank.profiling import IncompleteTrace, check_trace_complete
+from pnpscale.results.transfer import nccl_log_size
+
+US = 1000
+
+
+def cpu(name, t0_us, t1_us, **kw):
+    return Event(name, Kind.CPU, int(t0_us * US), int(t1_us * US), **kw)
+
+
+def gpu(name, t0_us, t1_us, launch_us, **kw):
+    return Event(name, Kind.GPU, int(t0_us * US), int(t1_us * US), tid=7, launch_ns=int(launch_us * US), **kw)
+
+
+# --- 1. backend by device isolation ---------------------------------------------------------------
+
+
+def test_slurm_one_gpu_per_task_is_nccl_not_gloo():
+    # SLURM binds one GPU per task: every rank sees 1 device (cuda:0) but they are 4 different GPUs
+    devices = [("n1", f"GPU-{i}") for i in range(4)] + [("n2", f"GPU-{i + 4}") for i in range(4)]
+    assert worker.choose_backend("auto", devices) == "nccl"
+    assert worker.cuda_device_index(local_rank=3, visible=1) == 0
+
+
+def test_ranks_sharing_a_gpu_are_refused_unless_a_structure_check():
+    shared = [("n1", "GPU-a"), ("n1", "GPU-a")]
+    for requested in ("auto", "nccl"):
+        with pytest.raises(RuntimeError, match="ranks 0 and 1 share the GPU GPU-a on host n1"):
+            worker.choose_backend(requested, shared)
+    env = {worker.SHARED_GPU_ENV: "1"}
+    assert worker.choose_backend("nccl", shared, worker.shared_gpu_allowed("nccl", env)) == "nccl"
+    assert not worker.shared_gpu_allowed("auto", env)  # never chosen silently
+    assert worker.choose_backend("gloo", shared) == "gloo"
+
+
+def test_ranks_without_gpu_give_gloo_or_a_refusal_for_nccl():
+    devices = [("n1", "GPU-a"), ("n2", None)]
+    assert worker.choose_backend("auto", devices) == "gloo"
+    with pytest.raises(RuntimeError, match=r"rank\(s\) 1 have no CUDA device \(host n2\)"):
+        worker.choose_backend("nccl", devices)
+
+
+def test_devices_are_exchanged_through_the_store():
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=10))
+    got: dict[int, list] = {}
+    t = threading.Thread(target=lambda: got.update({1: worker.exchange_devices(store, 1, 2, ("n1", "GPU-b"))}))
+    t.start()  # rank 1 waits for rank 0's key
+    got[0] = worker.exchange_devices(store, 0, 2, ("n1", None))
+    t.join(10)
+    assert got[0] == got[1] == [("n1", None), ("n1", "GPU-b")]  # every rank sees the same list
+
+
+@pytest.mark.parametrize("local_rank, visible", [(0, 1), (3, 1), (1, 4), (5, 4), (2, 8)])
+def test_device_rule_is_deepinvs(monkeypatch, local_rank, visible):
+    """The rank's device (solver and validation probe alike) is the one deepinv's DistributedContext picks."""
+    from deepinv.distributed import DistributedContext
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    for k in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    with DistributedContext(device_mode="gpu", cleanup=False) as ctx:
+        assert ctx.device == torch.device("cuda", worker.cuda_device_index(local_rank, visible))
+
+
+def _fake_cuda(monkeypatch, calls, visible=1, uuid="GPU-0"):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"{uuid}-{i}"))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+
+
+def test_one_rank_cuda_group_uses_the_gpu(monkeypatch):
+    calls: list = []
+    _fake_cuda(monkeypatch, calls)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    g = worker.Group("auto", 10.0)
+    assert (g.backend, g.device, g.distributed) == ("nccl", torch.device("cuda", 0), False)
+    assert calls == [("set_device", torch.device("cuda", 0))]
+
+
+# --- 8. set_device before init_process_group(device_id=...) ---------------------------------------
+
+
+def test_set_device_precedes_init_process_group_with_device_id(monkeypatch):
+    calls: list = []
+    _fake_cuda(monkeypatch, calls, visible=2)
+    store = dist.HashStore()
+    store.set("pnpscale/device/0/1", '["h", "GPU-other"]')  # the peer, on another GPU
+    monkeypatch.setattr(dist, "rendezvous", lambda url, timeout: iter([(store, 0, 2)]))
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.append(("init", kw)))
+    monkeypatch.setattr(dist, "get_backend", lambda: "nccl")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    seen: list = []
+    g = worker.Group("auto", 10.0, before_init=lambda backend: seen.append((backend, list(calls))))
+    assert g.backend == "nccl" and g.device == torch.device("cuda", 0)
+    assert [c[0] for c in calls] == ["set_device", "init"]
+    init = calls[1][1]
+    assert init["device_id"] == torch.device("cuda", 0) and init["store"] is store and init["backend"] == "nccl"
+    assert (init["rank"], init["world_size"]) == (0, 2)
+    assert seen == [("nccl", [("set_device", torch.device("cuda", 0))])]  # NCCL env set before init
+
+
+# --- 3. no GPU events on CUDA; NCCL descriptors without kernels; Kineto log level ------------------
+
+
+def test_cuda_run_without_gpu_events_is_refused():
+    events = [cpu("gradient", 0, 10), cpu("nccl:all_reduce", 2, 3, collective="all_reduce")]
+    with pytest.raises(SectionError, match="recorded no GPU event"):
+        section_records(events, ("gradient",), require_gpu=True)
+    assert section_records(events, ("gradient",))[0].section_s == pytest.approx(10e-6)  # gloo semantics
+
+
+def test_nccl_descriptor_without_nccl_kernel_is_refused():
+    events = [
+        cpu("gradient", 0, 100),
+        cpu("nccl:all_reduce", 30, 31, collective="all_reduce", payload_bytes=4096),
+        gpu("volta_sgemm", 10, 40, 5),  # the compute kernel is there, the NCCL kernel was dropped
+    ]
+    with pytest.raises(SectionError, match="iteration 0 section 'gradient': 1 NCCL collective.*no NCCL kernel"):
+        section_records(events, ("gradient",), require_gpu=True)
+
+
+def test_kineto_log_level_shows_errors():
+    # Kineto: 0 VERBOSE, 1 INFO, 2 WARNING, 3 ERROR, 4 STAGE; messages below the level are hidden
+    assert int(worker.KINETO_LOG_LEVEL) <= 3
+
+
+# --- 4. every iteration in the trace ----------------------------------------------------------------
+
+
+def _records(n_gradient, gpu_from=None, gpu_until=None):
+    evs = []
+    for i in range(n_gradient):
+        t = i * 1000
+        evs.append(cpu("gradient", t, t + 100))
+        if (gpu_until is None or i < gpu_until) and (gpu_from is None or i >= gpu_from):
+            evs.append(gpu("k", t + 10, t + 90, t + 5))
+    return section_records(evs, ("gradient",))
+
+
+def test_lost_iterations_are_refused_with_advice():
+    check_trace_complete(_records(5), ("gradient",), 5, cuda=True, rank=0)
+    with pytest.raises(IncompleteTrace, match=r"rank 2: section 'gradient' recorded 4 time\(s\), expected 5.*CUPTI"):
+        check_trace_complete(_records(4), ("gradient",), 5, cuda=True, rank=2)
+
+
+def test_gpu_trace_stopping_mid_run_is_refused():
+    recs = _records(5, gpu_until=3)  # CUPTI stopped after iteration 2: CPU ranges go on, GPU events stop
+    with pytest.raises(IncompleteTrace, match="no GPU event from iteration 3 on"):
+        check_trace_complete(recs, ("gradient",), 5, cuda=True, rank=1)
+    check_trace_complete(recs, ("gradient",), 5, cuda=False, rank=1)  # CPU backends: no GPU work expected
+
+
+# --- 5. S_r on CUDA -----------------------------------------------------------------------------------
+
+
+def test_rank_late_on_cpu_shows_compute_not_peer_wait():
+    """Rank 1 spends 300 us on the CPU before its first kernel; both GPUs then do the same work.
+
+    With the GPU span as S_r both ranks would look equal and the late rank's delay would be its
+    peer's wait inside the all_reduce; from the CPU start it is rank 1's compute (imbalance).
+    """
+
+    def rank_events(late_us):
+        t = late_us
+        return [
+            cpu("gradient", 0, t + 200),
+            cpu("nccl:all_reduce", t + 50, t + 51, collective="all_reduce", payload_bytes=4096),
+            gpu("sgemm", t + 10, t + 50, t + 5),
+            # the all_reduce ends when the late rank arrives: rank 0 waits in its kernel
+            gpu("ncclDevKernel_AllReduce_Sum_f32_RING_LL", t + 55, 350 + 100, t + 50),
+        ]
+
+    per_rank = {
+        r: section_records(rank_events(late), ("gradient",), require_gpu=True, cpu_start=True)
+        for r, late in [(0, 0), (1, 300)]
+    }
+    gathered = [(rank_rows(r, recs, 0), {}) for r, recs in per_rank.items()]
+    ranks, colls = frames(gathered)
+    assert ranks[K.SECTION_S].tolist() == pytest.approx([450e-6, 450e-6])
+    assert ranks[K.GPU_SPAN_S].tolist() == pytest.approx([440e-6, 140e-6])
+    row = decompose(ranks, colls).iloc[0]
+    # rank 0: 450 - 395 = 55 us compute; rank 1: 450 - 95 = 355 us
+    assert row[K.COMPUTE_MAX_S] == pytest.approx(355e-6) and row[K.LB] == pytest.approx(205 / 355)
+
+
+def test_negative_compute_is_refused_live_and_warned_offline():
+    ranks = pd.DataFrame({K.RANK: [0, 1], K.ITERATION: 0, K.SECTION: "s", K.WARMUP: False, K.SECTION_S: [1.0, 0.5]})
+    colls = pd.DataFrame({K.RANK: [0, 1], K.ITERATION: 0, K.SECTION: "s", K.SEQ: 0, K.COLLECTIVE: "all_reduce",
+                          K.DURATION_S: [0.2, 0.7], K.PAYLOAD_BYTES: 8})  # fmt: skip
+    with pytest.raises(DecompositionError, match="iteration 0 section 's' rank 1: negative compute"):
+        decompose(ranks, colls)
+    said: list[str] = []
+    decompose(ranks, colls, on_negative_compute=said.append)
+    assert len(said) == 1 and "rank 1" in said[0]
+
+
+# --- 6. busy_wait calibrated with CUDA events ----------------------------------------------------------
+
+
+def test_busy_wait_uses_the_measured_sleep_rate_not_the_max_clock(monkeypatch):
+    """A GPU whose sleep kernel runs at 1.0 GHz while its maximum clock says 1.98 GHz."""
+    real_hz, slept = 1.0e9, []
+
+    class FakeEvent:
+        clock = 0.0
+
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = FakeEvent.clock
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) * 1e3
+
+    def sleep(cycles):
+        slept.append(cycles)
+        FakeEvent.clock += cycles / real_hz
+
+    monkeypatch.setattr(worker, "_SLEEP_RATE_HZ", {})
+    monkeypatch.setattr(torch.cuda, "_sleep", sleep)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(clock_rate=1_980_000))
+    dev = torch.device("cuda", 0)
+    worker.busy_wait(0.2, dev)
+    assert slept[-1] == round(0.2 * real_hz)  # 0.2 s at the measured rate
+    n = len(slept)
+    worker.busy_wait(0.1, dev)
+    assert len(slept) == n + 1 and slept[-1] == round(0.1 * real_hz)  # calibrated once
+
+
+# --- 7. NCCL logs: sizes, node-local files ---------------------------------------------------------------
+
+
+def test_tuning_size_is_per_rank_for_all_gather_and_reduce_scatter():
+    assert nccl_log_size("all_gather", 4096, 8, (2, 30, 7)) == 4096
+    assert nccl_log_size("reduce_scatter", 4096, 8, (2, 30, 7)) == 512
+    assert nccl_log_size("all_reduce", 4096, 8, (2, 30, 7)) == 4096
+    assert nccl_log_size("all_gather", 4096, 8, (2, 21, 5)) == 8 * 4096  # 2.20-2.23 printed the total
+
+
+def test_transfer_inputs_find_the_algorithm_of_an_all_gather(tmp_path):
+    from pnpscale.analysis.offline import transfer_inputs
+
+    gpus, per_rank = 4, 1 << 20
+    ranks = pd.DataFrame([{K.RANK: r, K.ITERATION: i, K.SECTION: "s", K.WARMUP: i == 0, K.SECTION_S: 1.0,
+                           K.START_S: 0.0, K.COMM_S: 0.01, K.N_COLLECTIVES: 1, K.PEAK_MEM_BYTES: None,
+                           K.GPU_SPAN_S: 0.9} for r in range(gpus) for i in range(2)])  # fmt: skip
+    colls = pd.DataFrame([{K.RANK: r, K.ITERATION: i, K.SECTION: "s", K.SEQ: 0, K.COLLECTIVE: "all_gather",
+                           K.DURATION_S: 0.01, K.PAYLOAD_BYTES: per_rank}
+                          for r in range(gpus) for i in range(2)])  # fmt: skip
+    r, c = frames([({"ranks": ranks.to_dict("records"), "collectives": colls.to_dict("records")}, {})])
+    d = tmp_path / "run"
+    d.mkdir()
+    decompose(r, c).to_parquet(d / layout.SECTIONS)
+    layout.write_json(d / layout.RUN_JSON, {"status": "complete", "problem": "2d", "mode": "inference", "gpus": gpus,
+                                            "nodes": 1, "backend": "nccl"})  # fmt: skip
+    (d / layout.NCCL_DIR).mkdir()
+    (d / layout.NCCL_DIR / "rank0.log").write_text(
+        "h:1:1 [0] NCCL INFO NCCL version 2.30.7+cuda13.0\n"
+        f"h:1:1 [0] NCCL INFO AllGather: {per_rank} Bytes -> Algo RING proto SIMPLE channel{{Lo..Hi}}={{0..7}}\n"
+    )
+    row = transfer_inputs([d]).iloc[0]
+    assert (row[K.ALGORITHM], row[K.PROTOCOL]) == ("ring", "simple")
+    assert row[K.PAYLOAD_BYTES] == gpus * per_rank  # the table keeps nccl-tests' size
+
+
+def test_nccl_log_is_written_node_local_and_moved_into_the_run(tmp_path, monkeypatch):
+    run = tmp_path / "shared" / "run-1"
+    local = tmp_path / "node-tmp"
+    local.mkdir()
+    f = worker.nccl_log_file(run, 2, str(local))
+    assert f.parent == local and not str(f).startswith(str(run))
+    env = worker.nccl_debug_env(f, {})
+    assert env["NCCL_DEBUG_FILE"] == str(f) and env["NCCL_DEBUG_SUBSYS"] == "INIT,GRAPH,TUNING"
+    f.write_text("NCCL INFO AllReduce: 8 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}\n")
+    dest = worker.collect_nccl_log(f, run, 2)
+    assert dest == run / layout.NCCL_DIR / "rank2.log" and "AllReduce" in dest.read_text() and not f.exists()
+    assert worker.collect_nccl_log(f, run, 2) is None  # nothing staged: nothing copied
+
+
+# --- 9. CPUs per GPU task -------------------------------------------------------------------------------
+
+
+def test_too_few_cpus_per_gpu_task_are_warned():
+    from pnpscale.cluster.slurm import cpus_per_task_warning
+
+    assert "cluster.cpus_per_task=null" in cpus_per_task_warning({"cpus_per_task": None})
+    assert "cluster.cpus_per_task=2" in cpus_per_task_warning({"cpus_per_task": 2})
+    assert cpus_per_task_warning({"cpus_per_task": 4}) is None
+    assert "1 CPU(s) for a GPU rank" in worker.cpu_warning(1, "nccl", 0)
+    assert worker.cpu_warning(1, "gloo", 0) is None
+
+
+def test_slurm_default_config_keeps_null_and_says_why():
+    text = (Path(__file__).resolve().parents[1] / "conf" / "cluster" / "slurm.yaml").read_text()
+    assert "cpus_per_task: null" in text and ">= 4" in text
