@@ -20,7 +20,7 @@ from tests.helpers import ROOT
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def spec(problem: str, mode: str, gpus: int) -> RunSpec:
+def spec(problem: str, mode: str, gpus: int, **fields) -> RunSpec:
     sizes = dict(
         image_size=32,
         num_operators=8,
@@ -32,6 +32,7 @@ def spec(problem: str, mode: str, gpus: int) -> RunSpec:
         nb=1,
         unroll=None,
     )
+    sizes.update(fields.pop("sizes", {}))
     impl = {"2d": "superres:SuperResolution2D", "3d": "blur3d:AnisotropicBlur3D"}[problem]
     return RunSpec(
         problem=problem,
@@ -63,11 +64,23 @@ def spec(problem: str, mode: str, gpus: int) -> RunSpec:
         export_traces=False,
         inject={},
         save_reconstruction=False,
+        **fields,
     )
 
 
-def fake_run(run_dir: Path, problem: str, mode: str, times: dict[str, list[tuple[float, float]]]) -> None:
-    """Write a run whose per-rank (section_s, collective_s) per section are ``times``; iteration 0 = warm-up."""
+def fake_run(
+    run_dir: Path,
+    problem: str,
+    mode: str,
+    times: dict[str, list[tuple[float, float]]],
+    collective: dict[str, tuple[str, int]] | None = None,
+    **spec_fields,
+) -> None:
+    """Write a run whose per-rank (section_s, collective_s) per section are ``times``; iteration 0 = warm-up.
+
+    ``collective``: per section, (collective, payload bytes) of its one collective (default an
+    all_reduce of the 32²×3 float32 image); ``spec_fields``: RunSpec fields to change.
+    """
     gpus = len(next(iter(times.values())))
     gathered = []
     for rank in range(gpus):
@@ -89,15 +102,16 @@ def fake_run(run_dir: Path, problem: str, mode: str, times: dict[str, list[tuple
                     }
                 )
                 if gpus > 1:
+                    kind, payload = (collective or {}).get(name, ("all_reduce", 3 * 32 * 32 * 4))
                     colls.append(
                         {
                             K.RANK: rank,
                             K.ITERATION: it,
                             K.SECTION: name,
                             K.SEQ: 0,
-                            K.COLLECTIVE: "all_reduce",
+                            K.COLLECTIVE: kind,
                             K.DURATION_S: d,
-                            K.PAYLOAD_BYTES: 3 * 32 * 32 * 4,
+                            K.PAYLOAD_BYTES: payload,
                         }
                     )
         info = {
@@ -110,7 +124,7 @@ def fake_run(run_dir: Path, problem: str, mode: str, times: dict[str, list[tuple
             "solver": {"weights_sha256": "x"},
         }
         gathered.append(({"ranks": rows, "collectives": colls}, info))
-    write_run(run_dir, spec(problem, mode, gpus), gathered, backend="gloo", timings={})
+    write_run(run_dir, spec(problem, mode, gpus, **spec_fields), gathered, backend="gloo", timings={})
 
 
 @pytest.fixture(scope="module")

@@ -513,7 +513,7 @@ class RunSpec:
     export_traces: bool
     inject: dict[str, Any]
     save_reconstruction: bool
-    denoiser_collective: str
+    denoiser_collective: str = "all_reduce"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
