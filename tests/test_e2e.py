@@ -28,7 +28,8 @@ def sweep(tmp_path_factory):
 def test_hive_layout_and_documented_files(sweep):
     _, dirs = sweep
     for gpus, d in dirs.items():
-        assert d.parts[-3:] == ("problem=2d", "mode=inference", f"gpus={gpus}")
+        # problem.num_operators set explicitly (TINY_2D): a variant part of its own
+        assert d.parts[-4:] == ("problem=2d", "mode=inference", "num_operators=4", f"gpus={gpus}")
         for name in (layout.RUN_JSON, layout.RANKS, layout.SECTIONS, layout.COLLECTIVES):
             assert (d / name).is_file(), name
         assert list(pd.read_parquet(d / layout.RANKS).columns) == list(K.RANKS_COLUMNS)

@@ -232,6 +232,8 @@ def test_stored_sweeps_compose_and_expand():
         "comm_inference_3d": ("3d", "inference", 2, None, "1,2,4,8,16,32,64"),
         "comm_training_2d": ("2d", "training", 4, 5, "1,2,4,8,16,32,64"),
         "comm_training_3d": ("3d", "training", 4, 1, "4,8,16,32,64"),
+        "comm_inference_ct": ("ct", "inference", 64, None, "1,2,4,8,16,32,64"),
+        "remedy_denoiser_collective": ("2d", "inference", 8, None, "1,2,4,8,16,32,64"),
     }
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for name, (problem, mode, ops, unroll, gpus) in expected.items():
@@ -240,8 +242,11 @@ def test_stored_sweeps_compose_and_expand():
             spec = resolve_spec(cfg, cuda_available=False)
             assert (spec.problem, spec.mode, spec.scale) == (problem, mode, "paper")
             assert (spec.sizes["num_operators"], spec.sizes["unroll"]) == (ops, unroll)
+            assert str(cfg.hydra.sweep.subdir) == f"problem={problem}/mode={mode}/gpus={cfg.gpus}"  # no variant part
             small = resolve_spec(compose("config", overrides=[f"sweeps={name}", "scale=small"]), cuda_available=False)
             assert small.scale == "small"
+        cfg = compose("config", overrides=["sweeps=remedy_denoiser_collective"], return_hydra_config=True)
+        assert str(cfg.hydra.sweeper.params["solver.denoiser_collective"]) == "all_reduce,all_gather"
 
 
 def test_stored_sweep_prints_with_cfg_job():
