@@ -203,8 +203,13 @@ def markdown(cmp: pd.DataFrame) -> list[str]:
             }
         )
         lines += [f"### {mode}", "", view.to_markdown(index=False), ""]
-    lines += [f"- {s}" for s in savings(cmp)] + [""]
-    return lines
+    lines += [f"- {s}" for s in savings(cmp)]
+    if "problem" in varied:
+        lines.append(
+            "- Different problems hold different signals and operators: compare how each scales (scaled cost, LB, "
+            "CommE, wait), not their seconds."
+        )
+    return lines + [""]
 
 
 def plot_comparison(cmp: pd.DataFrame) -> Figure:
