@@ -85,7 +85,7 @@ def discover(root: str | Path) -> pd.DataFrame:
     root = Path(root)
     if not root.is_dir():
         raise NoRunsError(f"{root}: no such directory")
-    rows = []
+    rows, configured = [], []  # configured: the variant keys as the run's spec set them
     folders = {p.parent for p in root.glob(f"**/{layout.RUN_JSON}")}
     folders |= {p for p in root.glob("**/gpus=*") if p.is_dir() and "mode=" in str(p)}
     for d in sorted(folders):
@@ -114,11 +114,12 @@ def discover(root: str | Path) -> pd.DataFrame:
         }
         if None not in (row["problem"], row["mode"], row["gpus"]):
             rows.append(row)
+            configured.append(_variant_fields(run.get("spec") or {}))
     if not rows:
         raise NoRunsError(f"{root}: no run folders found (no run.json under it)")
     df = pd.DataFrame(rows)
     df["gpus"] = df["gpus"].astype("int64")
-    df["variant"] = variants(df)
+    df["variant"] = variants(pd.DataFrame(configured, index=df.index).assign(problem=df["problem"], mode=df["mode"]))
     return df
 
 
