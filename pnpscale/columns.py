@@ -116,3 +116,14 @@ VALIDATION_COLUMNS = (
     PROBLEM, MODE, "held_out_gpus", "fitted_on", SECTION, "metric", "measured_value", "projected_value", REL_ERROR,
     "headline",
 )  # fmt: skip
+# report/compare.parquet (pnpscale.results.compare): the varied keys side by side per GPU count
+VARIANT = "variant"
+SERIES = "series"
+VARIED = "varied"
+SECTION_VS_BASE = "section_vs_base"
+TRANSFER_VS_BASE = "transfer_vs_base"
+BYTES_VS_BASE = "bytes_vs_base"
+COMPARE_COLUMNS = (
+    MODE, VARIED, SERIES, GPUS, "status", SECTION_S, TRANSFER_S, WAIT_S, LB, COMM_E, SCALED_COST, BYTES_PER_GPU,
+    SECTION_VS_BASE, TRANSFER_VS_BASE, BYTES_VS_BASE,
+)  # fmt: skip

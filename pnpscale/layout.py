@@ -53,6 +53,7 @@ COMMAND_STDERR = "stderr.log"
 SUMMARY = "summary.parquet"
 TRANSFER = "transfer.parquet"
 RATES = "rates.parquet"
+COMPARE = "compare.parquet"  # only when the runs vary a compared key (pnpscale.results.compare)
 REPORT_README = "README.md"
 WAIT_RANKS = "wait_ranks.parquet"
 

@@ -28,7 +28,8 @@ def sweep(tmp_path_factory):
 def test_hive_layout_and_documented_files(sweep):
     _, dirs = sweep
     for gpus, d in dirs.items():
-        assert d.parts[-3:] == ("problem=2d", "mode=inference", f"gpus={gpus}")
+        # problem.num_operators set explicitly (TINY_2D): a variant part of its own
+        assert d.parts[-4:] == ("problem=2d", "mode=inference", "num_operators=4", f"gpus={gpus}")
         for name in (layout.RUN_JSON, layout.RANKS, layout.SECTIONS, layout.COLLECTIVES):
             assert (d / name).is_file(), name
         assert list(pd.read_parquet(d / layout.RANKS).columns) == list(K.RANKS_COLUMNS)
@@ -110,7 +111,7 @@ def test_failing_rank_ends_the_run_quickly_with_its_error(tmp_path):
 
 def test_multirun_ends_with_a_report(sweep):
     _, dirs = sweep
-    report = dirs[1].parents[2] / layout.REPORT_DIR
+    report = dirs[1].parents[3] / layout.REPORT_DIR  # .../problem=2d/mode=inference/num_operators=4/gpus=1
     for name in ("scaled_cost.png", "load_balance.png", "summary.parquet", "README.md"):
         assert (report / name).is_file(), name
     summary = pd.read_parquet(report / "summary.parquet")
@@ -141,7 +142,7 @@ def test_ctrl_c_stops_the_whole_sweep_and_records_the_point(tmp_path):
     run = read_run(d)
     assert run["gpus"] == 1 and run["status"] == "failed" and run["error"].startswith("interrupted")
     assert not any((d / name).exists() for name in layout.TABLES)
-    assert "hydra.sweep.dir=" in out and (d.parents[2] / layout.REPORT_DIR / "README.md").is_file()
+    assert "hydra.sweep.dir=" in out and (d.parents[3] / layout.REPORT_DIR / "README.md").is_file()
 
 
 def test_resume_skips_the_same_spec_and_refuses_to_overwrite_another(tmp_path):

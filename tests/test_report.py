@@ -20,7 +20,7 @@ from tests.helpers import ROOT
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def spec(problem: str, mode: str, gpus: int) -> RunSpec:
+def spec(problem: str, mode: str, gpus: int, **fields) -> RunSpec:
     sizes = dict(
         image_size=32,
         num_operators=8,
@@ -32,6 +32,7 @@ def spec(problem: str, mode: str, gpus: int) -> RunSpec:
         nb=1,
         unroll=None,
     )
+    sizes.update(fields.pop("sizes", {}))
     impl = {"2d": "superres:SuperResolution2D", "3d": "blur3d:AnisotropicBlur3D"}[problem]
     return RunSpec(
         problem=problem,
@@ -63,11 +64,23 @@ def spec(problem: str, mode: str, gpus: int) -> RunSpec:
         export_traces=False,
         inject={},
         save_reconstruction=False,
+        **fields,
     )
 
 
-def fake_run(run_dir: Path, problem: str, mode: str, times: dict[str, list[tuple[float, float]]]) -> None:
-    """Write a run whose per-rank (section_s, collective_s) per section are ``times``; iteration 0 = warm-up."""
+def fake_run(
+    run_dir: Path,
+    problem: str,
+    mode: str,
+    times: dict[str, list[tuple[float, float]]],
+    collective: dict[str, tuple[str, int]] | None = None,
+    **spec_fields,
+) -> None:
+    """Write a run whose per-rank (section_s, collective_s) per section are ``times``; iteration 0 = warm-up.
+
+    ``collective``: per section, (collective, payload bytes) of its one collective (default an
+    all_reduce of the 32²×3 float32 image); ``spec_fields``: RunSpec fields to change.
+    """
     gpus = len(next(iter(times.values())))
     gathered = []
     for rank in range(gpus):
@@ -89,15 +102,16 @@ def fake_run(run_dir: Path, problem: str, mode: str, times: dict[str, list[tuple
                     }
                 )
                 if gpus > 1:
+                    kind, payload = (collective or {}).get(name, ("all_reduce", 3 * 32 * 32 * 4))
                     colls.append(
                         {
                             K.RANK: rank,
                             K.ITERATION: it,
                             K.SECTION: name,
                             K.SEQ: 0,
-                            K.COLLECTIVE: "all_reduce",
+                            K.COLLECTIVE: kind,
                             K.DURATION_S: d,
-                            K.PAYLOAD_BYTES: 3 * 32 * 32 * 4,
+                            K.PAYLOAD_BYTES: payload,
                         }
                     )
         info = {
@@ -110,7 +124,7 @@ def fake_run(run_dir: Path, problem: str, mode: str, times: dict[str, list[tuple
             "solver": {"weights_sha256": "x"},
         }
         gathered.append(({"ranks": rows, "collectives": colls}, info))
-    write_run(run_dir, spec(problem, mode, gpus), gathered, backend="gloo", timings={})
+    write_run(run_dir, spec(problem, mode, gpus, **spec_fields), gathered, backend="gloo", timings={})
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +232,8 @@ def test_stored_sweeps_compose_and_expand():
         "comm_inference_3d": ("3d", "inference", 2, None, "1,2,4,8,16,32,64"),
         "comm_training_2d": ("2d", "training", 4, 5, "1,2,4,8,16,32,64"),
         "comm_training_3d": ("3d", "training", 4, 1, "4,8,16,32,64"),
+        "comm_inference_ct": ("ct", "inference", 64, None, "1,2,4,8,16,32,64"),
+        "remedy_denoiser_collective": ("2d", "inference", 8, None, "1,2,4,8,16,32,64"),
     }
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for name, (problem, mode, ops, unroll, gpus) in expected.items():
@@ -226,8 +242,11 @@ def test_stored_sweeps_compose_and_expand():
             spec = resolve_spec(cfg, cuda_available=False)
             assert (spec.problem, spec.mode, spec.scale) == (problem, mode, "paper")
             assert (spec.sizes["num_operators"], spec.sizes["unroll"]) == (ops, unroll)
+            assert str(cfg.hydra.sweep.subdir) == f"problem={problem}/mode={mode}/gpus={cfg.gpus}"  # no variant part
             small = resolve_spec(compose("config", overrides=[f"sweeps={name}", "scale=small"]), cuda_available=False)
             assert small.scale == "small"
+        cfg = compose("config", overrides=["sweeps=remedy_denoiser_collective"], return_hydra_config=True)
+        assert str(cfg.hydra.sweeper.params["solver.denoiser_collective"]) == "all_reduce,all_gather"
 
 
 def test_stored_sweep_prints_with_cfg_job():

@@ -93,19 +93,30 @@ def check_invariants(ranks: pd.DataFrame, sections: pd.DataFrame) -> None:
         )
 
 
-def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None) -> pd.Series:
+#: Collectives whose recorded payload is one rank's share of the image (nccl-tests' size = ranks × payload).
+GATHERING = ("all_gather", "reduce_scatter")
+
+
+def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_size: int | None = None) -> pd.Series:
     """Flag the main collectives of each section: those carrying the image.
 
     The main collective is the study's image-sized ``all_reduce`` (one per inference section;
-    ``2K`` in training's forward with K unrolled iterations). Other collectives (deepinv's shape
-    broadcasts and flag all_reduce, the weight-gradient all_reduces of training's backward) are
-    recorded but not main. Rule, per iteration x section: the collectives whose payload equals
-    ``image_bytes`` when any does, else those with the section's largest payload. Payloads are
-    taken as the maximum across ranks for each ``seq``, so every rank flags the same ``seq``.
+    ``2K`` in training's forward with K unrolled iterations), or, with
+    ``solver.denoiser_collective=all_gather``, the denoiser's ``all_gather`` of the tile cores (and
+    the reduce_scatter of its backward on NCCL). Other collectives (deepinv's shape broadcasts and
+    flag all_reduce, the weight-gradient all_reduces of training's backward) are recorded but not
+    main. Rule, per iteration x section: the collectives that carry the image when any does, else
+    those with the section's largest payload. An all_reduce (or broadcast) carries the image when
+    its payload equals ``image_bytes``; an all_gather or reduce_scatter records one rank's buffer
+    (the cores of its tiles, padded to the longest rank's), so it carries the image when
+    ``payload × world_size >= image_bytes`` and ``payload <= 2 × image_bytes``. Payloads are taken as
+    the maximum across ranks for each ``seq``, so every rank flags the same ``seq``.
 
     Args:
-        collectives: rows of ``collectives.parquet`` (ITERATION, SECTION, SEQ, RANK, PAYLOAD_BYTES).
+        collectives: rows of ``collectives.parquet`` (ITERATION, SECTION, SEQ, RANK, PAYLOAD_BYTES,
+            optionally COLLECTIVE).
         image_bytes: bytes of the signal (``C * N^dims * itemsize``), when known.
+        world_size: ranks of the run (default: the ranks present in ``collectives``).
 
     Returns:
         Boolean Series aligned with ``collectives``.
@@ -114,6 +125,9 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None) -> pd.S
     ...                   "payload_bytes": [8, 4096, 16384]})
     >>> mark_main(c).tolist(), mark_main(c, image_bytes=4096).tolist()
     ([False, False, True], [False, True, False])
+    >>> g = c.assign(collective=["broadcast", "all_reduce", "all_gather"], payload_bytes=[8, 4096, 1100])
+    >>> mark_main(g, image_bytes=4096, world_size=4).tolist()  # 4 x 1100 >= 4096: the gather carries the image
+    [False, True, True]
     """
     if collectives.empty:
         return pd.Series([], dtype=bool, index=collectives.index)
@@ -125,6 +139,11 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None) -> pd.S
     is_main = per_seq == largest
     if image_bytes is not None:
         image = per_seq == float(image_bytes)
+        if K.COLLECTIVE in collectives:
+            n = world_size if world_size is not None else collectives[K.RANK].nunique()
+            gathering = collectives[K.COLLECTIVE].isin(GATHERING).fillna(False).astype(bool)
+            share = (per_seq * n >= float(image_bytes)) & (per_seq <= 2.0 * float(image_bytes))
+            image = image | (gathering & share)
         has_image = image.groupby(section_keys).transform("any")
         is_main = is_main.where(~has_image, image)
     return is_main.astype(bool)

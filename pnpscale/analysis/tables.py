@@ -40,7 +40,7 @@ def frames(
     colls = colls.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.SEQ: "int64",
                           K.COLLECTIVE: "string", K.START_S: "float64", K.DURATION_S: "float64",
                           K.PAYLOAD_BYTES: "Int64"})  # fmt: skip
-    colls[K.MAIN] = mark_main(colls, image_bytes)
+    colls[K.MAIN] = mark_main(colls, image_bytes, world_size=len(gathered))
     return ranks, colls
 
 

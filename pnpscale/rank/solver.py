@@ -5,9 +5,10 @@ Inference (one iteration = two sections)::
     gradient:  x <- x - gamma * sum_i A_i^T (A_i x - y_i)     (DistributedDataFidelity.grad)
     denoiser:  x <- D_sigma(x)                                 (DRUNet on overlapping tiles)
 
-Each section ends with one image-sized ``all_reduce`` (deepinv's reconciliation of ranks); the
-gradient also runs deepinv's three tiny shape/flag collectives. ``gamma = stepsize / L`` with
-``L`` the bound of :class:`~pnpscale.rank.problems.ProblemData`.
+Each section ends with one image-sized ``all_reduce`` (deepinv's reconciliation of ranks; with
+``solver.denoiser_collective=all_gather`` the denoiser's is an ``all_gather`` of the tile cores,
+see :mod:`pnpscale.rank.denoiser`); the gradient also runs deepinv's three tiny shape/flag
+collectives. ``gamma = stepsize / L`` with ``L`` the bound of :class:`~pnpscale.rank.problems.ProblemData`.
 
 Training (one step = two sections, see :class:`TrainingSolver`)::
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from pnpscale.rank.denoiser import tiled_denoiser
 from pnpscale.rank.problems import ProblemData, make_problem, measurements
 from pnpscale.rank.problems.base import resolve_impl
 from pnpscale.sweep.config import RunSpec
@@ -98,14 +100,11 @@ class _Distributed:
         if not train:
             net.requires_grad_(False).eval()
         self.net = net
-        self.denoiser = distribute(
+        self.denoiser = tiled_denoiser(
             net,
             ctx,
-            type_object="denoiser",
-            tiling_strategy=strategy,
-            tiling_dims=tiling_dims,
-            patch_size=spec.sizes["patch_size"],
-            overlap=spec.sizes["overlap"],
+            strategy,
+            collective=spec.denoiser_collective,
             max_batch_size=spec.sizes["max_batch_size"],
         )
         self.num_tiles = strategy.get_num_patches()

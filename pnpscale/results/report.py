@@ -13,8 +13,13 @@ choice is printed), then writes ``DIR/report/``::
     wait_ranks.parquet (per point x section x rank: compute, critical-path share, wait by cause, assignment)
     projection.png, projection.parquet, projection_validation.parquet, projection.md
                      (a (problem, mode) with >= 3 measured GPU counts: see pnpscale.results.projection)
+    compare.png, compare.parquet  (when the runs vary problem, solver.denoiser_collective or
+                     problem.num_operators: the values side by side per GPU count, pnpscale.results.compare)
     README.md        (a table per (problem, mode), the study's headline checks, why the ranks wait,
-                      transfer explained, the projection)
+                      transfer explained, the projection, the side-by-side comparison)
+
+A variant (a value of ``solver.denoiser_collective`` or ``problem.num_operators`` that the runs of one
+(problem, mode) vary) is its own series everywhere: ``2d denoiser_collective=all_gather``.
 """
 
 from __future__ import annotations
@@ -62,16 +67,18 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         NoRunsError: no run folder under ``path``.
     """
     from pnpscale.results.charts import CHARTS, save
+    from pnpscale.results.compare import labelled
 
     table = build_table(path, echo)
+    view = labelled(table)  # one series per (problem, variant)
     out = Path(out) if out is not None else Path(path) / layout.REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     for name, plot in CHARTS.items():
-        save(plot(table), out / name)
+        save(plot(view), out / name)
     files = {SUMMARY: lambda p: table.to_parquet(p, index=False)}
-    ranks = wait_ranks(table)
+    ranks = wait_ranks(view)
     files[WAIT_RANKS] = lambda p: ranks.to_parquet(p, index=False)
-    transfer = transfer_explained(table)
+    transfer = transfer_explained(view)
     charts = list(CHARTS)
     if transfer is not None:
         rows, rates = transfer
@@ -79,12 +86,13 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         charts.append(TRANSFER_PNG)
         files[TRANSFER] = lambda p: rows.to_parquet(p, index=False)
         files[RATES] = lambda p: rates.to_parquet(p, index=False)
+    extra = comparison_section(table, out, files)
     layout.commit_files(out, files)
-    projected = project_sweep(table, out)
+    projected = project_sweep(view, out)
     if projected:
         charts.append(layout.PROJECTION_PNG)
-    readme = markdown(table, charts, transfer, ranks, run_anomalies(table))
-    layout.atomic_write_text(out / README, "\n".join([readme, *projected]))
+    readme = markdown(view, charts, transfer, ranks, run_anomalies(view))
+    layout.atomic_write_text(out / README, "\n".join([readme, *projected, *extra]))
     return out
 
 
@@ -130,6 +138,20 @@ def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
     ]
 
 
+def comparison_section(table: pd.DataFrame, out: Path, files: dict[str, Callable[[Path], None]]) -> list[str]:
+    """The side-by-side comparison (:mod:`pnpscale.results.compare`) when a compared key varies:
+    draws ``compare.png``, adds ``compare.parquet`` to ``files``, returns the README lines."""
+    from pnpscale.results.charts import save
+    from pnpscale.results.compare import COMPARE, COMPARE_PNG, comparison, markdown, plot_comparison
+
+    cmp = comparison(table)
+    if cmp is None:
+        return []
+    save(plot_comparison(cmp), out / COMPARE_PNG)
+    files[COMPARE] = lambda p: cmp.to_parquet(p, index=False)
+    return markdown(cmp)
+
+
 def transfer_explained(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """Transfer table and rates per route of the complete multi-GPU inference runs, or ``None``.
 
@@ -143,7 +165,8 @@ def transfer_explained(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     dirs = sorted(set(runs["run_dir"]))
     if not dirs:
         return None
-    inputs = transfer_inputs(dirs)
+    label = runs.groupby("run_dir")["problem"].first()  # the series (problem and variant) of each run
+    inputs = pd.concat([transfer_inputs([d]).assign(**{K.PROBLEM: label[d]}) for d in dirs], ignore_index=True)
     if inputs.empty:
         return None
     rows = transfer_rows(inputs)

@@ -1,8 +1,11 @@
 """Finding run folders under any directory and loading them as one tidy table.
 
-A *point* is one (problem, mode, gpus). A directory may hold several sweeps and reruns: for each
-point the newest complete run wins (by ``finished_at``); a point with no complete run is kept as a
-failed/incomplete point so that charts and tables show it as missing instead of dropping it.
+A *point* is one (problem, mode, gpus), and its *variant* when the folder's runs differ in a
+:data:`~pnpscale.sweep.config.VARIANT_KEYS` key within one (problem, mode) (a sweep over
+``solver.denoiser_collective`` or ``problem.num_operators``: see :func:`variants`). A directory may
+hold several sweeps and reruns: for each point the newest complete run wins (by ``finished_at``); a
+point with no complete run is kept as a failed/incomplete point so that charts and tables show it as
+missing instead of dropping it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ RUN_COLUMNS = [
     "linestyle",
     "num_operators",
     "num_tiles",
+    "variant",
+    "denoiser_collective",
 ]
 #: Metric columns of :func:`load` (NaN for failed points; present even when no run completed).
 METRIC_COLUMNS = [
@@ -80,7 +85,7 @@ def discover(root: str | Path) -> pd.DataFrame:
     root = Path(root)
     if not root.is_dir():
         raise NoRunsError(f"{root}: no such directory")
-    rows = []
+    rows, configured = [], []  # configured: the variant keys as the run's spec set them
     folders = {p.parent for p in root.glob(f"**/{layout.RUN_JSON}")}
     folders |= {p for p in root.glob("**/gpus=*") if p.is_dir() and "mode=" in str(p)}
     for d in sorted(folders):
@@ -102,16 +107,52 @@ def discover(root: str | Path) -> pd.DataFrame:
             "nodes": run.get("nodes"),
             "world_size": run.get("world_size"),
             "linestyle": (run.get("spec") or {}).get("linestyle"),  # the problem's chart style
-            "num_operators": sum((run.get("assignment") or {}).get("operators_per_rank") or []) or None,
+            **_variant_fields(run.get("spec") or {}),
+            "num_operators": sum((run.get("assignment") or {}).get("operators_per_rank") or [])
+            or _variant_fields(run.get("spec") or {})["num_operators"],
             "num_tiles": (run.get("assignment") or {}).get("num_tiles"),
         }
         if None not in (row["problem"], row["mode"], row["gpus"]):
             rows.append(row)
+            configured.append(_variant_fields(run.get("spec") or {}))
     if not rows:
         raise NoRunsError(f"{root}: no run folders found (no run.json under it)")
     df = pd.DataFrame(rows)
     df["gpus"] = df["gpus"].astype("int64")
+    df["variant"] = variants(pd.DataFrame(configured, index=df.index).assign(problem=df["problem"], mode=df["mode"]))
     return df
+
+
+def _variant_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    """A run's values of the variant keys, from its ``run.json`` spec (defaults for older records)."""
+    ops = (spec.get("sizes") or {}).get("num_operators")
+    return {
+        "denoiser_collective": spec.get("denoiser_collective") or "all_reduce",
+        "num_operators": int(ops) if ops is not None else pd.NA,
+    }
+
+
+def variants(runs: pd.DataFrame) -> pd.Series:
+    """Each run's variant label: ``key=value`` for every variant key that takes several values
+    among the runs of its (problem, mode); ``""`` when none does (the plain point).
+
+    >>> df = pd.DataFrame({"problem": ["2d", "2d", "ct"], "mode": "inference",
+    ...                    "denoiser_collective": ["all_reduce", "all_gather", "all_reduce"],
+    ...                    "num_operators": [8, 8, 16]})
+    >>> variants(df).tolist()
+    ['denoiser_collective=all_reduce', 'denoiser_collective=all_gather', '']
+    """
+    from pnpscale.sweep.config import VARIANT_KEYS
+
+    label = pd.Series("", index=runs.index, dtype=object)
+    for key in VARIANT_KEYS:
+        if key not in runs:
+            continue
+        counts = runs.groupby(["problem", "mode"])[key].transform(lambda s: s.dropna().nunique())
+        varied = counts > 1
+        part = key + "=" + runs[key].astype(str)
+        label = label.where(~varied, (label + " " + part).str.strip())
+    return label
 
 
 def _mtime(d: Path) -> str:
@@ -123,11 +164,12 @@ def _mtime(d: Path) -> str:
 def select(runs: pd.DataFrame) -> Selection:
     """Newest complete run per point, else the newest failed/incomplete one (shown as missing)."""
     chosen, notes = [], []
-    for point, grp in runs.groupby(POINT, sort=True):
+    keys = POINT + (["variant"] if "variant" in runs else [])
+    for point, grp in runs.groupby(keys, sort=True):
         complete = grp[grp["status"] == layout.STATUS_COMPLETE].sort_values("finished_at")
         pick = complete.iloc[-1] if not complete.empty else grp.sort_values("finished_at").iloc[-1]
         if len(grp) > 1:
-            label = " ".join(f"{k}={v}" for k, v in zip(POINT, point, strict=True))
+            label = " ".join(f"{k}={v}" for k, v in zip(keys, point, strict=True) if v != "")
             kind = f"newest complete of {len(complete)}" if not complete.empty else "no complete run"
             notes.append(f"{label}: using {pick['run_dir']} ({kind}; {len(grp)} folders)")
         chosen.append(pick)

@@ -21,6 +21,12 @@ GROUP = ["problem", "mode"]
 ALL = "all"
 
 
+def group_keys(table: pd.DataFrame) -> list[str]:
+    """The series of a table: (problem, mode), plus ``variant`` when the table has that column
+    (:func:`pnpscale.results.runs.variants`: a sweep over a variant key makes one series per value)."""
+    return GROUP + (["variant"] if "variant" in table else [])
+
+
 def scaled_cost(tidy: pd.DataFrame) -> pd.DataFrame:
     """Scaled GPU-seconds per (problem, mode, gpus, section), relative to the smallest GPU count.
 
@@ -37,7 +43,7 @@ def scaled_cost(tidy: pd.DataFrame) -> pd.DataFrame:
     for col in ("baseline_gpus", "scaled_cost", "scaled_compute", "scaled_comm", "section_growth"):
         out[col] = np.nan
     complete = out["status"] == "complete"
-    for _, idx in out[complete].groupby(GROUP).groups.items():
+    for _, idx in out[complete].groupby(group_keys(out), dropna=False).groups.items():
         grp = out.loc[idx]
         n0 = grp["gpus"].min()
         base_all = grp[(grp["gpus"] == n0) & (grp[K.SECTION] == ALL)][K.GPU_SECONDS]

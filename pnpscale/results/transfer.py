@@ -249,6 +249,50 @@ def route_label(gpus: int, nodes: int, algorithm: str, transport: str | None = N
     return f"inter-node {algorithm.lower()}" + (f" over {transport}" if transport else "")
 
 
+def main_bytes_per_gpu(collectives: pd.DataFrame, gpus: int, nodes: int = 1, algorithm: str = "ring") -> float:
+    """Bytes each GPU moves per measured iteration for the main (image-carrying) collectives of a run.
+
+    Sum over the first rank's main collectives of the measured (non-warm-up) iterations of
+    :func:`bytes_per_gpu` (``algorithm``'s model, nccl-tests' size from :func:`nccl_tests_size`:
+    an all_gather's recorded payload is one rank's buffer), divided by the number of measured
+    iterations. An all_reduce of ``P`` bytes gives ``2·P·(n−1)/n``; the denoiser's all_gather of
+    per-rank buffers of ``L`` bytes gives ``n·L·(n−1)/n``.
+
+    Args:
+        collectives: the run's ``collectives.parquet`` (RANK, ITERATION, COLLECTIVE, PAYLOAD_BYTES, MAIN),
+            with WARMUP merged in from ``ranks.parquet`` (warm-up rows are skipped; without the column
+            every row counts).
+        gpus, nodes: ranks and nodes of the run.
+        algorithm: byte model (``ring`` by default: the model the report assumes without NCCL logs).
+
+    Returns:
+        bytes per GPU per iteration; 0.0 for one GPU; NaN when a main collective has no byte model
+        (e.g. the scatters that emulate a reduce_scatter on gloo) or its payload is unknown.
+
+    >>> c = pd.DataFrame({"rank": 0, "iteration": [1, 1], "collective": ["all_reduce", "all_gather"],
+    ...                   "payload_bytes": [4000, 1000], "main": True, "warmup": False})
+    >>> main_bytes_per_gpu(c, 4)  # 2·4000·3/4 + 4·1000·3/4
+    9000.0
+    """
+    if gpus <= 1:
+        return 0.0
+    rows = collectives[collectives[K.MAIN].astype(bool) & (collectives[K.RANK] == collectives[K.RANK].min())]
+    if K.WARMUP in rows:
+        rows = rows[~rows[K.WARMUP].astype(bool)]
+    iterations = rows[K.ITERATION].nunique()
+    if iterations == 0:
+        return math.nan
+    total = 0.0
+    for coll, payload in zip(rows[K.COLLECTIVE], rows[K.PAYLOAD_BYTES], strict=True):
+        if _na(payload):
+            return math.nan
+        try:
+            total += bytes_per_gpu(str(coll), nccl_tests_size(str(coll), float(payload), gpus), gpus, nodes, algorithm)
+        except ByteModelError:
+            return math.nan
+    return total / iterations
+
+
 # --- tables ----------------------------------------------------------------------------------
 
 

@@ -26,6 +26,10 @@ from omegaconf import MISSING
 MAX_GPUS = 64
 SCALES = ("paper", "small", "auto")
 BACKENDS = ("auto", "gloo", "nccl")
+#: How the tiled denoiser reconciles ranks (``solver.denoiser_collective``): ``all_reduce`` (deepinv's: every
+#: rank sums a zero image holding its tile cores, ring ``2·P·(n−1)/n`` bytes per GPU) or ``all_gather``
+#: (every rank gathers only the cores, ``P·(n−1)/n``; see :mod:`pnpscale.rank.denoiser`).
+DENOISER_COLLECTIVES = ("all_reduce", "all_gather")
 #: DRUNet downsamples three times by 2: tile windows must be a multiple of this.
 WINDOW_MULTIPLE = 8
 
@@ -149,6 +153,16 @@ class ClusterConfig:
 
 
 @dataclass
+class SolverConfig:
+    """How the distributed solver communicates (config node ``solver``).
+
+    ``denoiser_collective``: one of :data:`DENOISER_COLLECTIVES`.
+    """
+
+    denoiser_collective: str = "all_reduce"
+
+
+@dataclass
 class ProfileConfig:
     record_shapes: bool = True
     export_traces: bool = False
@@ -184,6 +198,7 @@ class Config:
     problem: ProblemConfig = field(default_factory=ProblemConfig)
     mode: ModeConfig = field(default_factory=ModeConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    solver: SolverConfig = field(default_factory=SolverConfig)
     gpus: int = 1
     scale: str = "auto"
     iterations: int = 3
@@ -198,10 +213,38 @@ class Config:
 
 
 def register_schema() -> None:
-    """Register :class:`Config` as ``pnpscale_schema`` in Hydra's ConfigStore (idempotent)."""
+    """Register :class:`Config` as ``pnpscale_schema`` in Hydra's ConfigStore, and the
+    ``pnpscale_variant`` resolver of ``conf/config.yaml``'s run folders (idempotent)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name="pnpscale_schema", node=Config)
+    if not OmegaConf.has_resolver("pnpscale_variant"):
+        OmegaConf.register_new_resolver("pnpscale_variant", variant_subdir)
+
+
+#: Keys that make a run a *variant* of its (problem, mode, gpus) point: a sweep may vary them, and the
+#: report compares the values side by side (``pnpscale.results.compare``).
+VARIANT_KEYS = ("denoiser_collective", "num_operators")
+
+
+def variant_subdir(denoiser_collective: Any = "all_reduce", num_operators: Any = None) -> str:
+    """The run folder's variant part: ``""`` for the defaults, else ``/key=value`` per non-default key.
+
+    Used as ``problem=.../mode=...${pnpscale_variant:...}/gpus=...`` in ``conf/config.yaml``, so the
+    points of a sweep over ``solver.denoiser_collective`` or ``problem.num_operators`` get their own
+    folders while default runs keep ``problem=P/mode=M/gpus=N``. ``num_operators`` appears when it
+    is set explicitly (not ``null``, i.e. not taken from the scale preset).
+
+    >>> variant_subdir("all_reduce", None), variant_subdir("all_gather", None), variant_subdir("all_reduce", 2)
+    ('', '/denoiser_collective=all_gather', '/num_operators=2')
+    """
+    parts = []
+    if denoiser_collective not in (None, "all_reduce"):
+        parts.append(f"denoiser_collective={denoiser_collective}")
+    if num_operators is not None:
+        parts.append(f"num_operators={num_operators}")
+    return "".join("/" + p for p in parts)
 
 
 # --------------------------------------------------------------------------------------
@@ -249,6 +292,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "warmup": _int_in(0),
     "seed": _int_in(0),
     "dist.backend": _one_of(BACKENDS),
+    "solver.denoiser_collective": _one_of(DENOISER_COLLECTIVES),
     "dist.timeout_s": _positive_float(),
     "inject.delay_s": _non_negative_float(),
     "dist.threads_per_rank": (lambda v: v is None or _int_in(1)[0](v), "must be an integer >= 1, or null"),
@@ -469,6 +513,7 @@ class RunSpec:
     export_traces: bool
     inject: dict[str, Any]
     save_reconstruction: bool
+    denoiser_collective: str = "all_reduce"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -518,6 +563,7 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
         export_traces=bool(cfg["profile"]["export_traces"]),
         inject=dict(cfg["inject"]),
         save_reconstruction=bool(cfg["output"]["save_reconstruction"]),
+        denoiser_collective=str(cfg["solver"]["denoiser_collective"]),
     )
 
 

@@ -24,13 +24,13 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def label(problem: str, mode: str, gpus: int) -> str:
-    """How logs and reports name a point.
+def label(problem: str, mode: str, gpus: int, variant: str = "") -> str:
+    """How logs and reports name a point (``variant``: e.g. ``denoiser_collective=all_gather``).
 
-    >>> label("2d", "inference", 4)
-    'problem=2d mode=inference gpus=4'
+    >>> label("2d", "inference", 4), label("2d", "inference", 4, "denoiser_collective=all_gather")
+    ('problem=2d mode=inference gpus=4', 'problem=2d mode=inference denoiser_collective=all_gather gpus=4')
     """
-    return f"problem={problem} mode={mode} gpus={gpus}"
+    return f"problem={problem} mode={mode} {variant + ' ' if variant else ''}gpus={gpus}"
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,9 @@ class Point:
 
     @property
     def label(self) -> str:
-        return label(self.spec.problem, self.spec.mode, self.spec.gpus)
+        coll = self.spec.denoiser_collective
+        variant = f"denoiser_collective={coll}" if coll != "all_reduce" else ""
+        return label(self.spec.problem, self.spec.mode, self.spec.gpus, variant)
 
 
 _RESOLVED: dict[tuple[str, str, int | None], Point] = {}

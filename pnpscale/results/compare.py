@@ -1,0 +1,243 @@
+"""The remedies side by side: when a sweep varies ``problem``, ``solver.denoiser_collective`` or
+``problem.num_operators``, one row per (mode, value, GPU count) with what each value costs.
+
+Keys that vary (:func:`varied_keys`): ``problem`` when a mode's runs hold several problems; a
+variant key (:data:`pnpscale.sweep.config.VARIANT_KEYS`) when it takes several values among the
+runs of one (problem, mode) (:func:`pnpscale.results.runs.variants`). A *series* is one problem and
+variant (``2d``, ``2d denoiser_collective=all_gather``, ``ct``); the first series of a mode in
+order (``all_reduce`` before ``all_gather``, problems and operator counts sorted) is the baseline.
+
+Per series and GPU count (:func:`comparison`, seconds per measured iteration summed over
+sections): section time, transfer, wait, LB, CommE, scaled cost (GPU-seconds relative to the
+series' own smallest GPU count) and bytes per GPU (the main collectives under the ring model,
+:func:`pnpscale.results.transfer.main_bytes_per_gpu`), with section time, transfer and bytes
+relative to the baseline series at the same GPU count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from pnpscale import columns as K
+from pnpscale import layout
+
+ALL = "all"
+COMPARE_PNG = "compare.png"
+COMPARE = layout.COMPARE
+#: Report columns -> (label, format) of the comparison's markdown.
+_SHOW = {
+    K.SECTION_S: ("section s", ".4g"),
+    K.TRANSFER_S: ("transfer s", ".4g"),
+    K.WAIT_S: ("wait s", ".4g"),
+    K.LB: ("LB", ".3f"),
+    K.COMM_E: ("CommE", ".3f"),
+    K.SCALED_COST: ("scaled cost", ".3f"),
+}
+
+
+def series_label(problem: str, variant: object) -> str:
+    """``problem`` plus its variant, if any.
+
+    >>> series_label("2d", ""), series_label("2d", "denoiser_collective=all_gather")
+    ('2d', '2d denoiser_collective=all_gather')
+    """
+    return f"{problem} {variant}" if isinstance(variant, str) and variant else str(problem)
+
+
+def labelled(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with each variant folded into ``problem`` (``2d denoiser_collective=all_gather``),
+    so that views keyed by (problem, mode) draw one series per variant."""
+    if K.VARIANT not in table or not table[K.VARIANT].astype(bool).any():
+        return table
+    out = table.copy()
+    out["problem"] = [series_label(p, v) for p, v in zip(out["problem"], out[K.VARIANT], strict=True)]
+    return out
+
+
+def varied_keys(table: pd.DataFrame) -> list[str]:
+    """The compared keys that vary in ``table`` (``problem``, ``denoiser_collective``, ``num_operators``).
+
+    >>> t = pd.DataFrame({"problem": ["2d", "ct"], "mode": "inference", "variant": ""})
+    >>> varied_keys(t)
+    ['problem']
+    """
+    keys = []
+    if (table.groupby("mode")["problem"].nunique() > 1).any():
+        keys.append("problem")
+    if K.VARIANT in table:
+        for v in table[K.VARIANT].dropna().astype(str):
+            for part in v.split():
+                key = part.split("=", 1)[0]
+                if key not in keys:
+                    keys.append(key)
+    return keys
+
+
+def _order(series: pd.Series) -> list[str]:
+    """Series in baseline-first order: all_reduce before all_gather, else sorted (numbers numerically)."""
+
+    def key(label: str) -> tuple:
+        parts = label.replace("denoiser_collective=all_reduce", "denoiser_collective=0").split()
+        return tuple((0, int(p.split("=")[1])) if p.split("=")[-1].isdigit() else (1, p) for p in parts)
+
+    return sorted(dict.fromkeys(series), key=key)
+
+
+def run_bytes_per_gpu(run_dir: str | Path, gpus: int, nodes: int) -> float:
+    """Bytes per GPU per measured iteration of a run folder's main collectives (ring model); NaN when unknown."""
+    from pnpscale.results.transfer import main_bytes_per_gpu
+
+    d = Path(run_dir)
+    if gpus <= 1:
+        return 0.0
+    try:
+        colls = pd.read_parquet(d / layout.COLLECTIVES)
+        ranks = pd.read_parquet(d / layout.RANKS, columns=[K.ITERATION, K.WARMUP])
+    except (FileNotFoundError, OSError):
+        return float("nan")
+    warm = ranks.groupby(K.ITERATION)[K.WARMUP].first()
+    colls = colls.assign(**{K.WARMUP: colls[K.ITERATION].map(warm).fillna(False).astype(bool)})
+    return main_bytes_per_gpu(colls, int(gpus), int(nodes or 1))
+
+
+def comparison(table: pd.DataFrame) -> pd.DataFrame | None:
+    """The side-by-side table (columns :data:`pnpscale.columns.COMPARE_COLUMNS`), or ``None`` when no
+    compared key varies.
+
+    Args:
+        table: :func:`pnpscale.results.summary.scaled_cost` output of
+            :func:`pnpscale.results.runs.load` (``variant`` column, section ``all`` rows).
+
+    Returns:
+        one row per (mode, series, gpus), baseline series first; failed points kept with NaN
+        metrics and their status. ``*_vs_base`` = the value / the baseline series' value at the
+        same GPU count (NaN where either is missing or zero).
+    """
+    varied = varied_keys(table)
+    if not varied:
+        return None
+    rows = table[table[K.SECTION] == ALL].copy()
+    variant = rows[K.VARIANT] if K.VARIANT in rows else pd.Series("", index=rows.index)
+    rows[K.SERIES] = [series_label(p, v) for p, v in zip(rows["problem"], variant, strict=True)]
+    rows[K.BYTES_PER_GPU] = [
+        run_bytes_per_gpu(d, g, n) if s == layout.STATUS_COMPLETE else np.nan
+        for d, g, n, s in zip(rows["run_dir"], rows["gpus"], rows["nodes"].fillna(1), rows["status"], strict=True)
+    ]
+    frames = []
+    for _, grp in rows.groupby("mode", sort=True):
+        order = _order(grp[K.SERIES])
+        grp = grp.assign(_o=grp[K.SERIES].map({s: i for i, s in enumerate(order)})).sort_values(["_o", "gpus"])
+        base = grp[grp[K.SERIES] == order[0]].set_index("gpus")
+        for col, ratio in ((K.SECTION_S, K.SECTION_VS_BASE), (K.TRANSFER_S, K.TRANSFER_VS_BASE),
+                           (K.BYTES_PER_GPU, K.BYTES_VS_BASE)):  # fmt: skip
+            ref = grp["gpus"].map(base[col]).astype("float64")
+            with np.errstate(divide="ignore", invalid="ignore"):
+                grp[ratio] = np.where(ref > 0, grp[col].astype("float64") / ref, np.nan)
+        grp[K.VARIED] = ", ".join(varied)
+        frames.append(grp)
+    out = pd.concat(frames, ignore_index=True)
+    return out[list(K.COMPARE_COLUMNS)].reset_index(drop=True)
+
+
+def savings(cmp: pd.DataFrame) -> list[str]:
+    """One sentence per non-baseline series at its largest GPU count shared with the baseline."""
+    lines = []
+    for mode, grp in cmp.groupby(K.MODE, sort=False):
+        order = list(dict.fromkeys(grp[K.SERIES]))
+        base = grp[(grp[K.SERIES] == order[0]) & (grp["status"] == layout.STATUS_COMPLETE)].set_index(K.GPUS)
+        for series in order[1:]:
+            s = grp[(grp[K.SERIES] == series) & (grp["status"] == layout.STATUS_COMPLETE)].set_index(K.GPUS)
+            shared = sorted(set(s.index) & set(base.index))
+            if not shared:
+                lines.append(f"{mode}: `{series}` and `{order[0]}` share no complete GPU count: nothing to compare.")
+                continue
+            n = shared[-1]
+            a, b = s.loc[n], base.loc[n]
+            saved = b[K.SECTION_S] - a[K.SECTION_S]
+            text = (
+                f"{mode}, {n} GPUs: `{series}` takes {a[K.SECTION_S]:.4g} s per iteration vs {b[K.SECTION_S]:.4g} s "
+                f"for `{order[0]}` ({'saves' if saved >= 0 else 'costs'} {abs(saved):.4g} s, "
+                f"{100 * abs(saved) / b[K.SECTION_S]:.0f}%); "
+                f"transfer {a[K.TRANSFER_S]:.4g} s vs {b[K.TRANSFER_S]:.4g} s"
+            )
+            if pd.notna(a[K.BYTES_PER_GPU]) and pd.notna(b[K.BYTES_PER_GPU]) and b[K.BYTES_PER_GPU] > 0:
+                text += f"; bytes per GPU {a[K.BYTES_PER_GPU] / b[K.BYTES_PER_GPU]:.2f}x"
+            text += f"; wait {a[K.WAIT_S]:.4g} s vs {b[K.WAIT_S]:.4g} s; LB {a[K.LB]:.3f} vs {b[K.LB]:.3f}."
+            lines.append(text)
+    return lines
+
+
+def markdown(cmp: pd.DataFrame) -> list[str]:
+    """The comparison's README section: a table per mode and :func:`savings`."""
+
+    def fmt(v: object, pattern: str) -> str:
+        return "—" if v is None or (isinstance(v, float) and not np.isfinite(v)) or pd.isna(v) else format(v, pattern)
+
+    varied = cmp[K.VARIED].iloc[0]
+    lines = [
+        f"## Side by side: {varied}",
+        "",
+        f"![{COMPARE_PNG}]({COMPARE_PNG})",
+        "",
+        "Seconds per measured iteration summed over sections; scaled cost relative to each series' own smallest "
+        "GPU count; bytes per GPU = the main (image-carrying) collectives under the ring model "
+        "(all_reduce `2·P·(n−1)/n`, all_gather `S·(n−1)/n` with `S` = ranks × per-rank buffer); "
+        "`vs base` = ratio to the first series at the same GPU count. Table: `compare.parquet`.",
+        "",
+    ]
+    for mode, grp in cmp.groupby(K.MODE, sort=False):
+        status = grp["status"].where(grp["status"] == layout.STATUS_COMPLETE, "missing (" + grp["status"] + ")")
+        view = pd.DataFrame(
+            {
+                "series": grp[K.SERIES],
+                "gpus": grp[K.GPUS],
+                "status": status,
+                **{label: grp[col].map(lambda v, p=p: fmt(v, p)) for col, (label, p) in _SHOW.items()},
+                "bytes/GPU": grp[K.BYTES_PER_GPU].map(lambda v: "—" if pd.isna(v) else f"{round(v):,}"),
+                "section vs base": grp[K.SECTION_VS_BASE].map(lambda v: fmt(v, ".2f")),
+                "bytes vs base": grp[K.BYTES_VS_BASE].map(lambda v: fmt(v, ".2f")),
+            }
+        )
+        lines += [f"### {mode}", "", view.to_markdown(index=False), ""]
+    lines += [f"- {s}" for s in savings(cmp)]
+    if "problem" in varied:
+        lines.append(
+            "- Different problems hold different signals and operators: compare how each scales (scaled cost, LB, "
+            "CommE, wait), not their seconds."
+        )
+    return lines + [""]
+
+
+def plot_comparison(cmp: pd.DataFrame) -> Figure:
+    """Each compared metric vs GPU count, one line per (mode, series); bytes per GPU on a log axis."""
+    from pnpscale.results.charts import _figure, _log2_x
+
+    metrics = [*_SHOW.items(), (K.BYTES_PER_GPU, ("bytes per GPU", ""))]
+    fig, axes = _figure(2, 4, (18, 8))
+    flat = axes.ravel()
+    all_gpus = sorted({int(g) for g in cmp[K.GPUS]})
+    keys = list(dict.fromkeys(zip(cmp[K.MODE], cmp[K.SERIES], strict=True)))
+    styles = ("-", "--", ":", "-.")
+    for ax, (col, (label, _)) in zip(flat, metrics, strict=False):
+        for i, (mode, series) in enumerate(keys):
+            g = cmp[(cmp[K.MODE] == mode) & (cmp[K.SERIES] == series)].set_index(K.GPUS)[col].reindex(all_gpus)
+            y = g.to_numpy(dtype=float)
+            if col == K.BYTES_PER_GPU:
+                y = np.where(y > 0, y, np.nan)
+            ax.plot(all_gpus, y, marker="o", color=f"C{i % 10}", ls=styles[i % 4], label=f"{mode}: {series}")
+        _log2_x(ax, all_gpus)
+        if col in (K.LB, K.COMM_E):
+            ax.set_ylim(0, 1.05)
+        if col == K.BYTES_PER_GPU and (cmp[col] > 0).any():
+            ax.set_yscale("log")
+        ax.set_title(label)
+    handles, labels = flat[0].get_legend_handles_labels()
+    flat[-1].axis("off")
+    flat[-1].legend(handles, labels, loc="center", fontsize=9)
+    fig.suptitle(f"Side by side: {cmp[K.VARIED].iloc[0]} (seconds per iteration; scaled cost, LB, CommE: ratios)")
+    fig.tight_layout()
+    return fig

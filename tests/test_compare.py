@@ -1,0 +1,99 @@
+"""The report's side-by-side comparison when a sweep varies a compared key (synthetic sweeps)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from pnpscale import columns as K
+from pnpscale import layout
+from pnpscale.results.compare import COMPARE_PNG, comparison
+from pnpscale.results.report import build_table, write_report
+from pnpscale.results.runs import discover
+from pnpscale.sweep.config import variant_subdir
+from tests.test_report import PNG_MAGIC, fake_run
+
+IMAGE = 3 * 32 * 32 * 4
+
+
+def _dir(root, problem, gpus, collective="all_reduce", num_operators=None):
+    return root / f"problem={problem}/mode=inference{variant_subdir(collective, num_operators)}/gpus={gpus}"
+
+
+@pytest.fixture(scope="module")
+def collective_sweep(tmp_path_factory):
+    """gpus=1,2,4 x denoiser_collective=all_reduce,all_gather; the all_gather's transfer is half."""
+    root = tmp_path_factory.mktemp("cmp") / "sweep"
+    for coll in ("all_reduce", "all_gather"):
+        fake_run(_dir(root, "2d", 1, coll), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]},
+                 denoiser_collective=coll)  # fmt: skip
+        for g in (2, 4):
+            den = 0.4 if coll == "all_reduce" else 0.2
+            # the all_gather records one rank's buffer: the cores of its tiles, P / g here
+            kinds = {"denoiser": (coll, IMAGE if coll == "all_reduce" else IMAGE // g)}
+            times = {"gradient": [(0.6, 0.1)] * g, "denoiser": [(1.0 + den, den)] * g}
+            fake_run(_dir(root, "2d", g, coll), "2d", "inference", times, kinds, denoiser_collective=coll)
+    return root
+
+
+def test_variant_discovered_from_run_json(collective_sweep):
+    runs = discover(collective_sweep)
+    assert set(runs["variant"]) == {"denoiser_collective=all_reduce", "denoiser_collective=all_gather"}
+    assert len(runs) == 6  # both values kept at every GPU count, never one replacing the other
+
+
+def test_side_by_side_table_halves_the_bytes(collective_sweep):
+    cmp = comparison(build_table(collective_sweep, echo=lambda _: None))
+    assert cmp is not None and set(cmp[K.VARIED]) == {"denoiser_collective"}
+    assert list(cmp.columns) == list(K.COMPARE_COLUMNS)
+    assert cmp[K.SERIES].iloc[0] == "2d denoiser_collective=all_reduce"  # the baseline first
+    ag = cmp[cmp[K.SERIES].str.endswith("all_gather")].set_index(K.GPUS)
+    # gradient all_reduce 2P(n-1)/n + denoiser: all_reduce 2P(n-1)/n vs all_gather P(n-1)/n
+    for g in (2, 4):
+        ar_bytes = 2 * (2 * IMAGE * (g - 1) / g)
+        assert ag.loc[g, K.BYTES_PER_GPU] == pytest.approx(0.75 * ar_bytes)
+        assert ag.loc[g, K.BYTES_VS_BASE] == pytest.approx(0.75)
+        assert ag.loc[g, K.TRANSFER_S] == pytest.approx(0.3) and ag.loc[g, K.TRANSFER_VS_BASE] == pytest.approx(0.6)
+    assert ag.loc[1, K.BYTES_PER_GPU] == 0.0 and pd.isna(ag.loc[1, K.BYTES_VS_BASE])
+
+
+def test_report_writes_comparison_and_transfer_knows_all_gather(collective_sweep, tmp_path):
+    out = write_report(collective_sweep, tmp_path / "rep", echo=lambda _: None)
+    assert (out / COMPARE_PNG).read_bytes()[:8] == PNG_MAGIC
+    assert len(pd.read_parquet(out / layout.COMPARE)) == 6
+    readme = (out / layout.REPORT_README).read_text()
+    assert "## Side by side: denoiser_collective" in readme
+    assert "4 GPUs: `2d denoiser_collective=all_gather` takes" in readme and "bytes per GPU 0.75x" in readme
+    assert "## 2d denoiser_collective=all_gather inference" in readme  # every series keeps its own table
+    transfer = pd.read_parquet(out / layout.TRANSFER)
+    den = transfer[transfer[K.SECTION] == "denoiser"].set_index([K.PROBLEM, K.GPUS])
+    for g in (2, 4):
+        ar = den.loc[("2d denoiser_collective=all_reduce", g)]
+        ag = den.loc[("2d denoiser_collective=all_gather", g)]
+        assert ag[K.COLLECTIVE] == "all_gather" and ag[K.PAYLOAD_BYTES] == IMAGE  # nccl-tests' size: g x buffer
+        assert ag[K.BYTES_PER_GPU] == pytest.approx(ar[K.BYTES_PER_GPU] / 2)
+
+
+def test_problem_and_num_operators_comparisons(tmp_path):
+    root = tmp_path / "sweep"
+    for problem, ops in (("2d", 2), ("3d", None)):
+        for g in (1, 4):
+            times = {"gradient": [(1.0, 0.0)] * g, "denoiser": [(1.0, 0.0)] * g}
+            extra = {"sizes": {"num_operators": ops}} if ops else {}
+            fake_run(_dir(root, problem, g, num_operators=ops), problem, "inference", times, **extra)
+    table = build_table(root, echo=lambda _: None)
+    cmp = comparison(table)
+    assert set(cmp[K.VARIED]) == {"problem"} and list(dict.fromkeys(cmp[K.SERIES])) == ["2d", "3d"]
+    fake_run(_dir(root, "2d", 4, num_operators=8), "2d", "inference",
+             {"gradient": [(1.0, 0.0)] * 4, "denoiser": [(1.0, 0.0)] * 4})  # fmt: skip
+    cmp = comparison(build_table(root, echo=lambda _: None))
+    assert set(cmp[K.VARIED]) == {"problem, num_operators"}
+    assert "2d num_operators=2" in set(cmp[K.SERIES]) and "2d num_operators=8" in set(cmp[K.SERIES])
+
+
+def test_no_comparison_without_a_varied_key(tmp_path):
+    root = tmp_path / "sweep"
+    fake_run(_dir(root, "2d", 1), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(1.0, 0.0)]})
+    assert comparison(build_table(root, echo=lambda _: None)) is None
+    out = write_report(root, tmp_path / "rep", echo=lambda _: None)
+    assert not (out / COMPARE_PNG).exists() and "Side by side" not in (out / layout.REPORT_README).read_text()

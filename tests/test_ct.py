@@ -1,0 +1,132 @@
+"""``problem=ct``: interleaved angle blocks, exact split, a correct step-size bound, distributed gradient."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+
+from pnpscale.rank.problems import make_problem
+from pnpscale.rank.problems.ct import angle_blocks
+from pnpscale.sweep.cli import compose_config
+from pnpscale.sweep.config import resolve_spec
+
+TINY_CT = ["problem=ct", "scale=small", "problem.image_size=32", "problem.num_operators=8", "problem.patch_size=8",
+           "problem.overlap=4", "problem.nc=[4,8,8,8]"]  # fmt: skip
+
+
+def _spec(*overrides: str):
+    return resolve_spec(compose_config([*TINY_CT, *overrides]), cuda_available=False)
+
+
+def test_paper_and_small_presets():
+    paper = resolve_spec(compose_config(["problem=ct", "scale=paper"]), cuda_available=False)
+    assert (paper.sizes["image_size"], paper.sizes["num_operators"], paper.channels) == (1024, 64, 1)
+    assert make_problem(paper).num_angles == 1024
+    small = resolve_spec(compose_config(["problem=ct", "scale=small"]), cuda_available=False)
+    assert (small.sizes["image_size"], small.sizes["num_operators"]) == (128, 16)
+    train = resolve_spec(compose_config(["problem=ct", "scale=paper", "mode=training"]), cuda_available=False)
+    assert (train.sizes["image_size"], train.sizes["num_operators"], train.sizes["unroll"]) == (512, 64, 2)
+
+
+def test_blocks_interleave_and_cover_every_angle_once():
+    blocks = angle_blocks(32, 8)
+    assert sorted(i for b in blocks for i in b) == list(range(32)) and blocks[1] == [1, 9, 17, 25]
+
+
+def test_split_is_exact_and_lipschitz_bounds_the_normal_operator():
+    """Sum over blocks of A_i^T A_i (unnormalised) = the full scan's A^T A; with deepinv's per-block
+    normalisation, the power-iteration norm of sum_i A_i^T A_i stays <= L = M (and close to it)."""
+    from deepinv.physics import Tomography
+
+    spec = _spec()
+    problem = make_problem(spec)
+    x = torch.rand(1, 1, 32, 32, generator=torch.Generator().manual_seed(1))
+    full = Tomography(angles=problem.angles_deg(), img_width=32, normalize=False)
+    blocks = [Tomography(angles=problem.angles_deg()[b], img_width=32, normalize=False) for b in angle_blocks(32, 8)]
+    split = sum(op.A_adjoint(op.A(x)) for op in blocks)
+    whole = full.A_adjoint(full.A(x))
+    assert torch.allclose(split, whole, rtol=1e-4, atol=1e-4 * whole.abs().max())
+    ops = [problem.operator(i, torch.device("cpu")) for i in range(8)]
+    v = torch.randn(1, 1, 32, 32, generator=torch.Generator().manual_seed(2))
+    for _ in range(60):
+        v = sum(op.A_adjoint(op.A(v)) for op in ops)
+        norm = v.norm()
+        v = v / norm
+    assert 0.5 * problem.lipschitz() < float(norm) <= problem.lipschitz() * 1.01
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+    from deepinv.distributed import DistributedContext, distribute
+    from deepinv.optim.data_fidelity import L2
+
+    from pnpscale.rank.problems import measurements
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    if world > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    hidden = {} if world > 1 else {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE")}
+    spec = _spec()
+    with DistributedContext(backend="gloo", cleanup=False, device_mode="cpu") as ctx:
+        data = make_problem(spec).build(ctx.device)
+        physics = distribute(data.factory, ctx, num_operators=data.num_operators, type_object="linear_physics")
+        fidelity = distribute(lambda i, d, kw: L2(), ctx, num_operators=data.num_operators, type_object="data_fidelity")
+        y = measurements(data, physics.local_physics, physics.local_indexes, spec.noise_sigma, spec.seed)
+        x = torch.rand(data.x_true.shape, generator=torch.Generator().manual_seed(3))
+        grad = fidelity.grad(x, y, physics)
+    os.environ.update(hidden)
+    if world > 1:
+        dist.destroy_process_group()
+    torch.save({"grad": grad, "local": list(physics.local_indexes)}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+@pytest.mark.slow
+def test_distributed_gradient_equals_single_process(tmp_path):
+    """deepinv's distributed data-fidelity gradient (sum over ranks of their angle blocks) on 3 gloo ranks
+    equals the 1-process gradient over all blocks."""
+    import torch.multiprocessing as mp
+
+    out = {}
+    for world in (1, 3):
+        d = tmp_path / f"w{world}"
+        d.mkdir()
+        mp.start_processes(_rank, args=(world, _free_port(), str(d)), nprocs=world, start_method="fork")
+        out[world] = [torch.load(d / f"rank{r}.pt") for r in range(world)]
+    assert [r["local"] for r in out[3]] == [[0, 3, 6], [1, 4, 7], [2, 5]]
+    single = out[1][0]["grad"]
+    for r in out[3]:
+        assert float((r["grad"] - single).norm() / single.norm()) < 1e-5
+
+
+@pytest.mark.slow
+def test_angle_blocks_keep_the_gradient_balanced_where_two_operators_cannot(tmp_path):
+    """gpus=4: ct with 16 angle blocks (4 per rank) keeps the gradient's LB >= 0.9; 2d with 2 operators
+    leaves two ranks without an operator: LB about 0.5 (the study's wall, and its remedy).
+
+    With fewer CPU cores than ranks the 4 ranks time-share the cores and the measured compute of equal
+    work differs by whole scheduler slices (seen: 0.82..0.93 on 2 loaded cores); there the test asks
+    LB >= 0.75 and a clear margin over 2d, and says so.
+    """
+    from tests.helpers import TINY_2D, read_run, run_cli, run_dirs
+
+    common = ["gpus=4", "iterations=3", "warmup=1", "report=false"]
+    ct = ["problem=ct", "scale=small", "problem.num_operators=16", "problem.params.angles_per_pixel=2",
+          "problem.patch_size=56", "problem.nc=[4,8,8,8]"]  # fmt: skip
+    two_d = [o for o in TINY_2D if not o.startswith(("problem.num_operators", "iterations", "warmup"))]
+    for overrides in (ct, [*two_d, "problem.num_operators=2"]):
+        proc = run_cli(*common, *overrides, root=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    lb = {read_run(d)["problem"]: read_run(d)["metrics"]["sections"]["gradient"]["lb"] for d in run_dirs(tmp_path)}
+    enough_cores = len(os.sched_getaffinity(0)) >= 4
+    assert lb["ct"] >= (0.9 if enough_cores else 0.75), (lb, f"{len(os.sched_getaffinity(0))} cores for 4 ranks")
+    assert 0.35 <= lb["2d"] <= 0.7 and lb["ct"] - lb["2d"] >= 0.2, lb
