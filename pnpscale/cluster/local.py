@@ -107,14 +107,21 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     Returns:
         each local rank's return value.
 
+    torch elastic installs its own SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers while the ranks run (a
+    signal then stops every rank and raises its ``SignalException``); the handlers in place before
+    are put back on return, whatever happened (:func:`pnpscale.sweep.signals.preserved`). Each rank
+    dies with this process, even a SIGKILL of it (:data:`PARENT_PID_ENV`).
+
     Raises:
         RankFailed: a rank raised (its message) or died (its exit code).
+        SignalException: torch elastic's, for a signal received while the ranks ran (every rank stopped).
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from pnpscale.rank.worker import KINETO_LOG_LEVEL, LAUNCH_T0_ENV
+    from pnpscale.rank.worker import KINETO_LOG_LEVEL, LAUNCH_T0_ENV, PARENT_PID_ENV
+    from pnpscale.sweep.signals import preserved
 
     log_dir.mkdir(parents=True, exist_ok=True)
     launch_cfg = LaunchConfig(
@@ -134,6 +141,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
         LAUNCH_T0_ENV: repr(time.time()),
+        PARENT_PID_ENV: str(os.getpid()),
         "KINETO_LOG_LEVEL": os.environ.get("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
@@ -141,7 +149,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     level = elastic_log.level
     elastic_log.setLevel(logging.CRITICAL)  # the rank's error is re-raised below, once
     try:
-        with _environ(**env):
+        with _environ(**env), preserved():
             return elastic_launch(launch_cfg, entrypoint)(*args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()

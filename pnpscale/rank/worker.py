@@ -24,6 +24,23 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from pnpscale import layout
 
 LAUNCH_T0_ENV = "PNPSCALE_LAUNCH_T0"
+#: Set by the local launcher to its pid: each rank asks the kernel to kill it when that process dies.
+PARENT_PID_ENV = "PNPSCALE_PARENT_PID"
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``), and exit
+    now if ``parent_pid`` is already gone: no rank outlives a launcher killed even by SIGKILL."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: the elastic agent still stops the ranks it can
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 class InjectedFailure(RuntimeError):
@@ -359,6 +376,8 @@ def rank_main(
 
     from pnpscale.sweep.config import RunSpec
 
+    if PARENT_PID_ENV in os.environ:
+        die_with_parent(int(os.environ[PARENT_PID_ENV]))
     spec = RunSpec(**spec_dict)
     local_ws = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads = threads_per_rank(spec.threads_per_rank, local_ws)

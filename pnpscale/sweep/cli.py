@@ -175,3 +175,22 @@ def _show(ov: Any) -> str:
         return ov.get_value_element_as_str()
     except Exception:  # noqa: BLE001
         return "?"
+
+
+def resume_command(
+    task_overrides: Sequence[str], hydra_overrides: Sequence[str], folder: Path | str, key: str = "hydra.sweep.dir"
+) -> str:
+    """The command that runs a sweep (``key="hydra.sweep.dir"``) or a single run (``"hydra.run.dir"``)
+    again into ``folder``: complete points are skipped (``resume=true``, the default).
+
+    >>> resume_command(["gpus=1,2,4,8", "cluster=slurm", "resume=true"], ["hydra.mode=MULTIRUN"], "/o/2026")
+    'python -m pnpscale -m gpus=1,2,4,8 cluster=slurm hydra.sweep.dir=/o/2026'
+    >>> resume_command(["gpus=2"], [], "/o/r", key="hydra.run.dir")
+    'python -m pnpscale gpus=2 hydra.run.dir=/o/r'
+    """
+    import shlex
+
+    keep = [o for o in task_overrides if not o.startswith("resume=")]
+    keep += [o for o in hydra_overrides if not o.startswith(("hydra.mode=", f"{key}="))]
+    multirun = ["-m"] if key == "hydra.sweep.dir" else []
+    return shlex.join(["python", "-m", "pnpscale", *multirun, *keep, f"{key}={folder}"])
