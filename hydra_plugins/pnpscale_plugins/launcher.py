@@ -66,6 +66,7 @@ def validate_points(
     Raises:
         SweepConfigError: one line per bad point (exit code 2); nothing was launched.
     """
+    from pnpscale.sweep.cli import check_hydra_override
     from pnpscale.sweep.config import ConfigError
 
     composed, seen = [], {}
@@ -77,6 +78,11 @@ def validate_points(
         except ConfigError as exc:
             problems.setdefault(str(exc), []).append(_label(overrides))
         sub = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
+        for key, value in (("hydra.sweep.subdir", sub), ("hydra.job.name", OmegaConf.select(cfg, "hydra.job.name"))):
+            try:
+                check_hydra_override(key, value)
+            except ConfigError as exc:
+                problems.setdefault(str(exc), []).append(_label(overrides))
         if sub in seen:
             msg = (
                 f"hydra.sweep.subdir={sub}: two points would write the same run folder; add the swept key "
