@@ -246,12 +246,11 @@ def read_sections(path: Path, base: Path) -> pd.DataFrame:
     missing = [c for c in SECTIONS_REQUIRED if c not in sections]
     if missing:
         raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+    from pnpscale.analysis.tables import complete_sections
+
     for key, value in keys.items():
         sections[key] = value
-    for col in K.SECTIONS_COLUMNS:
-        if col not in sections:
-            sections[col] = pd.NA if col == K.MAIN_COLLECTIVE else float("nan")
-    return sections
+    return complete_sections(sections)
 
 
 def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | None, dict[str, str]]:
