@@ -47,7 +47,9 @@ print(kb["Anonymous"] * 1024, (kb["Rss"] - kb["Anonymous"]) * 1024)
 
 def _cache_file() -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "pnpscale" / "rank_footprint.json"
+    from pnpscale import layout
+
+    return base / "pnpscale" / layout.RANK_FOOTPRINT
 
 
 def _versions_key() -> str:
