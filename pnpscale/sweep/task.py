@@ -13,6 +13,7 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
+from pnpscale import layout
 from pnpscale.sweep.point import Point, resolve_point
 
 log = logging.getLogger("pnpscale")
@@ -85,14 +86,7 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
     import socket
 
     from pnpscale.sweep.point import complete_run
-    from pnpscale.sweep.record import (
-        read_record,
-        release_space,
-        reserve_space,
-        start_record,
-        write_failure,
-        write_record,
-    )
+    from pnpscale.sweep.record import read_record, release_space, reserve_space, start_record, write_record
     from pnpscale.sweep.signals import as_interrupted, deferred
 
     spec = point.spec
@@ -101,9 +95,13 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
     if done is not None:
         log.info("skipping %s: complete run already in %s (resume=true)", point.label, point.run_dir)
         return done
-    config = OmegaConf.to_container(cfg, resolve=True)
-    log.info("%s: %d rank(s), run folder %s", point.label, spec.gpus, point.run_dir)
-    try:
+    if layout.run_status(point.run_dir) == layout.STATUS_RUNNING:  # its lock was free: that process is gone
+        log.warning("%s: the earlier run in %s never recorded its end: failed (process gone); running it again",
+                    point.label, point.run_dir)  # fmt: skip
+    config: dict[str, Any] | None = None
+    try:  # from here on, any stop or failure is recorded in run.json
+        config = OmegaConf.to_container(cfg, resolve=True)
+        log.info("%s: %d rank(s), run folder %s", point.label, spec.gpus, point.run_dir)
         with deferred():
             reserve_space(point.run_dir)
             write_record(point.run_dir, start_record(spec, config).set(pid=os.getpid(), host=socket.gethostname()))
@@ -111,12 +109,12 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
     except BaseException as exc:
         stop = as_interrupted(exc)
         if stop is not None:
-            write_failure(point.run_dir, spec, config, f"{stop}: the ranks were stopped")
+            _record_failure(point, config, f"{stop}: the ranks were stopped")
             _log_single_run_resume(point)
             raise stop from None  # stops the whole sweep, not only this point
         if not isinstance(exc, Exception):
             raise
-        write_failure(point.run_dir, spec, config, exc)
+        _record_failure(point, config, exc)
         log.error("%s failed: %s", point.label, exc)
         raise RunFailed(point.label, point.run_dir, str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
     finally:
@@ -124,6 +122,17 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
     result = read_record(point.run_dir).to_dict()
     log.info("%s: %s", point.label, summary_line(result))
     return result
+
+
+def _record_failure(point: Point, config: dict[str, Any] | None, error: BaseException | str) -> None:
+    """``run.json`` says ``failed`` with ``error``; a disk too full even for that is logged, never raised
+    (the stop or the failure itself decides what happens next)."""
+    from pnpscale.sweep.record import write_failure
+
+    try:
+        write_failure(point.run_dir, point.spec, config, error)
+    except OSError as exc:
+        log.error("%s: could not record the failure in %s: %s", point.label, point.run_dir, exc)
 
 
 def _log_single_run_resume(point: Point) -> None:
