@@ -10,6 +10,8 @@ A run folder (one sweep point, hive style ``problem=2d/mode=inference/gpus=4/``)
     traces/               per-rank Kineto traces (profile.export_traces=true)
     analysis/             python -m pnpscale.analyze of those traces: the tables + analysis.json
     .hydra/               Hydra's record of the composed config and overrides
+    .pnpscale.lock        locked while a process runs the point; names it (pnpscale.sweep.lock; also per sweep)
+    .pnpscale.reserve     space set aside while the point runs, freed to record a failure on a full disk
 
 ``run.json`` is written last: a folder is complete exactly when its ``run.json`` says
 ``"status": "complete"``. Parquet files appear only together, by rename from a staging folder,
@@ -43,6 +45,10 @@ PROJECTION = "projection.parquet"
 PROJECTION_VALIDATION = "projection_validation.parquet"
 PROJECTION_PNG = "projection.png"
 PROJECTION_MD = "projection.md"
+LOCK = ".pnpscale.lock"  # pnpscale.sweep.lock: the holder (pid, host, start) as JSON
+RESERVE = ".pnpscale.reserve"  # pnpscale.sweep.record.reserve_space
+STAGING_PREFIX = ".staging-"  # commit_files' staging folders (never read as results)
+RANK_FOOTPRINT = "rank_footprint.json"  # pnpscale.cluster.resources, under $XDG_CACHE_HOME/pnpscale/
 
 VALIDATE_JSON = "validate.json"
 DEVICE_CHECK_MD = "device-check.md"  # scripts/device-check.sh: the pass/fail table
@@ -100,6 +106,15 @@ def rank_log_link(run_dir: Path | str, rank: int, stream: str) -> Path:
     return Path(run_dir) / LOGS_DIR / f"rank{rank}.{stream}"
 
 
+def progress_file(run_dir: Path | str, rank: int) -> Path:
+    """Rank ``rank``'s heartbeat: the section and iteration it last entered (local launch).
+
+    >>> progress_file("r", 1).as_posix()
+    'r/logs/rank1.progress'
+    """
+    return Path(run_dir) / LOGS_DIR / f"rank{rank}.progress"
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to; renamed onto ``path`` when the block succeeds.
@@ -128,6 +143,18 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder, fsync, and a rename.
+
+    Raises:
+        OSError: the folder cannot be written (a full disk: ``path`` keeps its earlier content).
+    """
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -144,22 +171,56 @@ def read_json(path: Path) -> dict[str, Any]:
         return json.load(f)
 
 
-def commit_files(run_dir: Path, writers: dict[str, Callable[[Path], None]]) -> None:
+def commit_files(
+    run_dir: Path, writers: dict[str, Callable[[Path], None]], stale: tuple[str, ...] | list[str] = ()
+) -> None:
     """Write every file in a staging folder, then move them into ``run_dir`` together.
 
     Args:
         run_dir: destination folder (created if missing).
         writers: file name -> function writing that file at the given path.
+        stale: names of earlier files to remove from ``run_dir`` when they are not rewritten (a report
+            that no longer has a chart), in the same step as the renames.
 
-    Nothing appears in ``run_dir`` if any writer raises.
+    Nothing changes in ``run_dir`` if any writer raises (a full disk included); see :func:`commit_folder`.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".staging-", dir=run_dir))
-    try:
+
+    def build(stage: Path) -> None:
         for name, write in writers.items():
             write(stage / name)
-        for name in writers:
-            os.replace(stage / name, run_dir / name)
+
+    commit_folder(run_dir, build, stale)
+
+
+def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """``build(stage)`` writes files into a staging folder inside ``dest``; then they move into ``dest`` together.
+
+    Args:
+        dest: destination folder (created if missing).
+        build: writes every file into the folder it is given (names of its choosing, no sub-folders).
+        stale: names of earlier files to remove from ``dest`` when ``build`` did not write them again.
+
+    Returns:
+        the names moved into ``dest``.
+
+    Nothing changes in ``dest`` if ``build`` raises (a full disk included). The renames (and the
+    removals) run with SIGINT/SIGTERM/SIGHUP held back (:func:`pnpscale.sweep.signals.deferred`), so
+    a signal never leaves a mix of old and new files.
+    """
+    from pnpscale.sweep.signals import deferred
+
+    dest.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=dest))
+    try:
+        build(stage)
+        names = sorted(p.name for p in stage.iterdir() if p.is_file())
+        with deferred():
+            for name in names:
+                os.replace(stage / name, dest / name)
+            for name in stale:
+                if name not in names:
+                    (dest / name).unlink(missing_ok=True)
+        return names
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 

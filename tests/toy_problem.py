@@ -7,6 +7,7 @@ One-channel 2D deconvolution: operator ``i`` is a plain convolution with a Gauss
 from __future__ import annotations
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from pnpscale.rank.problems import Problem
 from pnpscale.rank.problems.base import gaussian_filter
@@ -20,3 +21,8 @@ class ToyDeconvolution(Problem):
 
         sigma = self.spec.blur_sigma * (1.0 + 0.5 * index) * float(self.spec.params.get("width", 1.0))
         return Blur(filter=gaussian_filter((sigma, sigma), device), padding="circular", device=device)
+
+
+@record
+def noop_rank() -> None:
+    """A rank that does nothing (tests of the launcher itself)."""

@@ -10,11 +10,13 @@ import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger("pnpscale")
@@ -64,6 +66,7 @@ def validate_points(
     Raises:
         SweepConfigError: one line per bad point (exit code 2); nothing was launched.
     """
+    from pnpscale.sweep.cli import check_hydra_override
     from pnpscale.sweep.config import ConfigError
 
     composed, seen = [], {}
@@ -75,6 +78,11 @@ def validate_points(
         except ConfigError as exc:
             problems.setdefault(str(exc), []).append(_label(overrides))
         sub = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
+        for key, value in (("hydra.sweep.subdir", sub), ("hydra.job.name", OmegaConf.select(cfg, "hydra.job.name"))):
+            try:
+                check_hydra_override(key, value)
+            except ConfigError as exc:
+                problems.setdefault(str(exc), []).append(_label(overrides))
         if sub in seen:
             msg = (
                 f"hydra.sweep.subdir={sub}: two points would write the same run folder; add the swept key "
@@ -85,20 +93,8 @@ def validate_points(
         composed.append(cfg)
     if problems:
         lines = [f"{msg} (sweep point{'s' if len(pts) > 1 else ''}: {'; '.join(pts)})" for msg, pts in problems.items()]
-        _remove_empty_sweep_dir(config)
         raise SweepConfigError("invalid sweep, nothing was started:\n" + "\n".join(lines))
     return composed
-
-
-def _remove_empty_sweep_dir(config: DictConfig) -> None:
-    """Drop the sweep folder Hydra made before launching, when it holds only its multirun.yaml."""
-    from pathlib import Path
-
-    sweep_dir = Path(str(config.hydra.sweep.dir))
-    if sweep_dir.is_dir() and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}:
-        for p in sweep_dir.iterdir():
-            p.unlink()
-        sweep_dir.rmdir()
 
 
 def check_local(cfg: DictConfig) -> None:
@@ -111,24 +107,85 @@ def check_local(cfg: DictConfig) -> None:
 
 
 class PnpscaleBasicLauncher(BasicLauncher):
-    """Hydra's basic (sequential, in-process) launcher, plus validation and the sweep report."""
+    """Hydra's basic (sequential, in-process) launcher, plus validation, the sweep report, one line
+    for a point whose folder cannot be written, and a stop signal handled at any moment."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.hydra_context is not None and self.config is not None
         validate_points(self.hydra_context.config_loader, self.config, job_overrides, check_local)
+        rets: list[JobReturn] = []
         try:
-            rets = super().launch(job_overrides, initial_job_idx)
-        except KeyboardInterrupt:
-            log.error("interrupted: the remaining sweep points were not run; re-run with hydra.sweep.dir=%s to resume",
-                      self.config.hydra.sweep.dir)  # fmt: skip
-            finish_sweep(self.config, [])
+            for idx, overrides in enumerate(job_overrides):
+                rets.append(self._run_point(initial_job_idx + idx, overrides))
+        except KeyboardInterrupt as exc:
+            from pnpscale.sweep.signals import as_interrupted
+
+            stop = as_interrupted(exc)
+            log.error("%s: the remaining sweep points were not run", stop)
+            try:
+                finish_sweep(self.config, rets)
+            except ReportFailed:
+                pass  # logged; the stop decides the exit code
+            finally:
+                log.error("to resume (complete points are skipped): %s", sweep_resume_command(self.config))
             raise
         finish_sweep(self.config, rets)
         return rets
 
+    def _run_point(self, idx: int, overrides: Sequence[str]) -> JobReturn:
+        """Hydra's ``run_job`` for one point; a folder Hydra cannot write (its ``.hydra/``, a full disk)
+        fails that point with one line instead of ending the sweep with a traceback."""
+        from hydra.core.utils import JobStatus, configure_log, filter_overrides, run_job, setup_globals
+        from omegaconf import open_dict
+
+        from pnpscale.sweep.task import RunFailed
+
+        assert self.hydra_context is not None and self.config is not None and self.task_function is not None
+        setup_globals()
+        log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(cfg):
+            cfg.hydra.job.id = idx
+            cfg.hydra.job.num = idx
+        run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        try:
+            ret = run_job(
+                hydra_context=self.hydra_context,
+                task_function=self.task_function,
+                config=cfg,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+            )
+        except OSError as exc:
+            error = f"cannot write its run folder: {exc}"
+            log.error("%s failed: %s", _label(overrides), error)
+            ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
+            ret.return_value = RunFailed(_label(overrides), run_dir, error)
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return ret
+
+
+def sweep_resume_command(config: DictConfig) -> str:
+    """The command that resumes this sweep (:func:`pnpscale.sweep.cli.resume_command`)."""
+    from pnpscale.sweep.cli import resume_command
+
+    ov = config.hydra.overrides
+    return resume_command(list(ov.task), list(ov.hydra), Path(str(config.hydra.sweep.dir)).absolute())
+
+
+class ReportFailed(RuntimeError, CompactHydraException):
+    """The sweep report could not be written (the points' run folders are intact); one line, exit 1."""
+
 
 def finish_sweep(config: DictConfig, rets: Sequence[JobReturn]) -> None:
-    """After every point ran: summary of failures, then the sweep report (``report=true``)."""
+    """After every point ran: summary of failures, then the sweep report (``report=true``).
+
+    The report is staged and renamed (:func:`pnpscale.results.report.write_report`): if it fails,
+    or a signal arrives while it is written, the previous report is left as it was.
+
+    Raises:
+        ReportFailed: the report could not be written (logged first, one line).
+    """
     from hydra.core.utils import JobStatus
 
     failed = [r for r in rets if r.status == JobStatus.FAILED]
@@ -137,10 +194,17 @@ def finish_sweep(config: DictConfig, rets: Sequence[JobReturn]) -> None:
         log.warning("%d of %d sweep point(s) failed; %s", len(failed), len(rets), rest)
     if config.get("report", False):
         from pnpscale.results.report import write_report
+        from pnpscale.results.runs import NoRunsError
 
         sweep_dir = str(config.hydra.sweep.dir)
+        log.info("writing the report of %s", sweep_dir)
         try:
             out = write_report(sweep_dir, echo=log.info)
             log.info("report: %s", out)
-        except Exception as exc:  # noqa: BLE001 - a report failure must not hide the runs
-            log.error("report failed: %s", exc)
+        except NoRunsError as exc:
+            log.warning("no report: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - any report failure: one line, exit 1, runs intact
+            msg = f"report not written ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); " \
+                  f"the run folders are intact: python -m pnpscale.report {sweep_dir}"  # fmt: skip
+            log.error(msg)
+            raise ReportFailed(msg) from None

@@ -46,7 +46,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydra_plugins.pnpscale_plugins.launcher import (
     SweepConfigError,
-    _remove_empty_sweep_dir,
     finish_sweep,
     validate_points,
 )
@@ -177,7 +176,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             try:
                 proc = subprocess.run(sbatch_test_command(params), capture_output=True, text=True, timeout=120)
             except FileNotFoundError:
-                _remove_empty_sweep_dir(self.config)
                 raise SweepConfigError("cluster=slurm: sbatch not found; run where SLURM's commands are") from None
             if proc.returncode != 0:
                 where = "; ".join(p.label for p in members)
@@ -185,7 +183,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
                     f"{where}: SLURM refused {shape} (nodes x tasks): {sbatch_refusal(proc.stderr + proc.stdout)}"
                 )
         if problems:
-            _remove_empty_sweep_dir(self.config)
             raise SweepConfigError("SLURM refused the sweep, nothing was submitted:\n" + "\n".join(problems))
 
     def _submit(

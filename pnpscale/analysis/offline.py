@@ -357,6 +357,7 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
         FileNotFoundError: a complete run folder without ``sections.parquet``.
     """
     from pnpscale.analysis.nccl_log import algorithm_for, merge_logs, parse_nccl_log, version_tuple
+    from pnpscale.analysis.tables import complete_sections
     from pnpscale.results.transfer import nccl_log_size, nccl_tests_size, section_transfers
 
     rows = []
@@ -376,7 +377,7 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
                 with open(p, errors="replace") as f:
                     parsed.append(parse_nccl_log(f))
             log = merge_logs(parsed)
-        for _, s in section_transfers(pd.read_parquet(d / layout.SECTIONS)).iterrows():
+        for _, s in section_transfers(complete_sections(pd.read_parquet(d / layout.SECTIONS))).iterrows():
             coll = None if pd.isna(s[K.COLLECTIVE]) else str(s[K.COLLECTIVE])
             payload = None if pd.isna(s[K.PAYLOAD_BYTES]) else nccl_tests_size(coll or "", s[K.PAYLOAD_BYTES], gpus)
             algo = proto = None

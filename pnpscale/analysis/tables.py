@@ -61,3 +61,14 @@ def table_writers(
     if sections is not None:
         writers[layout.SECTIONS] = lambda p: sections.to_parquet(p, index=False)
     return writers
+
+
+def complete_sections(sections: pd.DataFrame) -> pd.DataFrame:
+    """``sections`` with every column of :data:`pnpscale.columns.SECTIONS_COLUMNS`: columns a folder written
+    by an older version lacks (e.g. ``main_transfer_s``, ``other_payload_bytes``) added as NA (NaN; ``pd.NA``
+    for the collective's name), so that they read as missing values, never as zeros."""
+    out = sections.copy()
+    for col in K.SECTIONS_COLUMNS:
+        if col not in out:
+            out[col] = pd.Series(pd.NA, index=out.index, dtype=object) if col == K.MAIN_COLLECTIVE else float("nan")
+    return out

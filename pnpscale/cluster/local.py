@@ -22,13 +22,109 @@ from pnpscale.cluster.base import Cluster
 
 
 class RankFailed(RuntimeError):
-    """A rank of a run raised or died; ``str()`` names the rank and its error."""
+    """A rank of a run raised or died; ``str()`` names the rank and its error.
 
-    def __init__(self, rank: int, message: str, log: Path | None = None) -> None:
+    Attributes:
+        rank: the first rank that failed.
+        log: its traceback or stderr log.
+        failures: every rank that failed by itself (not stopped by the agent) -> its error line.
+    """
+
+    def __init__(
+        self, rank: int, message: str, log: Path | None = None, failures: dict[int, str] | None = None
+    ) -> None:
         self.rank = rank
         self.log = log
+        self.failures = failures if failures is not None else {rank: message}
         where = f" (log: {log})" if log else ""
         super().__init__(f"rank {rank} failed: {message}{where}")
+
+
+class RankHung(RankFailed):
+    """A collective timed out (``dist.timeout_s``): ``str()`` names the rank(s) that did not arrive,
+    where each was last seen (section, iteration) and the rank that gave up waiting."""
+
+    def __init__(self, rank: int, message: str, log: Path | None = None) -> None:
+        RuntimeError.__init__(self, message)
+        self.rank, self.log, self.failures = rank, log, {rank: message}
+
+
+def _is_timeout(text: str) -> bool:
+    low = text.lower()
+    return "timed out" in low or "timeout" in low
+
+
+def hung_ranks(
+    progress: dict[int, dict[str, Any]], ranks: int, waited: set[int] | frozenset[int] = frozenset()
+) -> list[int]:
+    """The ranks the others waited for.
+
+    A rank with no heartbeat or fewer steps (``beat``) than another is behind. When every rank is
+    at the same step (the collective sits inside the section), the ranks that did not time out
+    waiting themselves (``waited``) had not reached it.
+
+    Args:
+        progress: rank -> its last heartbeat (:class:`pnpscale.rank.worker.Heartbeat`).
+        ranks: world size.
+        waited: ranks that failed with a timeout (they were waiting in a collective).
+
+    >>> hung_ranks({0: {"beat": 9}, 1: {"beat": 7}, 2: {"beat": 9}}, 3)
+    [1]
+    >>> hung_ranks({0: {"beat": 3}}, 2), hung_ranks({0: {"beat": 5}, 1: {"beat": 5}}, 2, waited={0})
+    ([1], [1])
+    """
+    beats = {r: int(progress[r].get("beat", 0)) if r in progress else -1 for r in range(ranks)}
+    low, high = min(beats.values()), max(beats.values())
+    if low < high:
+        return [r for r, b in beats.items() if b == low]
+    return [r for r in range(ranks) if r not in waited] if waited else []
+
+
+def read_progress(run_dir: Path, ranks: int) -> dict[int, dict[str, Any]]:
+    """Each rank's last heartbeat (:func:`pnpscale.layout.progress_file`); ranks without one are left out."""
+    import json
+
+    out = {}
+    for r in range(ranks):
+        try:
+            data = json.loads(layout.progress_file(run_dir, r).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            out[r] = data
+    return out
+
+
+def _where(beat: dict[str, Any] | None) -> str:
+    if not beat:
+        return "no progress recorded (it never started its first step)"
+    it = int(beat.get("iteration", -1))
+    return f"section '{beat.get('section')}'" + (f" of iteration {it}" if it >= 0 else " (before the first iteration)")
+
+
+def hung_message(failed: RankFailed, progress: dict[int, dict[str, Any]], ranks: int, timeout_s: float) -> str | None:
+    """The one line for a collective that timed out, naming the rank(s) that did not arrive; ``None``
+    when ``failed`` is not a timeout or no rank was behind.
+
+    >>> f = RankFailed(0, "RuntimeError: [/src/gloo/pair.cc:534] Timed out waiting 2000ms for recv")
+    >>> print(hung_message(f, {0: {"beat": 5, "iteration": 1, "section": "denoiser"},
+    ...                        1: {"beat": 4, "iteration": 1, "section": "gradient"}}, 2, 2.0))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    rank 1 did not arrive within dist.timeout_s=2 s: last seen in section 'gradient' of iteration 1;
+    rank 0 gave up waiting in section 'denoiser' of iteration 1
+    """
+    if not _is_timeout(str(failed)):
+        return None
+    hung = hung_ranks(progress, ranks, {r for r, m in failed.failures.items() if _is_timeout(m)})
+    if not hung:
+        return None
+    who = ", ".join(f"rank {r}" for r in hung)
+    where = "; ".join(f"rank {r}: {_where(progress.get(r))}" for r in hung) if len(hung) > 1 else (
+        f"last seen in {_where(progress.get(hung[0]))}")  # fmt: skip
+    return (
+        f"{who} did not arrive within dist.timeout_s={timeout_s:g} s: {where}; rank {failed.rank} gave up waiting "
+        f"in {_where(progress.get(failed.rank))}"
+    )
 
 
 @contextmanager
@@ -52,12 +148,15 @@ class LocalCluster(Cluster):
     resumes_in_task = True
 
     def check(self, cfg: Any, spec: Any, cuda_devices: int) -> None:
-        """Refuse more local ranks than CUDA devices on a CUDA machine (unless gloo is asked for, or a
-        structure check on a shared GPU: ``dist.backend=nccl`` with ``NCCL_MULTI_RANK_GPU_ENABLE=1``).
+        """Refuse a point this machine cannot hold: more local ranks than CUDA devices on a CUDA
+        machine (unless gloo is asked for, or a structure check on a shared GPU: ``dist.backend=nccl``
+        with ``NCCL_MULTI_RANK_GPU_ENABLE=1``), or more memory than is available
+        (:func:`pnpscale.cluster.resources.check_memory`: an estimate, made before anything starts).
 
         Raises:
-            ConfigError: ``gpus`` above this machine's CUDA device count.
+            ConfigError: one line naming the estimate, the limit and the way out.
         """
+        from pnpscale.cluster.resources import check_memory
         from pnpscale.rank.worker import shared_gpu_allowed
         from pnpscale.sweep.config import ConfigError
 
@@ -70,6 +169,9 @@ class LocalCluster(Cluster):
                 "(or cluster=slurm, or dist.backend=gloo for CPU ranks; a structure check only: "
                 "dist.backend=nccl with NCCL_MULTI_RANK_GPU_ENABLE=1)",
             )
+        refusal = check_memory(spec, cuda_devices)
+        if refusal is not None:
+            raise ConfigError("gpus", spec.gpus, refusal)
 
     def cpu_contention(self, spec: Any) -> tuple[int, int] | None:
         from pnpscale.rank.worker import threads_per_rank
@@ -83,15 +185,23 @@ class LocalCluster(Cluster):
 def launch_local(spec: Any, run_dir: Path, config: dict[str, Any] | None = None) -> None:
     """Run ``spec.gpus`` ranks of :func:`pnpscale.rank.worker.rank_main` here and wait for them.
 
-    Per-rank stdout/stderr go to ``run_dir/logs/``; rank 0's stdout is also shown on the console.
+    Per-rank stdout/stderr go to ``run_dir/logs/``; rank 0's stdout is also shown on the console;
+    each rank's heartbeat to ``logs/rank<r>.progress``.
 
     Raises:
+        RankHung: a collective timed out; names the rank(s) that did not arrive (from the heartbeats).
         RankFailed: a rank raised (its message) or died (its exit code).
     """
     from pnpscale.rank.worker import rank_main, threads_per_rank
 
     threads = threads_per_rank(spec.threads_per_rank, spec.gpus)
-    run_ranks(spec.gpus, rank_main, (spec.to_dict(), str(run_dir), config), run_dir / layout.LOGS_DIR, threads)
+    try:
+        run_ranks(spec.gpus, rank_main, (spec.to_dict(), str(run_dir), config), run_dir / layout.LOGS_DIR, threads)
+    except RankFailed as exc:
+        hung = hung_message(exc, read_progress(run_dir, spec.gpus), spec.gpus, spec.timeout_s)
+        if hung is not None:
+            raise RankHung(exc.rank, hung, exc.log) from None
+        raise
 
 
 def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path, threads: int) -> dict[int, Any]:
@@ -107,14 +217,21 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     Returns:
         each local rank's return value.
 
+    torch elastic installs its own SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers while the ranks run (a
+    signal then stops every rank and raises its ``SignalException``); the handlers in place before
+    are put back on return, whatever happened (:func:`pnpscale.sweep.signals.preserved`). Each rank
+    dies with this process, even a SIGKILL of it (:data:`PARENT_PID_ENV`).
+
     Raises:
         RankFailed: a rank raised (its message) or died (its exit code).
+        SignalException: torch elastic's, for a signal received while the ranks ran (every rank stopped).
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from pnpscale.rank.worker import KINETO_LOG_LEVEL, LAUNCH_T0_ENV
+    from pnpscale.rank.worker import KINETO_LOG_LEVEL, LAUNCH_T0_ENV, PARENT_PID_ENV
+    from pnpscale.sweep.signals import preserved
 
     log_dir.mkdir(parents=True, exist_ok=True)
     launch_cfg = LaunchConfig(
@@ -134,6 +251,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
         LAUNCH_T0_ENV: repr(time.time()),
+        PARENT_PID_ENV: str(os.getpid()),
         "KINETO_LOG_LEVEL": os.environ.get("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
@@ -141,11 +259,12 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     level = elastic_log.level
     elastic_log.setLevel(logging.CRITICAL)  # the rank's error is re-raised below, once
     try:
-        with _environ(**env):
+        with _environ(**env), preserved():
             return elastic_launch(launch_cfg, entrypoint)(*args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
-        raise RankFailed(rank, _failure_message(failure), _rank_log(log_dir, rank)) from None
+        failures = {r: _failure_message(f) for r, f in exc.failures.items()}
+        raise RankFailed(rank, _failure_message(failure), _rank_log(log_dir, rank), failures) from None
     finally:
         elastic_log.setLevel(level)
 

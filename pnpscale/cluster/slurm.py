@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -439,14 +438,14 @@ def error_line(trace: str) -> str:
 
 
 def resume_command(task_overrides: Sequence[str], hydra_overrides: Sequence[str], sweep_dir: Path | str) -> str:
-    """The command that re-runs a sweep into ``sweep_dir``: complete points are skipped (``resume=true``).
+    """The command that re-runs a sweep into ``sweep_dir`` (:func:`pnpscale.sweep.cli.resume_command`).
 
     >>> resume_command(["gpus=1,2,4,8", "cluster=slurm", "resume=true"], ["hydra.mode=MULTIRUN"], "/o/2026")
     'python -m pnpscale -m gpus=1,2,4,8 cluster=slurm hydra.sweep.dir=/o/2026'
     """
-    keep = [o for o in task_overrides if not o.startswith("resume=")]
-    keep += [o for o in hydra_overrides if not o.startswith(("hydra.mode=", "hydra.sweep.dir="))]
-    return shlex.join(["python", "-m", "pnpscale", "-m", *keep, f"hydra.sweep.dir={sweep_dir}"])
+    from pnpscale.sweep import cli
+
+    return cli.resume_command(task_overrides, hydra_overrides, sweep_dir)
 
 
 # --------------------------------------------------------------------------------------

@@ -24,6 +24,60 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from pnpscale import layout
 
 LAUNCH_T0_ENV = "PNPSCALE_LAUNCH_T0"
+#: Set by the local launcher to its pid: each rank asks the kernel to kill it when that process dies.
+PARENT_PID_ENV = "PNPSCALE_PARENT_PID"
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``), and exit
+    now if ``parent_pid`` is already gone: no rank outlives a launcher killed even by SIGKILL."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: the elastic agent still stops the ranks it can
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+class Heartbeat:
+    """Where this rank is: ``{"rank", "beat", "iteration", "section", "t"}`` rewritten in place in
+    :func:`pnpscale.layout.progress_file` at each step (outside the timed sections).
+
+    ``beat`` counts the steps; every rank takes the same steps in the same order, so the rank with
+    the lowest ``beat`` is the one the others wait for (:func:`pnpscale.cluster.local.hung_ranks`).
+    ``iteration`` is -1 before the first iteration; ``section`` is a solver section or a phase
+    (``init``, ``setup``, ``barrier``, ``gather``, ``write``, ``done``). A no-op without a path.
+    """
+
+    def __init__(self, path: Path | None, rank: int) -> None:
+        self.rank, self.beat = rank, 0
+        self.fd: int | None = None
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            except OSError:
+                self.fd = None
+
+    def __call__(self, iteration: int, section: str, advance: bool = True) -> None:
+        """Record the step; ``advance=False`` for a step only some ranks take (rank 0 writing)."""
+        if self.fd is None:
+            return
+        import json
+
+        self.beat += advance
+        data = json.dumps(
+            {"rank": self.rank, "beat": self.beat, "iteration": iteration, "section": section, "t": time.time()}
+        ).encode()
+        try:
+            os.pwrite(self.fd, data, 0)
+            os.ftruncate(self.fd, len(data))
+        except OSError:
+            pass
 
 
 class InjectedFailure(RuntimeError):
@@ -359,6 +413,8 @@ def rank_main(
 
     from pnpscale.sweep.config import RunSpec
 
+    if PARENT_PID_ENV in os.environ:
+        die_with_parent(int(os.environ[PARENT_PID_ENV]))
     spec = RunSpec(**spec_dict)
     local_ws = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads = threads_per_rank(spec.threads_per_rank, local_ws)
@@ -379,9 +435,11 @@ def rank_main(
         if warning:
             print(warning, file=sys.stderr)
 
+    beat = Heartbeat(layout.progress_file(run_dir, rank) if PARENT_PID_ENV in os.environ else None, rank)
+    beat(-1, "init")
     group = Group(spec.backend, spec.timeout_s, before_init)
     try:
-        _measure_and_report(spec, Path(run_dir), group, threads, t_start, config, extra)
+        _measure_and_report(spec, Path(run_dir), group, threads, t_start, config, extra, beat)
     finally:
         group.close()
         if staged:
@@ -396,6 +454,7 @@ def _measure_and_report(
     t_start: float,
     config: dict[str, Any] | None,
     extra: dict[str, Any] | None,
+    beat: Heartbeat,
 ) -> None:
     import torch
 
@@ -408,11 +467,13 @@ def _measure_and_report(
         t_setup0 = time.time()
         from pnpscale.rank.solver import make_solver
 
+        beat(-1, "setup")
         solver = make_solver(spec, ctx)
         _sync(ctx.device)
+        beat(-1, "barrier")
         group.barrier()
         t_measure0 = time.time()
-        peaks, prof = _run_iterations(spec, solver, ctx.device, group)
+        peaks, prof = _run_iterations(spec, solver, ctx.device, group, beat)
         t_measure1 = time.time()
         from pnpscale.analysis.events import SectionError, rank_rows, section_records
         from pnpscale.rank.profiling import check_trace_complete, export_trace, profiler_events
@@ -439,8 +500,10 @@ def _measure_and_report(
             "num_tiles": solver.num_tiles,
             "solver": solver.summary(),
         }
+        beat(spec.warmup + spec.iterations - 1, "gather")
         gathered = group.gather((table, info))
         if rank == 0:
+            beat(spec.warmup + spec.iterations - 1, "write", advance=False)
             from pnpscale.sweep.record import write_run
 
             timings = {
@@ -460,7 +523,9 @@ def _measure_and_report(
                 reconstruction=recon,
                 extra=extra,
             )
+        beat(spec.warmup + spec.iterations - 1, "barrier")
         group.barrier()
+        beat(spec.warmup + spec.iterations - 1, "done")
 
 
 def _device_name(device: Any) -> str:
@@ -561,7 +626,9 @@ def busy_wait(seconds: float, device: Any) -> None:
         pass
 
 
-def _run_iterations(spec: Any, solver: Any, device: Any, group: Group) -> tuple[dict[tuple[int, str], int], Any]:
+def _run_iterations(
+    spec: Any, solver: Any, device: Any, group: Group, beat: Heartbeat | None = None
+) -> tuple[dict[tuple[int, str], int], Any]:
     from torch.profiler import record_function
 
     from pnpscale.rank.profiling import PeakMemory, make_profiler
@@ -571,6 +638,7 @@ def _run_iterations(spec: Any, solver: Any, device: Any, group: Group) -> tuple[
     peaks: dict[tuple[int, str], int] = {}
     rank = group.rank
     progress = _progress(total, spec.warmup, rank)
+    beat = beat or Heartbeat(None, rank)
     if device.type == "cuda" and spec.inject["rank"] == rank and spec.inject["delay_s"]:
         sleep_rate_hz(device)  # calibrated before the profiler starts
     with make_profiler(cuda=device.type == "cuda", record_shapes=spec.record_shapes) as prof:
@@ -578,6 +646,7 @@ def _run_iterations(spec: Any, solver: Any, device: Any, group: Group) -> tuple[
             t0 = time.perf_counter()
             measured = it >= spec.warmup
             for name, fn in solver.sections():
+                beat(it, name)
                 with peak.track() as box:
                     with record_function(name):
                         _inject(spec, rank, name, measured, device)
@@ -586,6 +655,7 @@ def _run_iterations(spec: Any, solver: Any, device: Any, group: Group) -> tuple[
                 peaks[(it, name)] = box[0]
             solver.after_step()
             _sync(device)
+            beat(it, "barrier")
             group.barrier()
             prof.step()
             progress(it + 1, time.perf_counter() - t0)

@@ -44,7 +44,8 @@ WAIT_RANKS = layout.WAIT_RANKS
 
 
 def build_table(path: str | Path, echo: Callable[[str], None] = print) -> pd.DataFrame:
-    """Discover, select (printing the choices), load and add scaled cost.
+    """Discover, select (printing the choices), load and add scaled cost; prints one line per
+    unreadable point (``... unreadable: <file>: <reason>``).
 
     Raises:
         NoRunsError: no run folder under ``path``.
@@ -54,17 +55,41 @@ def build_table(path: str | Path, echo: Callable[[str], None] = print) -> pd.Dat
     sel = select(discover(path))
     for note in sel.notes:
         echo(note)
-    return scaled_cost(table_of(sel, path))
+    table = table_of(sel, path)
+    for line in unreadable_points(table):
+        echo(line)
+    return scaled_cost(table)
+
+
+def unreadable_points(table: pd.DataFrame) -> list[str]:
+    """One line per point of ``table`` whose run folder could not be read: ``<point>: unreadable: <file>: <reason>``."""
+    from pnpscale.results.runs import STATUS_UNREADABLE
+
+    bad = table[(table["status"] == STATUS_UNREADABLE) & (table[K.SECTION] == "all")]
+    return [f"problem={r['problem']} mode={r['mode']} gpus={int(r['gpus'])}: {r['error']}" for _, r in bad.iterrows()]
+
+
+#: Every file a report folder may hold besides the charts (removed when a new report no longer writes it).
+REPORT_FILES = (
+    SUMMARY, README, TRANSFER, RATES, TRANSFER_PNG, WAIT_RANKS,
+    layout.PROJECTION, layout.PROJECTION_VALIDATION, layout.PROJECTION_PNG, layout.PROJECTION_MD,
+    layout.COMPARE, "compare.png",
+)  # fmt: skip
 
 
 def write_report(path: str | Path, out: str | Path | None = None, echo: Callable[[str], None] = print) -> Path:
     """Write the report of every run under ``path`` into ``out`` (default ``path/report``).
+
+    Every file is written into a staging folder first and moved into ``out`` together
+    (:func:`pnpscale.layout.commit_folder`): a failure (a full disk) or a signal while it is written
+    leaves the previous report as it was.
 
     Returns:
         the report folder.
 
     Raises:
         NoRunsError: no run folder under ``path``.
+        OSError: the report could not be written (the previous one is intact).
     """
     from pnpscale.results.charts import CHARTS, save
     from pnpscale.results.compare import labelled
@@ -72,27 +97,32 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
     table = build_table(path, echo)
     view = labelled(table)  # one series per (problem, variant)
     out = Path(out) if out is not None else Path(path) / layout.REPORT_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    for name, plot in CHARTS.items():
-        save(plot(view), out / name)
-    files = {SUMMARY: lambda p: table.to_parquet(p, index=False)}
-    ranks = wait_ranks(view)
-    files[WAIT_RANKS] = lambda p: ranks.to_parquet(p, index=False)
-    transfer = transfer_explained(view)
-    charts = list(CHARTS)
-    if transfer is not None:
-        rows, rates = transfer
-        save(plot_transfer_figure(rows), out / TRANSFER_PNG)
-        charts.append(TRANSFER_PNG)
-        files[TRANSFER] = lambda p: rows.to_parquet(p, index=False)
-        files[RATES] = lambda p: rates.to_parquet(p, index=False)
-    extra = comparison_section(table, out, files)
-    layout.commit_files(out, files)
-    projected = project_sweep(view, out)
-    if projected:
-        charts.append(layout.PROJECTION_PNG)
-    readme = markdown(view, charts, transfer, ranks, run_anomalies(view))
-    layout.atomic_write_text(out / README, "\n".join([readme, *projected, *extra]))
+
+    def build(stage: Path) -> None:
+        for name, plot in CHARTS.items():
+            save(plot(view), stage / name)
+        table.to_parquet(stage / SUMMARY, index=False)
+        ranks = wait_ranks(view)
+        ranks.to_parquet(stage / WAIT_RANKS, index=False)
+        transfer = transfer_explained(view)
+        charts = list(CHARTS)
+        if transfer is not None:
+            rows, rates = transfer
+            save(plot_transfer_figure(rows), stage / TRANSFER_PNG)
+            charts.append(TRANSFER_PNG)
+            rows.to_parquet(stage / TRANSFER, index=False)
+            rates.to_parquet(stage / RATES, index=False)
+        files: dict[str, Callable[[Path], None]] = {}
+        extra = comparison_section(table, stage, files)
+        for name, write in files.items():
+            write(stage / name)
+        projected = project_sweep(view, stage)
+        if projected:
+            charts.append(layout.PROJECTION_PNG)
+        readme = markdown(view, charts, transfer, ranks, run_anomalies(view))
+        (stage / README).write_text("\n".join([readme, *projected, *extra]))
+
+    layout.commit_folder(out, build, stale=(*REPORT_FILES, *CHARTS))
     return out
 
 
@@ -297,6 +327,19 @@ def plot_transfer_figure(rows: pd.DataFrame) -> Figure:
     return fig
 
 
+def md_escape(text: object) -> str:
+    r"""``text`` safe inside a Markdown table cell or list item: ``\``, ``|``, ``<``, ``>`` escaped,
+    line breaks as spaces (error texts and paths come from users and failed runs).
+
+    >>> print(md_escape("a|b <script> c\\d"))
+    a\|b &lt;script&gt; c\\d
+    >>> print(md_escape("x\ny"))
+    x y
+    """
+    out = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return " ".join(out.splitlines())
+
+
 def _fmt(v: object, pattern: str) -> str:
     return "—" if v is None or (isinstance(v, float) and pd.isna(v)) else format(v, pattern)
 
@@ -333,7 +376,7 @@ def markdown(
             rows.append(
                 {
                     "gpus": int(r["gpus"]),
-                    "status": r["status"] if ok else f"missing ({r['status']})",
+                    "status": md_escape(r["status"] if ok else f"missing ({r['status']})"),
                     "scaled cost": _fmt(r["scaled_cost"], ".3f"),
                     "compute s": _fmt(r[K.COMPUTE_S], ".4g"),
                     "transfer s": _fmt(r[K.TRANSFER_S], ".4g"),
@@ -349,7 +392,9 @@ def markdown(
             lines += _wait_markdown(table, ranks, problem, mode)
         errors = grp[(grp["status"] != "complete")]
         for _, r in errors.iterrows():
-            lines.append(f"- gpus={int(r['gpus'])}: {r.get('error') or r['status']} ({r['run_dir']})")
+            lines.append(
+                f"- gpus={int(r['gpus'])}: {md_escape(r.get('error') or r['status'])} ({md_escape(r['run_dir'])})"
+            )
         if not errors.empty:
             lines.append("")
     if transfer is not None:
@@ -412,15 +457,38 @@ def _transfer_markdown(rows: pd.DataFrame, rates: pd.DataFrame) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pnpscale.report DIR [--out OUT]``; exit code 2 on a folder without runs."""
+    """``python -m pnpscale.report DIR [--out OUT] [--strict]``.
+
+    Exit codes: 0 report written; 1 the report could not be written (one line; the previous report
+    is intact), or ``--strict`` and some point's run folder is unreadable; 2 a folder without runs.
+    """
     parser = argparse.ArgumentParser(prog="python -m pnpscale.report", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="folder holding run folders (a sweep, or outputs/ with several sweeps)")
     parser.add_argument("--out", default=None, help="report folder (default: PATH/report)")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when a point's run folder is unreadable (reported either way)",
+    )
     args = parser.parse_args(argv)
+    unreadable: list[str] = []
+
+    def echo(line: str) -> None:
+        print(line)
+        if ": unreadable: " in line:
+            unreadable.append(line)
+
     try:
-        out = write_report(args.path, args.out)
+        out = write_report(args.path, args.out, echo=echo)
     except NoRunsError as exc:
         print(f"pnpscale.report: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - any failure: one line, non-zero, previous report intact
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"pnpscale.report: error: report not written ({type(exc).__name__}: {first})", file=sys.stderr)
+        return 1
     print(f"report: {out}")
+    if args.strict and unreadable:
+        print(f"pnpscale.report: error: {len(unreadable)} point(s) unreadable (--strict)", file=sys.stderr)
+        return 1
     return 0

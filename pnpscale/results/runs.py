@@ -19,6 +19,7 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale import layout
+from pnpscale.sweep.lock import process_gone
 from pnpscale.sweep.record import RecordError, read_record
 
 POINT = ["problem", "mode", "gpus"]
@@ -44,6 +45,22 @@ METRIC_COLUMNS = [
 ]  # fmt: skip
 
 
+#: Columns of ``sections.parquet`` the metrics are computed from: a run folder lacking one is unreadable.
+#: Other columns (added by later versions, e.g. ``main_transfer_s``, ``other_payload_bytes``) load as NA.
+SECTIONS_REQUIRED = (
+    K.ITERATION,
+    K.SECTION,
+    K.WARMUP,
+    K.COMPUTE_S,
+    K.COMPUTE_MAX_S,
+    K.TRANSFER_S,
+    K.WAIT_S,
+    K.SECTION_S,
+)
+#: ``status`` of a run folder whose ``run.json`` or ``sections.parquet`` cannot be read (``error`` says why).
+STATUS_UNREADABLE = "unreadable"
+
+
 class NoRunsError(FileNotFoundError):
     """A directory without any run folder (``run.json`` or hive-style point folder)."""
 
@@ -54,7 +71,9 @@ class Selection:
 
     Attributes:
         runs: one row per point: POINT columns, ``run_dir``, ``status`` (``complete``,
-            ``failed``, ``running``/``incomplete`` for a folder whose run never finished),
+            ``failed`` (also a ``running`` record whose process is gone: ``error`` says
+            ``failed (process gone)``), ``running``/``incomplete`` for a folder whose run never
+            finished, ``unreadable`` with ``error`` ``unreadable: <file>: <reason>``),
             ``finished_at``, ``error``, and run metadata.
         notes: one line per point that had more than one candidate, saying which run was used.
     """
@@ -90,18 +109,25 @@ def discover(root: str | Path) -> pd.DataFrame:
     folders |= {p for p in root.glob("**/gpus=*") if p.is_dir() and "mode=" in str(p)}
     for d in sorted(folders):
         point = _point_from_path(d.relative_to(root) if d != root else Path(d.name))
+        status, error = "incomplete", None
         try:
             run = read_record(d).to_dict()
-        except RecordError:
+            status = run["status"]
+            error = (run.get("error") or "").splitlines()[0] if run.get("error") else None
+        except RecordError as exc:
             run = {}
+            if (d / layout.RUN_JSON).exists():
+                status, error = STATUS_UNREADABLE, f"unreadable: {exc}"
+        if status == layout.STATUS_RUNNING and process_gone(run.get("pid"), run.get("host"), run.get("started_at")):
+            status, error = layout.STATUS_FAILED, gone_text(run)
         row = {
             "problem": run.get("problem", point.get("problem")),
             "mode": run.get("mode", point.get("mode")),
             "gpus": run.get("gpus", point.get("gpus")),
             "run_dir": str(d),
-            "status": run.get("status", "incomplete"),
+            "status": status,
             "finished_at": run.get("finished_at") or _mtime(d),
-            "error": (run.get("error") or "").splitlines()[0] if run.get("error") else None,
+            "error": error,
             "scale": run.get("scale"),
             "backend": run.get("backend"),
             "nodes": run.get("nodes"),
@@ -155,6 +181,14 @@ def variants(runs: pd.DataFrame) -> pd.Series:
     return label
 
 
+def gone_text(run: dict[str, Any]) -> str:
+    """The error shown for a ``running`` record whose process is gone."""
+    return (
+        f"failed (process gone): pid {run.get('pid')} on host {run.get('host')}, started {run.get('started_at')}, "
+        "ended without recording its end (killed, or the machine went down)"
+    )
+
+
 def _mtime(d: Path) -> str:
     import datetime as dt
 
@@ -198,10 +232,22 @@ def load(path: str | Path, include_failed: bool = True) -> pd.DataFrame:
 
 
 def table_of(sel: Selection, path: str | Path, include_failed: bool = True) -> pd.DataFrame:
-    """The tidy table of :func:`load` for an existing :class:`Selection` of runs under ``path``."""
-    runs = sel.runs
+    """The tidy table of :func:`load` for an existing :class:`Selection` of runs under ``path``.
+
+    A complete run whose ``sections.parquet`` cannot be read (truncated, or lacking one of
+    :data:`SECTIONS_REQUIRED`) becomes an ``unreadable`` point (``error``: ``unreadable: <file>:
+    <reason>``) and the other points are loaded; columns a run folder lacks otherwise load as NA.
+    """
+    runs = sel.runs.copy()
     complete = runs[runs["status"] == layout.STATUS_COMPLETE]
-    frames = [_complete_table(complete, Path(path))] if not complete.empty else []
+    frames = []
+    if not complete.empty:
+        table, unreadable = _complete_table(complete, Path(path))
+        if table is not None:
+            frames.append(table)
+        for run_dir, error in unreadable.items():
+            hit = runs["run_dir"] == run_dir
+            runs.loc[hit, "status"], runs.loc[hit, "error"] = STATUS_UNREADABLE, error
     if include_failed:
         bad = runs[runs["status"] != layout.STATUS_COMPLETE]
         if not bad.empty:
@@ -218,27 +264,52 @@ def table_of(sel: Selection, path: str | Path, include_failed: bool = True) -> p
     return out.sort_values(POINT + [K.SECTION], kind="stable").reset_index(drop=True)
 
 
-def _complete_table(complete: pd.DataFrame, base: Path) -> pd.DataFrame:
+def read_sections(path: Path, base: Path) -> pd.DataFrame:
+    """One run's ``sections.parquet`` with its hive partition columns (``problem``, ``mode``, ``gpus``,
+    typed by a pyarrow dataset); columns of :data:`pnpscale.columns.SECTIONS_COLUMNS` it lacks are NA.
+
+    Raises:
+        ValueError: unreadable (``str()`` is ``<file>: <reason>``): not a parquet file, truncated,
+            or lacking one of :data:`SECTIONS_REQUIRED`.
+    """
+    import pyarrow as pa
     import pyarrow.dataset as ds
 
+    try:
+        resolved = str(path.resolve())
+        dataset = ds.dataset([resolved], format="parquet", partitioning=ds.partitioning(flavor="hive"),
+                             partition_base_dir=str(base.resolve()))  # fmt: skip
+        (frag,) = list(dataset.get_fragments())
+        sections = frag.to_table().to_pandas()
+        keys = ds.get_partition_keys(frag.partition_expression)
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path}: {reason}") from None
+    missing = [c for c in SECTIONS_REQUIRED if c not in sections]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+    from pnpscale.analysis.tables import complete_sections
+
+    for key, value in keys.items():
+        sections[key] = value
+    return complete_sections(sections)
+
+
+def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | None, dict[str, str]]:
+    """The metric rows of the complete runs, and ``run_dir -> "unreadable: <file>: <reason>"`` for the others."""
     from pnpscale.analysis.metrics import summarize
 
-    meta = {str((Path(d) / layout.SECTIONS).resolve()): row for d, row in complete.set_index("run_dir").iterrows()}
-    dataset = ds.dataset(
-        list(meta),
-        format="parquet",
-        partitioning=ds.partitioning(flavor="hive"),
-        partition_base_dir=str(base.resolve()),
-    )
-    rows = []
-    for frag in dataset.get_fragments():
-        sections = frag.to_table().to_pandas()
-        for key, value in ds.get_partition_keys(frag.partition_expression).items():
-            sections[key] = value
-        info = meta[frag.path]
-        run_dir = info.name
-        gpus = int(sections["gpus"].iloc[0]) if "gpus" in sections else int(info["gpus"])
-        summ = summarize(sections, gpus)
+    rows, unreadable = [], {}
+    for run_dir, info in complete.set_index("run_dir").iterrows():
+        try:
+            sections = read_sections(Path(run_dir) / layout.SECTIONS, base)
+            gpus = int(sections["gpus"].iloc[0]) if "gpus" in sections else int(info["gpus"])
+            summ = summarize(sections, gpus)
+        except Exception as exc:  # noqa: BLE001 - one damaged folder never hides the others
+            text = str(exc) if isinstance(exc, ValueError) and str(exc).startswith(str(run_dir)) else (
+                f"{Path(run_dir) / layout.SECTIONS}: {type(exc).__name__}: {exc}")  # fmt: skip
+            unreadable[str(run_dir)] = f"unreadable: {text}"
+            continue
         n_it = summ["iterations"].iloc[0]
         for c in (K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, *K.WAIT_CAUSES):
             if c not in summ:  # a run folder written before the wait split: NaN, never 0
@@ -259,4 +330,4 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> pd.DataFrame:
         for k in RUN_COLUMNS[1:]:
             summ[k] = info[k]
         rows.append(summ)
-    return pd.concat(rows, ignore_index=True)
+    return (pd.concat(rows, ignore_index=True) if rows else None), unreadable

@@ -86,9 +86,41 @@ def check_overrides(argv: Sequence[str]) -> None:
         raise CommandLineError(problems)
 
 
+#: Hydra output folders a user may set on the command line (checked like ``output.root``).
+HYDRA_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
+
+
+def check_hydra_override(key: str, value: Any) -> None:
+    """The ``hydra.*`` overrides that decide where files go.
+
+    ``hydra.run.dir`` / ``hydra.sweep.dir`` must be (or be creatable as) a folder this user can write
+    (checked up to the first ``${...}``); ``hydra.sweep.subdir`` must stay inside the sweep folder
+    (relative, no ``..``); ``hydra.job.name`` (the log file's name) must be a plain file name.
+
+    Raises:
+        ConfigError: one line naming the key, the value and the rule.
+    """
+    from pathlib import PurePosixPath
+
+    text = "" if value is None else str(value)
+    if key in HYDRA_DIRS:
+        static = text.split("${", 1)[0]
+        if static and not writable_dir(Path(static)):
+            raise ConfigError(key, text, "must be a folder this user can create and write")
+    elif key == "hydra.sweep.subdir":
+        parts = PurePosixPath(text).parts
+        if PurePosixPath(text).is_absolute() or ".." in parts:
+            raise ConfigError(key, text, "must stay inside the sweep folder: a relative path without '..'")
+    elif key == "hydra.job.name":
+        if not text or "/" in text or text in (".", "..") or "\0" in text:
+            raise ConfigError(key, text, "must be a plain file name (no '/', not '..'): it names the log file")
+
+
 def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = ()) -> None:
     key = ov.key_or_group
     if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+        for v in _values(ov):
+            check_hydra_override(key, v)
         return
     if ov.is_delete():
         raise ConfigError(key, "~", "deleting keys is not supported")
@@ -148,16 +180,35 @@ def check_single_point(argv: Sequence[str]) -> None:
     by point, before any runs; ``--cfg``/``--help``/``--info`` run nothing and are not checked.
 
     Raises:
+        CommandLineError: ``-m`` with ``--cfg``/``--info``, or a list of values (a sweep) without ``-m``.
         ConfigError: see :func:`pnpscale.sweep.point.resolve_point`.
     """
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     args, _ = get_args_parser().parse_known_args(list(argv))
-    if args.multirun or args.cfg or args.help or args.hydra_help or args.info or args.shell_completion:
+    shows = [
+        f for f, on in (("--cfg", args.cfg), ("--info", args.info), ("--shell-completion", args.shell_completion)) if on
+    ]
+    if args.multirun and shows:
+        raise CommandLineError(
+            [f"-m (--multirun) and {shows[0]} cannot be combined: drop -m to print the config of one point "
+             f"(python -m pnpscale {shows[0]} job gpus=2), or drop {shows[0]} to run the sweep"]
+        )  # fmt: skip
+    if args.multirun or shows or args.help or args.hydra_help:
         return
     overrides = list(args.overrides or [])
-    for ov in OverridesParser.create().parse_overrides(overrides):
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    multirun = any(
+        ov.key_or_group == "sweeps" or (ov.key_or_group == "hydra.mode" and str(ov.value()) == "MULTIRUN")
+        for ov in parsed
+    )  # a stored sweep sets hydra.mode=MULTIRUN itself
+    for ov in parsed:
+        if ov.is_sweep_override() and not multirun:
+            raise CommandLineError(
+                [f"{ov.input_line}: a list of values is a sweep: add -m (python -m pnpscale -m {' '.join(overrides)})"]
+            )
+    for ov in parsed:
         if (
             ov.is_sweep_override()
             or ov.key_or_group == "sweeps"
@@ -175,3 +226,22 @@ def _show(ov: Any) -> str:
         return ov.get_value_element_as_str()
     except Exception:  # noqa: BLE001
         return "?"
+
+
+def resume_command(
+    task_overrides: Sequence[str], hydra_overrides: Sequence[str], folder: Path | str, key: str = "hydra.sweep.dir"
+) -> str:
+    """The command that runs a sweep (``key="hydra.sweep.dir"``) or a single run (``"hydra.run.dir"``)
+    again into ``folder``: complete points are skipped (``resume=true``, the default).
+
+    >>> resume_command(["gpus=1,2,4,8", "cluster=slurm", "resume=true"], ["hydra.mode=MULTIRUN"], "/o/2026")
+    'python -m pnpscale -m gpus=1,2,4,8 cluster=slurm hydra.sweep.dir=/o/2026'
+    >>> resume_command(["gpus=2"], [], "/o/r", key="hydra.run.dir")
+    'python -m pnpscale gpus=2 hydra.run.dir=/o/r'
+    """
+    import shlex
+
+    keep = [o for o in task_overrides if not o.startswith("resume=")]
+    keep += [o for o in hydra_overrides if not o.startswith(("hydra.mode=", f"{key}="))]
+    multirun = ["-m"] if key == "hydra.sweep.dir" else []
+    return shlex.join(["python", "-m", "pnpscale", *multirun, *keep, f"{key}={folder}"])

@@ -11,13 +11,15 @@ Schema history:
   held totals over the measured iterations under the per-iteration names ``compute_s``, ``wait_s``...
 * 2: those totals are ``compute_total_s``, ``compute_max_total_s``, ``transfer_total_s``,
   ``wait_total_s``, ``section_total_s`` (seconds summed over ``iterations`` measured iterations);
-  ``started_at`` added.
+  ``started_at`` added; later, ``pid`` and ``host`` (optional: the process that supervises the
+  point, so that a ``running`` record whose process is gone is reported as failed).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import os
 import platform
 import traceback
 from dataclasses import dataclass, field
@@ -55,6 +57,8 @@ class RunRecord:
         config: the resolved Hydra config.
         error: the failure (first line: what happened; then the traceback tail), or ``None``.
         started_at, finished_at: ISO 8601 UTC.
+        pid, host: the process supervising the point (the Hydra task) and its host: a ``running``
+            record whose process is gone was killed before it could record its end.
         versions: python, torch, deepinv, nccl, pnpscale, platform, backend.
         backend, world_size, nodes, hosts, device_names, threads_per_rank: where it ran.
         assignment: ``operators_per_rank``, ``tiles_per_rank``, ``num_tiles``.
@@ -80,6 +84,8 @@ class RunRecord:
     error: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
+    pid: int | None = None
+    host: str | None = None
     versions: dict[str, Any] | None = None
     backend: str | None = None
     world_size: int | None = None
@@ -265,7 +271,7 @@ def write_run(
     )
     try:
         previous = read_record(run_dir)
-        base.started_at = previous.started_at
+        base.started_at, base.pid, base.host = previous.started_at, previous.pid, previous.host
     except RecordError:
         pass
     base.set(**fields)
@@ -309,20 +315,76 @@ def start_record(spec: Any, config: dict[str, Any] | None) -> RunRecord:
     )
 
 
+#: Bytes set aside in each running point's folder (:func:`reserve_space`): room for a failure record.
+RESERVE_BYTES = 256 * 1024
+#: Longest error text stored in a failure record (the first line is always kept whole).
+MAX_ERROR_CHARS = 8000
+
+
+def reserve_space(run_dir: Path | str, nbytes: int = RESERVE_BYTES) -> None:
+    """Set ``nbytes`` aside in ``run_dir`` (:data:`pnpscale.layout.RESERVE`), freed by :func:`write_failure`
+    on a full disk so that the failure can be recorded; best effort (a disk already full reserves less)."""
+    path = Path(run_dir) / layout.RESERVE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    except OSError:
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def release_space(run_dir: Path | str) -> None:
+    """Give back the space of :func:`reserve_space` (the point ended)."""
+    (Path(run_dir) / layout.RESERVE).unlink(missing_ok=True)
+
+
+def write_record_or_reserve(run_dir: Path | str, record: RunRecord) -> None:
+    """:func:`write_record`; on a full disk, free the reserve and try again, then with the error cut short.
+
+    Raises:
+        OSError: still no room (the disk is full and nothing was reserved).
+    """
+    try:
+        write_record(run_dir, record)
+        return
+    except OSError:
+        release_space(run_dir)
+    try:
+        write_record(run_dir, record)
+    except OSError:
+        small = RunRecord(**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)})
+        small.config, small.extra = None, {}
+        small.error = (record.error or "").splitlines()[0][:MAX_ERROR_CHARS] if record.error else None
+        write_record(run_dir, small)
+
+
 def write_failure(
     run_dir: Path, spec: Any, config: dict[str, Any] | None, exc: BaseException | str, **extra: Any
 ) -> None:
     """Record a failed run: ``run.json`` with status ``failed`` and the error; no tables.
 
-    Keeps the fields of an existing ``run.json`` (e.g. written by rank 0 before it failed).
+    Keeps the fields of an existing ``run.json`` (e.g. written by rank 0 before it failed). Stop
+    signals are held back while it writes; on a full disk the space of :func:`reserve_space` is
+    used (:func:`write_record_or_reserve`).
+
+    Raises:
+        OSError: not even a short record fits on the disk.
     """
-    try:
-        base = read_record(run_dir)
-    except RecordError:
-        base = start_record(spec, config)
-    base.status, base.finished_at = layout.STATUS_FAILED, now_iso()
-    base.error = exc if isinstance(exc, str) else _error_text(exc)
-    write_record(run_dir, base.set(**extra))
+    from pnpscale.sweep.signals import deferred
+
+    with deferred():
+        try:
+            base = read_record(run_dir)
+        except RecordError:
+            base = start_record(spec, config)
+        base.status, base.finished_at = layout.STATUS_FAILED, now_iso()
+        text = exc if isinstance(exc, str) else _error_text(exc)
+        base.error = text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "\n[...]"
+        write_record_or_reserve(run_dir, base.set(**extra))
 
 
 def now_iso() -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
+from pnpscale import layout
 from pnpscale.sweep.point import Point, resolve_point
 
 log = logging.getLogger("pnpscale")
@@ -37,6 +38,10 @@ class RunFailed(RuntimeError, CompactHydraException):
 def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     """Measure one point and write its run folder.
 
+    The run folder is locked for as long as the point runs (:class:`pnpscale.sweep.lock.FolderLock`);
+    its ``run.json`` says ``running`` with this process's pid and host, and some disk space is set
+    aside to record a failure even on a full disk (:func:`pnpscale.sweep.record.reserve_space`).
+
     Args:
         cfg: composed config of one point.
         run_dir: the run folder; default: Hydra's job output folder.
@@ -46,11 +51,13 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
 
     Raises:
         ConfigError: invalid config (nothing started).
-        RunFailed: a rank failed; the folder holds ``run.json`` with status ``failed``.
-        KeyboardInterrupt: Ctrl-C; the point is recorded as failed ("interrupted").
+        RunFailed: a rank failed (the folder holds ``run.json`` with status ``failed``), or another
+            live process holds the run folder (its run.json and tables untouched).
+        Interrupted: SIGINT / SIGTERM / SIGHUP (a ``KeyboardInterrupt``); the point is recorded as
+            failed (``interrupted (SIGINT)``, ``terminated (SIGTERM)``) and every rank is stopped.
     """
     from pnpscale.cluster import cluster_backend
-    from pnpscale.sweep.record import start_record, write_failure, write_record
+    from pnpscale.sweep.lock import Busy, FolderLock
 
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
@@ -59,31 +66,91 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     backend = cluster_backend(str(cfg.cluster.name))
     backend.enter(cfg)
     point = resolve_point(cfg, run_dir)
-    spec = point.spec
-    config = OmegaConf.to_container(cfg, resolve=True)
     _log_choices(point, backend)
-    if backend.resumes_in_task and point.done is not None:
-        log.info("skipping %s: complete run already in %s (resume=true)", point.label, point.run_dir)
-        return point.done
-    log.info("%s: %d rank(s), run folder %s", point.label, spec.gpus, point.run_dir)
-    write_record(point.run_dir, start_record(spec, config))
+    lock = FolderLock(point.run_dir)
     try:
-        backend.run(spec, point.run_dir, config)
-    except KeyboardInterrupt:
-        write_failure(point.run_dir, spec, config, "interrupted (Ctrl-C): the ranks were stopped")
-        raise
-    except Exception as exc:
-        if _is_signal(exc):  # torch elastic turns the Ctrl-C it received into an exception
-            write_failure(point.run_dir, spec, config, f"interrupted ({exc}): the ranks were stopped")
-            raise KeyboardInterrupt from None  # stops the whole sweep, not only this point
-        write_failure(point.run_dir, spec, config, exc)
-        log.error("%s failed: %s", point.label, exc)
-        raise RunFailed(point.label, point.run_dir, str(exc)) from None
-    from pnpscale.sweep.record import read_record
+        lock.acquire()
+    except Busy as exc:
+        log.error("%s refused: %s", point.label, exc)
+        raise RunFailed(point.label, point.run_dir, f"refused, {exc}") from None
+    try:
+        if lock.previous is not None:
+            log.warning("%s: took over the lock of %s: that process is gone", point.label, lock.previous.text())
+        return _run_locked(cfg, point, backend)
+    finally:
+        lock.release()
 
+
+def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
+    import os
+    import socket
+
+    from pnpscale.sweep.point import complete_run
+    from pnpscale.sweep.record import read_record, release_space, reserve_space, start_record, write_record
+    from pnpscale.sweep.signals import as_interrupted, deferred
+
+    spec = point.spec
+    # the resume rule again, now that the folder is locked: another process may have completed it
+    done = complete_run(point.run_dir, cfg, point.resume) if backend.resumes_in_task else None
+    if done is not None:
+        log.info("skipping %s: complete run already in %s (resume=true)", point.label, point.run_dir)
+        return done
+    if layout.run_status(point.run_dir) == layout.STATUS_RUNNING:  # its lock was free: that process is gone
+        log.warning("%s: the earlier run in %s never recorded its end: failed (process gone); running it again",
+                    point.label, point.run_dir)  # fmt: skip
+    config: dict[str, Any] | None = None
+    try:  # from here on, any stop or failure is recorded in run.json
+        config = OmegaConf.to_container(cfg, resolve=True)
+        log.info("%s: %d rank(s), run folder %s", point.label, spec.gpus, point.run_dir)
+        with deferred():
+            reserve_space(point.run_dir)
+            write_record(point.run_dir, start_record(spec, config).set(pid=os.getpid(), host=socket.gethostname()))
+        backend.run(spec, point.run_dir, config)
+    except BaseException as exc:
+        stop = as_interrupted(exc)
+        if stop is not None:
+            _record_failure(point, config, f"{stop}: the ranks were stopped")
+            _log_single_run_resume(point)
+            raise stop from None  # stops the whole sweep, not only this point
+        if not isinstance(exc, Exception):
+            raise
+        _record_failure(point, config, exc)
+        log.error("%s failed: %s", point.label, exc)
+        raise RunFailed(point.label, point.run_dir, str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
+    finally:
+        release_space(point.run_dir)
     result = read_record(point.run_dir).to_dict()
     log.info("%s: %s", point.label, summary_line(result))
     return result
+
+
+def _record_failure(point: Point, config: dict[str, Any] | None, error: BaseException | str) -> None:
+    """``run.json`` says ``failed`` with ``error``; a disk too full even for that is logged, never raised
+    (the stop or the failure itself decides what happens next)."""
+    from pnpscale.sweep.record import write_failure
+
+    try:
+        write_failure(point.run_dir, point.spec, config, error)
+    except OSError as exc:
+        log.error("%s: could not record the failure in %s: %s", point.label, point.run_dir, exc)
+
+
+def _log_single_run_resume(point: Point) -> None:
+    """A single run (no sweep): log the command that runs it again into the same folder."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.get().mode != RunMode.RUN:
+            return  # the launcher logs the sweep's resume command
+    except ValueError:  # not under Hydra
+        return
+    from pnpscale.sweep.cli import resume_command
+
+    ov = HydraConfig.get().overrides
+    log.error(
+        "to run it again: %s", resume_command(list(ov.task), list(ov.hydra), point.run_dir.absolute(), "hydra.run.dir")
+    )
 
 
 def _log_choices(point: Point, backend: Any) -> None:
@@ -109,12 +176,6 @@ def _log_choices(point: Point, backend: Any) -> None:
             contention[0],
             contention[1],
         )
-
-
-def _is_signal(exc: BaseException) -> bool:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    return isinstance(exc, SignalException)
 
 
 def summary_line(run_json: dict[str, Any]) -> str:

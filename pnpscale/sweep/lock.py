@@ -1,0 +1,169 @@
+"""One process at a time per run folder and per sweep folder (``filelock``), and who holds it.
+
+A point's run folder is locked by the Hydra task for as long as its ranks run; a sweep folder by
+the sweeper for the whole sweep (before Hydra writes its ``multirun.yaml``). The lock is
+``filelock.FileLock`` on ``<folder>/.pnpscale.lock`` (``flock(2)``: the kernel drops it when the
+holder dies, even by SIGKILL, so a stale lock is simply taken over). While held, the lock file
+holds its holder as JSON (pid, host, start time, command), so a second process refuses with one
+line naming the holder; it is emptied on release, so a holder found in a free lock is a process
+that died holding it, and the process taking it over says so.
+
+Also here: :func:`process_gone`, which tells a ``running`` record whose process no longer exists
+(killed before it could record its end) from one still running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pnpscale import layout
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The process holding a lock: ``pid`` on ``host`` since ``started_at`` (ISO 8601 UTC)."""
+
+    pid: int | None
+    host: str | None
+    started_at: str | None
+    command: str | None = None
+
+    def text(self) -> str:
+        """``pid 123 on host node1 since 2025-01-01T00:00:00+00:00``."""
+        return f"pid {self.pid} on host {self.host} since {self.started_at}"
+
+    @classmethod
+    def me(cls) -> Holder:
+        from pnpscale.sweep.record import now_iso
+
+        return cls(os.getpid(), socket.gethostname(), now_iso(), " ".join(["python", "-m", "pnpscale", *sys.argv[1:]]))
+
+
+class Busy(RuntimeError):
+    """The folder is locked by another live process; ``str()`` names the folder and the holder."""
+
+    def __init__(self, folder: Path, holder: Holder | None) -> None:
+        self.folder, self.holder = folder, holder
+        who = holder.text() if holder is not None else "another process (not yet recorded)"
+        super().__init__(f"{folder} is in use by {who}")
+
+
+def _read_holder(path: Path) -> Holder | None:
+    try:
+        data = json.loads(path.read_text() or "null")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return Holder(data.get("pid"), data.get("host"), data.get("started_at"), data.get("command"))
+
+
+class FolderLock:
+    """Exclusive lock of one folder (created if missing); use as a context manager or
+    :meth:`acquire` / :meth:`release`.
+
+    Attributes:
+        folder: the locked folder.
+        previous: after :meth:`acquire`, the holder recorded by a process that died holding the
+            lock (taken over), else ``None``.
+    """
+
+    def __init__(self, folder: Path | str) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / layout.LOCK
+        self.previous: Holder | None = None
+        self._lock: Any = None
+
+    def acquire(self) -> FolderLock:
+        """Take the lock now or refuse; never waits.
+
+        Raises:
+            Busy: another live process holds it.
+            OSError: the folder cannot be created or written.
+        """
+        from filelock import FileLock, Timeout
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        before = _read_holder(self.path)
+        lock = FileLock(str(self.path), timeout=0, thread_local=False)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise Busy(self.folder, _read_holder(self.path)) from None
+        self._lock = lock
+        me = Holder.me()
+        if before is not None and before.pid != me.pid:
+            self.previous = before
+        try:
+            with open(self.path, "r+") as f:  # same inode: the flock stays
+                f.truncate()
+                f.write(json.dumps(asdict(me)))
+        except OSError:  # a full disk: the lock holds, only the holder's name is missing
+            pass
+        return self
+
+    def release(self, remove: bool = False) -> None:
+        """Drop the lock; its file stays (empty: no holder), or is removed (``remove=True``)."""
+        if self._lock is None:
+            return
+        try:
+            if remove:
+                self.path.unlink(missing_ok=True)
+            else:
+                with open(self.path, "r+") as f:
+                    f.truncate()
+        except OSError:
+            pass
+        finally:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> FolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def process_gone(pid: Any, host: Any, started_at: Any = None) -> bool:
+    """Whether the process ``pid`` on ``host`` that started a record at ``started_at`` is gone.
+
+    Only decidable on the same host: the pid does not exist, or exists but started after the
+    record did (the pid was reused). ``False`` when undecidable (another host, no pid).
+    """
+    if not isinstance(pid, int) or host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    born = _process_start(pid)
+    if born is None or not started_at:
+        return False
+    import datetime as dt
+
+    try:
+        recorded = dt.datetime.fromisoformat(str(started_at)).timestamp()
+    except ValueError:
+        return False
+    return born > recorded + 1.0  # ISO seconds are truncated
+
+
+def _process_start(pid: int) -> float | None:
+    """Start time of ``pid`` (seconds since the epoch) from ``/proc``, else ``None``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return btime + ticks / os.sysconf("SC_CLK_TCK")

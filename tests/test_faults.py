@@ -1,0 +1,426 @@
+"""The harness under faults (README "Faults"): one test per fault family, each checking the exit code,
+the status record, that no rank process survives and that no measurement is lost."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pnpscale import layout
+from tests.helpers import ROOT, TINY_2D, read_run, run_cli, run_dirs
+from tests.test_report import fake_run, spec
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.Popen:
+    """``python -m pnpscale ARGS`` in its own process group, stdout and stderr merged."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.Popen([sys.executable, "-m", "pnpscale", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)  # fmt: skip
+
+
+def _read_until(proc: subprocess.Popen, needle: str, lines: list[str]) -> None:
+    for line in proc.stdout:
+        lines.append(line)
+        if needle in line:
+            return
+    pytest.fail(f"never saw {needle!r}:\n" + "".join(lines))
+
+
+def _no_survivor(pgid: int, grace_s: float = 10.0) -> bool:
+    """Every process of the group ``pgid`` (the command and its ranks) is gone."""
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 3 MB tmpfs (root only), to fill up; skipped where it cannot be mounted."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _fill(folder: Path) -> Path:
+    """Fill the file system of ``folder`` until ENOSPC; returns the filler file."""
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    return filler
+
+
+# ------------------------------------------------------------------------------------ 1. signals
+
+
+def test_1_signal_handlers_are_restored_and_a_signal_is_an_exit_code():
+    from pnpscale.sweep import signals
+
+    before = {s: signal.getsignal(s) for s in signals.ELASTIC_SIGNALS}
+    with signals.preserved():
+        for s in signals.ELASTIC_SIGNALS:
+            signal.signal(s, lambda *a: None)  # what torch elastic does in PContext.start()
+    assert {s: signal.getsignal(s) for s in signals.ELASTIC_SIGNALS} == before
+    assert signals.exit_code(signals.Interrupted(signal.SIGTERM)) == 143
+    assert signals.exit_code(KeyboardInterrupt()) == 130
+    assert str(signals.Interrupted(signal.SIGTERM)) == "terminated (SIGTERM)"
+    got = []
+    old = signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+    try:
+        with signals.deferred((signal.SIGUSR1,)):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.05)
+            assert got == []  # held back during the body
+        assert got == [signal.SIGUSR1]  # delivered right after
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+@pytest.mark.slow
+def test_1_run_ranks_puts_back_the_signal_handlers(tmp_path):
+    from pnpscale.cluster.local import run_ranks
+    from tests.toy_problem import noop_rank
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    run_ranks(1, noop_rank, (), tmp_path / "logs", 1)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.mark.slow
+def test_1_sigint_between_points_records_reports_and_prints_the_resume_command(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = _cli("-m", "gpus=1,2", *TINY_2D, f"output.root={tmp_path}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    lines: list[str] = []
+    _read_until(proc, "gpus=1: LB", lines)  # point 1 complete; point 2 about to start
+    os.kill(proc.pid, signal.SIGINT)  # the command only, as `kill -INT` does
+    out = "".join(lines) + proc.communicate(timeout=240)[0]
+    assert proc.returncode == 130, out
+    assert _no_survivor(proc.pid)
+    runs = {read_run(d)["gpus"]: read_run(d) for d in sorted(p.parent for p in sweep.glob("**/run.json"))}
+    assert runs[1]["status"] == "complete"
+    if 2 in runs:  # the signal landed once point 2 had started
+        assert runs[2]["status"] == "failed" and runs[2]["error"].startswith("interrupted (SIGINT)")
+    assert (
+        "gpus=1 " in (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
+        or (sweep / layout.REPORT_DIR / layout.SUMMARY).is_file()
+    )
+    assert f"python -m pnpscale -m gpus=1,2 {TINY_2D[0]}" in out and f"hydra.sweep.dir={sweep}" in out
+
+
+@pytest.mark.slow
+def test_1_sigterm_in_the_first_moments_of_a_point_records_it_terminated(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _cli("gpus=2", *TINY_2D, f"output.root={tmp_path}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    lines: list[str] = []
+    _read_until(proc, "2 rank(s), run folder", lines)
+    os.kill(proc.pid, signal.SIGTERM)
+    out = "".join(lines) + proc.communicate(timeout=240)[0]
+    assert proc.returncode == 143, out
+    assert _no_survivor(proc.pid)
+    run = read_run(run_dir)
+    assert run["status"] == "failed" and run["error"].startswith("terminated (SIGTERM)"), run["error"]
+    assert not any((run_dir / t).exists() for t in layout.TABLES)
+    assert f"hydra.run.dir={run_dir}" in out
+
+
+@pytest.mark.slow
+def test_1_sigterm_while_the_report_is_written_leaves_the_previous_report(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ("-m", "gpus=1", *TINY_2D, f"output.root={tmp_path}", f"hydra.sweep.dir={sweep}")
+    first = _cli(*args, cwd=tmp_path)
+    out = first.communicate(timeout=240)[0]
+    assert first.returncode == 0, out
+    report = sweep / layout.REPORT_DIR
+    before = {p.name: p.read_bytes() for p in report.iterdir()}
+    again = _cli(*args, cwd=tmp_path)  # resume: the point is skipped, the report rewritten
+    lines: list[str] = []
+    _read_until(again, "writing the report", lines)
+    os.kill(again.pid, signal.SIGTERM)
+    out = "".join(lines) + again.communicate(timeout=240)[0]
+    assert again.returncode == 143, out
+    assert sorted(p.name for p in report.iterdir()) == sorted(before)  # no staging folder, no file missing
+    assert (report / layout.SUMMARY).read_bytes() == before[layout.SUMMARY]
+    assert (report / layout.REPORT_README).read_bytes() == before[layout.REPORT_README]
+    assert read_run(next(p.parent for p in sweep.glob("**/run.json")))["status"] == "complete"
+
+
+# ---------------------------------------------------------------------------------- 2. locks
+
+
+def test_2_a_folder_in_use_is_refused_naming_the_holder_and_a_stale_lock_taken_over(tmp_path):
+    from pnpscale.sweep.lock import Busy, FolderLock
+
+    sweep = tmp_path / "sweep"
+    with FolderLock(sweep):  # a first sweep holds the folder
+        (sweep / "multirun.yaml").write_text("first sweep\n")
+        second = run_cli("-m", "gpus=1", *TINY_2D, f"hydra.sweep.dir={sweep}", root=tmp_path, timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert f"is in use by pid {os.getpid()} on host {socket.gethostname()} since " in second.stderr
+        assert (sweep / "multirun.yaml").read_text() == "first sweep\n"
+        assert not run_dirs(tmp_path)
+        with pytest.raises(Busy, match=f"pid {os.getpid()}"):
+            FolderLock(sweep).acquire()
+    stale = {"pid": _dead_pid(), "host": socket.gethostname(), "started_at": "2026-01-01T00:00:00+00:00"}
+    (sweep / layout.LOCK).write_text(json.dumps(stale))  # its holder died without releasing it
+    with FolderLock(sweep) as lock:
+        assert lock.previous is not None and lock.previous.pid == stale["pid"]
+
+
+def test_2_a_run_folder_in_use_is_refused_and_left_untouched(tmp_path):
+    from pnpscale.sweep.lock import FolderLock
+
+    run_dir = tmp_path / "run"
+    with FolderLock(run_dir):
+        (run_dir / layout.RUN_JSON).write_text('{"status": "running"}')
+        proc = run_cli("gpus=1", *TINY_2D, f"hydra.run.dir={run_dir}", root=tmp_path, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert f"refused, {run_dir} is in use by pid {os.getpid()}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (run_dir / layout.RUN_JSON).read_text() == '{"status": "running"}'
+
+
+# ------------------------------------------------------------------------------ 3. full disk
+
+
+def test_3_a_failure_is_recorded_on_a_full_disk(tmpfs):
+    from pnpscale.sweep.record import reserve_space, start_record, write_failure, write_record
+
+    run_dir = tmpfs / "run"
+    run_dir.mkdir()
+    s = spec("2d", "inference", 2)
+    write_record(run_dir, start_record(s, {"x": "y" * 2000}).set(pid=os.getpid(), host=socket.gethostname()))
+    reserve_space(run_dir)
+    _fill(tmpfs)
+    write_failure(run_dir, s, None, OSError(errno.ENOSPC, "No space left on device"))
+    run = read_run(run_dir)
+    assert run["status"] == "failed" and "No space left on device" in run["error"]
+
+
+def test_3_a_failure_is_recorded_when_the_writer_hits_enospc(tmp_path, monkeypatch):
+    from pnpscale.sweep import record
+
+    s = spec("2d", "inference", 2)
+    record.write_record(tmp_path, record.start_record(s, None))
+    record.reserve_space(tmp_path)
+    real, calls = layout.write_json, []
+
+    def full_once(path, obj):
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, obj)
+
+    monkeypatch.setattr(layout, "write_json", full_once)
+    record.write_failure(tmp_path, s, None, "interrupted (SIGINT): the ranks were stopped")
+    assert read_run(tmp_path)["status"] == "failed" and not (tmp_path / layout.RESERVE).exists()
+
+
+def test_3_a_report_on_a_full_disk_fails_in_one_line_and_keeps_the_previous_one(tmpfs, capsys):
+    from pnpscale.results.report import main
+
+    sweep = tmpfs / "sweep"
+    fake_run(sweep / layout.point_subdir("2d", "inference", 1), "2d", "inference", {"gradient": [(1.0, 0.0)]})
+    assert main([str(sweep)]) == 0
+    report = sweep / layout.REPORT_DIR
+    before = {p.name: p.read_bytes() for p in report.iterdir()}
+    _fill(tmpfs)
+    capsys.readouterr()
+    assert main([str(sweep)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pnpscale.report: error: report not written (OSError"), err
+    assert {p.name: p.read_bytes() for p in report.iterdir()} == before
+
+
+def test_3_a_running_record_whose_process_is_gone_is_reported_failed(tmp_path):
+    import pnpscale
+    from pnpscale.sweep.record import start_record, write_record
+
+    sweep = tmp_path / "sweep"
+    fake_run(sweep / layout.point_subdir("2d", "inference", 1), "2d", "inference", {"gradient": [(1.0, 0.0)]})
+    killed = sweep / layout.point_subdir("2d", "inference", 2)
+    write_record(killed, start_record(spec("2d", "inference", 2), None).set(pid=_dead_pid(), host=socket.gethostname()))
+    alive = sweep / layout.point_subdir("2d", "inference", 4)
+    write_record(alive, start_record(spec("2d", "inference", 4), None).set(pid=os.getpid(), host=socket.gethostname()))
+    table = pnpscale.load(sweep).set_index("gpus")
+    assert table.loc[2, "status"] == "failed" and table.loc[2, "error"].startswith("failed (process gone): pid ")
+    assert table.loc[4, "status"] == "running"  # this very process: still alive
+
+
+# ------------------------------------------------------------------------- 4. damaged folders
+
+
+def test_4_damaged_run_folders_are_reported_one_by_one(tmp_path, capsys):
+    import shutil
+
+    import pnpscale
+    from pnpscale.results.report import main
+
+    sweep = tmp_path / "sweep"
+    p = lambda g: sweep / layout.point_subdir("2d", "inference", g)  # noqa: E731
+    fake_run(p(1), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]})
+    fake_run(p(2), "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2})
+    fake_run(p(4), "2d", "inference", {"gradient": [(0.4, 0.2)] * 4, "denoiser": [(0.9, 0.1)] * 4})
+    shutil.copytree(p(1), p(8))  # an older version's folder: two columns it did not write
+    (p(8) / layout.RUN_JSON).write_text((p(1) / layout.RUN_JSON).read_text().replace('"gpus": 1', '"gpus": 8'))
+    old = pd.read_parquet(p(8) / layout.SECTIONS).drop(columns=["main_transfer_s", "other_payload_bytes"])
+    old.to_parquet(p(8) / layout.SECTIONS, index=False)
+    data = (p(2) / layout.SECTIONS).read_bytes()
+    (p(2) / layout.SECTIONS).write_bytes(data[: len(data) // 2])  # truncated
+    (p(4) / layout.RUN_JSON).write_text("{garbage")
+
+    table = pnpscale.load(sweep)
+    all_ = table[table["section"] == "all"].set_index("gpus")
+    assert all_.loc[1, "status"] == "complete" and all_.loc[8, "status"] == "complete"
+    assert pd.isna(all_.loc[8, "main_transfer_s"])  # missing column: NA, not a KeyError
+    assert all_.loc[2, "status"] == "unreadable"
+    assert all_.loc[2, "error"].startswith(f"unreadable: {p(2) / layout.SECTIONS}: ")
+    assert all_.loc[4, "status"] == "unreadable"
+    assert all_.loc[4, "error"].startswith(f"unreadable: {p(4) / layout.RUN_JSON}: invalid JSON")
+
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert f"gpus=2: unreadable: {p(2) / layout.SECTIONS}: " in out and f"gpus=4: unreadable: {p(4)}" in out
+    readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
+    assert "missing (unreadable)" in readme
+    assert main([str(sweep), "--strict"]) == 1
+    assert "2 point(s) unreadable (--strict)" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------- 5. command line
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        return None
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_5_command_line_faults_exit_2_with_one_line(tmp_path, read_only_dir):
+    (tmp_path / "a_file").write_text("x")
+    cases = [
+        ("hydra.run.dir=/proc/pnpscale", "gpus=1"),
+        (f"hydra.run.dir={tmp_path / 'a_file'}", "gpus=1"),
+        ("-m", f"hydra.sweep.dir={tmp_path / 'a_file' / 'sub'}", "gpus=1"),
+        ("-m", "gpus=1,2", "--cfg", "job"),
+        ("gpus=1,2",),
+    ]
+    if read_only_dir is not None:
+        cases.append(("-m", f"hydra.sweep.dir={read_only_dir / 'sweep'}", "gpus=1"))
+    for args in cases:
+        proc = run_cli(*args, *TINY_2D, root=tmp_path, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert len(lines) == 1 and lines[0].startswith("pnpscale: error: "), (args, proc.stderr)
+    assert "add -m" in proc.stderr if args == ("gpus=1,2",) else True
+
+
+def test_5_help_is_quick_with_a_big_folder_in_the_repository_root(tmp_path):
+    import shutil
+
+    for name in ("conf", "sweeps", "pnpscale", "hydra_plugins"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    venv = tmp_path / ".venv"
+    for i in range(300):  # a fake virtual environment: many folders with yaml files
+        d = venv / "lib" / f"pkg{i}" / "conf" / "group"
+        d.mkdir(parents=True)
+        (d / "opt.yaml").write_text("a: 1\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pnpscale", "--help"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    groups = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    assert "sweeps: comm_inference_2d" in groups and ".venv" not in groups and "conf/" not in groups
+    assert "Examples:" in proc.stdout and "gpus: 1" in proc.stdout
+    assert elapsed < 3.0 or os.getloadavg()[0] > os.cpu_count(), f"--help took {elapsed:.1f} s"
+
+
+# --------------------------------------------------------------------------- 6. hung rank
+
+
+@pytest.mark.slow
+def test_6_a_hung_rank_is_named_with_the_timeout_that_fired(tmp_path):
+    proc = run_cli("gpus=2", *TINY_2D, "inject.rank=1", "inject.section=denoiser", "inject.delay_s=120",
+                   "dist.timeout_s=10", root=tmp_path, timeout=240)  # fmt: skip
+    assert proc.returncode == 1
+    assert "rank 1 did not arrive within dist.timeout_s=10 s: last seen in section 'denoiser' of iteration 0" in (
+        proc.stderr
+    ), proc.stderr[-2000:]
+    (d,) = run_dirs(tmp_path)
+    assert read_run(d)["status"] == "failed" and "rank 1 did not arrive" in read_run(d)["error"]
+
+
+# ---------------------------------------------------------------- 7. paths and Markdown
+
+
+def test_7_paths_that_leave_the_folder_are_refused_and_report_text_is_escaped(tmp_path):
+    for args in (("hydra.job.name=../../x", "gpus=1"), ("-m", "hydra.sweep.subdir=../../x", "gpus=1")):
+        proc = run_cli(*args, *TINY_2D, root=tmp_path, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.startswith("pnpscale: error: hydra."), proc.stderr
+    assert not (tmp_path.parent / "x").exists() and not (tmp_path / "x").exists()
+
+    from pnpscale.results.report import write_report
+    from pnpscale.sweep.record import write_failure
+
+    sweep = tmp_path / "sweep"
+    fake_run(sweep / layout.point_subdir("2d", "inference", 1), "2d", "inference", {"gradient": [(1.0, 0.0)]})
+    run2 = sweep / layout.point_subdir("2d", "inference", 2)
+    write_failure(run2, spec("2d", "inference", 2), None, "boom | <script>alert(1)</script>")
+    readme = (write_report(sweep, echo=lambda s: None) / layout.REPORT_README).read_text()
+    assert "boom \\| &lt;script&gt;alert(1)&lt;/script&gt;" in readme and "<script>" not in readme
+
+
+# ----------------------------------------------------------------------------- 8. resources
+
+
+def test_8_a_local_point_that_does_not_fit_is_refused_before_anything_starts(monkeypatch):
+    from pnpscale.cluster import resources
+    from pnpscale.cluster.local import LocalCluster
+    from pnpscale.sweep.config import ConfigError
+
+    monkeypatch.setattr(resources, "rank_footprint", lambda measure=True: (400 * 10**6, 300 * 10**6))
+    monkeypatch.setattr(resources, "available_bytes", lambda: 20 * 10**9)
+    LocalCluster().check({}, spec("2d", "inference", 16), 0)
+    with pytest.raises(ConfigError) as hit:
+        LocalCluster().check({}, spec("2d", "inference", 64), 0)
+    msg = str(hit.value)
+    assert msg.startswith("gpus=64: needs about ") and "GB is available" in msg and "cluster=slurm, or gpus<=" in msg
+    with pytest.raises(ConfigError, match=r"this machine has 2 CUDA device\(s\): allowed 1..2 locally"):
+        LocalCluster().check({}, dataclasses.replace(spec("2d", "inference", 4), backend="auto"), 2)
+    fits = int(msg.split("gpus<=")[1].split()[0])
+    LocalCluster().check({}, spec("2d", "inference", fits), 0)
