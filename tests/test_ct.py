@@ -110,23 +110,37 @@ def test_distributed_gradient_equals_single_process(tmp_path):
 
 @pytest.mark.slow
 def test_angle_blocks_keep_the_gradient_balanced_where_two_operators_cannot(tmp_path):
-    """gpus=4: ct with 16 angle blocks (4 per rank) keeps the gradient's LB >= 0.9; 2d with 2 operators
-    leaves two ranks without an operator: LB about 0.5 (the study's wall, and its remedy).
+    """gpus=4: ct with 16 angle blocks (4 per rank) keeps the gradient balanced; 2d with 2 operators leaves
+    two ranks without an operator: LB about 0.5 (the study's wall, and its remedy).
 
-    With fewer CPU cores than ranks the 4 ranks time-share the cores and the measured compute of equal
-    work differs by whole scheduler slices (seen: 0.82..0.93 on 2 loaded cores); there the test asks
-    LB >= 0.75 and a clear margin over 2d, and says so.
+    Balance is judged on each rank's compute averaged over the measured iterations (``mean_r C_r /
+    max_r C_r`` of the per-rank means: the assignment's LB, what the operator split decides). The
+    per-iteration LB of ``run.json`` also carries time-slice noise when 4 ranks share fewer cores
+    (seen 0.70..0.93 for ct on 2 loaded cores), so there it is only required to rank ct above 2d;
+    with a core per rank it must reach 0.9.
     """
+    import pandas as pd
+
+    from pnpscale import columns as K
+    from pnpscale import layout
     from tests.helpers import TINY_2D, read_run, run_cli, run_dirs
 
-    common = ["gpus=4", "iterations=3", "warmup=1", "report=false"]
+    common = ["gpus=4", "iterations=5", "warmup=1", "report=false"]
     ct = ["problem=ct", "scale=small", "problem.num_operators=16", "problem.params.angles_per_pixel=2",
           "problem.patch_size=56", "problem.nc=[4,8,8,8]"]  # fmt: skip
     two_d = [o for o in TINY_2D if not o.startswith(("problem.num_operators", "iterations", "warmup"))]
     for overrides in (ct, [*two_d, "problem.num_operators=2"]):
         proc = run_cli(*common, *overrides, root=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    lb = {read_run(d)["problem"]: read_run(d)["metrics"]["sections"]["gradient"]["lb"] for d in run_dirs(tmp_path)}
+    lb, assigned = {}, {}
+    for d in run_dirs(tmp_path):
+        run = read_run(d)
+        lb[run["problem"]] = run["metrics"]["sections"]["gradient"]["lb"]
+        ranks = pd.read_parquet(d / layout.RANKS)
+        g = ranks[(ranks[K.SECTION] == "gradient") & ~ranks[K.WARMUP]]
+        per_rank = (g[K.SECTION_S] - g[K.COMM_S]).groupby(g[K.RANK]).mean()
+        assigned[run["problem"]] = float(per_rank.mean() / per_rank.max())
     enough_cores = len(os.sched_getaffinity(0)) >= 4
-    assert lb["ct"] >= (0.9 if enough_cores else 0.75), (lb, f"{len(os.sched_getaffinity(0))} cores for 4 ranks")
-    assert 0.35 <= lb["2d"] <= 0.7 and lb["ct"] - lb["2d"] >= 0.2, lb
+    assert assigned["ct"] >= 0.85, (assigned, lb)
+    assert 0.35 <= assigned["2d"] <= 0.7 and 0.35 <= lb["2d"] <= 0.7, (assigned, lb)
+    assert lb["ct"] >= (0.9 if enough_cores else lb["2d"] + 0.1), (lb, f"{len(os.sched_getaffinity(0))} cores")
