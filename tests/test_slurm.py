@@ -333,7 +333,7 @@ def _slurm_args(root: Path, *extra: str) -> list[str]:
 
 
 def _point_dirs(root: Path) -> dict[int, Path]:
-    return {read_run(p.parent)["gpus"]: p.parent for p in (root / "outputs" / "sweep").glob("problem=*/*/*/run.json")}
+    return {read_run(p.parent)["gpus"]: p.parent for p in (root / "outputs" / "sweep").glob("problem=*/**/run.json")}
 
 
 @pytest.fixture(scope="module")
