@@ -165,7 +165,15 @@ def read_header(path: Path | str) -> TraceInfo:
         raise TraceError(f"{path}: cannot read trace: {_first_line(exc)}") from exc
     if not array_top and "traceEvents" not in meta and len(head) < _HEAD_MAX:
         raise NotATraceError(f"{path}: no traceEvents list before the end of the file: not a Kineto trace")
+    if array_top and not _array_of_objects(head):
+        raise NotATraceError(f"{path}: a JSON array whose items are not event objects: not a trace")
     return _info(path, meta)
+
+
+def _array_of_objects(head: bytes) -> bool:
+    """Whether a top-level JSON array (Chrome's array trace format) starts with an object, or is empty."""
+    body = head.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip()[1:].lstrip()
+    return not body or body[:1] in (b"{", b"]")
 
 
 def read_trace(
@@ -253,7 +261,11 @@ def _stream(
             import ijson
 
             prefix = "item" if array_top else "traceEvents.item"
-            for ev in ijson.items(stream, prefix, use_float=False):
+            for n, ev in enumerate(ijson.items(stream, prefix, use_float=False)):
+                if not isinstance(ev, dict):
+                    raise TraceError(
+                        f"{path}: event {n} of {prefix.split('.')[0]} is {type(ev).__name__}, not an object"
+                    )
                 collector.add(ev)
     except TraceError:
         raise

@@ -104,6 +104,8 @@ def check_hydra_override(key: str, value: Any) -> None:
 
     text = "" if value is None else str(value)
     if key in HYDRA_DIRS:
+        if not text.strip():
+            raise ConfigError(key, "''", "must name a folder (empty would write the run into the current folder)")
         static = text.split("${", 1)[0]
         if static and not writable_dir(Path(static)):
             raise ConfigError(key, text, "must be a folder this user can create and write")
@@ -218,7 +220,12 @@ def check_single_point(argv: Sequence[str]) -> None:
     from pnpscale.sweep.point import resolve_point
 
     cfg = compose_config(overrides)
-    resolve_point(cfg, Path(str(cfg.output.root)) / "__not_created__")
+    # the folder Hydra will write: checked now (resume rule), before Hydra writes its .hydra/ into it
+    run_dir = next(
+        (str(ov.value()) for ov in parsed if ov.key_or_group == "hydra.run.dir" and "${" not in str(ov.value())),
+        None,
+    )
+    resolve_point(cfg, Path(run_dir) if run_dir else Path(str(cfg.output.root)) / "__not_created__")
 
 
 def _show(ov: Any) -> str:

@@ -93,12 +93,29 @@ def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None
     devices = cuda_device_count() if cuda_devices is None else cuda_devices
     spec = resolve_spec(cfg, cuda_available=devices > 0)
     backend.check(cfg, spec, devices)
+    _check_problem(spec)
     if not writable_dir(Path(str(cfg["output"]["root"]))):
         raise ConfigError("output.root", cfg["output"]["root"], "must be a folder this user can create and write")
     resume = bool(cfg["resume"])
     point = Point(spec, backend.name, Path(run_dir), resume, complete_run(Path(run_dir), cfg, resume))
     _RESOLVED[key] = point
     return point
+
+
+def _check_problem(spec: RunSpec) -> None:
+    """The problem class's own rules (:meth:`pnpscale.rank.problems.Problem.check`) as a ConfigError.
+
+    Raises:
+        ConfigError: ``problem.impl`` cannot be imported, or the class refuses a value.
+    """
+    from pnpscale.rank.problems import ProblemError, make_problem
+
+    try:
+        make_problem(spec).check()
+    except ProblemError as exc:
+        key, _, rest = str(exc).partition("=")
+        value, _, allowed = rest.partition(": ")
+        raise ConfigError(key, value, allowed or str(exc)) from None
 
 
 def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any] | None:
@@ -126,7 +143,7 @@ def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any]
         "resume",
         True,
         f"{run_dir} holds a complete run of another spec (fingerprint {done.get('fingerprint')}, this point "
-        f"{spec.fingerprint()}): use another hydra.sweep.dir, or resume=false to replace it",
+        f"{spec.fingerprint()}): use another folder (hydra.sweep.dir / hydra.run.dir), or resume=false to replace it",
     )
 
 

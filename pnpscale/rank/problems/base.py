@@ -66,6 +66,16 @@ class Problem:
     def num_operators(self) -> int:
         return int(self.spec.sizes["num_operators"])
 
+    def check(self) -> None:
+        """Problem-specific rules on the spec (``params``, sizes), run before any rank starts.
+
+        The default accepts everything; override it to refuse values the class cannot use.
+
+        Raises:
+            ProblemError: one line naming the key (``problem.params.<name>``, ``problem.<size>``), the
+                value and what is allowed.
+        """
+
     def ground_truth(self, device: torch.device) -> torch.Tensor:
         """Signal ``(1, C, *[N]*dims)`` of :attr:`signal_dtype` (default: :func:`synthetic_signal`)."""
         s = self.spec

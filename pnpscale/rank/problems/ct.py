@@ -45,6 +45,20 @@ class ParallelBeamCT(Problem):
         ratio = float(self.spec.params.get("angles_per_pixel", 1.0))
         return max(1, round(ratio * self.spec.sizes["image_size"]))
 
+    def check(self) -> None:
+        """``params.angles_per_pixel`` a number > 0; ``num_operators`` <= the number of angles.
+
+        Raises:
+            ProblemError: one line naming the key, the value and what is allowed.
+        """
+        unknown = sorted(set(self.spec.params) - {"angles_per_pixel"})
+        if unknown:
+            raise ProblemError(f"problem.params.{unknown[0]}={self.spec.params[unknown[0]]}: ct reads angles_per_pixel")
+        ratio = self.spec.params.get("angles_per_pixel", 1.0)
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
+            raise ProblemError(f"problem.params.angles_per_pixel={ratio}: must be a number > 0")
+        angle_blocks(self.num_angles, self.num_operators)
+
     def angles_deg(self) -> torch.Tensor:
         """All ``A`` angles in degrees, evenly spaced over [0, 180)."""
         a = self.num_angles
