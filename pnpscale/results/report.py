@@ -460,8 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m pnpscale.report DIR [--out OUT] [--strict]``.
 
     Exit codes: 0 report written; 1 the report could not be written (one line; the previous report
-    is intact), or ``--strict`` and some point's run folder is unreadable; 2 a folder without runs.
+    is intact), or ``--strict`` and some point's run folder is unreadable; 2 a folder without runs;
+    130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP (one line; the previous report is intact).
     """
+    from pnpscale.sweep import signals
+
     parser = argparse.ArgumentParser(prog="python -m pnpscale.report", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="folder holding run folders (a sweep, or outputs/ with several sweeps)")
     parser.add_argument("--out", default=None, help="report folder (default: PATH/report)")
@@ -478,8 +481,14 @@ def main(argv: list[str] | None = None) -> int:
         if ": unreadable: " in line:
             unreadable.append(line)
 
+    signals.install()
     try:
         out = write_report(args.path, args.out, echo=echo)
+    except KeyboardInterrupt as exc:
+        stop = signals.as_interrupted(exc)
+        what = str(stop) if stop is not None else "interrupted"
+        print(f"pnpscale.report: {what}: report not written, the previous one is intact", file=sys.stderr)
+        return signals.exit_code(exc)
     except NoRunsError as exc:
         print(f"pnpscale.report: error: {exc}", file=sys.stderr)
         return 2
