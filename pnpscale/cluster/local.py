@@ -230,7 +230,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from pnpscale.rank.worker import KINETO_LOG_LEVEL, LAUNCH_T0_ENV, PARENT_PID_ENV
+    from pnpscale.rank.worker import KINETO_LOG_LEVEL, LAUNCH_T0_ENV, PARENT_PID_ENV, in_environment
     from pnpscale.sweep.signals import preserved
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -243,7 +243,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         rdzv_endpoint="localhost:0",
         max_restarts=0,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=rank_start_method(),
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee={0: Std.OUT}),
         log_line_prefix_template="[rank${rank}] ",
     )
@@ -260,13 +260,30 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     elastic_log.setLevel(logging.CRITICAL)  # the rank's error is re-raised below, once
     try:
         with _environ(**env), preserved():
-            return elastic_launch(launch_cfg, entrypoint)(*args)
+            return elastic_launch(launch_cfg, in_environment)(dict(os.environ), env, entrypoint, *args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         failures = {r: _failure_message(f) for r, f in exc.failures.items()}
         raise RankFailed(rank, _failure_message(failure), _rank_log(log_dir, rank), failures) from None
     finally:
         elastic_log.setLevel(level)
+
+
+# --- how ranks start: from a forkserver that imported what they need ------------------------------
+
+#: modules every rank imports, loaded once by the forkserver that forks the ranks; the server lives as
+#: long as this process, so the points of a sweep after the first start without importing them again
+RANK_PRELOAD = ("torch", "torch.distributed", "deepinv", "pnpscale.rank.worker", "pnpscale.rank.solver")
+
+
+def rank_start_method() -> str:
+    """``forkserver`` (preloading :data:`RANK_PRELOAD`) where the platform has it, else ``spawn``."""
+    import multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    mp.set_forkserver_preload(list(RANK_PRELOAD))
+    return "forkserver"
 
 
 def _failure_message(failure: Any) -> str:

@@ -39,8 +39,19 @@ def die_with_parent(parent_pid: int) -> None:
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):  # not Linux: the elastic agent still stops the ranks it can
         return
-    if os.getppid() != parent_pid:
+    parent = os.getppid()
+    if parent != parent_pid and _parent_of(parent) != parent_pid:  # forked by the launcher's forkserver
         os._exit(1)
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (``/proc``), ``None`` when unknown. A rank forked by the launcher's
+    forkserver has it as parent: the server exits when the launcher dies, and its ranks with it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Heartbeat:
@@ -395,6 +406,20 @@ class Group:
                 yield ctx
         finally:
             os.environ.update(hidden)
+
+
+@record
+def in_environment(environ: dict[str, str], ours: dict[str, str], entrypoint: Any, *args: Any) -> Any:
+    """Run ``entrypoint(*args)`` in the launching process's environment.
+
+    A forked rank inherits the forkserver's environment (of the first launch), not the launcher's:
+    ``ours`` (this launch's variables) replace it, the launcher's other variables are added where
+    the rank has none (elastic's own, ``RANK``..., are kept).
+    """
+    for k, v in environ.items():
+        os.environ.setdefault(k, v)
+    os.environ.update(ours)
+    return entrypoint(*args)
 
 
 @record
