@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -262,9 +263,13 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         with _environ(**env), preserved():
             return elastic_launch(launch_cfg, in_environment)(dict(os.environ), env, entrypoint, *args)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        failures = {r: _failure_message(f) for r, f in exc.failures.items()}
-        raise RankFailed(rank, _failure_message(failure), _rank_log(log_dir, rank), failures) from None
+        # elastic reports the first rank seen to exit; the others' error files may name the cause
+        seen = {r: (f.timestamp, _failure_message(f)) for r, f in exc.failures.items()}
+        recorded = _recorded_errors(log_dir)
+        rank = root_failure({**recorded, **seen})
+        message = (seen.get(rank) or recorded[rank])[1]
+        failures = {r: m for r, (_, m) in {**recorded, **seen}.items()}
+        raise RankFailed(rank, message, _rank_log(log_dir, rank), failures) from None
     finally:
         elastic_log.setLevel(level)
 
@@ -286,6 +291,29 @@ def rank_start_method() -> str:
     return "forkserver"
 
 
+#: errors a rank raises because another rank died (gloo/NCCL losing its peer): never the root cause
+_PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote worker crash|remote process exit|"
+    r"communicator was aborted|NCCL error.*remote",
+    re.IGNORECASE,
+)
+
+
+def root_failure(failures: dict[int, tuple[int, str]]) -> int:
+    """The rank whose failure caused the others: the earliest (then lowest rank) whose error is not a
+    lost peer, else the earliest. ``failures``: rank -> (timestamp in s, message).
+
+    >>> root_failure({0: (5, "RuntimeError: Connection closed by peer [127.0.0.1]:5"), 1: (5, "InjectedFailure: x")})
+    1
+    >>> root_failure({0: (5, "RuntimeError: Connection closed by peer"), 1: (6, "exit code -15")})
+    1
+    >>> root_failure({2: (7, "Connection reset by peer"), 3: (6, "Connection closed by peer")})
+    3
+    """
+    order = sorted(failures, key=lambda r: (failures[r][0], r))
+    return next((r for r in order if not _PEER_LOST.search(failures[r][1])), order[0])
+
+
 def _failure_message(failure: Any) -> str:
     """The rank's exception line (from ``@record``'s error file), else its exit code."""
     msg = failure.message
@@ -297,6 +325,22 @@ def _failure_message(failure: Any) -> str:
     if not text.strip() or text.startswith("To enable traceback"):
         return f"exit code {failure.exitcode} (no Python exception recorded; see the rank's log)"
     return text.strip().splitlines()[0]
+
+
+def _recorded_errors(log_dir: Path) -> dict[int, tuple[int, str]]:
+    """rank -> (timestamp s, first line of the exception) from the error files ranks wrote (``@record``)."""
+    import json
+
+    out: dict[int, tuple[int, str]] = {}
+    for f in sorted(log_dir.glob("**/error.json")):
+        try:
+            msg = json.loads(f.read_text())["message"]
+            rank = int(f.parent.name)
+            text = str(msg.get("message", "")).strip().splitlines()[0]
+            out[rank] = (int(msg.get("extraInfo", {}).get("timestamp", 0)), text)
+        except (OSError, ValueError, KeyError, IndexError, AttributeError):
+            continue
+    return out
 
 
 def _rank_log(log_dir: Path, rank: int) -> Path | None:

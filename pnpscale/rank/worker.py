@@ -408,13 +408,13 @@ class Group:
             os.environ.update(hidden)
 
 
-@record
 def in_environment(environ: dict[str, str], ours: dict[str, str], entrypoint: Any, *args: Any) -> Any:
     """Run ``entrypoint(*args)`` in the launching process's environment.
 
     A forked rank inherits the forkserver's environment (of the first launch), not the launcher's:
     ``ours`` (this launch's variables) replace it, the launcher's other variables are added where
-    the rank has none (elastic's own, ``RANK``..., are kept).
+    the rank has none (elastic's own, ``RANK``..., are kept). Not decorated with ``record``:
+    ``entrypoint`` records its own error (one error file per rank, written once).
     """
     for k, v in environ.items():
         os.environ.setdefault(k, v)
