@@ -3,7 +3,8 @@
 One rank, in process (no process group: deepinv's single-process path), the small-scale problem
 unless overridden. Rounds alternate unprofiled and profiled blocks of iterations so that drift of
 the machine hits both alike; each profiled block is one profiler session, as in a real run
-(record_shapes on, as pnpscale needs it for payload bytes; off shown for comparison).
+(``record_shapes`` off, pnpscale's default since payload bytes come from the collective calls
+(:class:`pnpscale.rank.profiling.CollectiveLog`, active here as in a run); on shown for comparison).
 
     python benchmarks/profiler_overhead.py [--mode inference|training] [--rounds 5] [--iterations 5]
 
@@ -22,7 +23,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 from torch.profiler import record_function  # noqa: E402
 
-from pnpscale.rank.profiling import make_profiler  # noqa: E402
+from pnpscale.rank.profiling import CollectiveLog, make_profiler  # noqa: E402
 from pnpscale.sweep.cli import compose_config  # noqa: E402
 from pnpscale.sweep.config import resolve_spec  # noqa: E402
 
@@ -59,11 +60,15 @@ def main() -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     spec, solver = build(a.mode, a.overrides)
     iteration(solver)  # warm-up
-    times: dict[str, list[float]] = {"no profiler": [], "profiler (record_shapes)": [], "profiler (no shapes)": []}
+    times: dict[str, list[float]] = {
+        "no profiler": [],
+        "profiler (pnpscale default)": [],
+        "profiler + record_shapes": [],
+    }
     for _ in range(a.rounds):
         times["no profiler"] += [iteration(solver) for _ in range(a.iterations)]
-        for label, shapes in (("profiler (record_shapes)", True), ("profiler (no shapes)", False)):
-            with make_profiler(cuda=False, record_shapes=shapes) as prof:
+        for label, shapes in (("profiler (pnpscale default)", False), ("profiler + record_shapes", True)):
+            with make_profiler(cuda=False, record_shapes=shapes) as prof, CollectiveLog():
                 for _ in range(a.iterations):
                     times[label].append(iteration(solver))
                     prof.step()

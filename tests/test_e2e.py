@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pandas as pd
@@ -58,6 +59,9 @@ def test_two_ranks_measured_and_additive(sweep):
     assert len(ranks) == 2 * 3 * 2  # ranks x (warm-up + 2) x sections
     assert (ranks[K.SECTION_S] > 0).all() and (colls[K.DURATION_S] > 0).all()
     assert (ranks[K.PEAK_MEM_BYTES] > 0).all()
+    peak = json.loads((dirs[2] / layout.RUN_JSON).read_text())["peak_memory"]
+    assert peak["bytes_per_rank"] == ranks.groupby(K.RANK)[K.PEAK_MEM_BYTES].max().tolist()
+    assert peak["max_bytes"] == max(peak["bytes_per_rank"]) > 0 and peak["source"].startswith("cpu")
     assert sections[K.WARMUP].tolist() == [True, True, False, False, False, False]
     total = sections[K.COMPUTE_S] + sections[K.TRANSFER_S] + sections[K.WAIT_S]
     assert (total - sections[K.SECTION_S]).abs().max() < 1e-9

@@ -289,3 +289,94 @@ def test_real_gloo_trace_worker_threads(shared_traces):
         ("all_reduce", 2082411 * 4),
     ]
     assert [c.duration_s for c in step.collectives] == pytest.approx([0.173209713, 0.170471258], abs=1e-12)
+
+
+# --- the fast reader (bytes-level pre-filter) against the exact ijson path ---------------------------
+
+
+def _both_paths(path: Path, sections=("gradient",), keep_all_gpu=True):
+    """(events of the fast path, events of the exact ijson path) of one trace; the fast path must not fall back."""
+    from pnpscale.analysis import traces as T
+
+    pats = {s: s for s in sections}
+    fast = T._scan(path, pats, keep_all_gpu)
+    exact = T._stream(path, pats, keep_all_gpu, repair=False)
+    assert fast[1] == exact[1] and fast[2] == exact[2]
+    assert fast[0].read == exact[0].read and fast[0].range_names == exact[0].range_names
+    base = int(exact[1].get("baseTimeNanoseconds") or 0)
+    return fast[0].events(base), exact[0].events(base)
+
+
+def test_timestamps_of_1_7e15_us_are_exact_to_the_nanosecond(tmp_path):
+    # 1.7e15 us with ns decimals has 19 significant digits: a float64 (about 16) would lose the last ones
+    ts = ["1700000000000000.123", "1700000000000000.125", "1700000000000001.999", "1700000000000002.001"]
+    events = [
+        X("gradient", "user_annotation", ts[0], "5.007"),
+        launch(ts[1], 11),
+        kernel("k1", ts[2], "0.001", 11),
+        X("nccl:all_reduce", "cpu_op", ts[3], "1.001"),
+    ]
+    text = json.dumps({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 7, "tid": 0}, *events]})
+    for t in ts:  # numbers, not strings, as Kineto writes them
+        text = text.replace(f'"{t}"', t)
+    text = text.replace('"5.007"', "5.007").replace('"0.001"', "0.001").replace('"1.001"', "1.001")
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    got = read_trace(path, ["gradient"], keep_all_gpu=True).events
+    by_name = {e.name: e for e in got}
+    assert by_name["gradient"].start_ns == 1_700_000_000_000_000_123
+    assert by_name["gradient"].end_ns == 1_700_000_000_000_005_130
+    assert by_name["k1"].start_ns == 1_700_000_000_000_001_999 and by_name["k1"].end_ns == 1_700_000_000_000_002_000
+    assert by_name["k1"].launch_ns == 1_700_000_000_000_000_125
+    assert by_name["nccl:all_reduce"].start_ns == 1_700_000_000_000_002_001
+    assert float(ts[0]) * 1000 != 1_700_000_000_000_000_123  # what a float reader would have got wrong
+    fast, exact = _both_paths(path)
+    assert fast == exact == got
+
+
+def test_fast_reader_agrees_with_the_exact_path_on_odd_layouts(tmp_path):
+    events = [
+        X("ProfilerStep#3", "user_annotation", 90, 200),
+        X("gradient", "user_annotation", 100, 50),
+        X("aten::conv2d", "cpu_op", 101, 4, **{"Input Dims": [[1, 2]], "note": 'a "ph": "X" in a string'}),
+        launch(102, 21),
+        kernel("k {lambda()#1}", 110, 3, 21),
+        launch("103.5", 22),  # fewer than 3 decimals
+        kernel("k\u00e9\\x", "111.1234", "2.0005", 22),  # more than 3 decimals, escapes, non-ASCII
+        X("cudaLaunchKernel", "cuda_runtime", 104, 1),  # no correlation: not a launch
+        {"ph": "X", "cat": "kernel", "name": "k-no-args", "pid": 0, "tid": 9, "ts": 120, "dur": 1},
+        {
+            "name": "late-ph",
+            "ph": "X",
+            "cat": "kernel",
+            "pid": 0,
+            "tid": 7,
+            "ts": 121,
+            "dur": 1,
+            "args": {"stream": 7, "correlation": 22},
+        },  # fmt: skip
+        {"ph": "X", "cat": "kernel", "name": "no-dur", "pid": 0, "tid": 7, "ts": 122, "args": {"correlation": 21}},
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 130, 5, 21, **{"Collective name": "allreduce", "Seq": 1}),
+        X("neg", "kernel", 131, -1, stream=7, correlation=21),
+        {"ph": "s", "id": 21, "pid": 7, "tid": 1, "ts": 102, "cat": "ac2g", "name": "ac2g"},
+        X(
+            "record_param_comms",
+            "cpu_op",
+            125,
+            10,
+            **{"Collective name": "allreduce", "In msg nelems": 4, "dtype": "Float"},
+        ),
+        X("gloo:all_reduce", "cpu_op", 126, 5, tid=3, **{"Input Dims": [[4]], "Input type": ["float"]}),
+    ]
+    for name, kw in (
+        ("a.json", {}),
+        ("b.json.gz", {"base_ns": BASE_NS}),
+        ("c.json", {"base_ns": BASE_NS, "base_last": True}),
+    ):
+        path = write_trace(tmp_path / name, events, rank=0, world=2, **kw)
+        fast, exact = _both_paths(path, sections=("gradient", "step"))
+        assert fast == exact and len(fast) > 5
+    compact = tmp_path / "compact.json"
+    compact.write_text(json.dumps(events, separators=(",", ":")))  # array at the top, no spaces
+    fast, exact = _both_paths(compact)
+    assert fast == exact

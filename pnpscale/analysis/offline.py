@@ -3,7 +3,7 @@
 Usage::
 
     python -m pnpscale.analyze TRACE_DIR [TRACE ...] --sections gradient,denoiser
-        [--warmup N] [--rank FILE=RANK ...] [--partial] [--out DIR]
+        [--warmup N] [--rank FILE=RANK ...] [--partial] [--out DIR] [--jobs N]
 
 One Kineto trace per rank (``*.json`` or ``*.json.gz``; folders are listed, not searched
 recursively; a pnpscale run folder stands for its ``traces/``). The rank of a trace is, in order:
@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,7 @@ def analyze_traces(
     world_size: int | None = None,
     anomalies: Anomalies | None = None,
     cpu_start: bool = False,
+    jobs: int | None = None,
 ) -> Analysis:
     """Stream each rank's trace, reduce it to section records, match collectives, decompose.
 
@@ -224,6 +226,8 @@ def analyze_traces(
         anomalies: anomalies found before (e.g. skipped files), to extend.
         cpu_start: CUDA section time from the CPU range start to the last GPU end, as the live run
             measures it (a pnpscale run's traces), instead of the GPU span (foreign traces).
+        jobs: processes reading the traces in parallel (default :func:`default_jobs`: one per CPU,
+            at most one per trace); results and errors are taken in rank order as with one.
 
     Returns:
         :class:`Analysis` with the live run's ``ranks``, ``collectives`` and ``sections`` tables
@@ -239,26 +243,10 @@ def analyze_traces(
     world = world_size if world_size is not None else len(traces)
     records: dict[int, list[SectionRecord]] = {}
     done: list[RankedTrace] = []
-    for t in traces:
-        trace = read_trace(t.path, sections, anomalies=anomalies, rank=t.rank)
-        stated = trace.info.rank
-        if stated is not None and stated != t.rank:
-            if t.source != "explicit":
-                raise AnalyzeError(
-                    f"{t.path}: the trace states rank {stated} (distributedInfo) but was taken as rank {t.rank} "
-                    f"from its {t.source}: pass --rank {t.path.name}=R to say which"
-                )
-            anomalies.add("rank_overridden", t.rank, f"{t.path.name}: states rank {stated}, --rank {t.rank}")
-        try:
-            records[t.rank] = section_records(trace.events, list(sections), anomalies, t.rank, cpu_start=cpu_start)
-        except SectionError as exc:
-            hint = ""
-            if "=0" in str(exc) and trace.info.range_names:
-                names = ", ".join(f"{n!r} ({c})" for n, c in trace.info.range_names)
-                hint = f"; the trace's most frequent range names: {names}"
-            raise AnalyzeError(f"rank {t.rank} ({t.path.name}): {exc}{hint}") from exc
-        done.append(RankedTrace(t.rank, t.path, t.source, trace.info))
-        del trace
+    for t, (recs, info, found) in zip(traces, _map_ranks(traces, sections, jobs, cpu_start), strict=True):
+        anomalies.extend(found)
+        records[t.rank] = recs
+        done.append(RankedTrace(t.rank, t.path, t.source, info))
     try:
         records = drop_bad_iterations(match_steps(records, anomalies), anomalies)
         nested = nested_sections(records)
@@ -280,6 +268,72 @@ def analyze_traces(
     if len(done) == 1 and world > 1:
         anomalies.add("transfer_includes_wait", done[0].rank, f"rank {done[0].rank} alone of {world}")
     return analysis
+
+
+def default_jobs(n_traces: int) -> int:
+    """Processes reading traces: this process's CPUs (``sched_getaffinity``), at most one per trace.
+
+    >>> default_jobs(1)
+    1
+    """
+    return max(
+        1, min(n_traces, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    )
+
+
+def _map_ranks(
+    traces: Sequence[RankedTrace], sections: Mapping[str, str], jobs: int | None, cpu_start: bool = False
+) -> Iterator[tuple[list[SectionRecord], TraceInfo, list[dict[str, Any]]]]:
+    """:func:`_rank_records` of every trace, in order; over a pool of ``jobs`` processes when above 1.
+
+    The first failure in rank order is raised (as the serial loop would).
+    """
+    jobs = default_jobs(len(traces)) if jobs is None else max(1, min(jobs, len(traces)))
+    if jobs == 1:
+        for t in traces:
+            yield _rank_records(t, sections, cpu_start)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    method = "fork" if "fork" in mp.get_all_start_methods() else None  # the parent's imports are reused
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context(method)) as pool:
+        futures = [pool.submit(_rank_records, t, dict(sections), cpu_start) for t in traces]
+        try:
+            for f in futures:
+                yield f.result()
+        finally:
+            for f in futures:
+                f.cancel()
+
+
+def _rank_records(
+    t: RankedTrace, sections: Mapping[str, str], cpu_start: bool = False
+) -> tuple[list[SectionRecord], TraceInfo, list[dict[str, Any]]]:
+    """Read one rank's trace and reduce it to section records: (records, trace header, anomalies).
+
+    Raises:
+        TraceError, AnalyzeError: as :func:`analyze_traces`.
+    """
+    anomalies = Anomalies()
+    trace = read_trace(t.path, sections, anomalies=anomalies, rank=t.rank)
+    stated = trace.info.rank
+    if stated is not None and stated != t.rank:
+        if t.source != "explicit":
+            raise AnalyzeError(
+                f"{t.path}: the trace states rank {stated} (distributedInfo) but was taken as rank {t.rank} "
+                f"from its {t.source}: pass --rank {t.path.name}=R to say which"
+            )
+        anomalies.add("rank_overridden", t.rank, f"{t.path.name}: states rank {stated}, --rank {t.rank}")
+    try:
+        records = section_records(trace.events, list(sections), anomalies, t.rank, cpu_start=cpu_start)
+    except SectionError as exc:
+        hint = ""
+        if "=0" in str(exc) and trace.info.range_names:
+            names = ", ".join(f"{n!r} ({c})" for n, c in trace.info.range_names)
+            hint = f"; the trace's most frequent range names: {names}"
+        raise AnalyzeError(f"rank {t.rank} ({t.path.name}): {exc}{hint}") from exc
+    return records, trace.info, anomalies.records()
 
 
 def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -435,6 +489,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", action="append", default=[], metavar="FILE=RANK", help="the rank of a trace file")
     p.add_argument("--partial", action="store_true", help="analyse the ranks present when some are missing")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: TRACE_DIR/analysis)")
+    p.add_argument("--jobs", type=int, default=None, help="processes reading traces in parallel (default: one per CPU)")
     return p
 
 
@@ -487,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup, warmup_from = (args.warmup, "--warmup") if args.warmup is not None else _default_warmup(paths)
         out = args.out or ((paths[0] if paths[0].is_dir() else paths[0].parent) / ANALYSIS_DIR)
         own = _pnpscale_run(paths)  # its sections start with the GPU idle: S_r from the CPU range start
-        analysis = analyze_traces(traces, sections, warmup, world, anomalies, cpu_start=own)
+        analysis = analyze_traces(traces, sections, warmup, world, anomalies, cpu_start=own, jobs=args.jobs)
         meta = {"sections": sections, "warmup": warmup, "warmup_from": warmup_from,
                 "cuda_section_time": "cpu_start_to_gpu_end" if own else "gpu_span"}  # fmt: skip
         doc = write_analysis(out, analysis, meta)

@@ -211,7 +211,10 @@ def read_trace(
     pats = dict(sections) if isinstance(sections, Mapping) else {s: s for s in sections}
     anomalies = anomalies if anomalies is not None else Anomalies()
     try:
-        collector, meta, array_top, tail = _stream(path, pats, keep_all_gpu, repair=False)
+        try:
+            collector, meta, array_top, tail = _scan(path, pats, keep_all_gpu)
+        except _Fallback:
+            collector, meta, array_top, tail = _stream(path, pats, keep_all_gpu, repair=False)
     except _JsonFailure as failure:
         tokens = _non_finite_tokens(path)
         if not tokens:
@@ -274,6 +277,253 @@ def _stream(
     except (OSError, EOFError, ValueError, zlib.error) as exc:
         raise TraceError(f"{path}: cannot read trace: {_first_line(exc)}") from exc
     return collector, meta, array_top, bytes(stream.tail)
+
+
+# --- fast path: decode only the events that are needed ----------------------------------------
+
+_SCAN_CHUNK = 1 << 24
+_STR = rb'"([^"\\]*(?:\\.[^"\\]*)*)"'
+_NUM = rb"(-?\d+(?:\.\d+)?)"
+#: an event's start: an object whose first key is ``"ph"`` (with unescaped quotes this never occurs inside a
+#: JSON string); then, when they follow in Kineto's order, ``ph, cat, name, pid, tid, ts, dur[, args]``
+_EVENT = re.compile(
+    rb'\{\s*"ph"\s*:(?:\s*"([^"\\]*)"(?:\s*,\s*"cat"\s*:\s*"(?:(cpu_op|user_annotation)"\s*,\s*"name"\s*:\s*'
+    + _STR
+    + rb'|(cuda_runtime|cuda_driver|runtime|driver|kernel|gpu_memcpy|gpu_memset|concurrent_kernel)"'
+    + rb'(?:\s*,\s*"name"\s*:\s*'
+    + _STR
+    + rb'\s*,\s*"pid"\s*:\s*(?:-?\d+|"[^"\\]*")\s*,\s*"tid"\s*:\s*(-?\d+)\s*,\s*"ts"\s*:\s*'
+    + _NUM
+    + rb'\s*,\s*"dur"\s*:\s*'
+    + _NUM
+    + rb'\s*(?:,\s*"args"\s*:\s*\{|\}))?|([^"\\]*)"))?)?'
+)
+_INT_VALUE = re.compile(rb"\s*:\s*(-?\d+)\s*[,}\s]")
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_ARRAY_TOP = re.compile(rb"\s*\[")
+_ARRAY_END = re.compile(rb"\s*\]\s*")
+_CPU_B = frozenset(c.encode() for c in CPU_CATS)
+_RUNTIME_B = frozenset(c.encode() for c in RUNTIME_CATS)
+_GPU_B = frozenset(c.encode() for c in GPU_CATS)
+
+
+class _Fallback(Exception):
+    """The fast path met a layout it does not read exactly: the file is read again by :func:`_stream`."""
+
+
+def _refuse_constant(token: str) -> Any:
+    raise _Fallback(f"non-finite token {token}")
+
+
+def _ns_text(t: bytes) -> int:
+    """A JSON number literal (``-?digits[.digits]``, microseconds) -> integer ns, exactly (as :func:`_ns`)."""
+    i = t.find(b".")
+    if i < 0:
+        return int(t) * 1000
+    frac = t[i + 1 :]
+    if len(frac) > 3:
+        return _ns(Decimal(t.decode()))
+    whole, f = int(t[:i]) * 1000, int(frac.ljust(3, b"0"))
+    return whole - f if t[:1] == b"-" else whole + f
+
+
+def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Collector, dict[str, Any], bool, bytes]:
+    """:func:`_stream`'s result, decoding only the events that are needed (Kineto's layout).
+
+    Events are located by their first key (``{"ph": ...``, as Kineto writes them; a chunk where some
+    ``"ph"`` key is not an event's first key falls back). Flows and other non-``X`` events, and CPU ranges
+    whose name is not needed, are skipped after reading ``ph``, ``cat`` and ``name``; runtime and GPU
+    events whose ``ph, cat, name, pid, tid, ts, dur[, args]`` come first are read from the bytes
+    (``correlation`` and ``stream`` from their args); everything else (needed CPU ranges, collective
+    kernels, any event in another layout) is decoded whole with :mod:`json` (floats as
+    :class:`~decimal.Decimal`, as ``ijson`` gives them). Any doubt (a non-finite token, invalid UTF-8,
+    JSON that does not decode, text after the array that is not JSON, an unreadable file) raises
+    :class:`_Fallback`, and the file is read by the exact ``ijson`` path, which also names errors.
+    """
+    import json
+
+    collector = _Collector(pats, keep_all_gpu, path)
+    decoder = json.JSONDecoder(parse_float=Decimal, parse_constant=_refuse_constant)
+    relevant: dict[bytes, bool] = {}
+    collective: dict[tuple[bytes, bytes], bool] = {}
+
+    def cpu_needed(name: str) -> bool:
+        return (
+            collector._section_of(name) is not None
+            or step_number(name) is not None
+            or is_gloo_work(name)
+            or is_descriptor(name)
+        )
+
+    def text(raw: bytes) -> str:
+        return json.loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
+
+    def decode_run(data: bytes, start: int, stop: int, index: int, last: bool) -> int:
+        """Decode every event of ``data[start:stop]`` (the file's last ones when ``last``) into the collector.
+
+        Returns the index of the next event. Raises :class:`_Fallback` on text that is not a
+        comma-separated run of JSON values (or, when ``last``, not followed by the array's end and
+        valid JSON).
+        """
+        piece = data[start:stop].decode()
+        pos, size = 0, len(piece)
+        while True:
+            ev, pos = decoder.raw_decode(piece, pos)
+            collector.read = index
+            index += 1
+            if isinstance(ev, dict):
+                collector.add(ev)
+            collector.read = index
+            while pos < size and piece[pos] in " \t\r\n":
+                pos += 1
+            if pos < size and piece[pos] == ",":
+                pos += 1
+                while pos < size and piece[pos] in " \t\r\n":
+                    pos += 1
+                if pos < size:
+                    continue
+                if last:
+                    raise _Fallback("no value after a comma")
+                return index
+            if not last:
+                raise _Fallback("text between events")
+            rest = piece[pos:].lstrip()
+            if rest[:1] != "]":
+                raise _Fallback("text after the last event")
+            trailer = rest[1:].strip()
+            if array_top and trailer:
+                raise _Fallback("text after the array")
+            if not array_top and trailer != "}" and not (trailer[:1] == "," and _valid_object("{" + trailer[1:])):
+                raise _Fallback("text after the event array")
+            return index
+
+    try:
+        with _open(path) as raw:
+            meta, head, array_top = _read_head(path, raw)
+            if not array_top and "traceEvents" not in meta:
+                raise _Fallback("no traceEvents key")
+            at = _ARRAY_TOP.match(head) if array_top else _EVENTS_KEY.search(head)
+            if at is None:
+                raise _Fallback("no event array")
+            pending = bytes(head[at.end() :])
+            tail = bytearray(head[-_TAIL:])
+            index = 0
+            lead = True
+            while True:
+                chunk = raw.read(_SCAN_CHUNK)
+                if chunk:
+                    tail += chunk
+                    del tail[: max(0, len(tail) - _TAIL)]
+                data = pending + chunk
+                eof = not chunk
+                found = list(_EVENT.finditer(data))
+                starts = [m.start() for m in found]
+                if lead:
+                    if not starts and not eof:
+                        pending = data
+                        continue
+                    lead = False
+                    first = starts[0] if starts else len(data)
+                    if data[:first].strip():  # events before the first one that starts with "ph"
+                        if not starts:
+                            if data.strip()[:1] != b"]":
+                                decode_run(data, 0, len(data), index, True)
+                            break
+                        index = decode_run(data, 0, first, index, False)
+                    elif not starts:
+                        break  # an empty event array at the end of the file
+                if not eof:
+                    if len(starts) < 2:
+                        pending = data
+                        continue
+                    stops = starts[1:]
+                    del found[-1]
+                else:
+                    stops = starts[1:] + [len(data)]
+                hidden: set[int] = set()
+                if data.count(b'"ph"', starts[0], stops[-1]) != len(found):
+                    hidden = {s for s, e in zip(starts, stops) if data.count(b'"ph"', s, e) != 1}  # noqa: B905
+                n_found = len(found)
+                for k, m in enumerate(found):
+                    s, e = m.start(), stops[k]
+                    ph, cpu_cat, cpu_name, cat, rawname, tid, ts, dur, other = m.groups()
+                    if (eof and k == n_found - 1) or ph is None or s in hidden:
+                        index = decode_run(data, s, e, index, eof and k == n_found - 1)
+                        continue
+                    index += 1
+                    if ph != b"X":
+                        continue
+                    if cpu_cat is not None:
+                        need = relevant.get(cpu_name)
+                        if need is None:
+                            need = relevant[cpu_name] = cpu_needed(text(cpu_name))
+                        if need:
+                            decode_run(data, s, e, index - 1, False)
+                        else:
+                            collector.range_names[text(cpu_name)] += 1
+                        continue
+                    if cat is None:
+                        if other is None or other in _CPU_B:  # no "cat" next, or a CPU range without "name" next
+                            decode_run(data, s, e, index - 1, False)
+                        continue
+                    is_rt = cat in _RUNTIME_B
+                    if rawname is None or (not is_rt and dur[:1] == b"-"):
+                        decode_run(data, s, e, index - 1, False)
+                        continue
+                    body = m.end()
+                    corr = stream = None
+                    at = data.find(b'"correlation"', body, e)
+                    if at >= 0:
+                        v = _INT_VALUE.match(data, at + 13)
+                        if v is None or data.find(b'"correlation"', at + 13, e) >= 0:
+                            decode_run(data, s, e, index - 1, False)
+                            continue
+                        corr = int(v.group(1))
+                    start = int(ts.replace(b".", b"")) if len(ts) > 4 and ts[-4] == 46 else _ns_text(ts)
+                    if is_rt:
+                        if corr is not None:
+                            collector.rt_corr.append(corr)
+                            collector.rt_start.append(start)
+                        continue
+                    coll = collective.get((cat, rawname))
+                    if coll is None:
+                        coll = collective[cat, rawname] = cat == b"kernel" and is_collective_kernel(text(rawname))
+                    at = data.find(b'"stream"', body, e)
+                    if at >= 0:
+                        v = _INT_VALUE.match(data, at + 8)
+                        if v is None or data.find(b'"stream"', at + 8, e) >= 0:
+                            coll = True
+                        else:
+                            stream = int(v.group(1))
+                    if coll:
+                        decode_run(data, s, e, index - 1, False)
+                        continue
+                    d = int(dur.replace(b".", b"")) if len(dur) > 4 and dur[-4] == 46 else _ns_text(dur)
+                    collector.add_gpu_event(
+                        text(rawname),
+                        start,
+                        start + d,
+                        stream if stream is not None else int(tid),
+                        -1 if corr is None else corr,
+                        None,
+                    )
+                if eof:
+                    break
+                pending = data[stops[-1] :]
+            collector.read = index
+    except (json.JSONDecodeError, UnicodeDecodeError, TraceError, OSError, EOFError, zlib.error) as exc:
+        # the exact path reads the file again and names what is wrong
+        raise _Fallback(_first_line(exc)) from exc
+    return collector, meta, array_top, bytes(tail)
+
+
+def _valid_object(text: str) -> bool:
+    import json
+
+    try:
+        return isinstance(json.loads(text, parse_constant=_refuse_constant), dict)
+    except (ValueError, _Fallback):
+        return False
 
 
 def _non_finite_tokens(path: Path) -> list[tuple[str, int]]:
@@ -649,6 +899,10 @@ class _Collector:
             fields = comm_fields(name, args) if "Collective name" in args or "Seq" in args else {}
             self.nccl.append((name, start, end, stream, corr, fields, bad))
             return
+        self.add_gpu_event(name, start, end, stream, corr, bad)
+
+    def add_gpu_event(self, name: str, start: int, end: int, stream: int, corr: int, bad: str | None) -> None:
+        """A GPU event that is not a collective kernel (times in ns, ``corr`` -1 when absent)."""
         if bad is not None:
             self.bad_gpu.append(Event(name, Kind.GPU, start, end, tid=stream, correlation=corr, bad=bad))
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -230,7 +231,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from pnpscale.rank.worker import KINETO_LOG_LEVEL, LAUNCH_T0_ENV, PARENT_PID_ENV
+    from pnpscale.rank.worker import KINETO_LOG_LEVEL, LAUNCH_T0_ENV, PARENT_PID_ENV, in_environment
     from pnpscale.sweep.signals import preserved
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -243,7 +244,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         rdzv_endpoint="localhost:0",
         max_restarts=0,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=rank_start_method(),
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee={0: Std.OUT}),
         log_line_prefix_template="[rank${rank}] ",
     )
@@ -260,13 +261,57 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     elastic_log.setLevel(logging.CRITICAL)  # the rank's error is re-raised below, once
     try:
         with _environ(**env), preserved():
-            return elastic_launch(launch_cfg, entrypoint)(*args)
+            return elastic_launch(launch_cfg, in_environment)(dict(os.environ), env, entrypoint, *args)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        failures = {r: _failure_message(f) for r, f in exc.failures.items()}
-        raise RankFailed(rank, _failure_message(failure), _rank_log(log_dir, rank), failures) from None
+        # elastic reports the first rank seen to exit; the others' error files may name the cause
+        seen = {r: (f.timestamp, _failure_message(f)) for r, f in exc.failures.items()}
+        recorded = _recorded_errors(log_dir)
+        rank = root_failure({**recorded, **seen})
+        message = (seen.get(rank) or recorded[rank])[1]
+        failures = {r: m for r, (_, m) in {**recorded, **seen}.items()}
+        raise RankFailed(rank, message, _rank_log(log_dir, rank), failures) from None
     finally:
         elastic_log.setLevel(level)
+
+
+# --- how ranks start: from a forkserver that imported what they need ------------------------------
+
+#: modules every rank imports, loaded once by the forkserver that forks the ranks; the server lives as
+#: long as this process, so the points of a sweep after the first start without importing them again
+RANK_PRELOAD = ("torch", "torch.distributed", "deepinv", "pnpscale.rank.worker", "pnpscale.rank.solver")
+
+
+def rank_start_method() -> str:
+    """``forkserver`` (preloading :data:`RANK_PRELOAD`) where the platform has it, else ``spawn``."""
+    import multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    mp.set_forkserver_preload(list(RANK_PRELOAD))
+    return "forkserver"
+
+
+#: errors a rank raises because another rank died (gloo/NCCL losing its peer): never the root cause
+_PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote worker crash|remote process exit|"
+    r"communicator was aborted|NCCL error.*remote",
+    re.IGNORECASE,
+)
+
+
+def root_failure(failures: dict[int, tuple[int, str]]) -> int:
+    """The rank whose failure caused the others: the earliest (then lowest rank) whose error is not a
+    lost peer, else the earliest. ``failures``: rank -> (timestamp in s, message).
+
+    >>> root_failure({0: (5, "RuntimeError: Connection closed by peer [127.0.0.1]:5"), 1: (5, "InjectedFailure: x")})
+    1
+    >>> root_failure({0: (5, "RuntimeError: Connection closed by peer"), 1: (6, "exit code -15")})
+    1
+    >>> root_failure({2: (7, "Connection reset by peer"), 3: (6, "Connection closed by peer")})
+    3
+    """
+    order = sorted(failures, key=lambda r: (failures[r][0], r))
+    return next((r for r in order if not _PEER_LOST.search(failures[r][1])), order[0])
 
 
 def _failure_message(failure: Any) -> str:
@@ -280,6 +325,22 @@ def _failure_message(failure: Any) -> str:
     if not text.strip() or text.startswith("To enable traceback"):
         return f"exit code {failure.exitcode} (no Python exception recorded; see the rank's log)"
     return text.strip().splitlines()[0]
+
+
+def _recorded_errors(log_dir: Path) -> dict[int, tuple[int, str]]:
+    """rank -> (timestamp s, first line of the exception) from the error files ranks wrote (``@record``)."""
+    import json
+
+    out: dict[int, tuple[int, str]] = {}
+    for f in sorted(log_dir.glob("**/error.json")):
+        try:
+            msg = json.loads(f.read_text())["message"]
+            rank = int(f.parent.name)
+            text = str(msg.get("message", "")).strip().splitlines()[0]
+            out[rank] = (int(msg.get("extraInfo", {}).get("timestamp", 0)), text)
+        except (OSError, ValueError, KeyError, IndexError, AttributeError):
+            continue
+    return out
 
 
 def _rank_log(log_dir: Path, rank: int) -> Path | None:

@@ -9,9 +9,11 @@ is launched and finished inside it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -30,22 +32,145 @@ from pnpscale.analysis.kineto import (
 )
 
 
-def make_profiler(cuda: bool, record_shapes: bool) -> profile:
-    """A profiler over CPU (and CUDA when ``cuda``) activity, recording input shapes.
+def make_profiler(cuda: bool, record_shapes: bool = False) -> profile:
+    """A profiler over CPU (and CUDA when ``cuda``) activity.
 
-    ``record_shapes`` must stay on for payload bytes (collective sizes come from input shapes).
+    ``record_shapes`` records every operator's input shapes (``profile.record_shapes``); payload bytes
+    do not need it: :class:`CollectiveLog` records them from the collective calls themselves, which
+    costs nothing per operator (see ``benchmarks/README.md``, profiler overhead).
     """
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     return profile(activities=activities, record_shapes=record_shapes)
 
 
-def profiler_events(prof: profile, anomalies: Anomalies | None = None, rank: int | None = None) -> list[Event]:
+#: torch.distributed collectives whose calls :class:`CollectiveLog` records: name -> (position, keyword) of
+#: the tensor whose bytes are the payload (the one a ``gloo:*``/``nccl:*`` range's first input shape
+#: gives with ``record_shapes``: the local input), ``None`` for no tensor (barrier)
+COLLECTIVE_CALLS: dict[str, tuple[int, str] | None] = {
+    "all_reduce": (0, "tensor"),
+    "broadcast": (0, "tensor"),
+    "reduce": (0, "tensor"),
+    "all_gather": (1, "tensor"),
+    "all_gather_into_tensor": (1, "input_tensor"),
+    "all_gather_single": (1, "input_tensor"),
+    "reduce_scatter_tensor": (1, "input"),
+    "all_to_all_single": (1, "input"),
+    "gather": (0, "tensor"),
+    "scatter": (0, "tensor"),
+    "send": (0, "tensor"),
+    "recv": (0, "tensor"),
+    "isend": (0, "tensor"),
+    "irecv": (0, "tensor"),
+    "barrier": None,
+}
+
+
+class CollectiveLog:
+    """Records every torch.distributed collective call made while it is active: (collective, payload bytes).
+
+    ``with CollectiveLog() as log:`` wraps the functions of :data:`COLLECTIVE_CALLS` in
+    ``torch.distributed`` (deepinv and ``torch.distributed.nn`` call them through the module, so every
+    call passes there) and restores them on exit. ``log.calls`` lists ``(collective, bytes)`` in call
+    order (``collective`` as :func:`pnpscale.analysis.kineto.collective_type` names it; bytes ``None``
+    for barrier). :func:`attach_payloads` gives them to the profiler's ``gloo:*``/``nccl:*`` ranges, so
+    that payload bytes need no ``record_shapes``.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int | None]] = []
+        self._saved: dict[str, object] = {}
+
+    def __enter__(self) -> CollectiveLog:
+        import torch.distributed as dist
+
+        for name, where in COLLECTIVE_CALLS.items():
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                self._saved[name] = fn
+                setattr(dist, name, self._wrap(fn, collective_type(name) or name, where))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch.distributed as dist
+
+        for name, fn in self._saved.items():
+            setattr(dist, name, fn)
+        self._saved.clear()
+
+    def _wrap(self, fn: Any, collective: str, where: tuple[int, str] | None) -> Any:
+        calls = self.calls
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            size = None
+            if where is not None:
+                t = args[where[0]] if len(args) > where[0] else kwargs.get(where[1])
+                if isinstance(t, torch.Tensor):
+                    size = t.numel() * t.element_size()
+            calls.append((collective, size))
+            return fn(*args, **kwargs)
+
+        return call
+
+
+def attach_payloads(
+    events: list[Event], calls: list[tuple[str, int | None]], anomalies: Anomalies, rank: int | None = None
+) -> list[Event]:
+    """Give each collective CPU range (``gloo:*``, ``nccl:*``) without payload the bytes of its call.
+
+    Per collective type, the k-th range by start time is the k-th call of :class:`CollectiveLog`
+    (a process group runs its collectives in issue order). Where the counts of a type differ, its
+    ranges keep an unknown payload and ``payload_unmatched`` is recorded in ``anomalies``.
+
+    >>> from pnpscale.analysis.events import Event, Kind
+    >>> evs = [Event("gloo:all_reduce", Kind.CPU, 5, 9, tid=2, collective="all_reduce"),
+    ...        Event("gloo:all_reduce", Kind.CPU, 1, 3, tid=3, collective="all_reduce")]
+    >>> [e.payload_bytes for e in attach_payloads(evs, [("all_reduce", 40), ("all_reduce", 80)], Anomalies())]
+    [80, 40]
+    """
+    from dataclasses import replace
+
+    by_type: dict[str, list[int]] = {}
+    for i, e in enumerate(events):
+        if e.kind is Kind.CPU and e.collective is not None and e.payload_bytes is None and _is_comm(e.name):
+            by_type.setdefault(e.collective, []).append(i)
+    sizes: dict[str, list[int | None]] = {}
+    for coll, size in calls:
+        sizes.setdefault(coll, []).append(size)
+    out = list(events)
+    for coll, idx in by_type.items():
+        got = sizes.get(coll, [])
+        if len(got) != len(idx):
+            anomalies.add(
+                "payload_unmatched",
+                rank,
+                f"{len(idx)} {coll} range(s) in the profile, {len(got)} torch.distributed {coll} call(s): "
+                "payload unknown",
+            )
+            continue
+        for i, size in zip(sorted(idx, key=lambda j: (events[j].start_ns, j)), got, strict=True):
+            out[i] = replace(events[i], payload_bytes=size)
+    return out
+
+
+def _is_comm(name: str) -> bool:
+    return is_gloo_work(name) or (is_descriptor(name) and name != "record_param_comms")
+
+
+def profiler_events(
+    prof: profile,
+    anomalies: Anomalies | None = None,
+    rank: int | None = None,
+    calls: list[tuple[str, int | None]] | None = None,
+) -> list[Event]:
     """Convert a finished profiler session's Kineto events to :class:`Event` records.
 
     The same rules as the offline reader (:func:`pnpscale.analysis.traces.read_trace`): a GPU event
     whose correlation id has no runtime launch in the session ran before the profiler started and
     is dropped; correlation 0 means unknown (the event is placed by its GPU start); a negative
-    duration marks the event ``bad``. Each is recorded in ``anomalies`` under ``rank``.
+    duration marks the event ``bad``. Each is recorded in ``anomalies`` under ``rank``. Payload bytes
+    of collective ranges come from their input shapes (``record_shapes``), else from ``calls``
+    (:class:`CollectiveLog`, :func:`attach_payloads`).
 
     Raises:
         RuntimeError: the profiler has no results (it was not run).
@@ -95,7 +220,7 @@ def profiler_events(prof: profile, anomalies: Anomalies | None = None, rank: int
                 Event(name, Kind.RUNTIME, start, end, tid=int(e.start_thread_id()), correlation=int(e.correlation_id()))
             )
         else:
-            is_comm = is_gloo_work(name) or (is_descriptor(name) and name != "record_param_comms")
+            is_comm = _is_comm(name)
             out.append(
                 Event(
                     name,
@@ -108,7 +233,7 @@ def profiler_events(prof: profile, anomalies: Anomalies | None = None, rank: int
                     bad=bad,
                 )
             )
-    return out
+    return attach_payloads(out, calls, anomalies, rank) if calls is not None else out
 
 
 class IncompleteTrace(RuntimeError):

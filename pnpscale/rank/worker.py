@@ -39,8 +39,19 @@ def die_with_parent(parent_pid: int) -> None:
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):  # not Linux: the elastic agent still stops the ranks it can
         return
-    if os.getppid() != parent_pid:
+    parent = os.getppid()
+    if parent != parent_pid and _parent_of(parent) != parent_pid:  # forked by the launcher's forkserver
         os._exit(1)
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (``/proc``), ``None`` when unknown. A rank forked by the launcher's
+    forkserver has it as parent: the server exits when the launcher dies, and its ranks with it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Heartbeat:
@@ -397,6 +408,20 @@ class Group:
             os.environ.update(hidden)
 
 
+def in_environment(environ: dict[str, str], ours: dict[str, str], entrypoint: Any, *args: Any) -> Any:
+    """Run ``entrypoint(*args)`` in the launching process's environment.
+
+    A forked rank inherits the forkserver's environment (of the first launch), not the launcher's:
+    ``ours`` (this launch's variables) replace it, the launcher's other variables are added where
+    the rank has none (elastic's own, ``RANK``..., are kept). Not decorated with ``record``:
+    ``entrypoint`` records its own error (one error file per rank, written once).
+    """
+    for k, v in environ.items():
+        os.environ.setdefault(k, v)
+    os.environ.update(ours)
+    return entrypoint(*args)
+
+
 @record
 def rank_main(
     spec_dict: dict[str, Any], run_dir: str, config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
@@ -473,7 +498,7 @@ def _measure_and_report(
         beat(-1, "barrier")
         group.barrier()
         t_measure0 = time.time()
-        peaks, prof = _run_iterations(spec, solver, ctx.device, group, beat)
+        peaks, prof, calls = _run_iterations(spec, solver, ctx.device, group, beat)
         t_measure1 = time.time()
         from pnpscale.analysis.events import SectionError, rank_rows, section_records
         from pnpscale.rank.profiling import check_trace_complete, export_trace, profiler_events
@@ -484,7 +509,7 @@ def _measure_and_report(
 
         anomalies = Anomalies()
         try:
-            events = profiler_events(prof, anomalies, rank)
+            events = profiler_events(prof, anomalies, rank, calls)
             sections = section_records(events, spec.sections, anomalies, rank, require_gpu=cuda, cpu_start=cuda)
         except SectionError as exc:
             raise SectionError(f"rank {rank}: {exc}") from exc
@@ -628,10 +653,11 @@ def busy_wait(seconds: float, device: Any) -> None:
 
 def _run_iterations(
     spec: Any, solver: Any, device: Any, group: Group, beat: Heartbeat | None = None
-) -> tuple[dict[tuple[int, str], int], Any]:
+) -> tuple[dict[tuple[int, str], int], Any, list[tuple[str, int | None]]]:
+    """Profiled iterations: (peak bytes per (iteration, section), profiler, collective calls in order)."""
     from torch.profiler import record_function
 
-    from pnpscale.rank.profiling import PeakMemory, make_profiler
+    from pnpscale.rank.profiling import CollectiveLog, PeakMemory, make_profiler
 
     total = spec.warmup + spec.iterations
     peak = PeakMemory(device)
@@ -641,7 +667,9 @@ def _run_iterations(
     beat = beat or Heartbeat(None, rank)
     if device.type == "cuda" and spec.inject["rank"] == rank and spec.inject["delay_s"]:
         sleep_rate_hz(device)  # calibrated before the profiler starts
-    with make_profiler(cuda=device.type == "cuda", record_shapes=spec.record_shapes) as prof:
+    # an exported trace is read offline, where only input shapes give payload bytes
+    shapes = spec.record_shapes or spec.export_traces
+    with make_profiler(cuda=device.type == "cuda", record_shapes=shapes) as prof, CollectiveLog() as log:
         for it in range(total):
             t0 = time.perf_counter()
             measured = it >= spec.warmup
@@ -659,7 +687,7 @@ def _run_iterations(
             group.barrier()
             prof.step()
             progress(it + 1, time.perf_counter() - t0)
-    return peaks, prof
+    return peaks, prof, log.calls
 
 
 def _progress(total: int, warmup: int, rank: int) -> Any:

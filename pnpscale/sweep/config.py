@@ -164,7 +164,7 @@ class SolverConfig:
 
 @dataclass
 class ProfileConfig:
-    record_shapes: bool = True
+    record_shapes: bool = False
     export_traces: bool = False
 
 

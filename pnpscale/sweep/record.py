@@ -67,6 +67,9 @@ class RunRecord:
         metrics: ``lb``, ``comm_e``, ``pe``, ``gpu_seconds_per_iteration``, ``iterations`` and
             ``sections.<name>`` totals over the measured iterations (``*_total_s``) with ``lb``,
             ``comm_e``, ``pe``.
+        peak_memory: ``bytes_per_rank`` (the highest peak of any section of any iteration, warm-up
+            included, per rank, bytes) and ``source`` (``cuda max_memory_allocated`` or ``cpu VmHWM``:
+            the resident-set high-water mark, reset per section); see :func:`peak_memory`.
         files: the tables written.
         slurm: the SLURM job (id, state, nodes, logs...), SLURM runs only.
         extra: keys this version does not know (kept on rewrite).
@@ -97,6 +100,7 @@ class RunRecord:
     solver: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     metrics: dict[str, Any] | None = None
+    peak_memory: dict[str, Any] | None = None
     files: list[str] | None = None
     slurm: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -221,6 +225,34 @@ def provenance(backend: str) -> dict[str, Any]:
     }
 
 
+def peak_memory(ranks: Any, devices: list[str]) -> dict[str, Any]:
+    """``run.json``'s ``peak_memory`` block from the ranks table (one row per rank, iteration, section).
+
+    Args:
+        ranks: the ranks table (columns ``rank`` and ``peak_mem_bytes``, bytes).
+        devices: each rank's device name (``cpu: ...`` on CPU).
+
+    Returns:
+        ``{"bytes_per_rank": [max bytes of rank 0, 1, ...], "max_bytes": ..., "source": ...}``
+        (``None`` entries where a rank recorded no peak).
+
+    >>> import pandas as pd
+    >>> peak_memory(pd.DataFrame({"rank": [0, 0, 1], "peak_mem_bytes": [5, 7, 6]}), ["cpu: x", "cpu: x"])
+    {'bytes_per_rank': [7, 6], 'max_bytes': 7, 'source': 'cpu VmHWM (resident set high-water mark)'}
+    """
+    from pnpscale import columns as K
+
+    per = ranks.groupby(K.RANK)[K.PEAK_MEM_BYTES].max()
+    values = [None if r not in per.index or per[r] != per[r] else int(per[r]) for r in range(len(devices))]
+    known = [v for v in values if v is not None]
+    cpu = all(str(d).startswith("cpu") for d in devices)
+    return {
+        "bytes_per_rank": values,
+        "max_bytes": max(known) if known else None,
+        "source": "cpu VmHWM (resident set high-water mark)" if cpu else "cuda max_memory_allocated",
+    }
+
+
 def write_run(
     run_dir: Path,
     spec: Any,
@@ -284,6 +316,7 @@ def write_run(
         sections = decompose(ranks, colls)
         check_invariants(ranks, sections)
         base.metrics = run_metrics(sections, spec.gpus)
+        base.peak_memory = peak_memory(ranks, [i["device"] for i in infos])
     except Exception as exc:
         base.status, base.error, base.finished_at = layout.STATUS_FAILED, _error_text(exc), now_iso()
         write_record(run_dir, base)
