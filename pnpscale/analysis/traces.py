@@ -371,8 +371,9 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
             ev, pos = decoder.raw_decode(piece, pos)
             collector.read = index
             index += 1
-            if isinstance(ev, dict):
-                collector.add(ev)
+            if not isinstance(ev, dict):
+                raise _Fallback("an event that is not an object")  # the exact path names it
+            collector.add(ev)
             collector.read = index
             while pos < size and piece[pos] in " \t\r\n":
                 pos += 1
