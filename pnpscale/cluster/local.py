@@ -231,7 +231,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from pnpscale.rank.worker import KINETO_LOG_LEVEL, LAUNCH_T0_ENV, PARENT_PID_ENV, in_environment
+    from pnpscale.rank.worker import LAUNCH_T0_ENV, PARENT_PID_ENV, in_environment, rank_environment
     from pnpscale.sweep.signals import preserved
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -249,12 +249,9 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         log_line_prefix_template="[rank${rank}] ",
     )
     env = {
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
+        **rank_environment(threads, os.environ),
         LAUNCH_T0_ENV: repr(time.time()),
         PARENT_PID_ENV: str(os.getpid()),
-        "KINETO_LOG_LEVEL": os.environ.get("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL),
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
     elastic_log = logging.getLogger("torch.distributed.elastic")
     level = elastic_log.level

@@ -522,19 +522,12 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     """
     from submitit.helpers import TorchDistributedEnvironment
 
-    from pnpscale.rank.worker import KINETO_LOG_LEVEL, rank_main, threads_per_rank
+    from pnpscale.rank.worker import rank_environment, rank_main, threads_per_rank
 
     dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     rank = dist_env.rank
     threads = threads_per_rank(spec.threads_per_rank, dist_env.local_world_size)
-    os.environ.update(
-        {
-            "OMP_NUM_THREADS": str(threads),
-            "MKL_NUM_THREADS": str(threads),
-            "KINETO_LOG_LEVEL": os.environ.get("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL),
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        }
-    )
+    os.environ.update(rank_environment(threads, os.environ))
     record = task_record(os.environ, dist_env.master_addr, dist_env.master_port)
     if rank == 0:  # in run.json from the start, so that a failure record names the job too
         _link_logs(run_dir, record["logs"])

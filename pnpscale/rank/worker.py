@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -113,6 +113,24 @@ SHARED_GPU_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
 #: 1 INFO, 2 WARNING, 3 ERROR, 4 STAGE), so CUPTI errors and dropped-record warnings reach the rank's
 #: stderr; 5 would hide everything.
 KINETO_LOG_LEVEL = "2"
+
+
+def rank_environment(threads: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables every rank runs with, whichever backend started it (local elastic, a SLURM task).
+
+    ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` = ``threads`` (elastic does not set them, unlike
+    torchrun); ``KINETO_LOG_LEVEL`` (:data:`KINETO_LOG_LEVEL` unless the user set one) and
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (a failed NCCL collective ends the rank) unless set.
+
+    >>> rank_environment(2, {"KINETO_LOG_LEVEL": "0"})["KINETO_LOG_LEVEL"], rank_environment(2, {})["OMP_NUM_THREADS"]
+    ('0', '2')
+    """
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "KINETO_LOG_LEVEL": environ.get("KINETO_LOG_LEVEL", KINETO_LOG_LEVEL),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
 
 
 def shared_gpu_allowed(requested: str, env: Any) -> bool:
