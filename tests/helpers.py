@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,3 +59,33 @@ def run_dirs(root: Path) -> list[Path]:
 
 def read_run(run_dir: Path) -> dict:
     return json.loads((run_dir / "run.json").read_text())
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for a test's own process group)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def gloo_rank(rank: int, world: int, port: int) -> Iterator[None]:
+    """One rank of a test's gloo group (deepinv's ``DistributedContext`` joins it): 1 thread, the
+    torch.distributed variables set, a process group when ``world > 1`` (one rank: none, and RANK /
+    WORLD_SIZE hidden so deepinv runs undistributed); everything undone on exit."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    if world > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    hidden = {} if world > 1 else {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE")}
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
+        if world > 1:
+            dist.destroy_process_group()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ from pnpscale.rank.problems import make_problem
 from pnpscale.rank.problems.ct import angle_blocks
 from pnpscale.sweep.cli import compose_config
 from pnpscale.sweep.config import resolve_spec
+from tests.helpers import free_port, gloo_rank
 
 TINY_CT = ["problem=ct", "scale=small", "problem.image_size=32", "problem.num_operators=8", "problem.patch_size=8",
            "problem.overlap=4", "problem.nc=[4,8,8,8]"]  # fmt: skip
@@ -58,24 +58,17 @@ def test_split_is_exact_and_lipschitz_bounds_the_normal_operator():
     assert 0.5 * problem.lipschitz() < float(norm) <= problem.lipschitz() * 1.01
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
-    import torch.distributed as dist
+    with gloo_rank(rank, world, port):
+        _rank_body(rank, out_dir)
+
+
+def _rank_body(rank: int, out_dir: str) -> None:
     from deepinv.distributed import DistributedContext, distribute
     from deepinv.optim.data_fidelity import L2
 
     from pnpscale.rank.problems import measurements
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    if world > 1:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-    hidden = {} if world > 1 else {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE")}
     spec = _spec()
     with DistributedContext(backend="gloo", cleanup=False, device_mode="cpu") as ctx:
         data = make_problem(spec).build(ctx.device)
@@ -84,9 +77,6 @@ def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
         y = measurements(data, physics.local_physics, physics.local_indexes, spec.noise_sigma, spec.seed)
         x = torch.rand(data.x_true.shape, generator=torch.Generator().manual_seed(3))
         grad = fidelity.grad(x, y, physics)
-    os.environ.update(hidden)
-    if world > 1:
-        dist.destroy_process_group()
     torch.save({"grad": grad, "local": list(physics.local_indexes)}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -100,7 +90,7 @@ def test_distributed_gradient_equals_single_process(tmp_path):
     for world in (1, 3):
         d = tmp_path / f"w{world}"
         d.mkdir()
-        mp.start_processes(_rank, args=(world, _free_port(), str(d)), nprocs=world, start_method="fork")
+        mp.start_processes(_rank, args=(world, free_port(), str(d)), nprocs=world, start_method="fork")
         out[world] = [torch.load(d / f"rank{r}.pt") for r in range(world)]
     assert [r["local"] for r in out[3]] == [[0, 3, 6], [1, 4, 7], [2, 5]]
     single = out[1][0]["grad"]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 
 from pnpscale.rank.denoiser import core_slices, gather_layout, place_cores
+from tests.helpers import free_port, gloo_rank
 
 
 def _strategy(shape, patch, overlap):
@@ -37,24 +37,17 @@ def test_cores_tile_the_signal_and_place_back(shape, patch, world):
     assert torch.equal(out, x)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
-    import torch.distributed as dist
+    with gloo_rank(rank, world, port):
+        _rank_body(rank, out_dir)
+
+
+def _rank_body(rank: int, out_dir: str) -> None:
     from deepinv.distributed import DistributedContext
     from deepinv.models import DRUNet
 
     from pnpscale.rank.denoiser import tiled_denoiser
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    if world > 1:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-    hidden = {} if world > 1 else {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE")}
     results = {}
     with DistributedContext(backend="gloo", cleanup=False, device_mode="cpu") as ctx:
         # 2D: 4 tiles (5 ranks leave one without a tile); 3D: 8 tiles
@@ -73,9 +66,6 @@ def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
                 loss.backward()
                 grads = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
                 results[(dims, collective)] = (inference, out.detach(), grads)
-    os.environ.update(hidden)
-    if world > 1:
-        dist.destroy_process_group()
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -91,7 +81,7 @@ def gathered(tmp_path_factory):
     out = {}
     for world in (1, 2, 3, 4, 5):
         d = tmp_path_factory.mktemp(f"w{world}")
-        mp.start_processes(_rank, args=(world, _free_port(), str(d)), nprocs=world, start_method="fork")
+        mp.start_processes(_rank, args=(world, free_port(), str(d)), nprocs=world, start_method="fork")
         out[world] = [torch.load(d / f"rank{r}.pt") for r in range(world)]
     return out
 
