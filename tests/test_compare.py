@@ -20,20 +20,25 @@ def _dir(root, problem, gpus, collective="all_reduce", num_operators=None):
     return root / f"problem={problem}/mode=inference{variant_subdir(collective, num_operators)}/gpus={gpus}"
 
 
+def write_collective_sweep(root, gpus=(1, 2, 4)):
+    """gpus x denoiser_collective=all_reduce,all_gather (8 operators); the all_gather's transfer is half."""
+    for coll in ("all_reduce", "all_gather"):
+        for g in gpus:
+            if g == 1:
+                times, kinds = {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]}, None
+            else:
+                den = 0.4 if coll == "all_reduce" else 0.2
+                # the all_gather records one rank's buffer: the cores of its tiles, P / g here
+                kinds = {"denoiser": (coll, IMAGE if coll == "all_reduce" else IMAGE // g)}
+                times = {"gradient": [(0.6, 0.1)] * g, "denoiser": [(1.0 + den, den)] * g}
+            fake_run(_dir(root, "2d", g, coll), "2d", "inference", times, kinds, operators=8, denoiser_collective=coll)
+    return root
+
+
 @pytest.fixture(scope="module")
 def collective_sweep(tmp_path_factory):
     """gpus=1,2,4 x denoiser_collective=all_reduce,all_gather; the all_gather's transfer is half."""
-    root = tmp_path_factory.mktemp("cmp") / "sweep"
-    for coll in ("all_reduce", "all_gather"):
-        fake_run(_dir(root, "2d", 1, coll), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]},
-                 denoiser_collective=coll)  # fmt: skip
-        for g in (2, 4):
-            den = 0.4 if coll == "all_reduce" else 0.2
-            # the all_gather records one rank's buffer: the cores of its tiles, P / g here
-            kinds = {"denoiser": (coll, IMAGE if coll == "all_reduce" else IMAGE // g)}
-            times = {"gradient": [(0.6, 0.1)] * g, "denoiser": [(1.0 + den, den)] * g}
-            fake_run(_dir(root, "2d", g, coll), "2d", "inference", times, kinds, denoiser_collective=coll)
-    return root
+    return write_collective_sweep(tmp_path_factory.mktemp("cmp") / "sweep")
 
 
 def test_variant_discovered_from_run_json(collective_sweep):

@@ -74,12 +74,14 @@ def fake_run(
     mode: str,
     times: dict[str, list[tuple[float, float]]],
     collective: dict[str, tuple[str, int]] | None = None,
+    operators: int | None = None,
     **spec_fields,
 ) -> None:
     """Write a run whose per-rank (section_s, collective_s) per section are ``times``; iteration 0 = warm-up.
 
     ``collective``: per section, (collective, payload bytes) of its one collective (default an
-    all_reduce of the 32²×3 float32 image); ``spec_fields``: RunSpec fields to change.
+    all_reduce of the 32²×3 float32 image); ``operators``: the operators dealt round-robin over the
+    ranks (run.json's assignment; default one per rank); ``spec_fields``: RunSpec fields to change.
     """
     gpus = len(next(iter(times.values())))
     gathered = []
@@ -118,7 +120,7 @@ def fake_run(
             "host": "h",
             "device": "cpu",
             "threads": 1,
-            "local_operators": [0],
+            "local_operators": [0] if operators is None else list(range(rank, operators, gpus)),
             "local_tiles": 1,
             "num_tiles": 16,
             "solver": {"weights_sha256": "x"},

@@ -50,11 +50,25 @@ def series_label(problem: str, variant: object) -> str:
 
 def labelled(table: pd.DataFrame) -> pd.DataFrame:
     """The table with each variant folded into ``problem`` (``2d denoiser_collective=all_gather``),
-    so that views keyed by (problem, mode) draw one series per variant."""
-    if K.VARIANT not in table or not table[K.VARIANT].astype(bool).any():
+    so that views keyed by (problem, mode) draw one series per variant.
+
+    Idempotent: a row whose ``problem`` already carries its variant is kept as is, so every view
+    (charts, projection) may call it on :func:`pnpscale.load`'s table or on the report's view.
+
+    >>> t = pd.DataFrame({"problem": ["2d", "2d"], "variant": ["", "denoiser_collective=all_gather"]})
+    >>> labelled(labelled(t))["problem"].tolist()
+    ['2d', '2d denoiser_collective=all_gather']
+    """
+    if K.VARIANT not in table:
+        return table
+    variant = table[K.VARIANT].fillna("").astype(str)
+    if not (variant != "").any():
         return table
     out = table.copy()
-    out["problem"] = [series_label(p, v) for p, v in zip(out["problem"], out[K.VARIANT], strict=True)]
+    out["problem"] = [
+        str(p) if not v or str(p).endswith(f" {v}") else series_label(str(p), v)
+        for p, v in zip(out["problem"], variant, strict=True)
+    ]
     return out
 
 

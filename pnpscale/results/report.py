@@ -144,12 +144,19 @@ def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
     above the largest measured N up to 16 times it (:mod:`pnpscale.results.projection`, default options).
 
     Writes projection.parquet, projection_validation.parquet, projection.png and projection.md into ``out``
-    when some (problem, mode) qualifies.
+    (the report's staging folder) when some (problem, mode) qualifies.
 
     Returns:
         README lines (empty when nothing qualifies).
     """
-    from pnpscale.results.projection import Options, default_targets, project, with_algorithms, write
+    from pnpscale.results.projection import (
+        Options,
+        default_targets,
+        project,
+        readme_section,
+        with_algorithms,
+        write_files,
+    )
 
     done = table[table["status"] == "complete"]
     if done.empty or not (done.groupby(["problem", "mode"])["gpus"].nunique() >= 3).any():
@@ -157,15 +164,8 @@ def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
     p = project(with_algorithms(done), default_targets(int(done["gpus"].max())), Options(), min_points=3)
     if not p.findings:
         return ["## Projection", "", *(f"- {k[0]} {k[1]}: not projected: {v}" for k, v in p.skipped.items()), ""]
-    lines = write(p, out)
-    return [
-        "## Projection past the measured GPU counts",
-        "",
-        "`projection.png`, `projection.parquet` (measured and projected rows), `projection_validation.parquet` "
-        "(leave-one-out); other GPU counts, rates or nodes: `python -m pnpscale.project <sweep dir> --gpus ...`.",
-        "",
-        *lines,
-    ]
+    lines = write_files(p, out)
+    return readme_section(lines, "Written by the report (default options)")
 
 
 def comparison_section(table: pd.DataFrame, out: Path, files: dict[str, Callable[[Path], None]]) -> list[str]:
