@@ -103,15 +103,16 @@ def _order(series: pd.Series) -> list[str]:
 
 def run_bytes_per_gpu(run_dir: str | Path, gpus: int, nodes: int) -> float:
     """Bytes per GPU per measured iteration of a run folder's main collectives (ring model); NaN when unknown."""
+    from pnpscale.results.runs import read_table
     from pnpscale.results.transfer import main_bytes_per_gpu
 
     d = Path(run_dir)
     if gpus <= 1:
         return 0.0
     try:
-        colls = pd.read_parquet(d / layout.COLLECTIVES)
-        ranks = pd.read_parquet(d / layout.RANKS, columns=[K.ITERATION, K.WARMUP])
-    except (FileNotFoundError, OSError):
+        colls = read_table(d / layout.COLLECTIVES)
+        ranks = read_table(d / layout.RANKS, columns=[K.ITERATION, K.WARMUP])
+    except ValueError:  # missing or damaged (table_of reports a damaged complete run as unreadable)
         return float("nan")
     warm = ranks.groupby(K.ITERATION)[K.WARMUP].first()
     colls = colls.assign(**{K.WARMUP: colls[K.ITERATION].map(warm).fillna(False).astype(bool)})

@@ -66,7 +66,12 @@ def unreadable_points(table: pd.DataFrame) -> list[str]:
     from pnpscale.results.runs import STATUS_UNREADABLE
 
     bad = table[(table["status"] == STATUS_UNREADABLE) & (table[K.SECTION] == "all")]
-    return [f"problem={r['problem']} mode={r['mode']} gpus={int(r['gpus'])}: {r['error']}" for _, r in bad.iterrows()]
+    lines = []
+    for _, r in bad.iterrows():
+        variant = r.get(K.VARIANT) if isinstance(r.get(K.VARIANT), str) and r.get(K.VARIANT) else ""
+        point = " ".join(x for x in (f"problem={r['problem']}", f"mode={r['mode']}", variant) if x)
+        lines.append(f"{point} gpus={int(r['gpus'])}: {r['error']}")
+    return lines
 
 
 #: Every file a report folder may hold besides the charts (removed when a new report no longer writes it).
@@ -207,22 +212,27 @@ def transfer_explained(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
 def wait_ranks(table: pd.DataFrame) -> pd.DataFrame:
     """Per complete point x section x rank: :func:`pnpscale.analysis.waits.rank_table` with its point.
 
-    Reads each run's ``ranks.parquet``, ``collectives.parquet`` and ``run.json``'s assignment.
+    Reads each run's ``ranks.parquet``, ``collectives.parquet`` and ``run.json``'s assignment (read whole
+    by :func:`pnpscale.results.runs.table_of` already: a damaged one made its point ``unreadable``).
+
+    Raises:
+        ValueError: a file that became unreadable since (``<file>: <reason>``; RecordError for run.json).
 
     Returns:
         PROBLEM, MODE, GPUS and :data:`pnpscale.analysis.waits.RANK_TABLE_COLUMNS`; empty (with those
         columns) when no run completed.
     """
     from pnpscale.analysis.waits import RANK_TABLE_COLUMNS, rank_table
+    from pnpscale.results.runs import read_table
 
     frames = []
     done = table[table["status"] == "complete"].drop_duplicates("run_dir")
     for _, r in done.iterrows():
         d = Path(r["run_dir"])
-        assignment = layout.read_json(d / layout.RUN_JSON).get("assignment") or {}
+        assignment = read_record(d).assignment or {}
         t = rank_table(
-            pd.read_parquet(d / layout.RANKS),
-            pd.read_parquet(d / layout.COLLECTIVES),
+            read_table(d / layout.RANKS),
+            read_table(d / layout.COLLECTIVES),
             assignment.get("operators_per_rank"),
             assignment.get("tiles_per_rank"),
         )
