@@ -263,14 +263,15 @@ def test_stored_sweep_prints_with_cfg_job():
     assert "gpus: 4,8,16,32,64" in proc.stdout
 
 
-def test_example_notebook_runs_headless(sweep):
+def run_notebook(sweep_dir: Path) -> list[dict]:
+    """Execute examples/scaling.ipynb headless on ``sweep_dir``; its code cells' outputs (none an error)."""
     import os
 
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(ROOT / "examples" / "scaling.ipynb", as_version=4)
-    os.environ["PNPSCALE_SWEEP"] = str(sweep)
+    os.environ["PNPSCALE_SWEEP"] = str(sweep_dir)
     try:
         NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
     finally:
@@ -278,6 +279,11 @@ def test_example_notebook_runs_headless(sweep):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not any(o.get("output_type") == "error" for o in outputs)
     assert any("image/png" in o.get("data", {}) for o in outputs)
+    return outputs
+
+
+def test_example_notebook_runs_headless(sweep):
+    run_notebook(sweep)
 
 
 def test_headline_checks_warn_when_points_differ_in_settings():
