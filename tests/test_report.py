@@ -188,6 +188,12 @@ def test_load_returns_typed_tidy_table(sweep):
     df = pnpscale.load(str(sweep))
     assert df["gpus"].dtype == "int64"
     assert pd.api.types.is_string_dtype(df["problem"]) and pd.api.types.is_string_dtype(df["mode"])
+    # one text dtype, integer counts as Int64 (the failed point's NA kept): with or without failed points
+    for table in (df, df[df["status"] == "complete"], pnpscale.load(str(sweep), include_failed=False)):
+        assert table["problem"].dtype == table["mode"].dtype == table[K.SECTION].dtype == table["status"].dtype
+        for col in ("iterations", K.N_MAIN, K.MAIN_PAYLOAD_BYTES, "nodes", "num_operators", "num_tiles"):
+            assert str(table[col].dtype) == "Int64", col
+    assert df.loc[df["gpus"] == 4, "iterations"].isna().all() and (df.loc[df["gpus"] == 2, K.N_MAIN] == 1).all()
     assert set(df["gpus"]) == {1, 2, 4}
     assert len(df[(df["gpus"] == 2)]) == 3  # gradient, denoiser, all
     assert df.groupby(["gpus", K.SECTION]).size().max() == 1

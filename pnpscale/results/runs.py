@@ -44,6 +44,37 @@ METRIC_COLUMNS = [
     K.GPU_SECONDS, K.MAIN_PAYLOAD_BYTES, K.MAIN_TRANSFER_S, K.N_MAIN, K.OTHER_PAYLOAD_BYTES, *K.WAIT_CAUSES,
 ]  # fmt: skip
 
+#: Text columns of :func:`load`: pandas' ``str`` dtype (NaN where unknown), whatever their source.
+TEXT_COLUMNS = [
+    "problem", "mode", K.SECTION, "status", "error", "run_dir", "scale", "backend", "linestyle", "variant",
+    "denoiser_collective",
+]  # fmt: skip
+#: Integer counts of :func:`load`: ``Int64`` (NA for failed points or counts a run did not record).
+COUNT_COLUMNS = [
+    "iterations", K.N_MAIN, K.MAIN_PAYLOAD_BYTES, K.OTHER_PAYLOAD_BYTES, "nodes", "world_size", "num_operators",
+    "num_tiles",
+]  # fmt: skip
+
+
+def typed(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with :data:`TEXT_COLUMNS` as ``str``, :data:`COUNT_COLUMNS` as ``Int64`` and ``gpus`` as
+    ``int64`` (the columns it has): the same dtypes whichever runs (complete, failed, none) it holds.
+
+    >>> t = typed(pd.DataFrame({"problem": ["2d", None], "gpus": [1, 2], "n_main": [2.0, float("nan")]}))
+    >>> [str(t[c].dtype) for c in t], t["n_main"].tolist()
+    (['str', 'int64', 'Int64'], [2, <NA>])
+    """
+    out = table.copy()
+    for col in TEXT_COLUMNS:
+        if col in out:
+            out[col] = out[col].astype("str")
+    for col in COUNT_COLUMNS:
+        if col in out:
+            out[col] = pd.to_numeric(out[col]).astype("Int64")
+    if "gpus" in out:
+        out["gpus"] = out["gpus"].astype("int64")
+    return out
+
 
 #: Columns of ``sections.parquet`` the metrics are computed from: a run folder lacking one is unreadable.
 #: Other columns (added by later versions, e.g. ``main_transfer_s``, ``other_payload_bytes``) load as NA.
@@ -283,14 +314,13 @@ def table_of(sel: Selection, path: str | Path, include_failed: bool = True) -> p
         if not bad.empty:
             frames.append(bad[POINT + RUN_COLUMNS + ["error"]].assign(section="all"))
     if not frames:
-        return pd.DataFrame(columns=POINT + [K.SECTION] + METRIC_COLUMNS + RUN_COLUMNS)
+        return typed(pd.DataFrame(columns=POINT + [K.SECTION] + METRIC_COLUMNS + RUN_COLUMNS))
     out = pd.concat(frames, ignore_index=True)
     for col in METRIC_COLUMNS:
         if col not in out:
             out[col] = float("nan")
-    out["gpus"] = out["gpus"].astype("int64")
     first = POINT + [K.SECTION]
-    out = out[first + [c for c in out.columns if c not in first]]
+    out = typed(out[first + [c for c in out.columns if c not in first]])
     return out.sort_values(POINT + [K.SECTION], kind="stable").reset_index(drop=True)
 
 
