@@ -7,7 +7,7 @@ import pytest
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.results.compare import COMPARE_PNG, comparison
+from pnpscale.results.compare import COMPARE_PNG, comparison, labelled
 from pnpscale.results.report import build_table, write_report
 from pnpscale.results.runs import discover
 from pnpscale.sweep.config import variant_subdir
@@ -20,20 +20,25 @@ def _dir(root, problem, gpus, collective="all_reduce", num_operators=None):
     return root / f"problem={problem}/mode=inference{variant_subdir(collective, num_operators)}/gpus={gpus}"
 
 
+def write_collective_sweep(root, gpus=(1, 2, 4)):
+    """gpus x denoiser_collective=all_reduce,all_gather (8 operators); the all_gather's transfer is half."""
+    for coll in ("all_reduce", "all_gather"):
+        for g in gpus:
+            if g == 1:
+                times, kinds = {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]}, None
+            else:
+                den = 0.4 if coll == "all_reduce" else 0.2
+                # the all_gather records one rank's buffer: the cores of its tiles, P / g here
+                kinds = {"denoiser": (coll, IMAGE if coll == "all_reduce" else IMAGE // g)}
+                times = {"gradient": [(0.6, 0.1)] * g, "denoiser": [(1.0 + den, den)] * g}
+            fake_run(_dir(root, "2d", g, coll), "2d", "inference", times, kinds, operators=8, denoiser_collective=coll)
+    return root
+
+
 @pytest.fixture(scope="module")
 def collective_sweep(tmp_path_factory):
     """gpus=1,2,4 x denoiser_collective=all_reduce,all_gather; the all_gather's transfer is half."""
-    root = tmp_path_factory.mktemp("cmp") / "sweep"
-    for coll in ("all_reduce", "all_gather"):
-        fake_run(_dir(root, "2d", 1, coll), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]},
-                 denoiser_collective=coll)  # fmt: skip
-        for g in (2, 4):
-            den = 0.4 if coll == "all_reduce" else 0.2
-            # the all_gather records one rank's buffer: the cores of its tiles, P / g here
-            kinds = {"denoiser": (coll, IMAGE if coll == "all_reduce" else IMAGE // g)}
-            times = {"gradient": [(0.6, 0.1)] * g, "denoiser": [(1.0 + den, den)] * g}
-            fake_run(_dir(root, "2d", g, coll), "2d", "inference", times, kinds, denoiser_collective=coll)
-    return root
+    return write_collective_sweep(tmp_path_factory.mktemp("cmp") / "sweep")
 
 
 def test_variant_discovered_from_run_json(collective_sweep):
@@ -97,3 +102,51 @@ def test_no_comparison_without_a_varied_key(tmp_path):
     assert comparison(build_table(root, echo=lambda _: None)) is None
     out = write_report(root, tmp_path / "rep", echo=lambda _: None)
     assert not (out / COMPARE_PNG).exists() and "Side by side" not in (out / layout.REPORT_README).read_text()
+
+
+def _varied_sweep(root, key):
+    """A sweep (gpus 1, 2) that varies ``key``; the 2-GPU point of the last series failed."""
+    from pnpscale.sweep.record import write_failure
+    from tests.test_report import spec
+
+    series = {
+        "denoiser_collective": [("2d", {"denoiser_collective": c}, c, None) for c in ("all_reduce", "all_gather")],
+        "problem": [("2d", {}, "all_reduce", None), ("3d", {}, "all_reduce", None)],
+        "num_operators": [("2d", {"sizes": {"num_operators": n}}, "all_reduce", n) for n in (2, 8)],
+    }[key]
+    for i, (problem, fields, coll, ops) in enumerate(series):
+        for g in (1, 2):
+            d = _dir(root, problem, g, coll, ops)
+            if g == 2 and i == len(series) - 1:
+                write_failure(d, spec(problem, "inference", g, **fields), None, "boom")
+                continue
+            times = {"gradient": [(1.0 / g, 0.1 * (g - 1))] * g, "denoiser": [(2.0 / g, 0.1 * (g - 1))] * g}
+            fake_run(d, problem, "inference", times, **fields)
+    return root
+
+
+@pytest.mark.parametrize("key", ["denoiser_collective", "problem", "num_operators"])
+def test_every_chart_draws_a_varied_sweep_from_load(tmp_path, key):
+    import pnpscale
+    from pnpscale.results.charts import CHARTS
+
+    table = pnpscale.load(_varied_sweep(tmp_path / "sweep", key))
+    series = sorted({label for label in labelled(table)["problem"]})
+    assert len(series) == 2 and (key == "problem" or all(key in s for s in series))
+    for name, plot in CHARTS.items():
+        fig = plot(table)
+        assert fig.axes, name
+        labels = {ax.get_title() for ax in fig.axes}
+        labels |= {line.get_label() for ax in fig.axes for line in ax.get_lines()}
+        labels |= {t.get_text() for leg in fig.legends for t in leg.get_texts()}
+        assert all(any(s in label for label in labels) for s in series), (name, series, labels)
+    # the same figures as on the report's view (labelled twice is labelled once)
+    assert labelled(labelled(table))["problem"].tolist() == labelled(table)["problem"].tolist()
+
+
+def test_example_notebook_runs_on_a_varied_sweep(collective_sweep):
+    from tests.test_report import run_notebook
+
+    outputs = run_notebook(collective_sweep)
+    text = "".join(str(o.get("data", {}).get("text/plain", "")) + str(o.get("text", "")) for o in outputs)
+    assert "denoiser_collective=all_gather" in text

@@ -316,6 +316,87 @@ def test_4_damaged_run_folders_are_reported_one_by_one(tmp_path, capsys):
     assert "2 point(s) unreadable (--strict)" in capsys.readouterr().err
 
 
+DAMAGES = {
+    # label -> (the variant folder and GPU count it damages, how, the file named, the reason's start)
+    "truncated ranks": (("all_reduce", 2), lambda d: _truncate(d / layout.RANKS), layout.RANKS, "Could not open"),
+    "truncated collectives": (("all_gather", 2), lambda d: _truncate(d / layout.COLLECTIVES), layout.COLLECTIVES,
+                              "Could not open"),
+    "gpus abc": (("all_reduce", 4), lambda d: _edit_record(d, gpus="abc"), layout.RUN_JSON,
+                 "gpus is 'abc' (str): must be an integer"),
+    "operators per rank": (("all_gather", 4), lambda d: _edit_record(d, assignment={"operators_per_rank": ["x"]}),
+                           layout.RUN_JSON, "assignment.operators_per_rank is ['x']: must be an array of integers"),
+    "nccl log": (("all_gather", 1), lambda d: (d / layout.NCCL_DIR / "rank0.log").mkdir(parents=True),
+                 f"{layout.NCCL_DIR}/rank0.log", "Is a directory"),
+}  # fmt: skip
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _edit_record(run_dir: Path, **fields) -> None:
+    doc = json.loads((run_dir / layout.RUN_JSON).read_text())
+    doc.update(fields)
+    (run_dir / layout.RUN_JSON).write_text(json.dumps(doc))
+
+
+def test_4_every_damaged_file_of_a_run_folder_is_one_unreadable_point(tmp_path, capsys):
+    """ranks, collectives, run.json of the wrong shape, NCCL logs: each one point, the others reported."""
+    import pnpscale
+    from pnpscale.results.report import main
+    from tests.test_compare import _dir, write_collective_sweep
+
+    sweep = write_collective_sweep(tmp_path / "sweep")
+    damaged = {}
+    for label, ((coll, g), damage, name, reason) in DAMAGES.items():
+        d = _dir(sweep, "2d", g, coll)
+        damage(d)
+        damaged[(f"denoiser_collective={coll}", g)] = (label, f"unreadable: {d / name}: {reason}")
+
+    table = pnpscale.load(sweep)  # never raises for one damaged folder
+    all_ = table[table["section"] == "all"].set_index(["variant", "gpus"])
+    assert len(all_) == 6 and not all_.index.duplicated().any()
+    for key, (label, error) in damaged.items():
+        assert all_.loc[key, "status"] == "unreadable", label
+        assert all_.loc[key, "error"].startswith(error), (label, all_.loc[key, "error"])
+    assert all_.loc[("denoiser_collective=all_reduce", 1), "status"] == "complete"
+
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    for label, error in damaged.values():
+        assert error in out, label
+    readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
+    series, side_by_side = readme.split("## Side by side")
+    assert series.count("missing (unreadable)") == side_by_side.count("missing (unreadable)") == len(DAMAGES)
+    assert main([str(sweep), "--strict"]) == 1
+    assert f"{len(DAMAGES)} point(s) unreadable (--strict)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"gpus": "abc"}, "gpus is 'abc' (str): must be an integer"),
+        ({"gpus": True}, "gpus is True (bool): must be an integer"),
+        ({"gpus": 0}, "gpus is 0: must be >= 1"),
+        ({"problem": 2}, "problem is 2 (int): must be a string"),
+        ({"mode": ["inference"]}, "mode is ['inference'] (list): must be a string"),
+        ({"status": None}, "no status"),
+        ({"spec": "x"}, "spec is 'x' (str): must be an object"),
+        ({"assignment": {"num_tiles": 1.5}}, "assignment.num_tiles is 1.5: must be an integer"),
+    ],
+)
+def test_4_run_record_refuses_wrong_typed_fields(tmp_path, fields, message):
+    from pnpscale.sweep.record import RecordError, read_record
+
+    d = tmp_path / "run"
+    fake_run(d, "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]})
+    _edit_record(d, **fields)
+    with pytest.raises(RecordError) as info:
+        read_record(d)
+    assert str(info.value) == f"{d / layout.RUN_JSON}: {message}"
+
+
 # ----------------------------------------------------------------------- 5. command line
 
 

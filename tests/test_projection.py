@@ -147,3 +147,85 @@ def test_time_sharing_devices_stretch_compute():
     want = truth(4, "denoiser")
     assert out.loc["denoiser", K.COMPUTE_S] == pytest.approx(2 * want[K.COMPUTE_S], rel=1e-6)
     assert model.devices == 2
+
+
+# --- the command on run folders (synthetic sweeps written by the project's own writer) -------------
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_command_projects_each_variant_of_a_sweep(tmp_path, capsys):
+    from pnpscale import layout
+    from pnpscale.results.projection import main
+    from tests.test_compare import write_collective_sweep
+
+    root = write_collective_sweep(tmp_path / "sweep")
+    assert main([str(root), "--gpus", "8,16"]) == 0
+    out = capsys.readouterr().out
+    series = ["2d denoiser_collective=all_gather", "2d denoiser_collective=all_reduce"]
+    assert all(f"### Projection: {s} inference" in out for s in series)
+    table = pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION)
+    assert sorted(set(table[K.PROBLEM])) == series
+    for s in series:  # one measured row per (GPU count, section) of each series, never two merged
+        measured = table[(table[K.PROBLEM] == s) & table[K.MEASURED]]
+        assert sorted(set(measured[K.GPUS])) == [1, 2, 4] and not measured.duplicated([K.GPUS, K.SECTION]).any()
+    val = pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION_VALIDATION)
+    assert sorted(set(val[K.PROBLEM])) == series
+
+
+def test_a_table_with_two_rows_per_point_is_refused_not_merged():
+    rows = pd.concat([sweep([1, 2, 4]), sweep([1, 2, 4])], ignore_index=True)
+    with pytest.raises(ProjectionError, match="share problem=2d mode=inference gpus=1 section=gradient"):
+        leave_one_out(rows)
+    p = project(rows, [8])
+    assert "share" in p.skipped[("2d", "inference")] and not p.findings
+
+
+def test_failed_command_leaves_the_report_as_it_was(tmp_path, capsys):
+    from pnpscale import layout
+    from pnpscale.results.projection import main
+    from pnpscale.results.report import write_report
+    from tests.test_compare import write_collective_sweep
+
+    root = write_collective_sweep(tmp_path / "sweep")
+    report = write_report(root, echo=lambda _: None)
+    before = _snapshot(report)
+    assert layout.PROJECTION in before
+    for args, message in (
+        (["--fit-gpus", "1"], "nothing could be projected (2d denoiser_collective=all_gather inference: 1 measured"),
+        (["--fit-gpus", "1,3,2,8"], "--fit-gpus=1,3,2,8: no complete run at 3, 8 GPU(s) (measured: 1, 2, 4)"),
+        (["--pe-min", "0"], "--pe-min=0: must be in (0, 1]"),
+        (["--pe-min", "1.5"], "--pe-min=1.5: must be in (0, 1]"),
+        (["--gpus", "x"], "--gpus=x: give positive integers"),
+    ):
+        assert main([str(root), *args]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (args, err)
+        assert _snapshot(report) == before, args
+    # success: the projection files and the README's projection section change together
+    assert main([str(root), "--gpus", "32", "--pe-min", "0.5"]) == 0
+    readme = (report / layout.REPORT_README).read_text()
+    heads = [line for line in readme.splitlines() if line.startswith("## ")]
+    assert [h for h in heads if h.startswith("## Projection")] == ["## Projection past the measured GPU counts"]
+    assert heads.index("## Projection past the measured GPU counts") == len(heads) - 2  # before the side by side
+    assert "python -m pnpscale.project" in readme and "PE >= 0.5" in readme
+    assert readme.count("![projection.png](projection.png)") == 1
+    md = (report / layout.PROJECTION_MD).read_text()
+    assert "PE >= 0.5" in md and all(line in readme for line in md.splitlines()[2:] if line)
+    after = _snapshot(report)
+    changed = {k for k in after if after[k] != before[k]}
+    assert changed >= {layout.PROJECTION, layout.PROJECTION_MD, layout.REPORT_README}
+    assert after[layout.SUMMARY] == before[layout.SUMMARY]
+
+
+def test_one_gpu_count_writes_nothing(tmp_path, capsys):
+    from pnpscale import layout
+    from pnpscale.results.projection import main
+    from tests.test_compare import write_collective_sweep
+
+    root = write_collective_sweep(tmp_path / "sweep", gpus=(2,))
+    assert main([str(root)]) == 2
+    assert "nothing could be projected" in capsys.readouterr().err
+    assert not (root / layout.REPORT_DIR).exists()

@@ -74,12 +74,14 @@ def fake_run(
     mode: str,
     times: dict[str, list[tuple[float, float]]],
     collective: dict[str, tuple[str, int]] | None = None,
+    operators: int | None = None,
     **spec_fields,
 ) -> None:
     """Write a run whose per-rank (section_s, collective_s) per section are ``times``; iteration 0 = warm-up.
 
     ``collective``: per section, (collective, payload bytes) of its one collective (default an
-    all_reduce of the 32²×3 float32 image); ``spec_fields``: RunSpec fields to change.
+    all_reduce of the 32²×3 float32 image); ``operators``: the operators dealt round-robin over the
+    ranks (run.json's assignment; default one per rank); ``spec_fields``: RunSpec fields to change.
     """
     gpus = len(next(iter(times.values())))
     gathered = []
@@ -118,7 +120,7 @@ def fake_run(
             "host": "h",
             "device": "cpu",
             "threads": 1,
-            "local_operators": [0],
+            "local_operators": [0] if operators is None else list(range(rank, operators, gpus)),
             "local_tiles": 1,
             "num_tiles": 16,
             "solver": {"weights_sha256": "x"},
@@ -186,6 +188,12 @@ def test_load_returns_typed_tidy_table(sweep):
     df = pnpscale.load(str(sweep))
     assert df["gpus"].dtype == "int64"
     assert pd.api.types.is_string_dtype(df["problem"]) and pd.api.types.is_string_dtype(df["mode"])
+    # one text dtype, integer counts as Int64 (the failed point's NA kept): with or without failed points
+    for table in (df, df[df["status"] == "complete"], pnpscale.load(str(sweep), include_failed=False)):
+        assert table["problem"].dtype == table["mode"].dtype == table[K.SECTION].dtype == table["status"].dtype
+        for col in ("iterations", K.N_MAIN, K.MAIN_PAYLOAD_BYTES, "nodes", "num_operators", "num_tiles"):
+            assert str(table[col].dtype) == "Int64", col
+    assert df.loc[df["gpus"] == 4, "iterations"].isna().all() and (df.loc[df["gpus"] == 2, K.N_MAIN] == 1).all()
     assert set(df["gpus"]) == {1, 2, 4}
     assert len(df[(df["gpus"] == 2)]) == 3  # gradient, denoiser, all
     assert df.groupby(["gpus", K.SECTION]).size().max() == 1
@@ -261,14 +269,15 @@ def test_stored_sweep_prints_with_cfg_job():
     assert "gpus: 4,8,16,32,64" in proc.stdout
 
 
-def test_example_notebook_runs_headless(sweep):
+def run_notebook(sweep_dir: Path) -> list[dict]:
+    """Execute examples/scaling.ipynb headless on ``sweep_dir``; its code cells' outputs (none an error)."""
     import os
 
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(ROOT / "examples" / "scaling.ipynb", as_version=4)
-    os.environ["PNPSCALE_SWEEP"] = str(sweep)
+    os.environ["PNPSCALE_SWEEP"] = str(sweep_dir)
     try:
         NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
     finally:
@@ -276,6 +285,11 @@ def test_example_notebook_runs_headless(sweep):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not any(o.get("output_type") == "error" for o in outputs)
     assert any("image/png" in o.get("data", {}) for o in outputs)
+    return outputs
+
+
+def test_example_notebook_runs_headless(sweep):
+    run_notebook(sweep)
 
 
 def test_headline_checks_warn_when_points_differ_in_settings():

@@ -396,6 +396,27 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
 # --- run folders -> transfer table input -------------------------------------------------------
 
 
+def run_nccl_log(run_dir: Path | str) -> Any:
+    """The merged NCCL logs of a run folder (``nccl/rank*.log``, :func:`pnpscale.analysis.nccl_log.merge_logs`),
+    or ``None`` when it has none (gloo, or logs not kept).
+
+    Raises:
+        ValueError: a log that cannot be read (``str()`` is ``<file>: <reason>``): not a file, no permission,
+            an I/O error, or a line the parser rejects.
+    """
+    from pnpscale.analysis.nccl_log import merge_logs, parse_nccl_log
+
+    parsed = []
+    for p in sorted((Path(run_dir) / layout.NCCL_DIR).glob("rank*.log")):
+        try:
+            with open(p, errors="replace") as f:
+                parsed.append(parse_nccl_log(f))
+        except Exception as exc:  # noqa: BLE001 - any failure names the file
+            reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
+            raise ValueError(f"{p}: {reason}") from None
+    return merge_logs(parsed) if parsed else None
+
+
 def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
     """The input of :func:`pnpscale.results.transfer.transfer_table` from complete run folders.
 
@@ -409,8 +430,9 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
 
     Raises:
         FileNotFoundError: a complete run folder without ``sections.parquet``.
+        ValueError: an NCCL log that cannot be read (:func:`run_nccl_log`).
     """
-    from pnpscale.analysis.nccl_log import algorithm_for, merge_logs, parse_nccl_log, version_tuple
+    from pnpscale.analysis.nccl_log import algorithm_for, version_tuple
     from pnpscale.analysis.tables import complete_sections
     from pnpscale.results.transfer import nccl_log_size, nccl_tests_size, section_transfers
 
@@ -423,14 +445,7 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
         if run["status"] != layout.STATUS_COMPLETE:
             continue
         gpus, nodes, backend = int(run["gpus"]), int(run.get("nodes") or 1), run.get("backend")
-        logs = sorted((d / layout.NCCL_DIR).glob("rank*.log"))
-        log = None
-        if logs:
-            parsed = []
-            for p in logs:
-                with open(p, errors="replace") as f:
-                    parsed.append(parse_nccl_log(f))
-            log = merge_logs(parsed)
+        log = run_nccl_log(d)
         for _, s in section_transfers(complete_sections(pd.read_parquet(d / layout.SECTIONS))).iterrows():
             coll = None if pd.isna(s[K.COLLECTIVE]) else str(s[K.COLLECTIVE])
             payload = None if pd.isna(s[K.PAYLOAD_BYTES]) else nccl_tests_size(coll or "", s[K.PAYLOAD_BYTES], gpus)

@@ -1,7 +1,9 @@
 """The study's charts, drawn from the table of :func:`pnpscale.results.summary.scaled_cost`.
 
-Each ``plot_*`` function takes that tidy table and returns a matplotlib Figure (built without
-pyplot: no backend or global state is touched, so it works headless and displays in notebooks);
+Each ``plot_*`` function takes that tidy table (:func:`pnpscale.load`'s, or the report's) and returns a
+matplotlib Figure (built without pyplot: no backend or global state is touched, so it works headless and
+displays in notebooks); a sweep's variants (``solver.denoiser_collective``, ``problem.num_operators``) are
+drawn as their own series, ``2d denoiser_collective=all_gather`` (:func:`pnpscale.results.compare.labelled`);
 :func:`save` writes it. Missing points (failed or incomplete runs) are drawn as red crosses on the x axis and
 break the lines (never silently dropped). Time axes are seconds per measured iteration; GPU counts
 are on a log-2 axis.
@@ -19,6 +21,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from pnpscale import columns as K
+from pnpscale.results.compare import labelled
 
 ALL = "all"
 #: Line styles of problems whose runs do not name one (records older than the problem registry).
@@ -26,19 +29,30 @@ FALLBACK_STYLES = ("-", "--", ":", "-.")
 
 
 def line_styles(table: pd.DataFrame) -> dict[str, str]:
-    """Problem -> matplotlib line style: the problem's own (``conf/problem/<name>.yaml``'s
-    ``linestyle``, carried by its runs), else the next of :data:`FALLBACK_STYLES` in name order.
+    """Problem (or series, ``2d denoiser_collective=all_gather``) -> matplotlib line style: the problem's
+    own (``conf/problem/<name>.yaml``'s ``linestyle``, carried by its runs) unless a series earlier in name
+    order has it already (two variants of one problem), else the first of :data:`FALLBACK_STYLES` not yet
+    taken (cycling when all are).
 
     >>> line_styles(pd.DataFrame({"problem": ["3d", "2d", "ct"], "linestyle": [None, None, ":"]}))
     {'2d': '-', '3d': '--', 'ct': ':'}
+    >>> line_styles(pd.DataFrame({"problem": ["2d", "2d num_operators=2", "3d"], "linestyle": ["-", "-", "--"]}))
+    {'2d': '-', '2d num_operators=2': ':', '3d': '--'}
     """
-    styles: dict[str, str] = {}
+    own: dict[str, str] = {}
     named = table.dropna(subset=["linestyle"]) if "linestyle" in table else table.iloc[0:0]
     for problem, style in zip(named["problem"], named.get("linestyle", []), strict=False):
-        styles.setdefault(str(problem), str(style))
-    rest = [p for p in sorted({str(p) for p in table["problem"]}) if p not in styles]
-    for i, problem in enumerate(rest):
-        styles[problem] = FALLBACK_STYLES[i % len(FALLBACK_STYLES)]
+        own.setdefault(str(problem), str(style))
+    series = sorted({str(p) for p in table["problem"]})
+    styles: dict[str, str] = {}
+    for problem in series:  # the problems' own styles first, then the rest in name order
+        if problem in own and own[problem] not in styles.values():
+            styles[problem] = own[problem]
+    for problem in series:
+        if problem not in styles:
+            free = [s for s in FALLBACK_STYLES if s not in styles.values() and s not in own.values()]
+            free = free or [s for s in FALLBACK_STYLES if s not in styles.values()]
+            styles[problem] = free[0] if free else FALLBACK_STYLES[len(styles) % len(FALLBACK_STYLES)]
     return dict(sorted(styles.items()))
 
 
@@ -89,6 +103,7 @@ def _line(ax: Any, grp: pd.DataFrame, y: str, all_gpus: list[int], **kw: Any) ->
 
 def plot_scaled_cost(table: pd.DataFrame) -> Figure:
     """Chart 1: scaled GPU-seconds per GPU count, stacked compute vs communication, ideal = 1.0."""
+    table = labelled(table)  # one series per (problem, variant)
     panels = _panels(table)
     fig, axes = _figure(1, len(panels), (max(8.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
     colors = sns.color_palette("deep")
@@ -140,6 +155,7 @@ def _section_lines(ax: Any, data: pd.DataFrame, col: str, palette: dict[str, Any
 
 def plot_components(table: pd.DataFrame) -> Figure:
     """Chart 2: compute, transfer and wait per section vs GPU count (s/iteration), 2D solid, 3D dashed."""
+    table = labelled(table)  # one series per (problem, variant)
     data, palette, all_gpus = _per_section(table)
     fig, axes = _figure(1, 3, (15, 5.4), sharey=True)
     panels = [(K.COMPUTE_S, "compute"), (K.TRANSFER_S, "transfer"), (K.WAIT_S, "wait")]
@@ -163,6 +179,7 @@ def plot_components(table: pd.DataFrame) -> Figure:
 
 
 def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figure:
+    table = labelled(table)  # one series per (problem, variant)
     panels = _panels(table)
     all_gpus = sorted({int(g) for g in table["gpus"]})
     fig, axes = _figure(1, len(panels), (max(9.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
@@ -208,6 +225,7 @@ def plot_comm_efficiency(table: pd.DataFrame) -> Figure:
 
 def plot_wait_pct(table: pd.DataFrame) -> Figure:
     """Chart 5: wait as a percentage of compute per section vs GPU count (2D solid, 3D dashed)."""
+    table = labelled(table)  # one series per (problem, variant)
     data, palette, all_gpus = _per_section(table)
     fig, ax = _figure(1, 1, (8, 4.6))
     _section_lines(ax, data, "wait_pct_of_compute", palette, all_gpus)
@@ -234,6 +252,7 @@ def plot_wait_causes(table: pd.DataFrame) -> Figure:
     critical rank) downwards; a black dot marks the measured wait (their sum). Points without the split
     (run folders older than it) are labelled ``no split``; failed points ``missing``.
     """
+    table = labelled(table)  # one series per (problem, variant)
     data = table[(table[K.SECTION] != ALL)]
     keys = sorted({(p, m, s) for p, m, s in zip(data["problem"], data["mode"], data[K.SECTION], strict=True)})
     keys = keys or [("", "", "")]

@@ -50,11 +50,25 @@ def series_label(problem: str, variant: object) -> str:
 
 def labelled(table: pd.DataFrame) -> pd.DataFrame:
     """The table with each variant folded into ``problem`` (``2d denoiser_collective=all_gather``),
-    so that views keyed by (problem, mode) draw one series per variant."""
-    if K.VARIANT not in table or not table[K.VARIANT].astype(bool).any():
+    so that views keyed by (problem, mode) draw one series per variant.
+
+    Idempotent: a row whose ``problem`` already carries its variant is kept as is, so every view
+    (charts, projection) may call it on :func:`pnpscale.load`'s table or on the report's view.
+
+    >>> t = pd.DataFrame({"problem": ["2d", "2d"], "variant": ["", "denoiser_collective=all_gather"]})
+    >>> labelled(labelled(t))["problem"].tolist()
+    ['2d', '2d denoiser_collective=all_gather']
+    """
+    if K.VARIANT not in table:
+        return table
+    variant = table[K.VARIANT].fillna("").astype(str)
+    if not (variant != "").any():
         return table
     out = table.copy()
-    out["problem"] = [series_label(p, v) for p, v in zip(out["problem"], out[K.VARIANT], strict=True)]
+    out["problem"] = [
+        str(p) if not v or str(p).endswith(f" {v}") else series_label(str(p), v)
+        for p, v in zip(out["problem"], variant, strict=True)
+    ]
     return out
 
 
@@ -89,15 +103,16 @@ def _order(series: pd.Series) -> list[str]:
 
 def run_bytes_per_gpu(run_dir: str | Path, gpus: int, nodes: int) -> float:
     """Bytes per GPU per measured iteration of a run folder's main collectives (ring model); NaN when unknown."""
+    from pnpscale.results.runs import read_table
     from pnpscale.results.transfer import main_bytes_per_gpu
 
     d = Path(run_dir)
     if gpus <= 1:
         return 0.0
     try:
-        colls = pd.read_parquet(d / layout.COLLECTIVES)
-        ranks = pd.read_parquet(d / layout.RANKS, columns=[K.ITERATION, K.WARMUP])
-    except (FileNotFoundError, OSError):
+        colls = read_table(d / layout.COLLECTIVES)
+        ranks = read_table(d / layout.RANKS, columns=[K.ITERATION, K.WARMUP])
+    except ValueError:  # missing or damaged (table_of reports a damaged complete run as unreadable)
         return float("nan")
     warm = ranks.groupby(K.ITERATION)[K.WARMUP].first()
     colls = colls.assign(**{K.WARMUP: colls[K.ITERATION].map(warm).fillna(False).astype(bool)})

@@ -191,14 +191,34 @@ def _lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, int]:
     return coef, int(np.linalg.matrix_rank(xw))
 
 
-def _points(rows: pd.DataFrame) -> pd.DataFrame:
+def _points(rows: pd.DataFrame, unique: bool = True) -> pd.DataFrame:
+    """The complete per-section rows, each variant folded into PROBLEM (one series per (problem, variant):
+    :func:`pnpscale.results.compare.labelled`).
+
+    Raises:
+        ProjectionError: a needed column is missing, or (``unique``) two rows share a (problem, mode,
+            GPU count, section): a fit would mix two measurements of one point.
+    """
+    from pnpscale.results.compare import labelled
+
     need = [K.GPUS, K.SECTION, K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S]
     missing = [c for c in need if c not in rows]
     if missing:
         raise ProjectionError(f"summary table lacks column(s) {', '.join(missing)}")
     if "status" in rows:
         rows = rows[rows["status"] == "complete"]
-    return rows[rows[K.SECTION] != ALL]
+    rows = labelled(rows[rows[K.SECTION] != ALL])
+    if unique:
+        keys = [c for c in GROUP if c in rows] + [K.GPUS, K.SECTION]
+        dup = rows[rows.duplicated(keys, keep=False)]
+        if not dup.empty:
+            first = dup.iloc[0]
+            where = " ".join(f"{k}={first[k]}" for k in keys)
+            raise ProjectionError(
+                f"{len(dup)} rows share {where} (and maybe other points): one measurement per point is needed "
+                "(rows of several sweeps or variants not told apart)"
+            )
+    return rows
 
 
 def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
@@ -573,6 +593,9 @@ class Projection:
 def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options(), min_points: int = 2) -> Projection:
     """Project every (problem, mode) of a summary table with at least ``min_points`` measured GPU counts.
 
+    A sweep's variants (``variant`` column: :func:`pnpscale.results.runs.variants`) are projected one by one,
+    each as its own series: PROBLEM ``2d denoiser_collective=all_gather`` (:func:`pnpscale.results.compare.labelled`).
+
     Args:
         table: :func:`pnpscale.results.runs.load` output (optionally with ALGORITHM per row).
         gpus: GPU counts to project (the measured ones are evaluated too, for the lines).
@@ -581,7 +604,7 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
     Returns:
         :class:`Projection`; a (problem, mode) that cannot be projected is in ``skipped`` with the reason.
     """
-    pts = _points(table)
+    pts = _points(table, unique=False)  # each (problem, mode) is checked by fit
     frames, vals, found, assumed, skipped = [], [], {}, {}, {}
     for (problem, mode), rows in pts.groupby(GROUP, sort=True):
         key = (str(problem), str(mode))
@@ -705,26 +728,30 @@ def default_targets(largest: int) -> list[int]:
 
 
 def with_algorithms(table: pd.DataFrame) -> pd.DataFrame:
-    """The summary table plus ALGORITHM per complete multi-GPU run x section (NCCL's log; NA without one)."""
+    """The summary table plus ALGORITHM per complete multi-GPU run x section (NCCL's log; NA without one).
+
+    Matched by run folder and section, so a table whose PROBLEM carries the variant
+    (:func:`pnpscale.results.compare.labelled`) gets its algorithms too.
+    """
     from pnpscale.analysis.offline import transfer_inputs
 
     done = table[(table["status"] == "complete") & (table[K.GPUS] > 1)] if "status" in table else table.iloc[0:0]
     if done.empty or "run_dir" not in done:
         return table.assign(**{K.ALGORITHM: pd.NA})
-    algos = transfer_inputs(sorted(set(done["run_dir"])))
+    frames = [transfer_inputs([d]).assign(run_dir=d) for d in sorted(set(done["run_dir"]))]
+    algos = pd.concat(frames, ignore_index=True)
     if algos.empty:
         return table.assign(**{K.ALGORITHM: pd.NA})
-    algos = algos[[K.PROBLEM, K.MODE, K.GPUS, K.SECTION, K.ALGORITHM]].drop_duplicates(
-        [K.PROBLEM, K.MODE, K.GPUS, K.SECTION]
-    )
-    algos[K.GPUS] = algos[K.GPUS].astype("int64")
-    return table.drop(columns=[K.ALGORITHM], errors="ignore").merge(
-        algos, on=[K.PROBLEM, K.MODE, K.GPUS, K.SECTION], how="left"
-    )
+    algos = algos[["run_dir", K.SECTION, K.ALGORITHM]].drop_duplicates(["run_dir", K.SECTION])
+    return table.drop(columns=[K.ALGORITHM], errors="ignore").merge(algos, on=["run_dir", K.SECTION], how="left")
 
 
-def write(p: Projection, out: Any) -> list[str]:
-    """Write projection.parquet, projection_validation.parquet, projection.png and projection.md into ``out``.
+README_HEADING = "## Projection"
+
+
+def write_files(p: Projection, dest: Any) -> list[str]:
+    """Write projection.parquet, projection_validation.parquet, projection.png and projection.md into
+    ``dest`` as they are (a staging folder: :func:`write` and the report commit them together).
 
     Returns:
         the markdown lines (also in projection.md).
@@ -734,18 +761,100 @@ def write(p: Projection, out: Any) -> list[str]:
     from pnpscale import layout
     from pnpscale.results.charts import save
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    save(plot(p), out / layout.PROJECTION_PNG)
-    layout.commit_files(
-        out,
-        {
-            layout.PROJECTION: lambda f: p.table.to_parquet(f, index=False),
-            layout.PROJECTION_VALIDATION: lambda f: p.validation.to_parquet(f, index=False),
-        },
-    )
+    dest = Path(dest)
+    save(plot(p), dest / layout.PROJECTION_PNG)
+    p.table.to_parquet(dest / layout.PROJECTION, index=False)
+    p.validation.to_parquet(dest / layout.PROJECTION_VALIDATION, index=False)
     lines = markdown(p)
-    layout.atomic_write_text(out / layout.PROJECTION_MD, "\n".join(["# pnpscale projection", "", *lines]))
+    (dest / layout.PROJECTION_MD).write_text("\n".join(["# pnpscale projection", "", *lines]))
+    return lines
+
+
+def readme_section(lines: Sequence[str], made_by: str) -> list[str]:
+    """The report README's projection section around :func:`markdown`'s ``lines``; ``made_by`` says how."""
+    return [
+        f"{README_HEADING} past the measured GPU counts",
+        "",
+        f"{made_by}. `projection.png`, `projection.parquet` (measured and projected rows), "
+        "`projection_validation.parquet` (leave-one-out); other GPU counts, rates or nodes: "
+        "`python -m pnpscale.project <sweep dir> --gpus ...`.",
+        "",
+        *lines,
+    ]
+
+
+def replace_readme_section(text: str, section: Sequence[str]) -> str:
+    r"""A report README with its projection section (from a ``## Projection`` heading to the next ``## ``
+    heading) replaced by ``section``; inserted before ``## Side by side`` (else at the end) when it has none.
+    The chart list at the top gains ``projection.png`` when it lacks it.
+
+    >>> old = "# r\n\n![a.png](a.png)\n\n## 2d\n\n## Projection\n\n- no\n\n## Side by side: x\n"
+    >>> print(replace_readme_section(old, ["## Projection past", "", "- yes", ""]))
+    # r
+    <BLANKLINE>
+    ![a.png](a.png)
+    ![projection.png](projection.png)
+    <BLANKLINE>
+    ## 2d
+    <BLANKLINE>
+    ## Projection past
+    <BLANKLINE>
+    - yes
+    <BLANKLINE>
+    ## Side by side: x
+    <BLANKLINE>
+    """
+    from pnpscale import layout
+
+    lines = text.split("\n")
+    start = next((i for i, x in enumerate(lines) if x.startswith(README_HEADING)), None)
+    if start is None:
+        start = next((i for i, x in enumerate(lines) if x.startswith("## Side by side")), len(lines))
+        end = start
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    lines[start:end] = list(section)
+    chart = f"![{layout.PROJECTION_PNG}]({layout.PROJECTION_PNG})"
+    if chart not in lines:
+        first = next((i for i, x in enumerate(lines) if x.startswith("![")), None)
+        if first is None:
+            lines[1:1] = [chart, ""]
+        else:
+            last = first
+            while last + 1 < len(lines) and lines[last + 1].startswith("!["):
+                last += 1
+            lines.insert(last + 1, chart)
+    return "\n".join(lines)
+
+
+def write(p: Projection, out: Any, made_by: str | None = None) -> list[str]:
+    """Write the projection's files (:func:`write_files`) into ``out``, staged and renamed together
+    (:func:`pnpscale.layout.commit_folder`): a failure leaves ``out`` as it was.
+
+    When ``out`` holds a report (``README.md``), its projection section is rewritten in the same step
+    (:func:`replace_readme_section`, ``made_by`` saying how the projection was made).
+
+    Returns:
+        the markdown lines (also in projection.md).
+
+    Raises:
+        OSError: the files could not be written (``out`` is unchanged).
+    """
+    from pathlib import Path
+
+    from pnpscale import layout
+
+    out = Path(out)
+    readme = out / layout.REPORT_README
+    lines: list[str] = []
+
+    def build(stage: Path) -> None:
+        lines.extend(write_files(p, stage))
+        if readme.is_file():
+            section = readme_section(lines, made_by or "Written by `python -m pnpscale.project`")
+            (stage / layout.REPORT_README).write_text(replace_readme_section(readme.read_text(), section))
+
+    layout.commit_folder(out, build)
     return lines
 
 
@@ -790,22 +899,42 @@ def main(argv: list[str] | None = None) -> int:
             raise ProjectionError(f"--gpus-per-node={args.gpus_per_node}: must be >= 1")
         if args.devices is not None and args.devices < 1:
             raise ProjectionError(f"--devices={args.devices}: must be >= 1")
+        if not 0 < args.pe_min <= 1:  # NaN fails too
+            raise ProjectionError(f"--pe-min={args.pe_min:g}: must be in (0, 1] (a parallel efficiency)")
+        targets = ints(args.gpus, "--gpus") if args.gpus else None
+        fit_gpus = ints(args.fit_gpus, "--fit-gpus") if args.fit_gpus else None
         options = Options(args.gpus_per_node, parse_rates(args.rate), args.pe_min, args.devices)
         table = build_table(args.path, echo=lambda s: print(s, file=sys.stderr))
         table = table[table["status"] == "complete"]
-        if args.fit_gpus:
-            table = table[table[K.GPUS].isin(ints(args.fit_gpus, "--fit-gpus"))]
         if table.empty:
             raise ProjectionError(f"{args.path}: no complete run to fit on")
-        gpus = ints(args.gpus, "--gpus") if args.gpus else default_targets(int(table[K.GPUS].max()))
+        if fit_gpus:
+            measured = sorted({int(g) for g in table[K.GPUS]})
+            never = sorted(set(fit_gpus) - set(measured))
+            if never:
+                raise ProjectionError(
+                    f"--fit-gpus={args.fit_gpus}: no complete run at {', '.join(map(str, never))} GPU(s) "
+                    f"(measured: {', '.join(map(str, measured))})"
+                )
+            table = table[table[K.GPUS].isin(fit_gpus)]
+        gpus = targets or default_targets(int(table[K.GPUS].max()))
         p = project(with_algorithms(table), gpus, options)
+        if not p.findings:
+            why = "; ".join(f"{k[0]} {k[1]}: {v}" for k, v in sorted(p.skipped.items()))
+            raise ProjectionError(f"nothing could be projected ({why or 'no (problem, mode)'}); nothing written")
     except (NoRunsError, ProjectionError) as exc:
         print(f"pnpscale.project: error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path(args.path) / layout.REPORT_DIR
-    print("\n".join(write(p, out)))
+    import shlex
+
+    command = shlex.join(["python", "-m", "pnpscale.project", *(argv if argv is not None else sys.argv[1:])])
+    made_by = "Written by `" + command.replace("`", "'") + "`"
+    try:
+        lines = write(p, out, made_by)
+    except OSError as exc:
+        print(f"pnpscale.project: error: projection not written ({exc}); {out} is as it was", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
     print(f"projection: {out / layout.PROJECTION}")
-    if not p.findings:
-        print("pnpscale.project: error: nothing could be projected (see above)", file=sys.stderr)
-        return 2
     return 0

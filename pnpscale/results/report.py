@@ -66,7 +66,12 @@ def unreadable_points(table: pd.DataFrame) -> list[str]:
     from pnpscale.results.runs import STATUS_UNREADABLE
 
     bad = table[(table["status"] == STATUS_UNREADABLE) & (table[K.SECTION] == "all")]
-    return [f"problem={r['problem']} mode={r['mode']} gpus={int(r['gpus'])}: {r['error']}" for _, r in bad.iterrows()]
+    lines = []
+    for _, r in bad.iterrows():
+        variant = r.get(K.VARIANT) if isinstance(r.get(K.VARIANT), str) and r.get(K.VARIANT) else ""
+        point = " ".join(x for x in (f"problem={r['problem']}", f"mode={r['mode']}", variant) if x)
+        lines.append(f"{point} gpus={int(r['gpus'])}: {r['error']}")
+    return lines
 
 
 #: Every file a report folder may hold besides the charts (removed when a new report no longer writes it).
@@ -144,12 +149,19 @@ def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
     above the largest measured N up to 16 times it (:mod:`pnpscale.results.projection`, default options).
 
     Writes projection.parquet, projection_validation.parquet, projection.png and projection.md into ``out``
-    when some (problem, mode) qualifies.
+    (the report's staging folder) when some (problem, mode) qualifies.
 
     Returns:
         README lines (empty when nothing qualifies).
     """
-    from pnpscale.results.projection import Options, default_targets, project, with_algorithms, write
+    from pnpscale.results.projection import (
+        Options,
+        default_targets,
+        project,
+        readme_section,
+        with_algorithms,
+        write_files,
+    )
 
     done = table[table["status"] == "complete"]
     if done.empty or not (done.groupby(["problem", "mode"])["gpus"].nunique() >= 3).any():
@@ -157,15 +169,8 @@ def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
     p = project(with_algorithms(done), default_targets(int(done["gpus"].max())), Options(), min_points=3)
     if not p.findings:
         return ["## Projection", "", *(f"- {k[0]} {k[1]}: not projected: {v}" for k, v in p.skipped.items()), ""]
-    lines = write(p, out)
-    return [
-        "## Projection past the measured GPU counts",
-        "",
-        "`projection.png`, `projection.parquet` (measured and projected rows), `projection_validation.parquet` "
-        "(leave-one-out); other GPU counts, rates or nodes: `python -m pnpscale.project <sweep dir> --gpus ...`.",
-        "",
-        *lines,
-    ]
+    lines = write_files(p, out)
+    return readme_section(lines, "Written by the report (default options)")
 
 
 def comparison_section(table: pd.DataFrame, out: Path, files: dict[str, Callable[[Path], None]]) -> list[str]:
@@ -207,22 +212,27 @@ def transfer_explained(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
 def wait_ranks(table: pd.DataFrame) -> pd.DataFrame:
     """Per complete point x section x rank: :func:`pnpscale.analysis.waits.rank_table` with its point.
 
-    Reads each run's ``ranks.parquet``, ``collectives.parquet`` and ``run.json``'s assignment.
+    Reads each run's ``ranks.parquet``, ``collectives.parquet`` and ``run.json``'s assignment (read whole
+    by :func:`pnpscale.results.runs.table_of` already: a damaged one made its point ``unreadable``).
+
+    Raises:
+        ValueError: a file that became unreadable since (``<file>: <reason>``; RecordError for run.json).
 
     Returns:
         PROBLEM, MODE, GPUS and :data:`pnpscale.analysis.waits.RANK_TABLE_COLUMNS`; empty (with those
         columns) when no run completed.
     """
     from pnpscale.analysis.waits import RANK_TABLE_COLUMNS, rank_table
+    from pnpscale.results.runs import read_table
 
     frames = []
     done = table[table["status"] == "complete"].drop_duplicates("run_dir")
     for _, r in done.iterrows():
         d = Path(r["run_dir"])
-        assignment = layout.read_json(d / layout.RUN_JSON).get("assignment") or {}
+        assignment = read_record(d).assignment or {}
         t = rank_table(
-            pd.read_parquet(d / layout.RANKS),
-            pd.read_parquet(d / layout.COLLECTIVES),
+            read_table(d / layout.RANKS),
+            read_table(d / layout.COLLECTIVES),
             assignment.get("operators_per_rank"),
             assignment.get("tiles_per_rank"),
         )

@@ -23,7 +23,7 @@ from pnpscale.sweep.lock import process_gone
 from pnpscale.sweep.record import RecordError, read_record
 
 POINT = ["problem", "mode", "gpus"]
-_HIVE = re.compile(r"^(problem|mode|gpus)=(.+)$")
+_HIVE = re.compile(r"^(problem|mode|gpus|denoiser_collective|num_operators)=(.+)$")
 #: Columns of :func:`load`, besides the per-section metrics of :func:`pnpscale.analysis.metrics.summarize`.
 RUN_COLUMNS = [
     "run_dir",
@@ -43,6 +43,37 @@ METRIC_COLUMNS = [
     "iterations", K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, K.LB, K.COMM_E, K.PE,
     K.GPU_SECONDS, K.MAIN_PAYLOAD_BYTES, K.MAIN_TRANSFER_S, K.N_MAIN, K.OTHER_PAYLOAD_BYTES, *K.WAIT_CAUSES,
 ]  # fmt: skip
+
+#: Text columns of :func:`load`: pandas' ``str`` dtype (NaN where unknown), whatever their source.
+TEXT_COLUMNS = [
+    "problem", "mode", K.SECTION, "status", "error", "run_dir", "scale", "backend", "linestyle", "variant",
+    "denoiser_collective",
+]  # fmt: skip
+#: Integer counts of :func:`load`: ``Int64`` (NA for failed points or counts a run did not record).
+COUNT_COLUMNS = [
+    "iterations", K.N_MAIN, K.MAIN_PAYLOAD_BYTES, K.OTHER_PAYLOAD_BYTES, "nodes", "world_size", "num_operators",
+    "num_tiles",
+]  # fmt: skip
+
+
+def typed(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with :data:`TEXT_COLUMNS` as ``str``, :data:`COUNT_COLUMNS` as ``Int64`` and ``gpus`` as
+    ``int64`` (the columns it has): the same dtypes whichever runs (complete, failed, none) it holds.
+
+    >>> t = typed(pd.DataFrame({"problem": ["2d", None], "gpus": [1, 2], "n_main": [2.0, float("nan")]}))
+    >>> [str(t[c].dtype) for c in t], t["n_main"].tolist()
+    (['str', 'int64', 'Int64'], [2, <NA>])
+    """
+    out = table.copy()
+    for col in TEXT_COLUMNS:
+        if col in out:
+            out[col] = out[col].astype("str")
+    for col in COUNT_COLUMNS:
+        if col in out:
+            out[col] = pd.to_numeric(out[col]).astype("Int64")
+    if "gpus" in out:
+        out["gpus"] = out["gpus"].astype("int64")
+    return out
 
 
 #: Columns of ``sections.parquet`` the metrics are computed from: a run folder lacking one is unreadable.
@@ -114,12 +145,18 @@ def discover(root: str | Path) -> pd.DataFrame:
             run = read_record(d).to_dict()
             status = run["status"]
             error = (run.get("error") or "").splitlines()[0] if run.get("error") else None
+            fields = _record_fields(run, d)
         except RecordError as exc:
-            run = {}
+            run, fields = {}, {}
             if (d / layout.RUN_JSON).exists():
                 status, error = STATUS_UNREADABLE, f"unreadable: {exc}"
         if status == layout.STATUS_RUNNING and process_gone(run.get("pid"), run.get("host"), run.get("started_at")):
             status, error = layout.STATUS_FAILED, gone_text(run)
+        # an unreadable run.json: the point and its variant from the folder names
+        variant = fields.get("variant") or {
+            "denoiser_collective": point.get("denoiser_collective", "all_reduce"),
+            "num_operators": int(point["num_operators"]) if str(point.get("num_operators", "")).isdigit() else pd.NA,
+        }
         row = {
             "problem": run.get("problem", point.get("problem")),
             "mode": run.get("mode", point.get("mode")),
@@ -132,15 +169,14 @@ def discover(root: str | Path) -> pd.DataFrame:
             "backend": run.get("backend"),
             "nodes": run.get("nodes"),
             "world_size": run.get("world_size"),
-            "linestyle": (run.get("spec") or {}).get("linestyle"),  # the problem's chart style
-            **_variant_fields(run.get("spec") or {}),
-            "num_operators": sum((run.get("assignment") or {}).get("operators_per_rank") or [])
-            or _variant_fields(run.get("spec") or {})["num_operators"],
-            "num_tiles": (run.get("assignment") or {}).get("num_tiles"),
+            "linestyle": fields.get("linestyle"),  # the problem's chart style
+            **variant,
+            "num_operators": fields.get("num_operators", variant["num_operators"]),
+            "num_tiles": fields.get("num_tiles"),
         }
         if None not in (row["problem"], row["mode"], row["gpus"]):
             rows.append(row)
-            configured.append(_variant_fields(run.get("spec") or {}))
+            configured.append(variant)
     if not rows:
         raise NoRunsError(f"{root}: no run folders found (no run.json under it)")
     df = pd.DataFrame(rows)
@@ -149,13 +185,34 @@ def discover(root: str | Path) -> pd.DataFrame:
     return df
 
 
+def _record_fields(run: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The fields :func:`discover` takes from a record's ``spec`` and ``assignment``.
+
+    Raises:
+        RecordError: one of them has the wrong type (``str()``: ``<run.json>: <reason>``).
+    """
+    spec = run.get("spec") or {}
+    try:
+        variant = _variant_fields(spec)
+        style = spec.get("linestyle")
+        if style is not None and not isinstance(style, str):
+            raise ValueError(f"spec.linestyle is {style!r}: must be a string")
+        assignment = run.get("assignment") or {}
+        ops = sum(assignment.get("operators_per_rank") or []) or variant["num_operators"]
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise RecordError(f"{run_dir / layout.RUN_JSON}: {exc}") from None
+    return {"variant": variant, "linestyle": style, "num_operators": ops, "num_tiles": assignment.get("num_tiles")}
+
+
 def _variant_fields(spec: dict[str, Any]) -> dict[str, Any]:
     """A run's values of the variant keys, from its ``run.json`` spec (defaults for older records)."""
     ops = (spec.get("sizes") or {}).get("num_operators")
-    return {
-        "denoiser_collective": spec.get("denoiser_collective") or "all_reduce",
-        "num_operators": int(ops) if ops is not None else pd.NA,
-    }
+    collective = spec.get("denoiser_collective") or "all_reduce"
+    if not isinstance(collective, str):
+        raise ValueError(f"spec.denoiser_collective is {collective!r}: must be a string")
+    if ops is not None and (not isinstance(ops, int) or isinstance(ops, bool)):
+        raise ValueError(f"spec.sizes.num_operators is {ops!r}: must be an integer")
+    return {"denoiser_collective": collective, "num_operators": ops if ops is not None else pd.NA}
 
 
 def variants(runs: pd.DataFrame) -> pd.Series:
@@ -235,8 +292,12 @@ def table_of(sel: Selection, path: str | Path, include_failed: bool = True) -> p
     """The tidy table of :func:`load` for an existing :class:`Selection` of runs under ``path``.
 
     A complete run whose ``sections.parquet`` cannot be read (truncated, or lacking one of
-    :data:`SECTIONS_REQUIRED`) becomes an ``unreadable`` point (``error``: ``unreadable: <file>:
-    <reason>``) and the other points are loaded; columns a run folder lacks otherwise load as NA.
+    :data:`SECTIONS_REQUIRED`), or whose ``ranks.parquet``, ``collectives.parquet`` or NCCL logs cannot
+    be read (:func:`check_run_files`), becomes an ``unreadable`` point (``error``: ``unreadable: <file>:
+    <reason>``) and the other points are loaded; columns a run folder lacks otherwise load as NA. (A
+    ``run.json`` of the wrong shape is found by :func:`discover`: an ``unreadable`` point too.)
+    Every later reader of a complete point's files (the report's wait and transfer tables, the
+    comparison's bytes, the projection's algorithms) thus reads files already read whole here.
     """
     runs = sel.runs.copy()
     complete = runs[runs["status"] == layout.STATUS_COMPLETE]
@@ -253,14 +314,13 @@ def table_of(sel: Selection, path: str | Path, include_failed: bool = True) -> p
         if not bad.empty:
             frames.append(bad[POINT + RUN_COLUMNS + ["error"]].assign(section="all"))
     if not frames:
-        return pd.DataFrame(columns=POINT + [K.SECTION] + METRIC_COLUMNS + RUN_COLUMNS)
+        return typed(pd.DataFrame(columns=POINT + [K.SECTION] + METRIC_COLUMNS + RUN_COLUMNS))
     out = pd.concat(frames, ignore_index=True)
     for col in METRIC_COLUMNS:
         if col not in out:
             out[col] = float("nan")
-    out["gpus"] = out["gpus"].astype("int64")
     first = POINT + [K.SECTION]
-    out = out[first + [c for c in out.columns if c not in first]]
+    out = typed(out[first + [c for c in out.columns if c not in first]])
     return out.sort_values(POINT + [K.SECTION], kind="stable").reset_index(drop=True)
 
 
@@ -295,6 +355,38 @@ def read_sections(path: Path, base: Path) -> pd.DataFrame:
     return complete_sections(sections)
 
 
+def read_table(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
+    """A run folder's parquet table (``ranks.parquet``, ``collectives.parquet``...), read whole.
+
+    Raises:
+        ValueError: unreadable (``str()`` is ``<file>: <reason>``): missing, not a parquet file,
+            truncated, or lacking one of ``columns``.
+    """
+    import pyarrow as pa
+
+    try:
+        return pd.read_parquet(path, columns=columns)
+    except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path}: {reason}") from None
+
+
+def check_run_files(run_dir: Path) -> None:
+    """Read every file of a complete run folder that the report reads besides ``sections.parquet``:
+    ``ranks.parquet``, ``collectives.parquet`` (whole) and the NCCL logs ``nccl/rank*.log``
+    (:func:`pnpscale.analysis.offline.run_nccl_log`), so that a damaged one makes its point
+    ``unreadable`` here instead of stopping the report later.
+
+    Raises:
+        ValueError: ``<file>: <reason>`` of the first unreadable file.
+    """
+    from pnpscale.analysis.offline import run_nccl_log
+
+    read_table(run_dir / layout.RANKS)
+    read_table(run_dir / layout.COLLECTIVES)
+    run_nccl_log(run_dir)
+
+
 def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | None, dict[str, str]]:
     """The metric rows of the complete runs, and ``run_dir -> "unreadable: <file>: <reason>"`` for the others."""
     from pnpscale.analysis.metrics import summarize
@@ -303,6 +395,7 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | 
     for run_dir, info in complete.set_index("run_dir").iterrows():
         try:
             sections = read_sections(Path(run_dir) / layout.SECTIONS, base)
+            check_run_files(Path(run_dir))
             gpus = int(sections["gpus"].iloc[0]) if "gpus" in sections else int(info["gpus"])
             summ = summarize(sections, gpus)
         except Exception as exc:  # noqa: BLE001 - one damaged folder never hides the others

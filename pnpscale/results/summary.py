@@ -35,7 +35,7 @@ def scaled_cost(tidy: pd.DataFrame) -> pd.DataFrame:
             ``wait_s``, ``status`` columns; failed points with NaN metrics are kept as NaN).
 
     Returns:
-        the input rows plus ``baseline_gpus``, ``scaled_cost``, ``scaled_compute``,
+        the input rows plus ``baseline_gpus`` (Int64), ``scaled_cost``, ``scaled_compute``,
         ``scaled_comm`` (compute + communication = scaled_cost) and ``section_growth`` (the
         section's own GPU-seconds relative to its own baseline).
     """
@@ -59,6 +59,7 @@ def scaled_cost(tidy: pd.DataFrame) -> pd.DataFrame:
         out.loc[idx, "section_growth"] = gs / grp[K.SECTION].map(own)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["wait_pct_of_compute"] = 100.0 * out[K.WAIT_S] / out[K.COMPUTE_S]
+    out["baseline_gpus"] = pd.to_numeric(out["baseline_gpus"]).astype("Int64")  # a GPU count: NA for failed points
     return out
 
 

@@ -127,7 +127,9 @@ class RunRecord:
         """Build from a ``run.json`` object of any schema version (upgraded to the current one).
 
         Raises:
-            RecordError: not an object, no ``status``, or a schema newer than this version reads.
+            RecordError: not an object, no ``status``, a schema newer than this version reads, or a
+                field of the wrong JSON type (``"gpus": "abc"``, ``gpus`` < 1, an ``assignment`` that is
+                not arrays of integers): ``str()`` names the field, its value and the type it must have.
         """
         if not isinstance(data, dict):
             raise RecordError(f"not a JSON object ({type(data).__name__})")
@@ -141,7 +143,51 @@ class RunRecord:
             raise RecordError("no status")
         names = {f.name for f in dataclasses.fields(cls)} - {"extra", "schema_version"}
         known = {k: v for k, v in data.items() if k in names}
+        for key, value in known.items():
+            _check_type(key, value)
+        if known.get("spec") is None:
+            known.pop("spec", None)
+        if known.get("gpus") is not None and known["gpus"] < 1:
+            raise RecordError(f"gpus is {known['gpus']!r}: must be >= 1")
+        _check_assignment(known.get("assignment"))
         return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+
+
+#: JSON type of each typed field of :class:`RunRecord` (``None`` is allowed for every field but ``status``).
+_FIELD_TYPES: dict[str, type] = {
+    "status": str, "problem": str, "mode": str, "gpus": int, "scale": str, "scale_requested": str,
+    "fingerprint": str, "spec": dict, "config": dict, "error": str, "started_at": str, "finished_at": str,
+    "pid": int, "host": str, "versions": dict, "backend": str, "world_size": int, "nodes": int, "hosts": list,
+    "device_names": list, "threads_per_rank": int, "assignment": dict, "solver": dict, "timings": dict,
+    "metrics": dict, "files": list, "slurm": dict,
+}  # fmt: skip
+
+
+def _check_type(key: str, value: Any) -> None:
+    """Raise :class:`RecordError` when ``value`` is not the JSON type of field ``key`` (an int is never a bool)."""
+    want = _FIELD_TYPES.get(key)
+    if want is None or (value is None and key != "status"):
+        return
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise RecordError(f"{key} is {value!r} ({type(value).__name__}): must be {_JSON_NAMES[want]}")
+
+
+_JSON_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "an array"}
+
+
+def _check_assignment(assignment: dict[str, Any] | None) -> None:
+    """``assignment``: ``operators_per_rank`` / ``tiles_per_rank`` arrays of integers, ``num_tiles`` an integer."""
+    if not assignment:
+        return
+    for key in ("operators_per_rank", "tiles_per_rank"):
+        value = assignment.get(key)
+        if value is not None and (
+            not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
+            raise RecordError(f"assignment.{key} is {value!r}: must be an array of integers")
+    n = assignment.get("num_tiles")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
+        raise RecordError(f"assignment.num_tiles is {n!r}: must be an integer")
 
 
 def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
