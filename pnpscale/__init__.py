@@ -2,6 +2,10 @@
 
 Run ``python -m pnpscale -m gpus=1,2,4 problem=2d``; see README.md. In a notebook,
 ``pnpscale.load("outputs/")`` returns the tidy table of every run (one row per run x section).
+
+Throughout the docstrings, *the study* is the one pnpscale reproduces and generalises:
+"Communication under the hood: transfer vs wait" (deepinv's distributed PnP benchmark on V100s,
+4 per node, up to 64 GPUs): its metric definitions (POP), configurations and charts.
 """
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ def comparison_section(table: pd.DataFrame, out: Path, files: dict[str, Callable
 def transfer_explained(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """Transfer table and rates per route of the complete multi-GPU inference runs, or ``None``.
 
-    Restricted to inference, as on the study: there each section issues exactly one
+    Restricted to inference, as in the study: there each section issues exactly one
     image-sized all_reduce, so the byte model is exact; training's sections carry more messages.
     """
     from pnpscale.analysis.offline import transfer_inputs
