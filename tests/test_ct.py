@@ -103,11 +103,11 @@ def test_angle_blocks_keep_the_gradient_balanced_where_two_operators_cannot(tmp_
     """gpus=4: ct with 16 angle blocks (4 per rank) keeps the gradient balanced; 2d with 2 operators leaves
     two ranks without an operator: LB about 0.5 (the study's wall, and its remedy).
 
-    Balance is judged on each rank's compute averaged over the measured iterations (``mean_r C_r /
-    max_r C_r`` of the per-rank means: the assignment's LB, what the operator split decides). The
-    per-iteration LB of ``run.json`` also carries time-slice noise when 4 ranks share fewer cores
-    (seen 0.70..0.93 for ct on 2 loaded cores), so there it is only required to rank ct above 2d;
-    with a core per rank it must reach 0.9.
+    ct's balance is judged on each rank's compute averaged over the measured iterations (``mean_r C_r /
+    max_r C_r`` of the per-rank means: the assignment's LB, what the operator split decides); 2d's on
+    the per-iteration LB of ``run.json`` (0.47..0.60 seen). The per-iteration LB also carries
+    time-slice noise when 4 ranks share fewer cores (seen 0.70..0.93 for ct on 2 loaded cores), so
+    there ct is only required to rank above 2d; with a core per rank it must reach 0.9.
     """
     import pandas as pd
 
@@ -132,5 +132,7 @@ def test_angle_blocks_keep_the_gradient_balanced_where_two_operators_cannot(tmp_
         assigned[run["problem"]] = float(per_rank.mean() / per_rank.max())
     enough_cores = len(os.sched_getaffinity(0)) >= 4
     assert assigned["ct"] >= 0.85, (assigned, lb)
-    assert 0.35 <= assigned["2d"] <= 0.7 and 0.35 <= lb["2d"] <= 0.7, (assigned, lb)
+    # 2d: per iteration, the two ranks without an operator idle; their per-rank means are not used here
+    # (on shared cores the idle ranks' scheduling delays land in their compute and smooth the means)
+    assert 0.35 <= lb["2d"] <= 0.7, (assigned, lb)
     assert lb["ct"] >= (0.9 if enough_cores else lb["2d"] + 0.1), (lb, f"{len(os.sched_getaffinity(0))} cores")
