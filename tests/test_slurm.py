@@ -26,11 +26,11 @@ from pnpscale.cluster.slurm import (
     group_points,
     job_shape,
     parse_sacct,
-    resume_command,
     sbatch_refusal,
     sbatch_test_command,
     task_record,
 )
+from pnpscale.sweep.cli import resume_command
 from pnpscale.sweep.config import ConfigError, register_schema, resolve_spec
 from tests.helpers import ROOT, TINY_2D, read_run, run_cli
 

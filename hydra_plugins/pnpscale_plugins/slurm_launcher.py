@@ -364,7 +364,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         return ret
 
     def _resume_command(self, sweep_dir: Path) -> str:
-        from pnpscale.cluster.slurm import resume_command
+        from pnpscale.sweep.cli import resume_command
 
         ov = self.config.hydra.overrides
         return resume_command(list(ov.task), list(ov.hydra), sweep_dir)

@@ -194,7 +194,8 @@ def payload_bytes(shapes: Sequence[Sequence[int]] | None, dtypes: Sequence[str] 
     return n * size
 
 
-def _int_or_none(v: Any) -> int | None:
+def int_or_none(v: Any) -> int | None:
+    """An integer from a Kineto args value; ``None`` for missing, boolean or non-numeric values."""
     try:
         return None if v is None or isinstance(v, bool) else int(v)
     except (TypeError, ValueError):
@@ -218,7 +219,7 @@ def comm_fields(name: str, args: Mapping[str, Any]) -> dict[str, Any]:
     cname = args.get("Collective name")
     coll = (collective_type(str(cname)) or str(cname)) if cname else collective_type(name)
     payload = None
-    nelems, dtype = _int_or_none(args.get("In msg nelems")), args.get("dtype")
+    nelems, dtype = int_or_none(args.get("In msg nelems")), args.get("dtype")
     if nelems is not None and dtype in DTYPE_BYTES:
         payload = nelems * DTYPE_BYTES[dtype]
     else:
@@ -232,5 +233,5 @@ def comm_fields(name: str, args: Mapping[str, Any]) -> dict[str, Any]:
         "collective": coll,
         "payload_bytes": payload,
         "group": None if group is None else str(group),
-        "group_seq": _int_or_none(seq),
+        "group_seq": int_or_none(seq),
     }

@@ -49,6 +49,7 @@ from pnpscale.analysis.kineto import (
     RUNTIME_CATS,
     UNKNOWN_CORRELATIONS,
     comm_fields,
+    int_or_none,
     is_collective_kernel,
     is_descriptor,
     is_gloo_work,
@@ -735,13 +736,6 @@ def _ns(x: Any) -> int:
     return int((Decimal(str(x)) * 1000).to_integral_value(ROUND_HALF_EVEN))
 
 
-def _int_or_none(v: Any) -> int | None:
-    try:
-        return None if v is None or isinstance(v, bool) else int(v)
-    except (TypeError, ValueError):
-        return None
-
-
 def merge_descriptors(events: Sequence[Event]) -> list[Event]:
     """Fill each ``nccl:*`` range's unknown fields from the ``record_param_comms`` enclosing it.
 
@@ -840,7 +834,7 @@ class _Collector:
             return
         cat = ev.get("cat")
         if cat in RUNTIME_CATS:
-            corr = _int_or_none((ev.get("args") or {}).get("correlation"))
+            corr = int_or_none((ev.get("args") or {}).get("correlation"))
             if corr is not None:
                 times = self._times(ev)
                 if times is None:
@@ -869,7 +863,7 @@ class _Collector:
             self._no_ts(ev)
             return
         start, end, bad = times
-        tid = _int_or_none(ev.get("tid")) or 0
+        tid = int_or_none(ev.get("tid")) or 0
         if step:
             self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad))
         if section is not None:
@@ -891,10 +885,10 @@ class _Collector:
             self._no_ts(ev)
             return
         start, end, bad = times
-        stream = _int_or_none(args.get("stream"))
+        stream = int_or_none(args.get("stream"))
         if stream is None:
-            stream = _int_or_none(ev.get("tid")) or 0
-        corr = _int_or_none(args.get("correlation"))
+            stream = int_or_none(ev.get("tid")) or 0
+        corr = int_or_none(args.get("correlation"))
         corr = -1 if corr is None else corr
         if ev.get("cat") == "kernel" and is_collective_kernel(name):
             fields = comm_fields(name, args) if "Collective name" in args or "Seq" in args else {}

@@ -11,7 +11,8 @@ plain data (unit-tested against expected dicts in ``tests/test_slurm.py``):
 - :func:`group_points`: points with identical parameters share one job array;
 - :func:`sbatch_test_command`: ``sbatch --test-only`` for the same request, so that SLURM itself
   refuses an impossible request before anything is submitted;
-- :func:`task_record`, :func:`parse_sacct`, :func:`failure_text`, :func:`resume_command`.
+- :func:`task_record`, :func:`parse_sacct`, :func:`failure_text`; the resume command is
+  :func:`pnpscale.sweep.cli.resume_command`.
 
 Inside a job every SLURM task is one rank: :func:`run_rank` exports
 ``submitit.helpers.TorchDistributedEnvironment`` (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -435,17 +436,6 @@ def error_line(trace: str) -> str:
     """
     lines = [ln.strip() for ln in str(trace).splitlines() if ln.strip()]
     return lines[-1] if lines else ""
-
-
-def resume_command(task_overrides: Sequence[str], hydra_overrides: Sequence[str], sweep_dir: Path | str) -> str:
-    """The command that re-runs a sweep into ``sweep_dir`` (:func:`pnpscale.sweep.cli.resume_command`).
-
-    >>> resume_command(["gpus=1,2,4,8", "cluster=slurm", "resume=true"], ["hydra.mode=MULTIRUN"], "/o/2026")
-    'python -m pnpscale -m gpus=1,2,4,8 cluster=slurm hydra.sweep.dir=/o/2026'
-    """
-    from pnpscale.sweep import cli
-
-    return cli.resume_command(task_overrides, hydra_overrides, sweep_dir)
 
 
 # --------------------------------------------------------------------------------------
