@@ -1,4 +1,4 @@
-"""``python -m pnpscale [-m] key=value ...``: the Hydra app (see README.md and conf/config.yaml)."""
+"""``python -m pnpscale [-m] key=value ...``: the Hydra app (see README.md and pnpscale/conf/config.yaml)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 from pnpscale.sweep.config import ConfigError, register_schema
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     from pnpscale.sweep.task import run
 

@@ -119,7 +119,7 @@ def test_layout_owns_every_file_name_a_run_writes():
 
 def test_nothing_in_the_package_points_outside_the_repository():
     hits = []
-    for path in list(PKG.rglob("*.py")) + list((ROOT / "conf").rglob("*.yaml")) + [ROOT / "README.md"]:
+    for path in list(PKG.rglob("*.py")) + list((PKG / "conf").rglob("*.yaml")) + [ROOT / "README.md"]:
         for i, line in enumerate(path.read_text().splitlines(), 1):
             if "../shared" in line or "seed page" in line:
                 hits.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")

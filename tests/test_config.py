@@ -8,15 +8,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from pnpscale.sweep.cli import CommandLineError, check_overrides, group_options
+from pnpscale.sweep.cli import CONF, CommandLineError, check_overrides, group_options
 from pnpscale.sweep.config import ConfigError, register_schema, resolve_spec, validate
-from tests.helpers import ROOT, run_cli, run_dirs
+from tests.helpers import run_cli, run_dirs
 
 
 @pytest.fixture(scope="module")
 def composer():
     register_schema()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         yield lambda *ov: compose("config", overrides=list(ov))
 
 

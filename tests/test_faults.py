@@ -432,7 +432,7 @@ def test_5_command_line_faults_exit_2_with_one_line(tmp_path, read_only_dir):
 def test_5_help_is_quick_with_a_big_folder_in_the_repository_root(tmp_path):
     import shutil
 
-    for name in ("conf", "sweeps", "pnpscale", "hydra_plugins"):
+    for name in ("pnpscale", "hydra_plugins"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     venv = tmp_path / ".venv"
     for i in range(300):  # a fake virtual environment: many folders with yaml files

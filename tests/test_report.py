@@ -13,6 +13,7 @@ import pnpscale
 from pnpscale import columns as K
 from pnpscale import layout
 from pnpscale.results.report import write_report
+from pnpscale.sweep.cli import CONF
 from pnpscale.sweep.config import RunSpec
 from pnpscale.sweep.record import write_failure, write_run
 from tests.helpers import ROOT
@@ -243,7 +244,7 @@ def test_stored_sweeps_compose_and_expand():
         "comm_inference_ct": ("ct", "inference", 64, None, "1,2,4,8,16,32,64"),
         "remedy_denoiser_collective": ("2d", "inference", 8, None, "1,2,4,8,16,32,64"),
     }
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for name, (problem, mode, ops, unroll, gpus) in expected.items():
             cfg = compose("config", overrides=[f"sweeps={name}"], return_hydra_config=True)
             assert cfg.hydra.mode.name == "MULTIRUN" and str(cfg.hydra.sweeper.params.gpus) == gpus

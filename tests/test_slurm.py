@@ -30,9 +30,9 @@ from pnpscale.cluster.slurm import (
     sbatch_test_command,
     task_record,
 )
-from pnpscale.sweep.cli import resume_command
+from pnpscale.sweep.cli import CONF, resume_command
 from pnpscale.sweep.config import ConfigError, register_schema, resolve_spec
-from tests.helpers import ROOT, TINY_2D, read_run, run_cli
+from tests.helpers import TINY_2D, read_run, run_cli
 
 CLUSTER_DEFAULTS = {
     "name": "slurm",
@@ -246,7 +246,7 @@ def _compose(*overrides: str):
     import hydra_plugins.pnpscale_plugins.launcher  # noqa: F401 - registers the launchers
     import hydra_plugins.pnpscale_plugins.slurm_launcher  # noqa: F401
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=list(overrides), return_hydra_config=True)
 
 

@@ -10,8 +10,9 @@ from hydra import compose, initialize_config_dir
 
 from pnpscale import columns as K
 from pnpscale import layout
+from pnpscale.sweep.cli import CONF
 from pnpscale.sweep.config import ConfigError, register_schema, resolve_spec
-from tests.helpers import ROOT, TINY_2D, TINY_3D, read_run, run_cli, run_dirs
+from tests.helpers import TINY_2D, TINY_3D, read_run, run_cli, run_dirs
 
 UNROLL = 2
 
@@ -19,7 +20,7 @@ UNROLL = 2
 @pytest.fixture(scope="module")
 def composer():
     register_schema()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         yield lambda *ov: compose("config", overrides=list(ov))
 
 

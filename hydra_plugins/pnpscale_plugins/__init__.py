@@ -1,1 +1,1 @@
-"""Hydra plugins of pnpscale: the sweeps/ search path and the launchers (validate every point first)."""
+"""Hydra plugins of pnpscale: the sweeper (one sweep per folder) and the launchers (validate every point first)."""

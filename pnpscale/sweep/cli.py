@@ -16,16 +16,17 @@ from typing import Any
 from pnpscale.sweep.config import ConfigError, check_value, open_keys, schema_keys
 from pnpscale.sweep.point import writable_dir
 
-ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf"
-SWEEPS = ROOT / "sweeps"
+#: The app's Hydra config tree, package data (``pnpscale/conf``): a built wheel carries it.
+CONF = Path(__file__).resolve().parents[1] / "conf"
+#: The stored sweeps: group ``sweeps`` of the same tree (``pnpscale/conf/sweeps``).
+SWEEPS = CONF / "sweeps"
 GROUPS = ("problem", "mode", "cluster", "sweeps")
 
 
 def group_options(group: str, search_dirs: Sequence[Path] = ()) -> list[str]:
-    """Option names of a config group: yaml files of ``conf/<group>/`` (or ``sweeps/``), plus
+    """Option names of a config group: yaml files of ``pnpscale/conf/<group>/``, plus
     ``<dir>/<group>/`` of every extra config folder on ``hydra.searchpath`` (a user's own problems)."""
-    folders = [SWEEPS if group == "sweeps" else CONF / group, *(Path(d) / group for d in search_dirs)]
+    folders = [CONF / group, *(Path(d) / group for d in search_dirs)]
     return sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
 
 
