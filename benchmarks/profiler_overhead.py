@@ -23,9 +23,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 from torch.profiler import record_function  # noqa: E402
 
+from pnpscale.core.config import resolve_spec  # noqa: E402
 from pnpscale.rank.profiling import CollectiveLog, make_profiler  # noqa: E402
 from pnpscale.sweep.cli import compose_config  # noqa: E402
-from pnpscale.sweep.config import resolve_spec  # noqa: E402
 
 
 def build(mode: str, overrides: list[str]):

@@ -25,7 +25,7 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale.results.projection import Options, evaluate, fit, leave_one_out, with_algorithms
-from pnpscale.results.report import build_table
+from pnpscale.results.runs import build_table
 
 METRICS = (K.SECTION_S, K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.PE)
 

@@ -6,13 +6,20 @@ Run ``python -m pnpscale -m gpus=1,2,4 problem=2d``; see README.md. In a noteboo
 Throughout the docstrings, *the study* is the one pnpscale reproduces and generalises:
 "Communication under the hood: transfer vs wait" (deepinv's distributed PnP benchmark on V100s,
 4 per node, up to 64 GPUs): its metric definitions (POP), configurations and charts.
+
+The package reads as the data flows, one floor per stage, every import running down
+(``tests/test_architecture.py``): :mod:`pnpscale.core` (with :mod:`pnpscale.columns` and
+:mod:`pnpscale.layout`, the ground floor), :mod:`pnpscale.analysis`, :mod:`pnpscale.rank`,
+:mod:`pnpscale.cluster`, :mod:`pnpscale.results`, :mod:`pnpscale.sweep`, :mod:`pnpscale.validation`,
+and the thin commands (``__main__``, ``analyze``, ``report``, ``validate``, ``project``). The one
+exception is this facade: :func:`load` imports the results stage when called.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from pnpscale.core import __version__
 
 __all__ = ["__version__", "load"]
 

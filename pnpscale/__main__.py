@@ -7,7 +7,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pnpscale.sweep.config import ConfigError, register_schema
+from pnpscale.core.config import ConfigError, register_schema
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -24,7 +24,7 @@ def main() -> None:
     refused command line or sweep (nothing started); 128 + signal number for SIGINT (130), SIGTERM
     (143) or SIGHUP (129), after the running point was recorded as failed and the report written.
     """
-    from pnpscale.sweep import signals
+    from pnpscale.core import signals
     from pnpscale.sweep.cli import CommandLineError, check_overrides, check_single_point
 
     signals.install()

@@ -10,7 +10,7 @@ A run folder (one sweep point, hive style ``problem=2d/mode=inference/gpus=4/``)
     traces/               per-rank Kineto traces (profile.export_traces=true)
     analysis/             python -m pnpscale.analyze of those traces: the tables + analysis.json
     .hydra/               Hydra's record of the composed config and overrides
-    .pnpscale.lock        locked while a process runs the point; names it (pnpscale.sweep.lock; also per sweep)
+    .pnpscale.lock        locked while a process runs the point; names it (pnpscale.core.lock; also per sweep)
     .pnpscale.reserve     space set aside while the point runs, freed to record a failure on a full disk
 
 ``run.json`` is written last: a folder is complete exactly when its ``run.json`` says
@@ -45,8 +45,8 @@ PROJECTION = "projection.parquet"
 PROJECTION_VALIDATION = "projection_validation.parquet"
 PROJECTION_PNG = "projection.png"
 PROJECTION_MD = "projection.md"
-LOCK = ".pnpscale.lock"  # pnpscale.sweep.lock: the holder (pid, host, start) as JSON
-RESERVE = ".pnpscale.reserve"  # pnpscale.sweep.record.reserve_space
+LOCK = ".pnpscale.lock"  # pnpscale.core.lock: the holder (pid, host, start) as JSON
+RESERVE = ".pnpscale.reserve"  # pnpscale.core.record.reserve_space
 STAGING_PREFIX = ".staging-"  # commit_files' staging folders (never read as results)
 RANK_FOOTPRINT = "rank_footprint.json"  # pnpscale.cluster.resources, under $XDG_CACHE_HOME/pnpscale/
 
@@ -204,10 +204,10 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
         the names moved into ``dest``.
 
     Nothing changes in ``dest`` if ``build`` raises (a full disk included). The renames (and the
-    removals) run with SIGINT/SIGTERM/SIGHUP held back (:func:`pnpscale.sweep.signals.deferred`), so
+    removals) run with SIGINT/SIGTERM/SIGHUP held back (:func:`pnpscale.core.signals.deferred`), so
     a signal never leaves a mix of old and new files.
     """
-    from pnpscale.sweep.signals import deferred
+    from pnpscale.core.signals import deferred
 
     dest.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=dest))

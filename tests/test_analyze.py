@@ -13,9 +13,9 @@ import pytest
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.analysis.offline import ANALYSIS_JSON, AnalyzeError, assign_ranks, main, rank_from_name, transfer_inputs
+from pnpscale.analysis.offline import ANALYSIS_JSON, AnalyzeError, assign_ranks, main, rank_from_name
 from pnpscale.analysis.traces import TraceInfo, read_header
-from pnpscale.results.transfer import transfer_table
+from pnpscale.results.transfer import transfer_inputs, transfer_table
 from tests.helpers import ROOT, TINY_2D, run_cli, run_dirs
 from tests.test_traces import X, cuda_rank_events, kernel, launch, write_trace
 

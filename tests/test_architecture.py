@@ -29,35 +29,74 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _module_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """pnpscale modules imported at module level (not inside functions), resolved to known module names."""
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """Every pnpscale module ``name`` imports, at module level, inside functions or ``TYPE_CHECKING``
+    blocks alike, resolved to known module names (``from pnpscale import columns`` is ``pnpscale.columns``,
+    not the package root)."""
     tree = ast.parse(path.read_text())
+    is_pkg = path.name == "__init__.py"
     found: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.If):  # TYPE_CHECKING blocks are not executed
-            continue
-        for sub in [node] if not isinstance(node, ast.Try) else node.body:
-            targets: list[str] = []
-            if isinstance(sub, ast.Import):
-                targets = [a.name for a in sub.names]
-            elif isinstance(sub, ast.ImportFrom) and sub.module:
-                targets = [sub.module] + [f"{sub.module}.{a.name}" for a in sub.names]
-            for t in targets:
-                if t in known and t != name:
-                    found.add(t)
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                pkg = name if is_pkg else name.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    pkg = pkg.rpartition(".")[0]
+                base = f"{pkg}.{base}" if base else pkg
+            subs = [f"{base}.{a.name}" for a in node.names]
+            targets = subs if any(t in known for t in subs) else [base]
+        for t in targets:
+            while t and t not in known:  # pnpscale.analysis.metrics.decompose -> pnpscale.analysis.metrics
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
     return found
 
 
-def test_no_import_cycle_in_the_static_import_graph():
+#: The floors of the house, lowest first: a module imports only modules of its own floor or below.
+#: Floor 0 is the ground floor (pnpscale.core, and the schema modules columns and layout).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("pnpscale.core", "pnpscale.columns", "pnpscale.layout"),
+    ("pnpscale.analysis",),
+    ("pnpscale.rank",),
+    ("pnpscale.cluster",),
+    ("pnpscale.results",),
+    ("pnpscale.sweep",),
+    ("pnpscale.validation",),
+)
+#: The one deliberate exception: the package root's facade ``pnpscale.load`` (a notebook's entry point)
+#: imports the results stage inside the function; nothing imports the root itself.
+FACADE = "pnpscale"
+
+
+def _floor(module: str) -> int:
+    for i, prefixes in enumerate(FLOORS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return len(FLOORS)  # the commands: pnpscale.__main__, analyze, report, validate, project
+
+
+def _graph() -> dict[str, set[str]]:
     mods = _modules()
-    graph = {m: _module_level_imports(p, m, set(mods)) for m, p in mods.items()}
+    return {m: _imports(p, m, set(mods)) for m, p in mods.items()}
+
+
+def test_no_import_cycle_through_any_import():
+    """No cycle, counting imports inside functions too; the facade is left out (nothing imports it)."""
+    graph = _graph()
+    assert not [m for m, deps in graph.items() if FACADE in deps], "a module imports the package root"
+    graph = {m: deps for m, deps in graph.items() if m != FACADE}
     state: dict[str, int] = {}
     stack: list[str] = []
 
     def visit(m: str) -> None:
         state[m] = 1
         stack.append(m)
-        for n in sorted(graph[m]):
+        for n in sorted(graph.get(m, ())):
             if state.get(n) == 1:
                 cycle = stack[stack.index(n) :] + [n]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
@@ -69,6 +108,35 @@ def test_no_import_cycle_in_the_static_import_graph():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def test_every_import_runs_down_the_floors():
+    """Each import, wherever it sits in a module, goes to the module's own floor or one below (FLOORS)."""
+    graph = _graph()
+    up = [
+        f"{m} (floor {_floor(m)}) imports {n} (floor {_floor(n)})"
+        for m, deps in sorted(graph.items())
+        if m != FACADE
+        for n in sorted(deps)
+        if _floor(n) > _floor(m)
+    ]
+    assert not up, "imports that run back up:\n" + "\n".join(up)
+    ground = [f"{m} imports {n}" for m, deps in graph.items() if _floor(m) == 0 for n in deps if _floor(n) > 0]
+    assert not ground, ground
+
+
+def test_the_subpackage_indexes_name_every_module():
+    """Each subpackage's docstring (its index) names every module in it."""
+    missing = []
+    for init in PKG.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        for mod in init.parent.glob("*.py"):
+            if mod.name != "__init__.py" and mod.stem not in doc:
+                missing.append(f"{init.relative_to(ROOT)}: {mod.stem}")
+        for sub in init.parent.iterdir():
+            if (sub / "__init__.py").is_file() and sub.name not in doc:
+                missing.append(f"{init.relative_to(ROOT)}: {sub.name}/")
+    assert not missing, "modules missing from their package's index:\n" + "\n".join(missing)
 
 
 def test_every_module_imports_in_a_fresh_interpreter():
@@ -129,7 +197,7 @@ def test_nothing_in_the_package_points_outside_the_repository():
 def test_a_record_of_schema_1_loads_and_is_upgraded():
     """A run folder written before run.json was typed (no schema_version, totals under per-iteration names)."""
     import pnpscale
-    from pnpscale.sweep.record import SCHEMA_VERSION, read_record
+    from pnpscale.core.record import SCHEMA_VERSION, read_record
 
     sweep = ROOT / "tests" / "data" / "run_v1"
     run_dir = sweep / "problem=2d" / "mode=inference" / "gpus=2"
@@ -149,7 +217,7 @@ def test_a_record_of_schema_1_loads_and_is_upgraded():
 
 
 def test_a_record_roundtrips_and_keeps_unknown_keys(tmp_path):
-    from pnpscale.sweep.record import RecordError, RunRecord, read_record, update_record, write_record
+    from pnpscale.core.record import RecordError, RunRecord, read_record, update_record, write_record
 
     write_record(tmp_path, RunRecord(status="running", problem="2d", mode="inference", gpus=2).set(anomalies=[]))
     update_record(tmp_path, slurm={"job_id": "7"}, future_block={"x": 1})
@@ -165,15 +233,22 @@ def test_a_record_roundtrips_and_keeps_unknown_keys(tmp_path):
 
 
 def test_cluster_backends_come_from_the_registry():
-    from pnpscale.cluster import CLUSTERS, cluster_backend
+    """Every option of the config group ``cluster`` names a Cluster subclass; the task knows only the interface."""
+    from pnpscale.cluster import cluster_backend
     from pnpscale.cluster.base import Cluster
-    from pnpscale.sweep.config import ConfigError
+    from pnpscale.core.config import ConfigError
+    from pnpscale.sweep.cli import compose_config, group_options
 
-    for name in CLUSTERS:
-        backend = cluster_backend(name)
+    names = group_options("cluster")
+    assert names, "no cluster backend found in pnpscale/conf/cluster/"
+    for name in names:
+        cfg = compose_config([f"cluster={name}"])
+        backend = cluster_backend(cfg.cluster)
         assert isinstance(backend, Cluster) and backend.name == name
-    with pytest.raises(ConfigError, match="cluster=pbs: allowed values: local, slurm"):
-        cluster_backend("pbs")
+    with pytest.raises(ConfigError, match="cluster.impl=nowhere:Pbs: cannot import nowhere"):
+        cluster_backend({"name": "pbs", "impl": "nowhere:Pbs"})
+    with pytest.raises(ConfigError, match="not a subclass of pnpscale.cluster.base.Cluster"):
+        cluster_backend({"name": "x", "impl": "collections:OrderedDict"})
     task = (PKG / "sweep" / "task.py").read_text()
     assert "slurm" not in task.lower(), "the Hydra task must know only the Cluster interface"
 

@@ -7,10 +7,11 @@ import pytest
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.results.compare import COMPARE_PNG, comparison, labelled
-from pnpscale.results.report import build_table, write_report
-from pnpscale.results.runs import discover
-from pnpscale.sweep.config import variant_subdir
+from pnpscale.core.config import variant_subdir
+from pnpscale.results.compare import COMPARE_PNG, comparison
+from pnpscale.results.plotting import labelled
+from pnpscale.results.report import write_report
+from pnpscale.results.runs import build_table, discover
 from tests.test_report import PNG_MAGIC, fake_run
 
 IMAGE = 3 * 32 * 32 * 4
@@ -106,7 +107,7 @@ def test_no_comparison_without_a_varied_key(tmp_path):
 
 def _varied_sweep(root, key):
     """A sweep (gpus 1, 2) that varies ``key``; the 2-GPU point of the last series failed."""
-    from pnpscale.sweep.record import write_failure
+    from pnpscale.core.record import write_failure
     from tests.test_report import spec
 
     series = {

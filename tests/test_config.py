@@ -8,8 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from pnpscale.core.config import ConfigError, register_schema, resolve_spec, validate
 from pnpscale.sweep.cli import CONF, CommandLineError, check_overrides, group_options
-from pnpscale.sweep.config import ConfigError, register_schema, resolve_spec, validate
 from tests.helpers import run_cli, run_dirs
 
 

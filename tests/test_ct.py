@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
+from pnpscale.core.config import resolve_spec
 from pnpscale.rank.problems import make_problem
 from pnpscale.rank.problems.ct import angle_blocks
 from pnpscale.sweep.cli import compose_config
-from pnpscale.sweep.config import resolve_spec
 from tests.helpers import free_port, gloo_rank
 
 TINY_CT = ["problem=ct", "scale=small", "problem.image_size=32", "problem.num_operators=8", "problem.patch_size=8",

@@ -46,8 +46,8 @@ def test_a_step_failing_passing_or_skipping_becomes_a_row(monkeypatch, tmp_path,
 
 
 def test_run_overrides_are_valid_points():
+    from pnpscale.core.config import resolve_spec
     from pnpscale.sweep.cli import compose_config
-    from pnpscale.sweep.config import resolve_spec
 
     for cuda in (True, False):
         for problem, mode in dc.RUNS:

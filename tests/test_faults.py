@@ -84,7 +84,7 @@ def _fill(folder: Path) -> Path:
 
 
 def test_1_signal_handlers_are_restored_and_a_signal_is_an_exit_code():
-    from pnpscale.sweep import signals
+    from pnpscale.core import signals
 
     before = {s: signal.getsignal(s) for s in signals.ELASTIC_SIGNALS}
     with signals.preserved():
@@ -178,7 +178,7 @@ def test_1_sigterm_while_the_report_is_written_leaves_the_previous_report(tmp_pa
 
 
 def test_2_a_folder_in_use_is_refused_naming_the_holder_and_a_stale_lock_taken_over(tmp_path):
-    from pnpscale.sweep.lock import Busy, FolderLock
+    from pnpscale.core.lock import Busy, FolderLock
 
     sweep = tmp_path / "sweep"
     with FolderLock(sweep):  # a first sweep holds the folder
@@ -197,7 +197,7 @@ def test_2_a_folder_in_use_is_refused_naming_the_holder_and_a_stale_lock_taken_o
 
 
 def test_2_a_run_folder_in_use_is_refused_and_left_untouched(tmp_path):
-    from pnpscale.sweep.lock import FolderLock
+    from pnpscale.core.lock import FolderLock
 
     run_dir = tmp_path / "run"
     with FolderLock(run_dir):
@@ -213,7 +213,7 @@ def test_2_a_run_folder_in_use_is_refused_and_left_untouched(tmp_path):
 
 
 def test_3_a_failure_is_recorded_on_a_full_disk(tmpfs):
-    from pnpscale.sweep.record import reserve_space, start_record, write_failure, write_record
+    from pnpscale.core.record import reserve_space, start_record, write_failure, write_record
 
     run_dir = tmpfs / "run"
     run_dir.mkdir()
@@ -227,7 +227,7 @@ def test_3_a_failure_is_recorded_on_a_full_disk(tmpfs):
 
 
 def test_3_a_failure_is_recorded_when_the_writer_hits_enospc(tmp_path, monkeypatch):
-    from pnpscale.sweep import record
+    from pnpscale.core import record
 
     s = spec("2d", "inference", 2)
     record.write_record(tmp_path, record.start_record(s, None))
@@ -263,7 +263,7 @@ def test_3_a_report_on_a_full_disk_fails_in_one_line_and_keeps_the_previous_one(
 
 def test_3_a_running_record_whose_process_is_gone_is_reported_failed(tmp_path):
     import pnpscale
-    from pnpscale.sweep.record import start_record, write_record
+    from pnpscale.core.record import start_record, write_record
 
     sweep = tmp_path / "sweep"
     fake_run(sweep / layout.point_subdir("2d", "inference", 1), "2d", "inference", {"gradient": [(1.0, 0.0)]})
@@ -387,7 +387,7 @@ def test_4_every_damaged_file_of_a_run_folder_is_one_unreadable_point(tmp_path, 
     ],
 )
 def test_4_run_record_refuses_wrong_typed_fields(tmp_path, fields, message):
-    from pnpscale.sweep.record import RecordError, read_record
+    from pnpscale.core.record import RecordError, read_record
 
     d = tmp_path / "run"
     fake_run(d, "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]})
@@ -475,8 +475,8 @@ def test_7_paths_that_leave_the_folder_are_refused_and_report_text_is_escaped(tm
         assert proc.returncode == 2 and proc.stderr.startswith("pnpscale: error: hydra."), proc.stderr
     assert not (tmp_path.parent / "x").exists() and not (tmp_path / "x").exists()
 
+    from pnpscale.core.record import write_failure
     from pnpscale.results.report import write_report
-    from pnpscale.sweep.record import write_failure
 
     sweep = tmp_path / "sweep"
     fake_run(sweep / layout.point_subdir("2d", "inference", 1), "2d", "inference", {"gradient": [(1.0, 0.0)]})
@@ -492,7 +492,7 @@ def test_7_paths_that_leave_the_folder_are_refused_and_report_text_is_escaped(tm
 def test_8_a_local_point_that_does_not_fit_is_refused_before_anything_starts(monkeypatch):
     from pnpscale.cluster import resources
     from pnpscale.cluster.local import LocalCluster
-    from pnpscale.sweep.config import ConfigError
+    from pnpscale.core.config import ConfigError
 
     monkeypatch.setattr(resources, "rank_footprint", lambda measure=True: (400 * 10**6, 300 * 10**6))
     monkeypatch.setattr(resources, "available_bytes", lambda: 20 * 10**9)

@@ -277,7 +277,7 @@ def test_tuning_size_is_per_rank_for_all_gather_and_reduce_scatter():
 
 
 def test_transfer_inputs_find_the_algorithm_of_an_all_gather(tmp_path):
-    from pnpscale.analysis.offline import transfer_inputs
+    from pnpscale.results.transfer import transfer_inputs
 
     gpus, per_rank = 4, 1 << 20
     ranks = pd.DataFrame([{K.RANK: r, K.ITERATION: i, K.SECTION: "s", K.WARMUP: i == 0, K.SECTION_S: 1.0,

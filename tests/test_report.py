@@ -12,10 +12,11 @@ import pytest
 import pnpscale
 from pnpscale import columns as K
 from pnpscale import layout
+from pnpscale.core.config import RunSpec
+from pnpscale.core.record import write_failure
+from pnpscale.rank.commit import write_run
 from pnpscale.results.report import write_report
 from pnpscale.sweep.cli import CONF
-from pnpscale.sweep.config import RunSpec
-from pnpscale.sweep.record import write_failure, write_run
 from tests.helpers import ROOT
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -233,7 +234,7 @@ def test_empty_folder_is_a_one_line_error(tmp_path):
 def test_stored_sweeps_compose_and_expand():
     from hydra import compose, initialize_config_dir
 
-    from pnpscale.sweep.config import register_schema, resolve_spec
+    from pnpscale.core.config import register_schema, resolve_spec
 
     register_schema()
     expected = {

@@ -30,8 +30,8 @@ from pnpscale.cluster.slurm import (
     sbatch_test_command,
     task_record,
 )
+from pnpscale.core.config import ConfigError, register_schema, resolve_spec
 from pnpscale.sweep.cli import CONF, resume_command
-from pnpscale.sweep.config import ConfigError, register_schema, resolve_spec
 from tests.helpers import TINY_2D, read_run, run_cli
 
 CLUSTER_DEFAULTS = {

@@ -11,7 +11,6 @@ import pytest
 from pnpscale import columns as K
 from pnpscale import layout
 from pnpscale.analysis.metrics import decompose
-from pnpscale.analysis.offline import transfer_inputs
 from pnpscale.analysis.tables import frames
 from pnpscale.results.transfer import (
     ByteModelError,
@@ -28,6 +27,7 @@ from pnpscale.results.transfer import (
     ring_all_reduce_bytes,
     route_label,
     section_transfers,
+    transfer_inputs,
     transfer_rows,
     transfer_table,
     tree_all_reduce_bytes,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pnpscale import layout
-from pnpscale.sweep.config import ConfigError
+from pnpscale.core.config import ConfigError
 
 
 @pytest.mark.parametrize("key", ["hydra.run.dir", "hydra.sweep.dir"])

@@ -19,6 +19,8 @@ from hydra.core.utils import JobReturn
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
+from pnpscale.core.errors import PnpscaleError
+
 log = logging.getLogger("pnpscale")
 
 
@@ -58,7 +60,7 @@ def validate_points(
         config_loader: Hydra's config loader (``hydra_context.config_loader``).
         config: the sweep's config.
         job_overrides: one override list per point.
-        check: callable raising :class:`pnpscale.sweep.config.ConfigError` for a bad point.
+        check: callable raising :class:`pnpscale.core.config.ConfigError` for a bad point.
 
     Returns:
         the composed config of every point, in order.
@@ -66,8 +68,8 @@ def validate_points(
     Raises:
         SweepConfigError: one line per bad point (exit code 2); nothing was launched.
     """
+    from pnpscale.core.config import ConfigError
     from pnpscale.sweep.cli import check_hydra_override
-    from pnpscale.sweep.config import ConfigError
 
     composed, seen = [], {}
     problems: dict[str, list[str]] = {}
@@ -118,7 +120,7 @@ class PnpscaleBasicLauncher(BasicLauncher):
             for idx, overrides in enumerate(job_overrides):
                 rets.append(self._run_point(initial_job_idx + idx, overrides))
         except KeyboardInterrupt as exc:
-            from pnpscale.sweep.signals import as_interrupted
+            from pnpscale.core.signals import as_interrupted
 
             stop = as_interrupted(exc)
             log.error("%s: the remaining sweep points were not run", stop)
@@ -173,7 +175,7 @@ def sweep_resume_command(config: DictConfig) -> str:
     return resume_command(list(ov.task), list(ov.hydra), Path(str(config.hydra.sweep.dir)).absolute())
 
 
-class ReportFailed(RuntimeError, CompactHydraException):
+class ReportFailed(PnpscaleError, RuntimeError, CompactHydraException):
     """The sweep report could not be written (the points' run folders are intact); one line, exit 1."""
 
 

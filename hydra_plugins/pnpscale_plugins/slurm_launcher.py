@@ -95,9 +95,9 @@ def check_point(cfg: DictConfig) -> None:
     """Validate one point for SLURM: config rules, then its job (:func:`pnpscale.cluster.slurm.executor_parameters`).
 
     Raises:
-        pnpscale.sweep.config.ConfigError: the first broken rule, as one line.
+        pnpscale.core.config.ConfigError: the first broken rule, as one line.
     """
-    from pnpscale.sweep.config import ConfigError, validate
+    from pnpscale.core.config import ConfigError, validate
     from pnpscale.sweep.point import resolve_point
 
     if cfg.cluster.name != "slurm":
@@ -258,7 +258,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
     @staticmethod
     def _outcome(p: _Point, ret: JobReturn) -> str:
         if ret.status == JobStatus.COMPLETED:
-            from pnpscale.sweep.record import RecordError, read_record
+            from pnpscale.core.record import RecordError, read_record
             from pnpscale.sweep.task import summary_line
 
             try:
@@ -327,8 +327,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         """Write the point's ``run.json`` as failed (written here: the job itself could not)."""
         from pnpscale import layout
         from pnpscale.cluster.slurm import failure_text, ranks_by_cause, sacct_info, task_logs
-        from pnpscale.sweep.config import resolve_spec
-        from pnpscale.sweep.record import RecordError, read_record, write_failure
+        from pnpscale.core.config import resolve_spec
+        from pnpscale.core.record import RecordError, read_record, write_failure
         from pnpscale.sweep.task import RunFailed
 
         try:

@@ -2,7 +2,7 @@
 
 Registered as ``hydra/sweeper: pnpscale_basic`` (the default in ``conf/config.yaml``). Before Hydra
 writes ``<sweep dir>/multirun.yaml``, the sweep folder is checked (one line, exit 2, for a folder
-that cannot be created or written) and locked (:class:`pnpscale.sweep.lock.FolderLock`): a second
+that cannot be created or written) and locked (:class:`pnpscale.core.lock.FolderLock`): a second
 sweep into a folder in use is refused with one line naming the holder (exit 2) and leaves the
 folder, ``multirun.yaml`` included, as it was; so does a sweep refused by the launcher's
 validation. A file that cannot be written later (a full disk) ends the sweep with one line (exit 1).
@@ -46,7 +46,7 @@ class PnpscaleBasicSweeper(BasicSweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from pnpscale import layout
-        from pnpscale.sweep.lock import Busy, FolderLock
+        from pnpscale.core.lock import Busy, FolderLock
         from pnpscale.sweep.point import writable_dir
 
         assert self.config is not None

@@ -1,10 +1,14 @@
-"""Stage 3, analysis: profiler events -> per-section records -> the POP decomposition (pure, no torch).
+"""Stage 3 (floor 1), analysis: profiler events -> per-section records -> the POP decomposition (pure, no torch).
 
 * :mod:`~pnpscale.analysis.kineto`: the Kineto vocabulary (event categories, NCCL/gloo names, dtypes);
 * :mod:`~pnpscale.analysis.events`: plain events and their reduction to section records;
 * :mod:`~pnpscale.analysis.traces`: streaming reader of Kineto JSON traces (offline);
+* :mod:`~pnpscale.analysis.anomalies`: what an analysis dropped, assumed or repaired, per kind;
 * :mod:`~pnpscale.analysis.nccl_log`: NCCL debug logs -> topology and algorithm per collective;
 * :mod:`~pnpscale.analysis.metrics`: compute / transfer / wait, LB, CommE, PE;
+* :mod:`~pnpscale.analysis.waits`: wait split by cause (late start, uneven work, jitter);
 * :mod:`~pnpscale.analysis.tables`: the three parquet tables of a run, built from section records;
 * :mod:`~pnpscale.analysis.offline`: ``python -m pnpscale.analyze`` (any job's traces).
+
+Imports only the ground floor (:mod:`pnpscale.core`, :mod:`pnpscale.columns`, :mod:`pnpscale.layout`).
 """

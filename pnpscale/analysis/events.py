@@ -60,6 +60,7 @@ from pnpscale.analysis.kineto import (
     payload_bytes,
     step_number,
 )
+from pnpscale.core.errors import PnpscaleError
 
 
 class Kind(StrEnum):
@@ -169,7 +170,7 @@ class SectionRecord:
     gpu_span_s: float | None = None
 
 
-class SectionError(ValueError):
+class SectionError(PnpscaleError, ValueError):
     """Events that cannot be reduced to sections (missing or unequal section counts)."""
 
 

@@ -27,11 +27,12 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale.analysis.waits import wait_by_cause
+from pnpscale.core.errors import PnpscaleError
 
 _KEY = [K.ITERATION, K.SECTION]
 
 
-class DecompositionError(ValueError):
+class DecompositionError(PnpscaleError, ValueError):
     """Per-rank tables that cannot be decomposed (missing ranks, unmatched collectives)."""
 
 

@@ -20,15 +20,11 @@ The traces are streamed (:mod:`pnpscale.analysis.traces`), reduced per rank to s
 (:func:`pnpscale.layout.commit_files`), then ``analysis.json`` (provenance and run metrics; not
 ``run.json``, so that an analysis folder is never taken for a sweep point). Default output:
 ``<first TRACE_DIR>/analysis``.
-
-:func:`transfer_inputs` reads run folders (``run.json``, ``sections.parquet``, ``nccl/rank*.log``)
-into the input of :func:`pnpscale.results.transfer.transfer_table`.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
@@ -63,14 +59,15 @@ from pnpscale.analysis.traces import (
     read_header,
     read_trace,
 )
-from pnpscale.sweep.record import RecordError, now_iso, read_record
+from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.record import RecordError, now_iso, read_record
 
 ANALYSIS_JSON = layout.ANALYSIS_JSON
 ANALYSIS_DIR = layout.ANALYSIS_DIR
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
-class AnalyzeError(ValueError):
+class AnalyzeError(PnpscaleError, ValueError):
     """Traces that cannot be analysed together (missing/duplicate ranks, unmatched sections)."""
 
 
@@ -391,94 +388,6 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
     }
     layout.write_json(out_dir / ANALYSIS_JSON, doc)
     return doc
-
-
-# --- run folders -> transfer table input -------------------------------------------------------
-
-
-def run_nccl_log(run_dir: Path | str) -> Any:
-    """The merged NCCL logs of a run folder (``nccl/rank*.log``, :func:`pnpscale.analysis.nccl_log.merge_logs`),
-    or ``None`` when it has none (gloo, or logs not kept).
-
-    Raises:
-        ValueError: a log that cannot be read (``str()`` is ``<file>: <reason>``): not a file, no permission,
-            an I/O error, or a line the parser rejects.
-    """
-    from pnpscale.analysis.nccl_log import merge_logs, parse_nccl_log
-
-    parsed = []
-    for p in sorted((Path(run_dir) / layout.NCCL_DIR).glob("rank*.log")):
-        try:
-            with open(p, errors="replace") as f:
-                parsed.append(parse_nccl_log(f))
-        except Exception as exc:  # noqa: BLE001 - any failure names the file
-            reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
-            raise ValueError(f"{p}: {reason}") from None
-    return merge_logs(parsed) if parsed else None
-
-
-def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
-    """The input of :func:`pnpscale.results.transfer.transfer_table` from complete run folders.
-
-    Per run (``run.json``: problem, mode, gpus, nodes, backend) and section (``sections.parquet``
-    through :func:`pnpscale.results.transfer.section_transfers`): payload (nccl-tests' size), mean main
-    transfer, and the algorithm NCCL logged for that collective in ``nccl/rank*.log`` when there is a log
-    (:func:`pnpscale.analysis.nccl_log.algorithm_for`, looked up at the size NCCL prints:
-    :func:`pnpscale.results.transfer.nccl_log_size`), else none, with the reason in ``algorithm_note``;
-    the transport the log's connection lines show (``NVLink P2P``, ``SHM``, ``NET/IB``...) names the route.
-    Folders whose ``run.json`` is not ``complete`` are skipped.
-
-    Raises:
-        FileNotFoundError: a complete run folder without ``sections.parquet``.
-        ValueError: an NCCL log that cannot be read (:func:`run_nccl_log`).
-    """
-    from pnpscale.analysis.nccl_log import algorithm_for, version_tuple
-    from pnpscale.analysis.tables import complete_sections
-    from pnpscale.results.transfer import nccl_log_size, nccl_tests_size, section_transfers
-
-    rows = []
-    for d in map(Path, run_dirs):
-        try:
-            run = read_record(d).to_dict()
-        except RecordError:
-            continue
-        if run["status"] != layout.STATUS_COMPLETE:
-            continue
-        gpus, nodes, backend = int(run["gpus"]), int(run.get("nodes") or 1), run.get("backend")
-        log = run_nccl_log(d)
-        for _, s in section_transfers(complete_sections(pd.read_parquet(d / layout.SECTIONS))).iterrows():
-            coll = None if pd.isna(s[K.COLLECTIVE]) else str(s[K.COLLECTIVE])
-            payload = None if pd.isna(s[K.PAYLOAD_BYTES]) else nccl_tests_size(coll or "", s[K.PAYLOAD_BYTES], gpus)
-            algo = proto = None
-            if log is not None and coll and payload is not None:
-                # TUNING lines print NCCL's own size, per rank for all_gather/reduce_scatter (NCCL >= 2.24)
-                logged = nccl_log_size(coll, s[K.PAYLOAD_BYTES], gpus, version_tuple(log.version))
-                choice = algorithm_for(log, coll, logged)
-                algo, proto, note = choice.algorithm, choice.protocol, choice.note
-            elif backend == "gloo":
-                note = "gloo: no NCCL log"
-            else:
-                note = f"no NCCL log in {layout.NCCL_DIR}/"
-            rows.append(
-                {
-                    K.PROBLEM: run.get("problem"),
-                    K.MODE: run.get("mode"),
-                    K.GPUS: gpus,
-                    K.NODES: nodes,
-                    K.GPUS_PER_NODE: math.ceil(gpus / nodes),
-                    K.BACKEND: backend,
-                    K.SECTION: s[K.SECTION],
-                    K.COLLECTIVE: coll,
-                    K.ITERATIONS: int(s[K.ITERATIONS]),
-                    K.PAYLOAD_BYTES: payload,
-                    K.TRANSFER_S: s[K.TRANSFER_S],
-                    K.ALGORITHM: algo,
-                    K.PROTOCOL: proto,
-                    K.ALGORITHM_NOTE: note,
-                    K.TRANSPORT: log.transport_label(nodes > 1) if log is not None else None,
-                }
-            )
-    return pd.DataFrame(rows, columns=[*K.TRANSFER_INPUT_REQUIRED, *K.TRANSFER_INPUT_OPTIONAL])
 
 
 # --- command line ----------------------------------------------------------------------------

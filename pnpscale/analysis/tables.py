@@ -1,6 +1,6 @@
 """The table builder: per-rank rows -> the typed ``ranks`` and ``collectives`` tables of a run.
 
-Used by the live run (:mod:`pnpscale.sweep.record`), the offline analysis
+Used by the live run (:mod:`pnpscale.core.record`), the offline analysis
 (:mod:`pnpscale.analysis.offline`) and the validation probe alike, so the three write the same
 columns (:mod:`pnpscale.columns`) with the same types.
 """

@@ -55,6 +55,7 @@ from pnpscale.analysis.kineto import (
     is_gloo_work,
     step_number,
 )
+from pnpscale.core.errors import PnpscaleError
 
 __all__ = ["TraceError", "NotATraceError", "Trace", "TraceInfo", "comm_fields", "read_header", "read_trace"]
 
@@ -68,7 +69,7 @@ _TAIL = 1 << 16
 _CHUNK = 1 << 16
 
 
-class TraceError(ValueError):
+class TraceError(PnpscaleError, ValueError):
     """A trace that cannot be read (missing, not gzip/JSON, no event list)."""
 
 

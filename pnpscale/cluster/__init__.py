@@ -1,35 +1,30 @@
-"""Stage 1b, where the ranks run: cluster backends behind one interface, chosen from a registry.
+"""Stage 1b, where the ranks run: cluster backends behind one interface, discovered from the config.
 
-* :mod:`~pnpscale.cluster.base`: the :class:`~pnpscale.cluster.base.Cluster` interface;
+* :mod:`~pnpscale.cluster.base`: the :class:`~pnpscale.cluster.base.Cluster` interface (an ABC);
 * :mod:`~pnpscale.cluster.local`: ranks on this machine (torch.distributed elastic);
-* :mod:`~pnpscale.cluster.slurm`: one SLURM task per rank (submitit), pure sbatch builders.
+* :mod:`~pnpscale.cluster.slurm`: one SLURM task per rank (submitit), pure sbatch builders;
+* :mod:`~pnpscale.cluster.resources`: will a local point fit in this machine's memory?
 
-Adding a backend: a module with a :class:`~pnpscale.cluster.base.Cluster` subclass, its
-``conf/cluster/<name>.yaml``, and one line in :data:`CLUSTERS`.
+The registry is the config group ``cluster``: each ``pnpscale/conf/cluster/<name>.yaml`` names its
+backend class (``cluster.impl: module:Class``). Adding a backend is a module with a
+:class:`~pnpscale.cluster.base.Cluster` subclass and its YAML (which selects its Hydra launcher); a
+backend kept outside pnpscale works the same way through ``hydra.searchpath``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-#: The registry: ``cluster`` option -> ``module:Class`` (imported only when used).
-CLUSTERS: dict[str, str] = {
-    "local": "pnpscale.cluster.local:LocalCluster",
-    "slurm": "pnpscale.cluster.slurm:SlurmCluster",
-}
+from pnpscale.cluster.base import Cluster
+from pnpscale.core.plugins import resolve_impl
 
 
-def cluster_backend(name: str) -> Any:
-    """An instance of the backend registered as ``name``.
+def cluster_backend(cluster: Mapping[str, Any]) -> Cluster:
+    """An instance of the backend named by the ``cluster`` config node (its ``impl``, ``module:Class``).
 
     Raises:
-        pnpscale.sweep.config.ConfigError: ``name`` is not in :data:`CLUSTERS`.
+        pnpscale.core.config.ConfigError: ``cluster.impl`` is not importable or not a
+            :class:`~pnpscale.cluster.base.Cluster` subclass.
     """
-    import importlib
-
-    from pnpscale.sweep.config import ConfigError
-
-    if name not in CLUSTERS:
-        raise ConfigError("cluster", name, "allowed values: " + ", ".join(CLUSTERS))
-    module, _, cls = CLUSTERS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    return resolve_impl("cluster.impl", str(cluster["impl"]), Cluster)()

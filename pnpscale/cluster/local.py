@@ -13,16 +13,18 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
 from pnpscale.cluster.base import Cluster
+from pnpscale.core.config import RunSpec
+from pnpscale.core.errors import PnpscaleError
 
 
-class RankFailed(RuntimeError):
+class RankFailed(PnpscaleError, RuntimeError):
     """A rank of a run raised or died; ``str()`` names the rank and its error.
 
     Attributes:
@@ -148,7 +150,7 @@ class LocalCluster(Cluster):
     name = "local"
     resumes_in_task = True
 
-    def check(self, cfg: Any, spec: Any, cuda_devices: int) -> None:
+    def check(self, cfg: Mapping[str, Any], spec: RunSpec, cuda_devices: int) -> None:
         """Refuse a point this machine cannot hold: more local ranks than CUDA devices on a CUDA
         machine (unless gloo is asked for, or a structure check on a shared GPU: ``dist.backend=nccl``
         with ``NCCL_MULTI_RANK_GPU_ENABLE=1``), or more memory than is available
@@ -158,8 +160,8 @@ class LocalCluster(Cluster):
             ConfigError: one line naming the estimate, the limit and the way out.
         """
         from pnpscale.cluster.resources import check_memory
+        from pnpscale.core.config import ConfigError
         from pnpscale.rank.worker import shared_gpu_allowed
-        from pnpscale.sweep.config import ConfigError
 
         shared = shared_gpu_allowed(spec.backend, os.environ)  # a structure check on one GPU
         if cuda_devices and spec.backend != "gloo" and spec.gpus > cuda_devices and not shared:
@@ -174,12 +176,12 @@ class LocalCluster(Cluster):
         if refusal is not None:
             raise ConfigError("gpus", spec.gpus, refusal)
 
-    def cpu_contention(self, spec: Any) -> tuple[int, int] | None:
+    def cpu_contention(self, spec: RunSpec) -> tuple[int, int] | None:
         from pnpscale.rank.worker import threads_per_rank
 
         return spec.gpus * threads_per_rank(spec.threads_per_rank, spec.gpus), len(os.sched_getaffinity(0))
 
-    def run(self, spec: Any, run_dir: Path, config: dict[str, Any] | None) -> None:
+    def run(self, spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> None:
         launch_local(spec, run_dir, config)
 
 
@@ -220,7 +222,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
 
     torch elastic installs its own SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers while the ranks run (a
     signal then stops every rank and raises its ``SignalException``); the handlers in place before
-    are put back on return, whatever happened (:func:`pnpscale.sweep.signals.preserved`). Each rank
+    are put back on return, whatever happened (:func:`pnpscale.core.signals.preserved`). Each rank
     dies with this process, even a SIGKILL of it (:data:`PARENT_PID_ENV`).
 
     Raises:
@@ -231,8 +233,8 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from pnpscale.core.signals import preserved
     from pnpscale.rank.worker import LAUNCH_T0_ENV, PARENT_PID_ENV, in_environment, rank_environment
-    from pnpscale.sweep.signals import preserved
 
     log_dir.mkdir(parents=True, exist_ok=True)
     launch_cfg = LaunchConfig(

@@ -21,7 +21,7 @@ rank's NCCL log at ``nccl/rank<r>.log`` in the run folder). Only rank 0 writes t
 every task's stdout/stderr are submitit's per-task log files, whose paths rank 0 records in
 ``run.json`` (``slurm.logs``) and links from ``logs/``.
 
-Resume compares fingerprints (:meth:`pnpscale.sweep.config.RunSpec.fingerprint`). ``scale=auto`` is
+Resume compares fingerprints (:meth:`pnpscale.core.config.RunSpec.fingerprint`). ``scale=auto`` is
 resolved on the compute node (paper on CUDA, small on CPU), which the submitting machine cannot
 know: :func:`pnpscale.sweep.point.complete_run` resolves the point the way the stored run was resolved (its
 ``run.json`` ``scale``) and compares that fingerprint with the stored one.
@@ -39,7 +39,7 @@ from typing import Any
 
 from pnpscale import layout
 from pnpscale.cluster.base import Cluster
-from pnpscale.sweep.config import ConfigError, RunSpec
+from pnpscale.core.config import ConfigError, RunSpec
 
 #: Set (to "1") by the launcher in every SLURM task before pnpscale code runs there.
 IN_TASK_ENV = "PNPSCALE_SLURM_TASK"
@@ -163,7 +163,7 @@ def executor_parameters(gpus: int, cluster: Mapping[str, Any]) -> dict[str, Any]
 
     Args:
         gpus: ranks of the point.
-        cluster: the ``cluster`` config (keys of :class:`pnpscale.sweep.config.ClusterConfig`):
+        cluster: the ``cluster`` config (keys of :class:`pnpscale.core.config.ClusterConfig`):
             ``timeout_min`` in minutes, ``mem_gb`` in GB per node, ``cpus_per_task`` CPUs per rank,
             ``setup`` shell lines run before the ranks start, ``additional_parameters`` extra sbatch
             options (``{"exclusive": True}`` becomes ``--exclusive``).
@@ -453,7 +453,7 @@ class SlurmCluster(Cluster):
     name = "slurm"
     resumes_in_task = False  # the launcher skipped complete points before submitting
 
-    def check(self, cfg: Any, spec: Any, cuda_devices: int) -> None:
+    def check(self, cfg: Mapping[str, Any], spec: RunSpec, cuda_devices: int) -> None:
         """The point's job must be expressible (:func:`executor_parameters`).
 
         Raises:
@@ -466,7 +466,7 @@ class SlurmCluster(Cluster):
             int(cfg["gpus"]), OmegaConf.to_container(cluster, resolve=True) if OmegaConf.is_config(cluster) else cluster
         )
 
-    def enter(self, cfg: Any) -> None:
+    def enter(self, cfg: Mapping[str, Any]) -> None:
         if not in_slurm_task():
             raise ConfigError(
                 "cluster",
@@ -475,7 +475,7 @@ class SlurmCluster(Cluster):
                 "(set by cluster=slurm) and use cluster=slurm for the whole sweep",
             )
 
-    def run(self, spec: Any, run_dir: Path, config: dict[str, Any] | None) -> None:
+    def run(self, spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> None:
         run_rank(spec, run_dir, config)  # this process is task 0 of the point's SLURM job: rank 0
 
 
@@ -521,7 +521,7 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     record = task_record(os.environ, dist_env.master_addr, dist_env.master_port)
     if rank == 0:  # in run.json from the start, so that a failure record names the job too
         _link_logs(run_dir, record["logs"])
-        from pnpscale.sweep.record import update_record
+        from pnpscale.core.record import update_record
 
         update_record(run_dir, slurm=record)
     rank_main(spec.to_dict(), str(run_dir), config, extra={"slurm": record})

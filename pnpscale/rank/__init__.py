@@ -1,8 +1,11 @@
-"""Stage 2, inside one rank: build the problem and the distributed solver, run and profile the iterations.
+"""Stage 2 (floor 2), inside one rank: build the problem and the distributed solver, run and profile the iterations.
 
-* :mod:`~pnpscale.rank.problems`: the problem registry (2D, 3D, ...), ground truth, operators;
-* :mod:`~pnpscale.rank.solver`: deepinv's distributed PnP solver (inference and training modes);
+* :mod:`~pnpscale.rank.problems`: the problem registry (2D, 3D, CT, ...), ground truth, operators;
+* :mod:`~pnpscale.rank.solver`: deepinv's distributed PnP solver (the :class:`~pnpscale.rank.solver.Solver`
+  base and the inference and training modes);
+* :mod:`~pnpscale.rank.denoiser`: the tiled DRUNet and its all_reduce / all_gather reconciliation;
 * :mod:`~pnpscale.rank.profiling`: the torch.profiler session and its events;
 * :mod:`~pnpscale.rank.worker`: a rank's main (process group, iterations, sections, report to rank 0);
+* :mod:`~pnpscale.rank.commit`: rank 0's last step: decompose and write the run folder;
 * :mod:`~pnpscale.rank.assignment`: who holds which operator and tile (pure).
 """

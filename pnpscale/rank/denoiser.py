@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from pnpscale.sweep.config import DENOISER_COLLECTIVES
+from pnpscale.core.config import DENOISER_COLLECTIVES
 
 
 def core_slices(strategy: Any) -> list[tuple[slice, ...]]:
@@ -144,7 +144,7 @@ def tiled_denoiser(
         max_batch_size: tiles per DRUNet call.
 
     Raises:
-        ValueError: ``collective`` is not one of :data:`pnpscale.sweep.config.DENOISER_COLLECTIVES`.
+        ValueError: ``collective`` is not one of :data:`pnpscale.core.config.DENOISER_COLLECTIVES`.
     """
     from deepinv.distributed.framework import DistributedProcessing
 

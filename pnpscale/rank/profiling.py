@@ -30,6 +30,7 @@ from pnpscale.analysis.kineto import (
     is_gloo_work,
     payload_bytes,
 )
+from pnpscale.core.errors import PnpscaleError
 
 
 def make_profiler(cuda: bool, record_shapes: bool = False) -> profile:
@@ -236,7 +237,7 @@ def profiler_events(
     return attach_payloads(out, calls, anomalies, rank) if calls is not None else out
 
 
-class IncompleteTrace(RuntimeError):
+class IncompleteTrace(PnpscaleError, RuntimeError):
     """The profiler did not record every iteration (see :func:`check_trace_complete`)."""
 
 

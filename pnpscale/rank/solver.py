@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
+from pnpscale.core.config import ConfigError, RunSpec
+from pnpscale.core.plugins import resolve_impl
 from pnpscale.rank.denoiser import tiled_denoiser
 from pnpscale.rank.problems import ProblemData, make_problem, measurements
-from pnpscale.rank.problems.base import resolve_impl
-from pnpscale.sweep.config import RunSpec
 
 Section = tuple[str, Callable[[], None]]
 
@@ -64,7 +64,7 @@ def weights_digest(net: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-class _Distributed:
+class Solver:
     """Shared construction: problem, distributed physics, data fidelity and tiled denoiser.
 
     A mode is a subclass naming its :attr:`SECTIONS` (which ``conf/mode/<name>.yaml`` repeats
@@ -116,7 +116,7 @@ class _Distributed:
         return self.physics.A_adjoint(self.y) / self.problem.lipschitz
 
 
-class InferenceSolver(_Distributed):
+class InferenceSolver(Solver):
     """The PnP loop with fixed denoiser weights: sections ``gradient`` then ``denoiser``."""
 
     SECTIONS = ("gradient", "denoiser")
@@ -149,7 +149,7 @@ class InferenceSolver(_Distributed):
         return self.x
 
 
-class TrainingSolver(_Distributed):
+class TrainingSolver(Solver):
     """K unrolled PnP iterations trained as one network: sections ``forward`` then ``backward``.
 
     Loss: mean squared error against the ground truth. Optimizer: Adam on the denoiser weights
@@ -223,15 +223,14 @@ class TrainingSolver(_Distributed):
         return float(torch.stack(sq).sum().sqrt()) if sq else 0.0
 
 
-def make_solver(spec: RunSpec, ctx: Any) -> _Distributed:
+def make_solver(spec: RunSpec, ctx: Any) -> Solver:
     """The solver of ``spec.mode`` (the class named by ``conf/mode/<name>.yaml``'s ``impl``).
 
     Raises:
-        ValueError: ``mode.impl`` is not a solver class, or its sections differ from ``mode.sections``.
+        pnpscale.core.config.ConfigError: ``mode.impl`` is not a :class:`Solver` subclass, or its sections
+            differ from ``mode.sections``.
     """
-    cls = resolve_impl(spec.mode_impl, key="mode.impl")
-    if not (isinstance(cls, type) and issubclass(cls, _Distributed)):
-        raise ValueError(f"mode.impl={spec.mode_impl}: not a pnpscale.rank.solver solver class")
+    cls = resolve_impl("mode.impl", spec.mode_impl, Solver)
     if tuple(cls.SECTIONS) != tuple(spec.sections):
-        raise ValueError(f"mode.sections={list(spec.sections)}: {spec.mode_impl} runs sections {list(cls.SECTIONS)}")
+        raise ConfigError("mode.sections", list(spec.sections), f"{spec.mode_impl} runs sections {list(cls.SECTIONS)}")
     return cls(spec, ctx)

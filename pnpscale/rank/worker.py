@@ -3,7 +3,7 @@
 Entry point :func:`rank_main` is used by both launchers (local ``elastic_launch`` and SLURM
 tasks). It expects the torch.distributed environment variables (``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``). Rank 0 gathers every
-rank's tables and writes the run folder (:func:`pnpscale.sweep.record.write_run`); other ranks write
+rank's tables and writes the run folder (:func:`pnpscale.rank.commit.write_run`); other ranks write
 nothing shared.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pnpscale import layout
+from pnpscale.core.errors import PnpscaleError
 
 LAUNCH_T0_ENV = "PNPSCALE_LAUNCH_T0"
 #: Set by the local launcher to its pid: each rank asks the kernel to kill it when that process dies.
@@ -91,7 +92,7 @@ class Heartbeat:
             pass
 
 
-class InjectedFailure(RuntimeError):
+class InjectedFailure(PnpscaleError, RuntimeError):
     """Raised on purpose by ``inject.fail=true`` (tests of failure handling)."""
 
 
@@ -447,14 +448,14 @@ def rank_main(
     """Run one rank of a measurement (see module doc). Raises whatever the rank hit.
 
     Args:
-        spec_dict: :meth:`pnpscale.sweep.config.RunSpec.to_dict` of the run.
+        spec_dict: :meth:`pnpscale.core.config.RunSpec.to_dict` of the run.
         run_dir: the run folder (shared by all ranks; only rank 0 writes into it).
         config: the resolved Hydra config, stored in ``run.json``.
         extra: launcher fields added to ``run.json`` by rank 0 (e.g. ``{"slurm": {...}}``).
     """
     import torch
 
-    from pnpscale.sweep.config import RunSpec
+    from pnpscale.core.config import RunSpec
 
     if PARENT_PID_ENV in os.environ:
         die_with_parent(int(os.environ[PARENT_PID_ENV]))
@@ -547,7 +548,7 @@ def _measure_and_report(
         gathered = group.gather((table, info))
         if rank == 0:
             beat(spec.warmup + spec.iterations - 1, "write", advance=False)
-            from pnpscale.sweep.record import write_run
+            from pnpscale.rank.commit import write_run
 
             timings = {
                 "launch_s": (t_start - float(os.environ[LAUNCH_T0_ENV])) if LAUNCH_T0_ENV in os.environ else None,

@@ -3,7 +3,7 @@
 Each ``plot_*`` function takes that tidy table (:func:`pnpscale.load`'s, or the report's) and returns a
 matplotlib Figure (built without pyplot: no backend or global state is touched, so it works headless and
 displays in notebooks); a sweep's variants (``solver.denoiser_collective``, ``problem.num_operators``) are
-drawn as their own series, ``2d denoiser_collective=all_gather`` (:func:`pnpscale.results.compare.labelled`);
+drawn as their own series, ``2d denoiser_collective=all_gather`` (:func:`pnpscale.results.plotting.labelled`);
 :func:`save` writes it. Missing points (failed or incomplete runs) are drawn as red crosses on the x axis and
 break the lines (never silently dropped). Time axes are seconds per measured iteration; GPU counts
 are on a log-2 axis.
@@ -11,7 +11,6 @@ are on a log-2 axis.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from pnpscale import columns as K
-from pnpscale.results.compare import labelled
+from pnpscale.results.plotting import figure, labelled, log2_x
 
 ALL = "all"
 #: Line styles of problems whose runs do not name one (records older than the problem registry).
@@ -56,24 +55,8 @@ def line_styles(table: pd.DataFrame) -> dict[str, str]:
     return dict(sorted(styles.items()))
 
 
-def _figure(nrows: int, ncols: int, figsize: tuple[float, float], **kw: Any) -> tuple[Figure, Any]:
-    """A pyplot-free Figure (no backend, no global state) in seaborn's whitegrid style."""
-    with sns.axes_style("whitegrid"), sns.plotting_context("notebook"):
-        fig = Figure(figsize=figsize)
-        axes = fig.subplots(nrows, ncols, **kw)
-    return fig, axes
-
-
 def _panels(table: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted({(p, m) for p, m in zip(table["problem"], table["mode"], strict=True)})
-
-
-def _log2_x(ax: Any, gpus: Iterable[int]) -> None:
-    ticks = sorted({int(g) for g in gpus})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("GPUs (ranks)")
 
 
 def _mark_missing(ax: Any, table: pd.DataFrame, problem: str | None = None, mode: str | None = None) -> None:
@@ -105,7 +88,7 @@ def plot_scaled_cost(table: pd.DataFrame) -> Figure:
     """Chart 1: scaled GPU-seconds per GPU count, stacked compute vs communication, ideal = 1.0."""
     table = labelled(table)  # one series per (problem, variant)
     panels = _panels(table)
-    fig, axes = _figure(1, len(panels), (max(8.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
+    fig, axes = figure(1, len(panels), (max(8.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
     colors = sns.color_palette("deep")
     all_rows = table[table[K.SECTION] == ALL]
     totals = (all_rows["scaled_compute"] + all_rows["scaled_comm"]).to_numpy(float)
@@ -157,13 +140,13 @@ def plot_components(table: pd.DataFrame) -> Figure:
     """Chart 2: compute, transfer and wait per section vs GPU count (s/iteration), 2D solid, 3D dashed."""
     table = labelled(table)  # one series per (problem, variant)
     data, palette, all_gpus = _per_section(table)
-    fig, axes = _figure(1, 3, (15, 5.4), sharey=True)
+    fig, axes = figure(1, 3, (15, 5.4), sharey=True)
     panels = [(K.COMPUTE_S, "compute"), (K.TRANSFER_S, "transfer"), (K.WAIT_S, "wait")]
     for ax, (col, title) in zip(axes, panels, strict=True):
         positive = data.assign(**{col: data[col].where(data[col] > 0)})  # zeros cannot sit on a log axis
         _section_lines(ax, positive, col, palette, all_gpus)
         _mark_missing(ax, table)
-        _log2_x(ax, all_gpus)
+        log2_x(ax, all_gpus)
         if (data[col] > 0).any():
             ax.set_yscale("log")
         else:
@@ -182,7 +165,7 @@ def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figu
     table = labelled(table)  # one series per (problem, variant)
     panels = _panels(table)
     all_gpus = sorted({int(g) for g in table["gpus"]})
-    fig, axes = _figure(1, len(panels), (max(9.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
+    fig, axes = figure(1, len(panels), (max(9.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
     for ax, (problem, mode) in zip(axes[0], panels, strict=True):
         sub = table[(table["problem"] == problem) & (table["mode"] == mode) & (table["status"] == "complete")]
         sections = [s for s in dict.fromkeys(sub[K.SECTION]) if s != ALL]
@@ -199,7 +182,7 @@ def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figu
             label="combined (all sections)",
         )
         _mark_missing(ax, table, problem, mode)
-        _log2_x(ax, all_gpus)
+        log2_x(ax, all_gpus)
         ax.set_ylim(0, 1.05)
         ax.set_title(f"{problem} {mode}")
         ax.legend(fontsize=8, loc="lower left")
@@ -227,10 +210,10 @@ def plot_wait_pct(table: pd.DataFrame) -> Figure:
     """Chart 5: wait as a percentage of compute per section vs GPU count (2D solid, 3D dashed)."""
     table = labelled(table)  # one series per (problem, variant)
     data, palette, all_gpus = _per_section(table)
-    fig, ax = _figure(1, 1, (8, 4.6))
+    fig, ax = figure(1, 1, (8, 4.6))
     _section_lines(ax, data, "wait_pct_of_compute", palette, all_gpus)
     _mark_missing(ax, table)
-    _log2_x(ax, all_gpus)
+    log2_x(ax, all_gpus)
     ax.set_ylabel("wait / compute (%)")
     ax.set_title("Wait as % of compute per section (2D solid, 3D dashed)")
     ax.legend(fontsize=8)
@@ -258,7 +241,7 @@ def plot_wait_causes(table: pd.DataFrame) -> Figure:
     keys = keys or [("", "", "")]
     ncols = min(2, len(keys))
     nrows = -(-len(keys) // ncols)
-    fig, axes = _figure(nrows, ncols, (6.5 * ncols, 3.8 * nrows), squeeze=False)
+    fig, axes = figure(nrows, ncols, (6.5 * ncols, 3.8 * nrows), squeeze=False)
     colors = dict(zip(CAUSE_LABELS, sns.color_palette("deep")[1:4], strict=True))
     for ax, (problem, mode, section) in zip(axes.flat, keys, strict=False):
         sub = data[(data["problem"] == problem) & (data["mode"] == mode) & (data[K.SECTION] == section)]

@@ -2,7 +2,7 @@
 ``problem.num_operators``, one row per (mode, value, GPU count) with what each value costs.
 
 Keys that vary (:func:`varied_keys`): ``problem`` when a mode's runs hold several problems; a
-variant key (:data:`pnpscale.sweep.config.VARIANT_KEYS`) when it takes several values among the
+variant key (:data:`pnpscale.core.config.VARIANT_KEYS`) when it takes several values among the
 runs of one (problem, mode) (:func:`pnpscale.results.runs.variants`). A *series* is one problem and
 variant (``2d``, ``2d denoiser_collective=all_gather``, ``ct``); the first series of a mode in
 order (``all_reduce`` before ``all_gather``, problems and operator counts sorted) is the baseline.
@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 
 from pnpscale import columns as K
 from pnpscale import layout
+from pnpscale.results.plotting import figure, log2_x, series_label
 
 ALL = "all"
 COMPARE_PNG = "compare.png"
@@ -37,39 +38,6 @@ _SHOW = {
     K.COMM_E: ("CommE", ".3f"),
     K.SCALED_COST: ("scaled cost", ".3f"),
 }
-
-
-def series_label(problem: str, variant: object) -> str:
-    """``problem`` plus its variant, if any.
-
-    >>> series_label("2d", ""), series_label("2d", "denoiser_collective=all_gather")
-    ('2d', '2d denoiser_collective=all_gather')
-    """
-    return f"{problem} {variant}" if isinstance(variant, str) and variant else str(problem)
-
-
-def labelled(table: pd.DataFrame) -> pd.DataFrame:
-    """The table with each variant folded into ``problem`` (``2d denoiser_collective=all_gather``),
-    so that views keyed by (problem, mode) draw one series per variant.
-
-    Idempotent: a row whose ``problem`` already carries its variant is kept as is, so every view
-    (charts, projection) may call it on :func:`pnpscale.load`'s table or on the report's view.
-
-    >>> t = pd.DataFrame({"problem": ["2d", "2d"], "variant": ["", "denoiser_collective=all_gather"]})
-    >>> labelled(labelled(t))["problem"].tolist()
-    ['2d', '2d denoiser_collective=all_gather']
-    """
-    if K.VARIANT not in table:
-        return table
-    variant = table[K.VARIANT].fillna("").astype(str)
-    if not (variant != "").any():
-        return table
-    out = table.copy()
-    out["problem"] = [
-        str(p) if not v or str(p).endswith(f" {v}") else series_label(str(p), v)
-        for p, v in zip(out["problem"], variant, strict=True)
-    ]
-    return out
 
 
 def varied_keys(table: pd.DataFrame) -> list[str]:
@@ -229,10 +197,9 @@ def markdown(cmp: pd.DataFrame) -> list[str]:
 
 def plot_comparison(cmp: pd.DataFrame) -> Figure:
     """Each compared metric vs GPU count, one line per (mode, series); bytes per GPU on a log axis."""
-    from pnpscale.results.charts import _figure, _log2_x
 
     metrics = [*_SHOW.items(), (K.BYTES_PER_GPU, ("bytes per GPU", ""))]
-    fig, axes = _figure(2, 4, (18, 8))
+    fig, axes = figure(2, 4, (18, 8))
     flat = axes.ravel()
     all_gpus = sorted({int(g) for g in cmp[K.GPUS]})
     keys = list(dict.fromkeys(zip(cmp[K.MODE], cmp[K.SERIES], strict=True)))
@@ -244,7 +211,7 @@ def plot_comparison(cmp: pd.DataFrame) -> Figure:
             if col == K.BYTES_PER_GPU:
                 y = np.where(y > 0, y, np.nan)
             ax.plot(all_gpus, y, marker="o", color=f"C{i % 10}", ls=styles[i % 4], label=f"{mode}: {series}")
-        _log2_x(ax, all_gpus)
+        log2_x(ax, all_gpus)
         if col in (K.LB, K.COMM_E):
             ax.set_ylim(0, 1.05)
         if col == K.BYTES_PER_GPU and (cmp[col] > 0).any():

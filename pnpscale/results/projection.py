@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from pnpscale import columns as K
+from pnpscale.core.errors import InputError
 from pnpscale.rank.assignment import round_robin, section_work
 from pnpscale.results.transfer import GB, bytes_per_gpu
 
@@ -61,7 +62,7 @@ ROUTE_ALIASES = {
 VALIDATED = (K.SECTION_S, K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.PE)
 
 
-class ProjectionError(ValueError):
+class ProjectionError(InputError, ValueError):
     """A projection that cannot be made honestly (too few points, unknown assignment or rate)."""
 
 
@@ -193,13 +194,13 @@ def _lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, int]:
 
 def _points(rows: pd.DataFrame, unique: bool = True) -> pd.DataFrame:
     """The complete per-section rows, each variant folded into PROBLEM (one series per (problem, variant):
-    :func:`pnpscale.results.compare.labelled`).
+    :func:`pnpscale.results.plotting.labelled`).
 
     Raises:
         ProjectionError: a needed column is missing, or (``unique``) two rows share a (problem, mode,
             GPU count, section): a fit would mix two measurements of one point.
     """
-    from pnpscale.results.compare import labelled
+    from pnpscale.results.plotting import labelled
 
     need = [K.GPUS, K.SECTION, K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S]
     missing = [c for c in need if c not in rows]
@@ -594,7 +595,7 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
     """Project every (problem, mode) of a summary table with at least ``min_points`` measured GPU counts.
 
     A sweep's variants (``variant`` column: :func:`pnpscale.results.runs.variants`) are projected one by one,
-    each as its own series: PROBLEM ``2d denoiser_collective=all_gather`` (:func:`pnpscale.results.compare.labelled`).
+    each as its own series: PROBLEM ``2d denoiser_collective=all_gather`` (:func:`pnpscale.results.plotting.labelled`).
 
     Args:
         table: :func:`pnpscale.results.runs.load` output (optionally with ALGORITHM per row).
@@ -677,10 +678,10 @@ def markdown(p: Projection) -> list[str]:
 def plot(p: Projection) -> Any:
     """Measured points (markers) and the projection (lines) per (problem, mode): time per iteration and its
     parts (top), PE (bottom); a dotted line at the largest measured N. Returns a matplotlib Figure."""
-    from pnpscale.results.charts import _figure, _log2_x
+    from pnpscale.results.plotting import figure, log2_x
 
     keys = sorted(p.findings) or [("", "")]
-    fig, axes = _figure(2, len(keys), (6.0 * len(keys), 8.0), squeeze=False)
+    fig, axes = figure(2, len(keys), (6.0 * len(keys), 8.0), squeeze=False)
     metrics = [(K.SECTION_S, "time per iteration"), (K.COMPUTE_MAX_S, "compute (critical path)"),
                (K.TRANSFER_S, "transfer"), (K.WAIT_S, "wait")]  # fmt: skip
     for j, (problem, mode) in enumerate(keys):
@@ -698,7 +699,7 @@ def plot(p: Projection) -> Any:
         largest = int(meas[K.GPUS].max())
         for ax in (top, bottom):
             ax.axvline(largest, color="gray", ls=":", label=f"largest measured N = {largest}")
-            _log2_x(ax, t[K.GPUS])
+            log2_x(ax, t[K.GPUS])
         top.set_yscale("log")
         top.set_ylabel("seconds per iteration")
         top.set_title(f"{problem} {mode}: projection")
@@ -731,9 +732,9 @@ def with_algorithms(table: pd.DataFrame) -> pd.DataFrame:
     """The summary table plus ALGORITHM per complete multi-GPU run x section (NCCL's log; NA without one).
 
     Matched by run folder and section, so a table whose PROBLEM carries the variant
-    (:func:`pnpscale.results.compare.labelled`) gets its algorithms too.
+    (:func:`pnpscale.results.plotting.labelled`) gets its algorithms too.
     """
-    from pnpscale.analysis.offline import transfer_inputs
+    from pnpscale.results.transfer import transfer_inputs
 
     done = table[(table["status"] == "complete") & (table[K.GPUS] > 1)] if "status" in table else table.iloc[0:0]
     if done.empty or "run_dir" not in done:
@@ -865,8 +866,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from pnpscale import layout
-    from pnpscale.results.report import build_table
-    from pnpscale.results.runs import NoRunsError
+    from pnpscale.results.runs import NoRunsError, build_table
 
     parser = argparse.ArgumentParser(
         prog="python -m pnpscale.project", description="Project a sweep's scaling curve to unmeasured GPU counts."

@@ -35,43 +35,12 @@ from matplotlib.figure import Figure
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.results.runs import NoRunsError, discover, select, table_of
-from pnpscale.sweep.record import RecordError, read_record
+from pnpscale.core.record import RecordError, read_record
+from pnpscale.results.runs import NoRunsError, build_table
 
 SUMMARY, README, TRANSFER, RATES = layout.SUMMARY, layout.REPORT_README, layout.TRANSFER, layout.RATES
 TRANSFER_PNG = "transfer.png"
 WAIT_RANKS = layout.WAIT_RANKS
-
-
-def build_table(path: str | Path, echo: Callable[[str], None] = print) -> pd.DataFrame:
-    """Discover, select (printing the choices), load and add scaled cost; prints one line per
-    unreadable point (``... unreadable: <file>: <reason>``).
-
-    Raises:
-        NoRunsError: no run folder under ``path``.
-    """
-    from pnpscale.results.summary import scaled_cost
-
-    sel = select(discover(path))
-    for note in sel.notes:
-        echo(note)
-    table = table_of(sel, path)
-    for line in unreadable_points(table):
-        echo(line)
-    return scaled_cost(table)
-
-
-def unreadable_points(table: pd.DataFrame) -> list[str]:
-    """One line per point of ``table`` whose run folder could not be read: ``<point>: unreadable: <file>: <reason>``."""
-    from pnpscale.results.runs import STATUS_UNREADABLE
-
-    bad = table[(table["status"] == STATUS_UNREADABLE) & (table[K.SECTION] == "all")]
-    lines = []
-    for _, r in bad.iterrows():
-        variant = r.get(K.VARIANT) if isinstance(r.get(K.VARIANT), str) and r.get(K.VARIANT) else ""
-        point = " ".join(x for x in (f"problem={r['problem']}", f"mode={r['mode']}", variant) if x)
-        lines.append(f"{point} gpus={int(r['gpus'])}: {r['error']}")
-    return lines
 
 
 #: Every file a report folder may hold besides the charts (removed when a new report no longer writes it).
@@ -97,7 +66,7 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         OSError: the report could not be written (the previous one is intact).
     """
     from pnpscale.results.charts import CHARTS, save
-    from pnpscale.results.compare import labelled
+    from pnpscale.results.plotting import labelled
 
     table = build_table(path, echo)
     view = labelled(table)  # one series per (problem, variant)
@@ -193,8 +162,7 @@ def transfer_explained(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     Restricted to inference, as in the study: there each section issues exactly one
     image-sized all_reduce, so the byte model is exact; training's sections carry more messages.
     """
-    from pnpscale.analysis.offline import transfer_inputs
-    from pnpscale.results.transfer import calibrate, predict, transfer_rows
+    from pnpscale.results.transfer import calibrate, predict, transfer_inputs, transfer_rows
 
     runs = table[(table["status"] == "complete") & (table["mode"] == "inference") & (table["gpus"] > 1)]
     dirs = sorted(set(runs["run_dir"]))
@@ -327,10 +295,10 @@ def _wait_markdown(table: pd.DataFrame, ranks: pd.DataFrame, problem: str, mode:
 
 def plot_transfer_figure(rows: pd.DataFrame) -> Figure:
     """The transfer chart (:func:`pnpscale.results.transfer.plot_transfer`) on its own figure."""
-    from pnpscale.results.charts import _figure
+    from pnpscale.results.plotting import figure
     from pnpscale.results.transfer import plot_transfer
 
-    fig, ax = _figure(1, 1, (9, 5))
+    fig, ax = figure(1, 1, (9, 5))
     plot_transfer(rows, ax)
     ax.set_yscale("log")
     fig.tight_layout()
@@ -473,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     is intact), or ``--strict`` and some point's run folder is unreadable; 2 a folder without runs;
     130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP (one line; the previous report is intact).
     """
-    from pnpscale.sweep import signals
+    from pnpscale.core import signals
 
     parser = argparse.ArgumentParser(prog="python -m pnpscale.report", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="folder holding run folders (a sweep, or outputs/ with several sweeps)")

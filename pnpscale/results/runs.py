@@ -1,7 +1,7 @@
 """Finding run folders under any directory and loading them as one tidy table.
 
 A *point* is one (problem, mode, gpus), and its *variant* when the folder's runs differ in a
-:data:`~pnpscale.sweep.config.VARIANT_KEYS` key within one (problem, mode) (a sweep over
+:data:`~pnpscale.core.config.VARIANT_KEYS` key within one (problem, mode) (a sweep over
 ``solver.denoiser_collective`` or ``problem.num_operators``: see :func:`variants`). A directory may
 hold several sweeps and reruns: for each point the newest complete run wins (by ``finished_at``); a
 point with no complete run is kept as a failed/incomplete point so that charts and tables show it as
@@ -11,6 +11,7 @@ missing instead of dropping it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,10 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.sweep.lock import process_gone
-from pnpscale.sweep.record import RecordError, read_record
+from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.lock import process_gone
+from pnpscale.core.record import RecordError, read_record
+from pnpscale.results.summary import scaled_cost
 
 POINT = ["problem", "mode", "gpus"]
 _HIVE = re.compile(r"^(problem|mode|gpus|denoiser_collective|num_operators)=(.+)$")
@@ -92,7 +95,7 @@ SECTIONS_REQUIRED = (
 STATUS_UNREADABLE = "unreadable"
 
 
-class NoRunsError(FileNotFoundError):
+class NoRunsError(PnpscaleError, FileNotFoundError):
     """A directory without any run folder (``run.json`` or hive-style point folder)."""
 
 
@@ -225,7 +228,7 @@ def variants(runs: pd.DataFrame) -> pd.Series:
     >>> variants(df).tolist()
     ['denoiser_collective=all_reduce', 'denoiser_collective=all_gather', '']
     """
-    from pnpscale.sweep.config import VARIANT_KEYS
+    from pnpscale.core.config import VARIANT_KEYS
 
     label = pd.Series("", index=runs.index, dtype=object)
     for key in VARIANT_KEYS:
@@ -374,13 +377,13 @@ def read_table(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
 def check_run_files(run_dir: Path) -> None:
     """Read every file of a complete run folder that the report reads besides ``sections.parquet``:
     ``ranks.parquet``, ``collectives.parquet`` (whole) and the NCCL logs ``nccl/rank*.log``
-    (:func:`pnpscale.analysis.offline.run_nccl_log`), so that a damaged one makes its point
+    (:func:`pnpscale.results.transfer.run_nccl_log`), so that a damaged one makes its point
     ``unreadable`` here instead of stopping the report later.
 
     Raises:
         ValueError: ``<file>: <reason>`` of the first unreadable file.
     """
-    from pnpscale.analysis.offline import run_nccl_log
+    from pnpscale.results.transfer import run_nccl_log
 
     read_table(run_dir / layout.RANKS)
     read_table(run_dir / layout.COLLECTIVES)
@@ -424,3 +427,30 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | 
             summ[k] = info[k]
         rows.append(summ)
     return (pd.concat(rows, ignore_index=True) if rows else None), unreadable
+
+
+def build_table(path: str | Path, echo: Callable[[str], None] = print) -> pd.DataFrame:
+    """Discover, select (printing the choices), load and add scaled cost; prints one line per
+    unreadable point (``... unreadable: <file>: <reason>``).
+
+    Raises:
+        NoRunsError: no run folder under ``path``.
+    """
+    sel = select(discover(path))
+    for note in sel.notes:
+        echo(note)
+    table = table_of(sel, path)
+    for line in unreadable_points(table):
+        echo(line)
+    return scaled_cost(table)
+
+
+def unreadable_points(table: pd.DataFrame) -> list[str]:
+    """One line per point of ``table`` whose run folder could not be read: ``<point>: unreadable: <file>: <reason>``."""
+    bad = table[(table["status"] == STATUS_UNREADABLE) & (table[K.SECTION] == "all")]
+    lines = []
+    for _, r in bad.iterrows():
+        variant = r.get(K.VARIANT) if isinstance(r.get(K.VARIANT), str) and r.get(K.VARIANT) else ""
+        point = " ".join(x for x in (f"problem={r['problem']}", f"mode={r['mode']}", variant) if x)
+        lines.append(f"{point} gpus={int(r['gpus'])}: {r['error']}")
+    return lines

@@ -3,7 +3,7 @@
 Runs before Hydra composes anything, on the overrides as Hydra's own parser reads them, so that
 ``gpus=0``, ``problem=4d`` or ``gpuz=2`` stop at once with one line naming the key and the
 allowed values (Hydra's own messages span several lines). Composed-config rules (tile window vs
-image size, ...) are checked after composition by :func:`pnpscale.sweep.config.validate`.
+image size, ...) are checked after composition by :func:`pnpscale.core.config.validate`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pnpscale.sweep.config import ConfigError, check_value, open_keys, schema_keys
+from pnpscale.core.config import ConfigError, check_value, open_keys, schema_keys
+from pnpscale.core.errors import InputError
 from pnpscale.sweep.point import writable_dir
 
 #: The app's Hydra config tree, package data (``pnpscale/conf``): a built wheel carries it.
@@ -47,7 +48,7 @@ def _values(ov: Any) -> list[Any]:
     return [ov.value()]
 
 
-class CommandLineError(ValueError):
+class CommandLineError(InputError, ValueError):
     """Every problem found on a command line, one line each (``str()`` joins them)."""
 
     def __init__(self, problems: Sequence[str]) -> None:
@@ -61,7 +62,7 @@ def check_overrides(argv: Sequence[str]) -> None:
     Raises:
         CommandLineError: one line per problem: an override Hydra cannot parse, an unknown key
             (with the closest known keys), an unknown group option (with the options), or a value
-            outside its rule (:data:`pnpscale.sweep.config.RULES`), each sweep value checked.
+            outside its rule (:data:`pnpscale.core.config.RULES`), each sweep value checked.
     """
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -164,7 +165,7 @@ def compose_config(overrides: Sequence[str]) -> Any:
     """
     from hydra import compose, initialize_config_dir
 
-    from pnpscale.sweep.config import register_schema
+    from pnpscale.core.config import register_schema
 
     register_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

@@ -1,8 +1,8 @@
 """One sweep point: resolved and validated once, its label and folder, and the resume rule.
 
 Every launcher (local, SLURM) and the Hydra task go through :func:`resolve_point`: the composed
-config is validated (:func:`pnpscale.sweep.config.validate`), resolved into the frozen
-:class:`~pnpscale.sweep.config.RunSpec` (``scale`` preset, sizes, problem and mode classes),
+config is validated (:func:`pnpscale.core.config.validate`), resolved into the frozen
+:class:`~pnpscale.core.config.RunSpec` (``scale`` preset, sizes, problem and mode classes),
 checked by the cluster backend that will run it (:meth:`pnpscale.cluster.base.Cluster.check`) and
 against the run folder it will write (:func:`complete_run`). Nothing starts before this passes.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
-from pnpscale.sweep.config import ConfigError, RunSpec, resolve_spec
+from pnpscale.core.config import ConfigError, RunSpec, resolve_spec
 
 
 def cuda_device_count() -> int:
@@ -89,7 +89,7 @@ def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None
     key = (str(Path(run_dir).absolute()), json.dumps(plain, sort_keys=True, default=str), cuda_devices)
     if key in _RESOLVED:
         return _RESOLVED[key]
-    backend = cluster_backend(str(cfg["cluster"]["name"]))
+    backend = cluster_backend(cfg["cluster"])
     devices = cuda_device_count() if cuda_devices is None else cuda_devices
     spec = resolve_spec(cfg, cuda_available=devices > 0)
     backend.check(cfg, spec, devices)
@@ -108,14 +108,9 @@ def _check_problem(spec: RunSpec) -> None:
     Raises:
         ConfigError: ``problem.impl`` cannot be imported, or the class refuses a value.
     """
-    from pnpscale.rank.problems import ProblemError, make_problem
+    from pnpscale.rank.problems import make_problem
 
-    try:
-        make_problem(spec).check()
-    except ProblemError as exc:
-        key, _, rest = str(exc).partition("=")
-        value, _, allowed = rest.partition(": ")
-        raise ConfigError(key, value, allowed or str(exc)) from None
+    make_problem(spec).check()  # a ProblemError is a ConfigError with its own key, value and allowed values
 
 
 def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any] | None:
@@ -128,7 +123,7 @@ def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any]
         ConfigError: ``resume=true`` and the folder holds a complete run of a *different* spec
             (never overwritten silently; ``resume=false`` replaces it).
     """
-    from pnpscale.sweep.record import RecordError, read_record
+    from pnpscale.core.record import RecordError, read_record
 
     if not resume or layout.run_status(run_dir) != layout.STATUS_COMPLETE:
         return None

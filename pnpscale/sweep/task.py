@@ -14,12 +14,13 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from pnpscale import layout
+from pnpscale.core.errors import PnpscaleError
 from pnpscale.sweep.point import Point, resolve_point
 
 log = logging.getLogger("pnpscale")
 
 
-class RunFailed(RuntimeError, CompactHydraException):
+class RunFailed(PnpscaleError, RuntimeError, CompactHydraException):
     """A sweep point that did not complete; its folder holds ``run.json`` with the error.
 
     Hydra prints it as one line (no traceback): the point, the rank's error and the run folder.
@@ -38,9 +39,9 @@ class RunFailed(RuntimeError, CompactHydraException):
 def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     """Measure one point and write its run folder.
 
-    The run folder is locked for as long as the point runs (:class:`pnpscale.sweep.lock.FolderLock`);
+    The run folder is locked for as long as the point runs (:class:`pnpscale.core.lock.FolderLock`);
     its ``run.json`` says ``running`` with this process's pid and host, and some disk space is set
-    aside to record a failure even on a full disk (:func:`pnpscale.sweep.record.reserve_space`).
+    aside to record a failure even on a full disk (:func:`pnpscale.core.record.reserve_space`).
 
     Args:
         cfg: composed config of one point.
@@ -57,13 +58,13 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
             failed (``interrupted (SIGINT)``, ``terminated (SIGTERM)``) and every rank is stopped.
     """
     from pnpscale.cluster import cluster_backend
-    from pnpscale.sweep.lock import Busy, FolderLock
+    from pnpscale.core.lock import Busy, FolderLock
 
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-    backend = cluster_backend(str(cfg.cluster.name))
+    backend = cluster_backend(cfg.cluster)
     backend.enter(cfg)
     point = resolve_point(cfg, run_dir)
     _log_choices(point, backend)
@@ -85,9 +86,9 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
     import os
     import socket
 
+    from pnpscale.core.record import read_record, release_space, reserve_space, start_record, write_record
+    from pnpscale.core.signals import as_interrupted, deferred
     from pnpscale.sweep.point import complete_run
-    from pnpscale.sweep.record import read_record, release_space, reserve_space, start_record, write_record
-    from pnpscale.sweep.signals import as_interrupted, deferred
 
     spec = point.spec
     # the resume rule again, now that the folder is locked: another process may have completed it
@@ -127,7 +128,7 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
 def _record_failure(point: Point, config: dict[str, Any] | None, error: BaseException | str) -> None:
     """``run.json`` says ``failed`` with ``error``; a disk too full even for that is logged, never raised
     (the stop or the failure itself decides what happens next)."""
-    from pnpscale.sweep.record import write_failure
+    from pnpscale.core.record import write_failure
 
     try:
         write_failure(point.run_dir, point.spec, config, error)

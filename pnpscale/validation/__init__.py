@@ -1,4 +1,6 @@
-"""Is the split right on this machine? Known perturbations through the real pipeline.
+"""Is the split right on this machine? Known perturbations through the real pipeline (the top floor).
 
-``python -m pnpscale.validate``; see :mod:`pnpscale.validation.suite`.
+* :mod:`~pnpscale.validation.suite`: ``python -m pnpscale.validate`` (injected imbalance, payload sweep,
+  noise floor);
+* :mod:`~pnpscale.validation.device_check`: the GPU check behind ``scripts/device-check.sh``.
 """

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
+from pnpscale.core.errors import PnpscaleError
 
 PASS, FAIL, SKIP, TIMEOUT = "pass", "FAIL", "skip", "TIMEOUT"
 TABLE_MD = layout.DEVICE_CHECK_MD
@@ -59,7 +60,7 @@ class StepResult:
     detail: str
 
 
-class CheckFailed(AssertionError):
+class CheckFailed(PnpscaleError, AssertionError):
     """A step's check did not hold (its message is the table's detail)."""
 
 
@@ -184,7 +185,7 @@ def step_versions(ctx: Ctx) -> str:
     import deepinv
     import torch
 
-    from pnpscale.sweep.record import provenance
+    from pnpscale.core.record import provenance
 
     v = provenance("nccl" if ctx.cuda else "gloo")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA"
@@ -318,7 +319,7 @@ def step_two_ranks_shared_gpu(ctx: Ctx) -> str:
 
     from pnpscale import columns as K
     from pnpscale.analysis.nccl_log import parse_nccl_log
-    from pnpscale.analysis.offline import transfer_inputs
+    from pnpscale.results.transfer import transfer_inputs
 
     base = ["problem=2d", "mode=inference", "gpus=2", "iterations=2", "warmup=1", "report=false", *TINY["2d"]]
     gloo = run_app([*base, "dist.backend=gloo"], ctx.runs / "two_ranks_gloo", ctx.timeout)

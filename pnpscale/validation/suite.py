@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--payloads={args.payloads}: must be comma-separated integers (bytes)")
     stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out = Path(args.out) if args.out else Path("outputs") / "validate" / stamp
-    from pnpscale.sweep.config import ConfigError
+    from pnpscale.core.config import ConfigError
 
     suite = dict(
         gpus=args.gpus, delay_s=args.delay_s, section=args.section, payloads=payloads, iterations=args.iterations

@@ -1,8 +1,8 @@
 """Reconstruction problems: a registry of :class:`~pnpscale.rank.problems.base.Problem` classes.
 
-Each problem is a class (``pnpscale.rank.problems.superres``, ``.blur3d``, or any importable
-module) named by ``impl: module:Class`` in its ``conf/problem/<name>.yaml``; see
-:mod:`pnpscale.rank.problems.base`.
+Each problem is a class (:mod:`~pnpscale.rank.problems.superres` = 2d, :mod:`~pnpscale.rank.problems.blur3d`
+= 3d, :mod:`~pnpscale.rank.problems.ct`, or any importable module) named by ``impl: module:Class`` in its
+``pnpscale/conf/problem/<name>.yaml``; the base class is in :mod:`pnpscale.rank.problems.base`.
 """
 
 from pnpscale.rank.problems.base import (

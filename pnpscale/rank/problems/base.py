@@ -15,7 +15,6 @@ generator seeded by ``(seed, i)``: the same on every rank and for every world si
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,9 +22,16 @@ from typing import Any, ClassVar
 
 import torch
 
+from pnpscale.core.config import ConfigError
+from pnpscale.core.plugins import resolve_impl
 
-class ProblemError(ValueError):
-    """A problem that cannot be resolved or built (message names ``problem.impl`` and the value)."""
+
+class ProblemError(ConfigError):
+    """A problem that cannot be resolved or built: ``key=value: what is allowed`` (a :class:`ConfigError`).
+
+    Attributes:
+        key, value, allowed: as :class:`~pnpscale.core.config.ConfigError` (``problem.impl``, ...).
+    """
 
 
 @dataclass
@@ -52,7 +58,7 @@ class Problem:
     (:func:`synthetic_signal`), ``L = num_operators`` (every operator of norm <= 1) and float32.
 
     Args:
-        spec: the run's :class:`~pnpscale.sweep.config.RunSpec` (sizes in ``spec.sizes``, physics
+        spec: the run's :class:`~pnpscale.core.config.RunSpec` (sizes in ``spec.sizes``, physics
             parameters ``spec.channels``, ``spec.blur_sigma``, ..., dimensions ``spec.dims``).
     """
 
@@ -108,35 +114,13 @@ class Problem:
         return ProblemData(self.ground_truth(device), factory, self.num_operators, self.lipschitz())
 
 
-def resolve_impl(impl: str, key: str = "problem.impl") -> type:
-    """Import ``"package.module:Class"`` and return the class.
-
-    Raises:
-        ProblemError: malformed string, missing module or attribute (one line naming ``key``).
-    """
-    module_name, sep, attr = impl.partition(":")
-    if not sep or not module_name or not attr:
-        raise ProblemError(f"{key}={impl}: must be 'package.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ProblemError(f"{key}={impl}: cannot import {module_name} ({exc})") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ProblemError(f"{key}={impl}: {module_name} has no attribute {attr}") from None
-
-
 def problem_class(impl: str) -> type[Problem]:
     """The :class:`Problem` subclass named by ``impl`` (``conf/problem/<name>.yaml``'s ``impl``).
 
     Raises:
-        ProblemError: not importable, or not a :class:`Problem` subclass.
+        pnpscale.core.config.ConfigError: not importable, or not a :class:`Problem` subclass.
     """
-    cls = resolve_impl(impl)
-    if not (isinstance(cls, type) and issubclass(cls, Problem)):
-        raise ProblemError(f"problem.impl={impl}: not a subclass of pnpscale.rank.problems.Problem")
-    return cls
+    return resolve_impl("problem.impl", impl, Problem)
 
 
 def make_problem(spec: Any) -> Problem:

@@ -33,7 +33,7 @@ def angle_blocks(num_angles: int, num_operators: int) -> list[list[int]]:
     [[0, 3, 6], [1, 4, 7], [2, 5]]
     """
     if num_angles < num_operators:
-        raise ProblemError(f"problem.num_operators={num_operators}: must be <= the number of angles {num_angles}")
+        raise ProblemError("problem.num_operators", num_operators, f"must be <= the number of angles {num_angles}")
     return [list(range(i, num_angles, num_operators)) for i in range(num_operators)]
 
 
@@ -53,10 +53,11 @@ class ParallelBeamCT(Problem):
         """
         unknown = sorted(set(self.spec.params) - {"angles_per_pixel"})
         if unknown:
-            raise ProblemError(f"problem.params.{unknown[0]}={self.spec.params[unknown[0]]}: ct reads angles_per_pixel")
+            key = f"problem.params.{unknown[0]}"
+            raise ProblemError(key, self.spec.params[unknown[0]], "ct reads angles_per_pixel")
         ratio = self.spec.params.get("angles_per_pixel", 1.0)
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
-            raise ProblemError(f"problem.params.angles_per_pixel={ratio}: must be a number > 0")
+            raise ProblemError("problem.params.angles_per_pixel", ratio, "must be a number > 0")
         angle_blocks(self.num_angles, self.num_operators)
 
     def angles_deg(self) -> torch.Tensor:

@@ -2,8 +2,10 @@
 
 :class:`RunRecord` is the schema of ``run.json`` (``schema_version`` :data:`SCHEMA_VERSION`);
 :func:`read_record` is the only reader (it upgrades older records), :func:`write_record` /
-:func:`update_record` the only writers. :func:`write_run` (rank 0) decomposes the gathered rank
-tables and writes the run folder: tables staged and renamed together, ``run.json`` last.
+:func:`update_record` the only writers (:func:`pnpscale.rank.commit.write_run`, rank 0, decomposes the
+gathered rank tables and writes the run folder through them: tables staged and renamed together,
+``run.json`` last). This module is part of the ground floor (:mod:`pnpscale.core`): it imports
+nothing of pnpscale above it.
 
 Schema history:
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
+from pnpscale.core.errors import PnpscaleError
 
 SCHEMA_VERSION = 2
 #: metrics.sections keys renamed from schema 1 (totals had per-iteration names).
@@ -39,7 +42,7 @@ _V1_TOTALS = {
 }
 
 
-class RecordError(ValueError):
+class RecordError(PnpscaleError, ValueError):
     """An unreadable ``run.json``: ``str()`` is ``<path>: <reason>``."""
 
 
@@ -53,7 +56,7 @@ class RunRecord:
         problem, mode, gpus: the point.
         scale, scale_requested: the size preset used, and the one asked for (``auto``).
         fingerprint: digest of ``spec`` (same point + same sizes = same digest; the resume rule).
-        spec: the resolved :class:`~pnpscale.sweep.config.RunSpec` as a dict.
+        spec: the resolved :class:`~pnpscale.core.config.RunSpec` as a dict.
         config: the resolved Hydra config.
         error: the failure (first line: what happened; then the traceback tail), or ``None``.
         started_at, finished_at: ISO 8601 UTC.
@@ -239,19 +242,12 @@ def update_record(run_dir: Path | str, **fields: Any) -> RunRecord | None:
     return record
 
 
-def image_bytes(spec: Any) -> int:
-    """Bytes of the reconstructed signal (the problem class's :meth:`~pnpscale.rank.problems.Problem.signal_bytes`)."""
-    from pnpscale.rank.problems import make_problem
-
-    return make_problem(spec).signal_bytes()
-
-
 def provenance(backend: str) -> dict[str, Any]:
     """Versions of Python, torch, deepinv, NCCL (when CUDA) and pnpscale."""
     import deepinv
     import torch
 
-    import pnpscale
+    from pnpscale.core import __version__
 
     nccl = None
     if torch.cuda.is_available():
@@ -265,7 +261,7 @@ def provenance(backend: str) -> dict[str, Any]:
         "torch": torch.__version__,
         "deepinv": deepinv.__version__,
         "nccl": nccl,
-        "pnpscale": pnpscale.__version__,
+        "pnpscale": __version__,
         "platform": platform.platform(),
         "backend": backend,
     }
@@ -297,85 +293,6 @@ def peak_memory(ranks: Any, devices: list[str]) -> dict[str, Any]:
         "max_bytes": max(known) if known else None,
         "source": "cpu VmHWM (resident set high-water mark)" if cpu else "cuda max_memory_allocated",
     }
-
-
-def write_run(
-    run_dir: Path,
-    spec: Any,
-    gathered: list[tuple[dict[str, list[Any]], dict[str, Any]]],
-    *,
-    backend: str,
-    timings: dict[str, Any],
-    config: dict[str, Any] | None = None,
-    reconstruction: Any = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Decompose, then write the tables and ``run.json`` (status ``complete``) atomically.
-
-    ``extra`` adds launcher-specific fields to ``run.json`` (e.g. the ``slurm`` block). The ranks'
-    ``anomalies`` (``table["anomalies"]``, see :mod:`pnpscale.analysis.anomalies`) are merged into
-    ``anomalies``; the invariants are checked before anything is written
-    (:func:`pnpscale.analysis.metrics.check_invariants`). On a decomposition or invariant error,
-    writes ``run.json`` with status ``failed`` and re-raises.
-
-    Returns:
-        the ``run.json`` content.
-    """
-    from pnpscale.analysis.anomalies import Anomalies
-    from pnpscale.analysis.metrics import check_invariants, decompose, run_metrics
-    from pnpscale.analysis.tables import frames, table_writers
-
-    infos = [info for _, info in gathered]
-    base = start_record(spec, config)
-    fields = dict(
-        **{
-            "versions": provenance(backend),
-            "backend": backend,
-            "world_size": len(gathered),
-            # SLURM's node count when the job has one (emulated nodes can share a host name)
-            "nodes": int((extra or {}).get("slurm", {}).get("nodes") or len({i["host"] for i in infos})),
-            "hosts": sorted({i["host"] for i in infos}),
-            "device_names": [i["device"] for i in infos],
-            "threads_per_rank": infos[0]["threads"],
-            "assignment": {
-                "operators_per_rank": [len(i["local_operators"]) for i in infos],
-                "tiles_per_rank": [i["local_tiles"] for i in infos],
-                "num_tiles": infos[0]["num_tiles"],
-            },
-            "solver": {**infos[0]["solver"], "weights_sha256_per_rank": [i["solver"]["weights_sha256"] for i in infos]},
-            "timings": dict(timings),
-        },
-        **(extra or {}),
-    )
-    try:
-        previous = read_record(run_dir)
-        base.started_at, base.pid, base.host = previous.started_at, previous.pid, previous.host
-    except RecordError:
-        pass
-    base.set(**fields)
-    anomalies = Anomalies()
-    for table, _ in gathered:
-        anomalies.extend(table.get("anomalies", []))
-    base.set(anomalies=anomalies.records())  # an extra key: [] none; absent in runs written before
-    try:
-        ranks, colls = frames(gathered, image_bytes(spec))
-        sections = decompose(ranks, colls)
-        check_invariants(ranks, sections)
-        base.metrics = run_metrics(sections, spec.gpus)
-        base.peak_memory = peak_memory(ranks, [i["device"] for i in infos])
-    except Exception as exc:
-        base.status, base.error, base.finished_at = layout.STATUS_FAILED, _error_text(exc), now_iso()
-        write_record(run_dir, base)
-        raise
-    writers = table_writers(ranks, colls, sections)
-    if reconstruction is not None:
-        import torch
-
-        writers[layout.RECONSTRUCTION] = lambda p: torch.save(reconstruction, p)
-    layout.commit_files(run_dir, writers)
-    base.status, base.finished_at, base.files = layout.STATUS_COMPLETE, now_iso(), sorted(writers)
-    write_record(run_dir, base)
-    return base.to_dict()
 
 
 def start_record(spec: Any, config: dict[str, Any] | None) -> RunRecord:
@@ -453,7 +370,7 @@ def write_failure(
     Raises:
         OSError: not even a short record fits on the disk.
     """
-    from pnpscale.sweep.signals import deferred
+    from pnpscale.core.signals import deferred
 
     with deferred():
         try:
@@ -461,7 +378,7 @@ def write_failure(
         except RecordError:
             base = start_record(spec, config)
         base.status, base.finished_at = layout.STATUS_FAILED, now_iso()
-        text = exc if isinstance(exc, str) else _error_text(exc)
+        text = exc if isinstance(exc, str) else error_text(exc)
         base.error = text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "\n[...]"
         write_record_or_reserve(run_dir, base.set(**extra))
 
@@ -471,6 +388,6 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     tb = "".join(traceback.format_exception(exc)).strip().splitlines()
     return f"{type(exc).__name__}: {exc}\n" + "\n".join(tb[-15:])

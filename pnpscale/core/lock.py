@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
+from pnpscale.core.errors import PnpscaleError
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,12 @@ class Holder:
 
     @classmethod
     def me(cls) -> Holder:
-        from pnpscale.sweep.record import now_iso
+        from pnpscale.core.record import now_iso
 
         return cls(os.getpid(), socket.gethostname(), now_iso(), " ".join(["python", "-m", "pnpscale", *sys.argv[1:]]))
 
 
-class Busy(RuntimeError):
+class Busy(PnpscaleError, RuntimeError):
     """The folder is locked by another live process; ``str()`` names the folder and the holder."""
 
     def __init__(self, folder: Path, holder: Holder | None) -> None:

@@ -23,6 +23,8 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import MISSING
 
+from pnpscale.core.errors import InputError
+
 MAX_GPUS = 64
 SCALES = ("paper", "small", "auto")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -34,7 +36,7 @@ DENOISER_COLLECTIVES = ("all_reduce", "all_gather")
 WINDOW_MULTIPLE = 8
 
 
-class ConfigError(ValueError, CompactHydraException):
+class ConfigError(InputError, ValueError, CompactHydraException):
     """A config value outside its allowed set (Hydra prints it as one line, no traceback).
 
     ``str(error)`` is one line: ``<key>=<value>: <what is allowed>``.
@@ -44,10 +46,9 @@ class ConfigError(ValueError, CompactHydraException):
     """
 
     def __init__(self, key: str, value: Any, allowed: str) -> None:
-        self.key = key
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{key}={_show(value)}: {allowed}")
+        super().__init__(f"{key}={_show(value)}: {allowed}", key=key)
 
 
 def _show(value: Any) -> str:
@@ -139,6 +140,7 @@ class ClusterConfig:
     """Where ranks run (config group ``cluster``); SLURM keys are filled by ``cluster/slurm``."""
 
     name: str = "local"
+    impl: str = "pnpscale.cluster.local:LocalCluster"
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -383,10 +385,6 @@ def validate(cfg: Any, cuda_available: bool | None = None) -> None:
     """
     for key in RULES:
         check_value(key, _get(cfg, key))
-    from pnpscale.cluster import CLUSTERS
-
-    if cfg["cluster"]["name"] not in CLUSTERS:
-        raise ConfigError("cluster", cfg["cluster"]["name"], "allowed values: " + ", ".join(CLUSTERS))
     sections = tuple(cfg["mode"]["sections"])
     if not sections or len(set(sections)) != len(sections) or not all(isinstance(s, str) and s for s in sections):
         raise ConfigError("mode.sections", list(sections), "must be a list of distinct section names")

@@ -1,0 +1,61 @@
+"""One error family: every error pnpscale raises on purpose is a :class:`PnpscaleError`.
+
+Each carries structured fields (never re-parsed from its text) and the exit code a command gives for
+it: :class:`InputError` (a refused command line, config value or input file: nothing started) exits 2,
+any other :class:`PnpscaleError` (a run or analysis that failed) exits 1. The command-line entry points
+turn any of them into one line ``pnpscale: error: <message>``; inside a rank, the error becomes the
+``error`` of the point's failed record (:func:`pnpscale.core.record.write_failure`).
+
+Concrete errors keep a builtin base too (``ValueError``, ``RuntimeError``...), so code written against
+those bases still catches them.
+
+>>> err = InputError("gpus=0: must be an integer in 1..64", key="gpus")
+>>> (err.exit_code, err.key, err.rank, str(err))
+(2, 'gpus', None, 'gpus=0: must be an integer in 1..64')
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class PnpscaleError(Exception):
+    """Base of every error pnpscale raises on purpose.
+
+    Attributes:
+        exit_code: what a command exits with for it (1: a failure; :class:`InputError`: 2).
+        key: the config key at fault, when one is (``"gpus"``, ``"problem.impl"``).
+        path: the file or folder at fault, when one is.
+        rank: the rank at fault, when one is.
+        iteration: the iteration at fault, when one is.
+    """
+
+    exit_code: ClassVar[int] = 1
+    key: str | None = None
+    path: str | None = None
+    rank: int | None = None
+    iteration: int | None = None
+
+    def __init__(
+        self,
+        *args: Any,
+        key: str | None = None,
+        path: str | None = None,
+        rank: int | None = None,
+        iteration: int | None = None,
+    ) -> None:
+        super().__init__(*args)
+        for name, value in (("key", key), ("path", path), ("rank", rank), ("iteration", iteration)):
+            if value is not None:  # a subclass may have set it before calling this
+                setattr(self, name, value)
+
+    def one_line(self) -> str:
+        """The message as one line (the first line of ``str(self)``, or the class name when empty)."""
+        text = str(self).strip()
+        return text.splitlines()[0] if text else type(self).__name__
+
+
+class InputError(PnpscaleError):
+    """Input refused before anything runs (a bad config value, command line, trace or folder): exit 2."""
+
+    exit_code: ClassVar[int] = 2
