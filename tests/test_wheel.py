@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -27,9 +28,12 @@ pytestmark = pytest.mark.slow
 def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(python of a fresh environment holding only the wheel + this env's dependencies, the wheel)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    dist = tmp / "dist"
+    src, dist = tmp / "src", tmp / "dist"
+    # a clean copy: a build/ folder left in the checkout by an earlier build could carry stale modules
+    skip = (".git", ".venv", "build", "dist", "outputs", "multirun", "*.egg-info", "__pycache__", ".*_cache")
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*skip), symlinks=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
         check=True, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     (wheel,) = dist.glob("pnpscale-*.whl")
