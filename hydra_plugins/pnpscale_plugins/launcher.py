@@ -71,7 +71,8 @@ def validate_points(
     from pnpscale.core.config import ConfigError
     from pnpscale.sweep.cli import check_hydra_override
 
-    composed, seen = [], {}
+    composed: list[Any] = []
+    seen: dict[Any, str] = {}
     problems: dict[str, list[str]] = {}
     for overrides in job_overrides:
         cfg = config_loader.load_sweep_config(config, list(overrides))

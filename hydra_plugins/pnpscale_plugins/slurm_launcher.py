@@ -42,13 +42,14 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from hydra_plugins.pnpscale_plugins.launcher import (
     SweepConfigError,
     finish_sweep,
     validate_points,
 )
+from pnpscale.core.config import plain
 
 log = logging.getLogger("pnpscale")
 
@@ -117,7 +118,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         assert self.hydra_context is not None and self.config is not None
         config = self.config
         composed = validate_points(self.hydra_context.config_loader, config, job_overrides, check_point)
-        warning = cpus_per_task_warning(OmegaConf.to_container(config.cluster, resolve=True))
+        warning = cpus_per_task_warning(plain(config.cluster))
         if warning:
             log.warning(warning)
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
@@ -128,7 +129,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
                 cfg=cfg,
                 run_dir=sweep_dir / str(cfg.hydra.sweep.subdir),
                 label=_label(cfg),
-                params=executor_parameters(int(cfg.gpus), OmegaConf.to_container(cfg.cluster, resolve=True)),
+                params=executor_parameters(int(cfg.gpus), plain(cfg.cluster)),
             )
             for i, (ov, cfg) in enumerate(zip(job_overrides, composed, strict=True))
         ]
@@ -143,7 +144,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
                 )
             else:
                 todo.append(p)
-        groups = [([todo[i] for i in members], params) for params, members in group_points([p.params for p in todo])]
+        shapes = group_points([p.params or {} for p in todo])
+        groups = [([todo[i] for i in members], params) for params, members in shapes]
         self._preflight(groups)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         folder = str(self.params.get("submitit_folder") or sweep_dir / ".submitit" / "%j")
@@ -338,7 +340,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         block: dict[str, Any] = dict((previous.slurm if previous else None) or {})
         if job is not None:
             info = sacct_info(job.job_id)
-            logs = task_logs(folder, job.job_id, job.num_tasks)
+            logs = task_logs(folder or str(p.run_dir), job.job_id, job.num_tasks)
             first = ranks_by_cause(task_errors)[0] if task_errors else 0
             message = failure_text(job.job_id, state or "UNKNOWN", info, task_errors, logs[first]["stderr"])
             block.update(
@@ -355,12 +357,12 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         write_failure(
             p.run_dir,
             resolve_spec(task_cfg, cuda_available=False),
-            OmegaConf.to_container(task_cfg, resolve=True),
-            message + (f"\n{detail}" if detail and detail != message else ""),
+            plain(task_cfg),
+            (message or "") + (f"\n{detail}" if detail and detail != message else ""),
             slurm=block,
         )
         ret = JobReturn(overrides=p.overrides, working_dir=str(p.run_dir), status=JobStatus.FAILED)
-        ret.return_value = RunFailed(p.label, p.run_dir, message)
+        ret.return_value = RunFailed(p.label, p.run_dir, message or "failed")
         return ret
 
     def _resume_command(self, sweep_dir: Path) -> str:
@@ -402,7 +404,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             os.environ[LAUNCH_T0_ENV] = repr(submitted_at)  # timings.launch_s: submission to rank start
         if submitit.JobEnvironment().global_rank == 0:
             return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
-        return self._other_rank(sweep_overrides, singleton_state)
+        self._other_rank(sweep_overrides, singleton_state)
+        return None
 
     def _other_rank(self, sweep_overrides: list[str], singleton_state: dict[type, Singleton]) -> None:
         """A task other than 0: same composed config, no Hydra output (``.hydra/`` and logs are rank 0's)."""

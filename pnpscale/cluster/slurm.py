@@ -39,7 +39,7 @@ from typing import Any
 
 from pnpscale import layout
 from pnpscale.cluster.base import Cluster
-from pnpscale.core.config import ConfigError, RunSpec
+from pnpscale.core.config import ConfigError, RunSpec, plain
 
 #: Set (to "1") by the launcher in every SLURM task before pnpscale code runs there.
 IN_TASK_ENV = "PNPSCALE_SLURM_TASK"
@@ -266,7 +266,7 @@ def sbatch_refusal(output: str) -> str:
     return "; ".join(lines) if lines else " ".join(output.split())
 
 
-def task_logs(folder: str, job_id: str, num_tasks: int) -> list[dict[str, str]]:
+def task_logs(folder: str, job_id: str, num_tasks: int) -> list[dict[str, Any]]:
     """submitit's stdout/stderr files of every task of a job (``folder`` may hold ``%j``).
 
     >>> task_logs("/s/.submitit/%j", "7_2", 2)[1]
@@ -459,12 +459,7 @@ class SlurmCluster(Cluster):
         Raises:
             ConfigError: e.g. ``gpus`` above ``cluster.gpus_per_node`` and not a multiple of it.
         """
-        from omegaconf import OmegaConf
-
-        cluster = cfg["cluster"]
-        executor_parameters(
-            int(cfg["gpus"]), OmegaConf.to_container(cluster, resolve=True) if OmegaConf.is_config(cluster) else cluster
-        )
+        executor_parameters(int(cfg["gpus"]), plain(cfg["cluster"]))
 
     def enter(self, cfg: Mapping[str, Any]) -> None:
         if not in_slurm_task():

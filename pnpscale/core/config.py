@@ -337,8 +337,15 @@ _SIZE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "nb": _int_in(1),
     "unroll": _int_in(1),
 }
+
+
+def _or_null(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """The rule ``ok``, or ``null`` (the scale preset's value)."""
+    return lambda v: v is None or ok(v)
+
+
 for _k, _rule in _SIZE_RULES.items():
-    RULES[f"problem.{_k}"] = (lambda v, _ok=_rule[0]: v is None or _ok(v), _rule[1])
+    RULES[f"problem.{_k}"] = (_or_null(_rule[0]), _rule[1])
 
 
 def check_value(key: str, value: Any) -> None:
@@ -540,7 +547,7 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
         mode_impl=str(m["impl"]),
         sections=tuple(str(s) for s in m["sections"]),
         linestyle=str(p["linestyle"]),
-        params=_plain(p["params"]),
+        params=plain(p["params"]),
         scale=scale,
         scale_requested=cfg["scale"],
         sizes=resolve_sizes(cfg, scale),
@@ -570,16 +577,22 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
 # --------------------------------------------------------------------------------------
 
 
-def _plain(node: Any) -> dict[str, Any]:
-    """A config node as plain, JSON-able Python (OmegaConf containers resolved)."""
-    try:
-        from omegaconf import OmegaConf
+def plain(node: Any, resolve: bool = True) -> dict[str, Any]:
+    """A config mapping node as a plain ``dict`` (an OmegaConf container converted, interpolations
+    resolved unless ``resolve=False``; a ``dict`` or other mapping copied; ``None`` is ``{}``).
 
-        if OmegaConf.is_config(node):
-            return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    return dict(node or {})
+    Raises:
+        TypeError: ``node`` is not a mapping (a list or a scalar node).
+
+    >>> plain({"a": 1})
+    {'a': 1}
+    """
+    from omegaconf import OmegaConf
+
+    out = OmegaConf.to_container(node, resolve=resolve) if OmegaConf.is_config(node) else dict(node or {})
+    if not isinstance(out, dict):
+        raise TypeError(f"expected a mapping config node, got {type(out).__name__}")
+    return {str(k): v for k, v in out.items()}
 
 
 def schema_keys(cls: type = Config, prefix: str = "") -> Iterator[str]:

@@ -20,6 +20,7 @@ The optimizer step runs outside the sections.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -64,17 +65,23 @@ def weights_digest(net: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-class Solver:
-    """Shared construction: problem, distributed physics, data fidelity and tiled denoiser.
+class Solver(ABC):
+    """The public base of a mode: problem, distributed physics, data fidelity and tiled denoiser.
 
     A mode is a subclass naming its :attr:`SECTIONS` (which ``conf/mode/<name>.yaml`` repeats
-    for the Hydra parent, and :func:`make_solver` checks) and returning them from
-    :meth:`sections` as ``(name, callable)`` pairs.
+    for the Hydra parent, and :func:`make_solver` checks), returning them from :meth:`sections` as
+    ``(name, callable)`` pairs, and implementing :meth:`after_step`, :meth:`summary` and :meth:`result`.
+    The rank (:func:`pnpscale.rank.worker.rank_main`) knows only this interface.
+
+    Args:
+        spec: the run's spec.
+        ctx: deepinv's ``DistributedContext`` of this rank.
+        train: whether the denoiser's weights are trained (else frozen, eval mode).
     """
 
     SECTIONS: tuple[str, ...] = ()
 
-    def __init__(self, spec: RunSpec, ctx: Any, *, train: bool) -> None:
+    def __init__(self, spec: RunSpec, ctx: Any, *, train: bool = False) -> None:
         from deepinv.distributed import distribute
         from deepinv.distributed.strategies.distributed_strategies import TilingStrategy
         from deepinv.optim.data_fidelity import L2
@@ -114,6 +121,22 @@ class Solver:
     def backprojection(self) -> torch.Tensor:
         """``x0 = A^T y / L`` (one image-sized all_reduce; run outside the sections)."""
         return self.physics.A_adjoint(self.y) / self.problem.lipschitz
+
+    @abstractmethod
+    def sections(self) -> list[Section]:
+        """The measured sections of one iteration, in order: ``(name, callable)``, names = :attr:`SECTIONS`."""
+
+    @abstractmethod
+    def after_step(self) -> None:
+        """Work between iterations, outside every section (e.g. the optimizer step)."""
+
+    @abstractmethod
+    def summary(self) -> dict[str, Any]:
+        """``run.json``'s ``solver`` block of this rank (at least ``weights_sha256``)."""
+
+    @abstractmethod
+    def result(self) -> torch.Tensor:
+        """The reconstruction after the last iteration."""
 
 
 class InferenceSolver(Solver):

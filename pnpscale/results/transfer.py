@@ -395,7 +395,7 @@ def transfer_rows(runs: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFr
                 K.SECTION: df[K.SECTION].iloc[i],
                 K.GPUS: gpus,
                 K.NODES: nodes,
-                K.GPUS_PER_NODE: int(r[K.GPUS_PER_NODE]) if r[K.GPUS_PER_NODE] is not None else -(-gpus // nodes),
+                K.GPUS_PER_NODE: -(-gpus // nodes) if (per := r[K.GPUS_PER_NODE]) is None else int(per),
                 K.BACKEND: r[K.BACKEND],
                 K.COLLECTIVE: coll,
                 K.ALGORITHM: algo,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
-from pnpscale.core.config import ConfigError, RunSpec, resolve_spec
+from pnpscale.core.config import ConfigError, RunSpec, plain, resolve_spec
 
 
 def cuda_device_count() -> int:
@@ -80,13 +80,11 @@ def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None
     """
     import json
 
-    from omegaconf import OmegaConf
-
     from pnpscale.cluster import cluster_backend
 
-    plain = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else dict(cfg)
-    plain.pop("hydra", None)
-    key = (str(Path(run_dir).absolute()), json.dumps(plain, sort_keys=True, default=str), cuda_devices)
+    composed = plain(cfg, resolve=False)
+    composed.pop("hydra", None)
+    key = (str(Path(run_dir).absolute()), json.dumps(composed, sort_keys=True, default=str), cuda_devices)
     if key in _RESOLVED:
         return _RESOLVED[key]
     backend = cluster_backend(cfg["cluster"])

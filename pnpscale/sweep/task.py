@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from hydra.errors import CompactHydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from pnpscale import layout
+from pnpscale.core.config import plain
 from pnpscale.core.errors import PnpscaleError
 from pnpscale.sweep.point import Point, resolve_point
 
@@ -101,7 +102,7 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
                     point.label, point.run_dir)  # fmt: skip
     config: dict[str, Any] | None = None
     try:  # from here on, any stop or failure is recorded in run.json
-        config = OmegaConf.to_container(cfg, resolve=True)
+        config = plain(cfg)
         log.info("%s: %d rank(s), run folder %s", point.label, spec.gpus, point.run_dir)
         with deferred():
             reserve_space(point.run_dir)

@@ -312,8 +312,9 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
             tables.append(rank_rows(group.rank, records, warmup))
         gathered = group.gather(tables)
         if group.rank == 0:
+            assert gathered is not None  # rank 0 holds every rank's tables
             for i, p in enumerate(payloads):
-                per_rank = [(tables_r[i], {}) for tables_r in gathered]
+                per_rank: list[tuple[dict[str, Any], dict[str, Any]]] = [(t[i], {}) for t in gathered]
                 ranks, colls = frames(per_rank, image_bytes=p)
                 ranks[K.SECTION] = PROBE
                 colls[K.SECTION] = PROBE
@@ -371,15 +372,15 @@ def submit_suite(
     others go to the suite's runs.
     """
     import submitit
-    from omegaconf import OmegaConf
 
     from pnpscale.cluster.slurm import executor_parameters
+    from pnpscale.core.config import plain
     from pnpscale.sweep.cli import compose_config
 
     cluster_ov = [o for o in overrides if o.lstrip("+").startswith("cluster")]
     run_ov = [o for o in overrides if o not in cluster_ov]
     cfg = compose_config(["cluster=slurm", *[o for o in cluster_ov if o != "cluster=slurm"]])
-    cluster = OmegaConf.to_container(cfg.cluster, resolve=True)
+    cluster = plain(cfg.cluster)
     params = executor_parameters(1, cluster)
     params.update(name="pnpscale-validate", tasks_per_node=1, gpus_per_node=suite["gpus"])
     executor = submitit.AutoExecutor(folder=str(out / ".submitit"), cluster="slurm")

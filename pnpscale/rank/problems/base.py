@@ -191,6 +191,7 @@ def measurements(
     """
     x = problem.x_true
     ys: list[torch.Tensor] = [torch.empty(0, device=x.device) for _ in range(problem.num_operators)]
+    phys: Any
     for phys, i in zip(local_physics, local_indices, strict=True):
         clean = phys.A(x)
         g = torch.Generator(device=x.device).manual_seed(seed * 100_003 + i)
