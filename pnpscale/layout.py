@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -70,13 +71,36 @@ STATUS_RUNNING = "running"
 TABLES = (RANKS, COLLECTIVES, SECTIONS)
 
 
-def point_subdir(problem: str, mode: str, gpus: int) -> str:
-    """Hive-style sub-folder of one sweep point.
+def point_parts(problem: str, mode: str, gpus: int, variant: str = "") -> list[str]:
+    """The one naming rule of a sweep point: ``problem=P``, ``mode=M``, its variant's ``key=value`` parts
+    (separated by spaces or ``/``, e.g. ``denoiser_collective=all_gather num_operators=2``), ``gpus=N``.
 
-    >>> point_subdir("2d", "inference", 4)
-    'problem=2d/mode=inference/gpus=4'
+    Its run folder joins them with ``/`` (:func:`point_subdir`, hive partitions), logs and reports with
+    spaces (:func:`point_label`).
+
+    >>> point_parts("2d", "inference", 4, "num_operators=2")
+    ['problem=2d', 'mode=inference', 'num_operators=2', 'gpus=4']
     """
-    return f"problem={problem}/mode={mode}/gpus={gpus}"
+    extra = [p for p in re.split(r"[ /]+", variant or "") if p]
+    return [f"problem={problem}", f"mode={mode}", *extra, f"gpus={gpus}"]
+
+
+def point_subdir(problem: str, mode: str, gpus: int, variant: str = "") -> str:
+    """Hive-style sub-folder of one sweep point (:func:`point_parts` joined by ``/``).
+
+    >>> point_subdir("2d", "inference", 4), point_subdir("2d", "inference", 4, "denoiser_collective=all_gather")
+    ('problem=2d/mode=inference/gpus=4', 'problem=2d/mode=inference/denoiser_collective=all_gather/gpus=4')
+    """
+    return "/".join(point_parts(problem, mode, gpus, variant))
+
+
+def point_label(problem: str, mode: str, gpus: int, variant: str = "") -> str:
+    """How logs and reports name a point (:func:`point_parts` joined by spaces).
+
+    >>> point_label("2d", "inference", 4), point_label("2d", "inference", 4, "num_operators=2")
+    ('problem=2d mode=inference gpus=4', 'problem=2d mode=inference num_operators=2 gpus=4')
+    """
+    return " ".join(point_parts(problem, mode, gpus, variant))
 
 
 def nccl_log(run_dir: Path | str, rank: int) -> Path:

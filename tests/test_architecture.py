@@ -281,4 +281,9 @@ def test_tiny_2d_overrides_still_compose():
     cfg = compose_config(["gpus=2", *TINY_2D])
     point = resolve_point(cfg, Path("/nonexistent/run"), cuda_devices=0)
     assert point.spec.dims == 2 and point.spec.sections == ("gradient", "denoiser")
-    assert point.label == "problem=2d mode=inference gpus=2" and point.done is None
+    assert point.label == "problem=2d mode=inference num_operators=4 gpus=2" and point.done is None
+    # one naming rule: a variant key set explicitly names the point in logs as in its folder
+    other = resolve_point(compose_config(["gpus=2", *TINY_2D, "problem.num_operators=2"]), Path("/x"), cuda_devices=0)
+    assert other.label == "problem=2d mode=inference num_operators=2 gpus=2"
+    folder = layout.point_subdir("2d", "inference", 2, other.variant)
+    assert folder == "problem=2d/mode=inference/num_operators=2/gpus=2"

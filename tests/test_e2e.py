@@ -156,7 +156,8 @@ def test_resume_skips_the_same_spec_and_refuses_to_overwrite_another(tmp_path):
     (d,) = run_dirs(tmp_path)
     before = read_run(d)
     again = run_cli("-m", "gpus=1", *TINY_2D, sweep, "report=false", root=tmp_path)
-    assert again.returncode == 0 and "skipping problem=2d mode=inference gpus=1" in again.stderr + again.stdout
+    skipped = "skipping problem=2d mode=inference num_operators=4 gpus=1"
+    assert again.returncode == 0 and skipped in again.stderr + again.stdout
     other = run_cli("-m", "gpus=1", *TINY_2D, "iterations=3", sweep, "report=false", root=tmp_path)
     assert other.returncode == 2
     assert "resume=true:" in other.stderr and "holds a complete run of another spec" in other.stderr

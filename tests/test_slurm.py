@@ -418,7 +418,8 @@ def test_killed_job_is_reported_failed_and_a_rerun_completes_only_it(slurm_clust
         reported_s = time.monotonic() - t_cancel
     assert sweep.returncode != 0, out[-3000:]
     assert reported_s < 60, reported_s
-    assert f"gpus=2: FAILED: problem=2d mode=inference gpus=2 failed: SLURM job {job_id} CANCELLED" in out
+    point = "problem=2d mode=inference num_operators=4 gpus=2"
+    assert f"gpus=2: FAILED: {point} failed: SLURM job {job_id} CANCELLED" in out
     assert "to re-run only the failed points: python -m pnpscale -m gpus=1,2" in out
     dirs = _point_dirs(tmp_path)
     failed, done = read_run(dirs[2]), read_run(dirs[1])

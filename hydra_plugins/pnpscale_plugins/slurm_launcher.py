@@ -79,9 +79,10 @@ class _Point:
 
 def _label(cfg: DictConfig) -> str:
     """The point, e.g. ``problem=2d mode=inference gpus=4`` (from the config, whatever the folder layout)."""
-    from pnpscale.sweep.point import label
+    from pnpscale import layout
+    from pnpscale.core.config import cfg_variant
 
-    return label(str(cfg.problem.name), str(cfg.mode.name), int(cfg.gpus))
+    return layout.point_label(str(cfg.problem.name), str(cfg.mode.name), int(cfg.gpus), cfg_variant(cfg))
 
 
 def _task_cfg(cfg: DictConfig) -> DictConfig:

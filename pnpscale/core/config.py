@@ -230,6 +230,26 @@ def register_schema() -> None:
 VARIANT_KEYS = ("denoiser_collective", "num_operators")
 
 
+def variant_parts(denoiser_collective: Any = "all_reduce", num_operators: Any = None) -> list[str]:
+    """A point's variant: ``key=value`` for each :data:`VARIANT_KEYS` key that differs from its default
+    (``num_operators`` when set explicitly, not ``null`` from the scale preset).
+
+    >>> variant_parts(), variant_parts("all_gather", 2)
+    ([], ['denoiser_collective=all_gather', 'num_operators=2'])
+    """
+    parts = []
+    if denoiser_collective not in (None, "all_reduce"):
+        parts.append(f"denoiser_collective={denoiser_collective}")
+    if num_operators is not None:
+        parts.append(f"num_operators={num_operators}")
+    return parts
+
+
+def cfg_variant(cfg: Any) -> str:
+    """The variant of a composed config's point (:func:`variant_parts`, space-separated)."""
+    return " ".join(variant_parts(cfg["solver"]["denoiser_collective"], cfg["problem"]["num_operators"]))
+
+
 def variant_subdir(denoiser_collective: Any = "all_reduce", num_operators: Any = None) -> str:
     """The run folder's variant part: ``""`` for the defaults, else ``/key=value`` per non-default key.
 
@@ -241,12 +261,7 @@ def variant_subdir(denoiser_collective: Any = "all_reduce", num_operators: Any =
     >>> variant_subdir("all_reduce", None), variant_subdir("all_gather", None), variant_subdir("all_reduce", 2)
     ('', '/denoiser_collective=all_gather', '/num_operators=2')
     """
-    parts = []
-    if denoiser_collective not in (None, "all_reduce"):
-        parts.append(f"denoiser_collective={denoiser_collective}")
-    if num_operators is not None:
-        parts.append(f"num_operators={num_operators}")
-    return "".join("/" + p for p in parts)
+    return "".join("/" + p for p in variant_parts(denoiser_collective, num_operators))
 
 
 # --------------------------------------------------------------------------------------

@@ -109,7 +109,8 @@ def run_anomalies(table: pd.DataFrame) -> dict[str, list[dict[str, Any]] | None]
             doc = read_record(r["run_dir"]).to_dict()
         except RecordError:
             continue
-        out[f"{r['problem']} {r['mode']} gpus={int(r['gpus'])}"] = doc.get("anomalies")
+        variant = r.get(K.VARIANT) if isinstance(r.get(K.VARIANT), str) else ""
+        out[layout.point_label(r["problem"], r["mode"], int(r["gpus"]), variant)] = doc.get("anomalies")
     return out
 
 

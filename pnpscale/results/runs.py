@@ -451,6 +451,5 @@ def unreadable_points(table: pd.DataFrame) -> list[str]:
     lines = []
     for _, r in bad.iterrows():
         variant = r.get(K.VARIANT) if isinstance(r.get(K.VARIANT), str) and r.get(K.VARIANT) else ""
-        point = " ".join(x for x in (f"problem={r['problem']}", f"mode={r['mode']}", variant) if x)
-        lines.append(f"{point} gpus={int(r['gpus'])}: {r['error']}")
+        lines.append(f"{layout.point_label(r['problem'], r['mode'], int(r['gpus']), variant)}: {r['error']}")
     return lines

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
-from pnpscale.core.config import ConfigError, RunSpec, plain, resolve_spec
+from pnpscale.core.config import ConfigError, RunSpec, cfg_variant, plain, resolve_spec
 
 
 def cuda_device_count() -> int:
@@ -22,15 +22,6 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def label(problem: str, mode: str, gpus: int, variant: str = "") -> str:
-    """How logs and reports name a point (``variant``: e.g. ``denoiser_collective=all_gather``).
-
-    >>> label("2d", "inference", 4), label("2d", "inference", 4, "denoiser_collective=all_gather")
-    ('problem=2d mode=inference gpus=4', 'problem=2d mode=inference denoiser_collective=all_gather gpus=4')
-    """
-    return f"problem={problem} mode={mode} {variant + ' ' if variant else ''}gpus={gpus}"
 
 
 @dataclass(frozen=True)
@@ -43,6 +34,8 @@ class Point:
         run_dir: the point's run folder.
         resume: skip the point when ``run_dir`` already holds a complete run of the same spec.
         done: that complete run's ``run.json`` (``resume=true``), else ``None``.
+        variant: the point's variant keys that differ from their defaults
+            (:func:`pnpscale.core.config.variant_parts`, space-separated), as its folder names them.
     """
 
     spec: RunSpec
@@ -50,12 +43,12 @@ class Point:
     run_dir: Path
     resume: bool
     done: dict[str, Any] | None = None
+    variant: str = ""
 
     @property
     def label(self) -> str:
-        coll = self.spec.denoiser_collective
-        variant = f"denoiser_collective={coll}" if coll != "all_reduce" else ""
-        return label(self.spec.problem, self.spec.mode, self.spec.gpus, variant)
+        """The point as logs and reports name it (:func:`pnpscale.layout.point_label`)."""
+        return layout.point_label(self.spec.problem, self.spec.mode, self.spec.gpus, self.variant)
 
 
 _RESOLVED: dict[tuple[str, str, int | None], Point] = {}
@@ -95,7 +88,8 @@ def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None
     if not writable_dir(Path(str(cfg["output"]["root"]))):
         raise ConfigError("output.root", cfg["output"]["root"], "must be a folder this user can create and write")
     resume = bool(cfg["resume"])
-    point = Point(spec, backend.name, Path(run_dir), resume, complete_run(Path(run_dir), cfg, resume))
+    done = complete_run(Path(run_dir), cfg, resume)
+    point = Point(spec, backend.name, Path(run_dir), resume, done, cfg_variant(cfg))
     _RESOLVED[key] = point
     return point
 
