@@ -274,6 +274,22 @@ def test_a_problem_added_through_the_registry_runs_end_to_end(tmp_path):
     assert bad.returncode == 2 and "problem=nope: allowed values: 2d, 3d" in bad.stderr
 
 
+@pytest.mark.slow
+def test_a_cluster_backend_added_through_the_registry_runs_and_checks_its_own_keys(tmp_path):
+    """tests/toy_cluster.py + tests/data/conf/cluster/toy.yaml, nothing else: its key is known, checked, run."""
+    conf = ROOT / "tests" / "data" / "conf"
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    search = f"hydra.searchpath=[file://{conf}]"
+    proc = run_cli("cluster=toy", "cluster.note=hello", "gpus=1", *TINY_2D, search, root=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = run_dirs(tmp_path)
+    assert read_run(run_dir)["status"] == "complete"
+    bad = run_cli("cluster=toy", "cluster.note=", "gpus=1", *TINY_2D, search, root=tmp_path, env=env)
+    assert bad.returncode == 2 and "cluster.note=: must be a non-empty string" in bad.stderr, bad.stderr
+    other = run_cli("cluster=toy", "cluster.partition=gpu", search, root=tmp_path, env=env)
+    assert other.returncode == 2 and "cluster.partition=gpu: a key of cluster=slurm, not of cluster=toy" in other.stderr
+
+
 def test_tiny_2d_overrides_still_compose():
     from pnpscale.sweep.cli import compose_config
     from pnpscale.sweep.point import resolve_point

@@ -124,7 +124,11 @@ def test_scale_auto_is_checked_as_the_preset_it_resolves_to(composer):
 
 
 def test_precheck_accepts_valid_lines():
-    check_overrides(["-m", "gpus=1,2,4", "problem=2d", "hydra.verbose=true", "cluster.additional_parameters.foo=1"])
+    check_overrides(["-m", "gpus=1,2,4", "problem=2d", "hydra.verbose=true", "cluster=slurm",
+                     "cluster.additional_parameters.foo=1"])  # fmt: skip
+    # a backend's own key belongs to that backend: the SLURM options are refused on cluster=local
+    with pytest.raises(CommandLineError, match="a key of cluster=slurm, not of cluster=local"):
+        check_overrides(["cluster.additional_parameters.foo=1"])
     check_overrides(["problem.nc=[8,16,32,64]", "iterations=5", "scale=paper", "--cfg", "job"])
     assert "2d" in group_options("problem") and "inference" in group_options("mode")
 

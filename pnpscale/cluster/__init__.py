@@ -13,10 +13,12 @@ backend kept outside pnpscale works the same way through ``hydra.searchpath``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pnpscale.cluster.base import Cluster
+from pnpscale.core.config import CONF_DIR, ConfigError
 from pnpscale.core.plugins import resolve_impl
 
 
@@ -28,3 +30,24 @@ def cluster_backend(cluster: Mapping[str, Any]) -> Cluster:
             :class:`~pnpscale.cluster.base.Cluster` subclass.
     """
     return resolve_impl("cluster.impl", str(cluster["impl"]), Cluster)()
+
+
+def cluster_backends(search_dirs: Sequence[Path] = ()) -> dict[str, type[Cluster]]:
+    """Every backend of the config group ``cluster``: option name -> class, read from each option's YAML
+    (``pnpscale/conf/cluster/<name>.yaml`` and ``<dir>/cluster/<name>.yaml`` of every extra folder on
+    ``hydra.searchpath``; ``cluster.impl``), for checks made before Hydra composes (the command line's keys).
+
+    Raises:
+        ConfigError: a YAML whose ``cluster.impl`` is missing or does not name a Cluster subclass.
+    """
+    from omegaconf import OmegaConf
+
+    out: dict[str, type[Cluster]] = {}
+    for folder in (CONF_DIR, *map(Path, search_dirs)):
+        for path in sorted((folder / "cluster").glob("*.yaml")):
+            node = OmegaConf.load(path)
+            impl = OmegaConf.select(node, "cluster.impl") if OmegaConf.is_dict(node) else None
+            if not isinstance(impl, str):
+                raise ConfigError("cluster.impl", impl, f"{path}: every cluster option names its backend class")
+            out.setdefault(path.stem, resolve_impl("cluster.impl", impl, Cluster))
+    return out

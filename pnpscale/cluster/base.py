@@ -7,12 +7,17 @@ A backend is a :class:`Cluster` subclass named by its ``pnpscale/conf/cluster/<n
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pnpscale.core.config import RunSpec
+from pnpscale.core.config import CLUSTER_SHARED_KEYS, ConfigError, RunSpec
+
+#: A value rule: (accepts the value?, what is allowed), as :data:`pnpscale.core.config.RULES`.
+Rule = tuple[Callable[[Any], bool], str]
 
 
 class Cluster(ABC):
@@ -27,6 +32,48 @@ class Cluster(ABC):
 
     name: ClassVar[str] = ""
     resumes_in_task: ClassVar[bool] = True
+    #: The backend's own keys under ``cluster.``: a dataclass whose fields are the keys (with their
+    #: defaults, which its YAML repeats), ``None`` for a backend with none.
+    params: ClassVar[type | None] = None
+    #: Value rules of those keys (``"gpus_per_node" -> (ok, allowed)``), checked before anything starts.
+    rules: ClassVar[Mapping[str, Rule]] = {}
+    #: Keys whose children are free-form (``additional_parameters``).
+    open_keys: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """Every key of this backend's ``cluster`` node: the shared ``name``, ``impl`` and its :attr:`params`."""
+        own = tuple(f.name for f in dataclasses.fields(cls.params)) if cls.params is not None else ()
+        return (*CLUSTER_SHARED_KEYS, *own)
+
+    @classmethod
+    def check_value(cls, key: str, value: Any) -> None:
+        """One ``cluster.<key>=value`` against :attr:`rules` (``key`` without the ``cluster.`` prefix).
+
+        Raises:
+            ConfigError: the value is outside the allowed set (``cluster.<key>=<value>: <allowed>``).
+        """
+        rule = cls.rules.get(key)
+        if rule is not None and not rule[0](value):
+            raise ConfigError(f"cluster.{key}", value, rule[1])
+
+    @classmethod
+    def check_keys(cls, cluster: Mapping[str, Any]) -> None:
+        """The composed ``cluster`` node holds only this backend's keys, each value within its rule.
+
+        Raises:
+            ConfigError: an unknown key (naming the closest known ones and every key of the backend), or
+                a value outside its rule.
+        """
+        known = cls.keys()
+        for key, value in cluster.items():
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=2)
+                hint = f"did you mean {', '.join('cluster.' + c for c in close)}? " if close else ""
+                raise ConfigError(
+                    f"cluster.{key}", value, f"unknown key for cluster={cls.name}; {hint}its keys: {', '.join(known)}"
+                )
+            cls.check_value(str(key), value)
 
     @abstractmethod
     def check(self, cfg: Mapping[str, Any], spec: RunSpec, cuda_devices: int) -> None:

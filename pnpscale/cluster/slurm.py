@@ -33,7 +33,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +163,7 @@ def executor_parameters(gpus: int, cluster: Mapping[str, Any]) -> dict[str, Any]
 
     Args:
         gpus: ranks of the point.
-        cluster: the ``cluster`` config (keys of :class:`pnpscale.core.config.ClusterConfig`):
+        cluster: the ``cluster`` config (keys of :class:`SlurmParams`):
             ``timeout_min`` in minutes, ``mem_gb`` in GB per node, ``cpus_per_task`` CPUs per rank,
             ``setup`` shell lines run before the ranks start, ``additional_parameters`` extra sbatch
             options (``{"exclusive": True}`` becomes ``--exclusive``).
@@ -443,6 +443,31 @@ def error_line(trace: str) -> str:
 # --------------------------------------------------------------------------------------
 
 
+@dataclass
+class SlurmParams:
+    """The SLURM backend's own keys under ``cluster.`` (``pnpscale/conf/cluster/slurm.yaml`` repeats the
+    defaults): sbatch's ``--partition``, ``--account``, ``--qos``, ``--constraint``; ``gpus_per_node``
+    GPUs (= ranks) per node; ``cpus_per_task`` CPUs per rank; ``mem_gb`` memory per node in GB;
+    ``timeout_min`` each job's time limit in minutes; ``setup`` shell lines run before the ranks;
+    ``additional_parameters`` other sbatch options; ``wait`` whether the command waits for the jobs."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    gpus_per_node: int = 4
+    cpus_per_task: int | None = None
+    mem_gb: int | None = None
+    timeout_min: int = 60
+    setup: list[str] = field(default_factory=list)
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    wait: bool = True
+
+
+def _int_at_least_1(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 class SlurmCluster(Cluster):
     """``cluster=slurm``: each point is a SLURM job, each task one rank (see the module doc).
 
@@ -452,6 +477,17 @@ class SlurmCluster(Cluster):
 
     name = "slurm"
     resumes_in_task = False  # the launcher skipped complete points before submitting
+    params = SlurmParams
+    rules = {
+        "gpus_per_node": (_int_at_least_1, "must be an integer >= 1"),
+        "timeout_min": (_int_at_least_1, "must be an integer >= 1 (minutes)"),
+        "cpus_per_task": (lambda v: v is None or _int_at_least_1(v), "must be an integer >= 1, or null"),
+        "mem_gb": (lambda v: v is None or _int_at_least_1(v), "must be an integer >= 1, or null"),
+        "wait": (lambda v: isinstance(v, bool), "must be true or false"),
+        "setup": (lambda v: isinstance(v, (list, tuple)), "must be a list of shell lines"),
+        "additional_parameters": (lambda v: isinstance(v, Mapping), "must be a mapping of sbatch options"),
+    }
+    open_keys = ("additional_parameters",)
 
     def check(self, cfg: Mapping[str, Any], spec: RunSpec, cuda_devices: int) -> None:
         """The point's job must be expressible (:func:`executor_parameters`).

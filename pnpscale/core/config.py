@@ -18,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.errors import CompactHydraException
@@ -135,23 +136,14 @@ class ModeConfig:
     train_stepsize: bool = False
 
 
-@dataclass
-class ClusterConfig:
-    """Where ranks run (config group ``cluster``); SLURM keys are filled by ``cluster/slurm``."""
+#: What every cluster backend's node holds (config group ``cluster``): its option ``name`` and its class
+#: ``impl`` (``module:Class``, a :class:`pnpscale.cluster.base.Cluster`). Every other ``cluster.*`` key
+#: belongs to the backend, which declares and checks it (``Cluster.params``, ``Cluster.rules``): the
+#: shared schema keeps the node open.
+CLUSTER_SHARED_KEYS = ("name", "impl")
 
-    name: str = "local"
-    impl: str = "pnpscale.cluster.local:LocalCluster"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    gpus_per_node: int = 4
-    cpus_per_task: int | None = None
-    mem_gb: int | None = None
-    timeout_min: int = 60
-    setup: list[str] = field(default_factory=list)
-    additional_parameters: dict[str, Any] = field(default_factory=dict)
-    wait: bool = True
+#: The app's Hydra config tree, package data (``pnpscale/conf``; the stored sweeps are its group ``sweeps``).
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 @dataclass
@@ -199,7 +191,9 @@ class Config:
 
     problem: ProblemConfig = field(default_factory=ProblemConfig)
     mode: ModeConfig = field(default_factory=ModeConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    cluster: dict[str, Any] = field(
+        default_factory=lambda: {"name": "local", "impl": "pnpscale.cluster.local:LocalCluster"}
+    )
     solver: SolverConfig = field(default_factory=SolverConfig)
     gpus: int = 1
     scale: str = "auto"
@@ -325,7 +319,6 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "problem.stepsize": _positive_float(),
     "problem.blur_sigma": _positive_float(),
     "mode.lr": _positive_float(),
-    "cluster.gpus_per_node": _int_in(1),
     **{
         k: (lambda v: isinstance(v, bool), "must be true or false")
         for k in (
@@ -336,10 +329,12 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
             "inject.fail",
             "output.save_reconstruction",
             "mode.train_stepsize",
-            "cluster.wait",
         )
     },
-    "cluster.timeout_min": _int_in(1),
+    "cluster.impl": (
+        lambda v: isinstance(v, str) and v.count(":") == 1 and all(v.split(":")),
+        "must be 'module:Class' (a pnpscale.cluster.base.Cluster subclass)",
+    ),
 }
 
 _SIZE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -628,4 +623,4 @@ def schema_keys(cls: type = Config, prefix: str = "") -> Iterator[str]:
 
 def open_keys() -> tuple[str, ...]:
     """Schema keys whose children are free-form (dicts)."""
-    return ("cluster.additional_parameters", "problem.params")
+    return ("problem.params",)

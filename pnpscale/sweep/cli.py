@@ -9,16 +9,16 @@ image size, ...) are checked after composition by :func:`pnpscale.core.config.va
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pnpscale.core.config import ConfigError, check_value, open_keys, schema_keys
+from pnpscale.core.config import CONF_DIR, ConfigError, check_value, open_keys, schema_keys
 from pnpscale.core.errors import InputError
 from pnpscale.sweep.point import writable_dir
 
 #: The app's Hydra config tree, package data (``pnpscale/conf``): a built wheel carries it.
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = CONF_DIR
 #: The stored sweeps: group ``sweeps`` of the same tree (``pnpscale/conf/sweeps``).
 SWEEPS = CONF / "sweeps"
 GROUPS = ("problem", "mode", "cluster", "sweeps")
@@ -76,16 +76,45 @@ def check_overrides(argv: Sequence[str]) -> None:
         raise CommandLineError([f"could not parse the overrides: {first}"]) from None
     known = set(schema_keys())
     extra = search_dirs(parsed)
+    backends: dict[str, Any] = {}
+    elsewhere: dict[str, list[str]] = {}  # cluster.<key> -> the other backends that have it
+    if any(ov.key_or_group.startswith("cluster.") for ov in parsed):  # the backends' own keys and rules
+        from pnpscale.cluster import cluster_backends
+
+        backends = cluster_backends(extra)
+        chosen = _chosen_cluster(parsed)
+        if chosen in backends:  # only the chosen backend's keys (a slurm key on cluster=local is refused)
+            for name, b in backends.items():
+                for k in b.keys():
+                    if name != chosen and k not in backends[chosen].keys():
+                        elsewhere.setdefault(f"cluster.{k}", []).append(f"cluster={name}")
+            backends = {chosen: backends[chosen]}
+        known |= {f"cluster.{k}" for b in backends.values() for k in b.keys()}
     problems: list[str] = []
     for ov in parsed:
+        owned = next((k for k in elsewhere if ov.key_or_group == k or ov.key_or_group.startswith(k + ".")), None)
+        if owned is not None:
+            (name,) = backends
+            owners = " or ".join(elsewhere[owned])
+            problems.append(str(ConfigError(ov.key_or_group, _show(ov), f"a key of {owners}, not of cluster={name}")))
+            continue
         try:
-            _check_one(ov, known, extra)
+            _check_one(ov, known, extra, backends)
         except ConfigError as exc:
             problems.append(str(exc))
         except CommandLineError as exc:
             problems.extend(exc.problems)
     if problems:
         raise CommandLineError(problems)
+
+
+def _chosen_cluster(parsed: Sequence[Any]) -> str | None:
+    """The ``cluster`` option the command line selects (``local``, the default, when none and no stored sweep
+    is named), or ``None`` when it cannot be told before composing (a sweep over it, a stored sweep)."""
+    chosen = [ov for ov in parsed if ov.key_or_group == "cluster"]
+    if chosen:
+        return None if chosen[-1].is_sweep_override() else str(chosen[-1].value())
+    return None if any(ov.key_or_group == "sweeps" for ov in parsed) else "local"
 
 
 #: Hydra output folders a user may set on the command line (checked like ``output.root``).
@@ -120,7 +149,7 @@ def check_hydra_override(key: str, value: Any) -> None:
             raise ConfigError(key, text, "must be a plain file name (no '/', not '..'): it names the log file")
 
 
-def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = ()) -> None:
+def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = (), backends: Mapping[str, Any] | None = None) -> None:
     key = ov.key_or_group
     if key == "hydra" or key.startswith(("hydra.", "hydra/")):
         for v in _values(ov):
@@ -135,7 +164,8 @@ def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = ()) -> None:
             raise CommandLineError([str(ConfigError(key, v, "allowed values: " + ", ".join(options))) for v in bad])
         return
     base = key.split("@")[0]
-    free_form = any(base.startswith(k + ".") for k in open_keys())
+    own_open = [f"cluster.{k}" for b in (backends or {}).values() for k in b.open_keys]
+    free_form = any(base.startswith(k + ".") for k in (*open_keys(), *own_open))
     if base not in known and not free_form:
         close = difflib.get_close_matches(base, sorted(known), n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
@@ -149,6 +179,10 @@ def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = ()) -> None:
             continue
         try:
             check_value(base, v)
+            if base.startswith("cluster."):  # a backend's own rule (every backend declaring the key)
+                for backend in (backends or {}).values():
+                    if base.removeprefix("cluster.") in backend.rules:
+                        backend.check_value(base.removeprefix("cluster."), v)
         except ConfigError as exc:
             problems.append(str(exc))
     if base == "output.root" and not ov.is_sweep_override() and not writable_dir(Path(str(ov.value()))):

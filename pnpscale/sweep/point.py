@@ -81,6 +81,7 @@ def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None
     if key in _RESOLVED:
         return _RESOLVED[key]
     backend = cluster_backend(cfg["cluster"])
+    backend.check_keys(plain(cfg["cluster"]))  # the backend's own keys and their rules
     devices = cuda_device_count() if cuda_devices is None else cuda_devices
     spec = resolve_spec(cfg, cuda_available=devices > 0)
     backend.check(cfg, spec, devices)
