@@ -174,3 +174,18 @@ def test_cli_sweep_with_a_bad_composed_point_starts_nothing(tmp_path):
     assert "sweep points: gpus=1 problem.patch_size=30 scale=small; gpus=2" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert run_dirs(tmp_path) == [] and list((tmp_path / "outputs").glob("*")) == []
+
+
+def test_only_the_problems_that_decimate_need_a_factor():
+    """``problem.factor`` is super-resolution's (and the 3D decimation's) key, not every problem's."""
+    import dataclasses
+
+    from pnpscale.core.config import ConfigError, resolve_spec
+    from pnpscale.rank.problems import make_problem
+    from pnpscale.sweep.cli import compose_config
+
+    spec = resolve_spec(compose_config(["scale=small"]), cuda_available=False)
+    assert make_problem(spec).decimation() == 2
+    unset = dataclasses.replace(spec, sizes={**spec.sizes, "factor": None})
+    with pytest.raises(ConfigError, match=r"^problem.factor=null: SuperResolution2D decimates"):
+        make_problem(unset).check()

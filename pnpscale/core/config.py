@@ -340,7 +340,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 _SIZE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "image_size": _int_in(8),
     "num_operators": _int_in(1),
-    "factor": _int_in(1),
+    "factor": _int_in(1),  # checked when set: a problem that decimates reads it (Problem.decimation)
     "patch_size": _int_in(1),
     "overlap": _int_in(0),
     "max_batch_size": _int_in(1),
@@ -425,6 +425,8 @@ def _validate_sizes(cfg: Any, scale: str) -> None:
     for name, (ok, allowed) in _SIZE_RULES.items():
         if name == "unroll" and cfg["mode"]["name"] != "training":
             continue
+        if name == "factor" and sizes[name] is None:  # only the problems that decimate need it
+            continue
         if not ok(sizes[name]):
             raise ConfigError(f"problem.{name}", sizes[name], allowed + where)
     nc = sizes["nc"]
@@ -444,7 +446,7 @@ def _validate_sizes(cfg: Any, scale: str) -> None:
             sizes["patch_size"],
             f"must be < problem.image_size={sizes['image_size']} (a tile must be smaller than the signal){where}",
         )
-    if sizes["image_size"] % sizes["factor"]:
+    if sizes["factor"] is not None and sizes["image_size"] % sizes["factor"]:
         raise ConfigError(
             "problem.factor",
             sizes["factor"],

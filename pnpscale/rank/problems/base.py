@@ -82,6 +82,17 @@ class Problem:
                 value and what is allowed.
         """
 
+    def decimation(self) -> int:
+        """``problem.factor`` for the problems that decimate (2d, 3d): an integer >= 1 dividing ``image_size``.
+
+        Raises:
+            ProblemError: the preset and the command line leave it unset (``null``).
+        """
+        f = self.spec.sizes.get("factor")
+        if f is None:
+            raise ProblemError("problem.factor", "null", f"{type(self).__name__} decimates: set an integer >= 1")
+        return int(f)
+
     def ground_truth(self, device: torch.device) -> torch.Tensor:
         """Signal ``(1, C, *[N]*dims)`` of :attr:`signal_dtype` (default: :func:`synthetic_signal`)."""
         s = self.spec

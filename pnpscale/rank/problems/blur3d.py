@@ -22,6 +22,9 @@ def _upsample_zeros(y: torch.Tensor, f: int) -> torch.Tensor:
 class AnisotropicBlur3D(Problem):
     """Anisotropic 3D blurs at different orientations (one channel volume, ``M`` views)."""
 
+    def check(self) -> None:
+        self.decimation()
+
     def operator(self, index: int, device: torch.device) -> torch.nn.Module:
         from deepinv.physics import Blur, LinearPhysics
 
@@ -29,7 +32,7 @@ class AnisotropicBlur3D(Problem):
         sig = [s, s, s]
         sig[index % 3] = s * (2.0 + 0.5 * (index // 3))
         blur = Blur(filter=gaussian_filter(tuple(sig), device), padding="circular", use_fft=True, device=device)
-        f = self.spec.sizes["factor"]
+        f = self.decimation()
         if f == 1:
             return blur
         dec = LinearPhysics(A=lambda x: x[..., ::f, ::f, ::f], A_adjoint=lambda y: _upsample_zeros(y, f))

@@ -16,11 +16,14 @@ from pnpscale.rank.problems.base import Problem, gaussian_filter
 class SuperResolution2D(Problem):
     """Multiframe super-resolution (2D, ``C`` channels, ``M`` frames of factor ``f``)."""
 
+    def check(self) -> None:
+        self.decimation()
+
     def operator(self, index: int, device: torch.device) -> torch.nn.Module:
         from deepinv.physics import Downsampling
 
         spec = self.spec
-        f = spec.sizes["factor"]
+        f = self.decimation()
         n = spec.sizes["image_size"]
         shift = (index % f, (index // f) % f)
         sigma = spec.blur_sigma * (1.0 + 0.25 * (index // (f * f)))
