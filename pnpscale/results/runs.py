@@ -20,7 +20,7 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.errors import InputError
 from pnpscale.core.lock import process_gone
 from pnpscale.core.record import RecordError, read_record
 from pnpscale.results.summary import scaled_cost
@@ -95,7 +95,7 @@ SECTIONS_REQUIRED = (
 STATUS_UNREADABLE = "unreadable"
 
 
-class NoRunsError(PnpscaleError, FileNotFoundError):
+class NoRunsError(InputError, FileNotFoundError):
     """A directory without any run folder (``run.json`` or hive-style point folder)."""
 
 
