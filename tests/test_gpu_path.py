@@ -8,6 +8,9 @@ staging, set_device before init_process_group, CPUs per GPU task.
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +29,7 @@ from pnpscale.analysis.tables import frames
 from pnpscale.rank import worker
 from pnpscale.rank.profiling import IncompleteTrace, check_trace_complete
 from pnpscale.results.transfer import nccl_log_size
+from tests.helpers import ROOT
 
 US = 1000
 
@@ -332,3 +336,91 @@ def test_too_few_cpus_per_gpu_task_are_warned():
 def test_slurm_default_config_keeps_null_and_says_why():
     text = (Path(__file__).resolve().parents[1] / "conf" / "cluster" / "slurm.yaml").read_text()
     assert "cpus_per_task: null" in text and ">= 4" in text
+
+
+# --- issue 19: no rank forked after CUDA, one GPU per rank --------------------------------------------
+
+
+def test_the_forkserver_preload_never_touches_cuda():
+    # a fresh interpreter imports exactly what the forkserver imports, then forks: torch marks the
+    # child a bad fork when anything before the fork called into CUDA (is_available() included)
+    from pnpscale.cluster.local import RANK_PRELOAD
+
+    code = (
+        "import importlib, os, sys, torch\n"
+        f"for m in {list(RANK_PRELOAD)!r}:\n"
+        "    importlib.import_module(m)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(3 if torch._C._cuda_isInBadFork() else 0)\n"
+        "print(os.waitpid(pid, 0)[1] >> 8, 'deepinv' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "False"], out.stdout  # not a bad fork; deepinv left to each rank
+
+
+def test_a_fork_after_a_cuda_query_is_refused_by_the_rank():
+    # the kind of fault the preload rule prevents, and what a rank says if it ever comes back
+    code = (
+        "import os, torch\n"
+        "torch.cuda.is_available()\n"  # what deepinv's import does (Trainer -> get_device())
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    from pnpscale.rank.worker import refuse_bad_fork\n"
+        "    try:\n"
+        "        refuse_bad_fork(3)\n"
+        "    except RuntimeError as e:\n"
+        "        print(e, flush=True); os._exit(5)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    if not hasattr(torch._C, "_cuda_isInBadFork"):
+        pytest.skip("torch built without CUDA: no bad-fork flag")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.stdout.startswith("rank 3 (pid "), out.stdout + out.stderr
+    assert "forked from a process that had called into CUDA" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_launched_local_rank_is_not_a_bad_fork_and_is_bound_to_its_gpu(tmp_path, monkeypatch):
+    from pnpscale.cluster.local import run_ranks
+    from tests.toy_problem import probe_rank
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,GPU-x")  # the launcher's GPUs (none exist here)
+    got = run_ranks(3, probe_rank, (), tmp_path / "logs", 1)
+    assert [got[r]["cuda_bad_fork"] for r in range(3)] == [False, False, False], got
+    assert [got[r]["deepinv_preloaded"] for r in range(3)] == [False, False, False], got
+    # local rank r -> GPU r mod n, set before the rank's first CUDA call
+    assert [got[r]["cuda_visible_devices"] for r in range(3)] == ["5", "GPU-x", "5"], got
+    assert [got[r]["gpu_binding"] for r in range(3)] == ["5", "GPU-x", "5"], got
+
+
+def test_gpu_binding_rules():
+    from pnpscale.rank.worker import gpu_binding
+
+    assert [gpu_binding(r, "0,1,2,3") for r in range(5)] == ["0", "1", "2", "3", "0"]
+    assert gpu_binding(1, " 2, 3 ") == "3"
+    assert gpu_binding(0, "GPU-aa") is None  # one GPU visible: bound outside (SLURM per task), kept
+    assert gpu_binding(2, None, 4) == "2" and gpu_binding(0, None, None) is None and gpu_binding(0, "") is None
+
+
+def test_slurm_task_binding_by_local_id(monkeypatch):
+    from pnpscale.cluster import slurm
+    from pnpscale.rank import worker
+
+    env = {"SLURM_LOCALID": "2", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    monkeypatch.delenv(worker.GPU_BINDING_ENV, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert slurm.bind_task_gpu(env) == "2"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2" and os.environ[worker.GPU_BINDING_ENV] == "2"
+    monkeypatch.setattr(worker, "nvml_device_count", lambda: None)  # no NVML: nothing known, nothing bound
+    assert slurm.bind_task_gpu({"SLURM_LOCALID": "1"}) is None
+
+
+def test_a_binding_that_did_not_take_is_refused():
+    from pnpscale.rank.worker import check_binding
+
+    check_binding("1", 1, 0)
+    with pytest.raises(RuntimeError, match=r"rank 3: bound to GPU 1 .* sees 4 GPUs: CUDA was initialised"):
+        check_binding("1", 4, 3)

@@ -288,15 +288,18 @@ def export_trace(prof: profile, path: Path) -> None:
 class PeakMemory:
     """Peak memory of this process over a section, in bytes.
 
-    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``. CPU: the
-    resident-set high-water mark (``VmHWM``), reset through ``/proc/self/clear_refs`` (Linux);
-    where it cannot be reset the value is the process's peak so far (``ru_maxrss``).
+    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, and beside it the
+    highest ``max_memory_reserved`` of any section (:attr:`reserved_max`: what the caching allocator
+    held, the memory the GPU must have). CPU: the resident-set high-water mark (``VmHWM``), reset
+    through ``/proc/self/clear_refs`` (Linux); where it cannot be reset the value is the process's
+    peak so far (``ru_maxrss``); :attr:`reserved_max` stays ``None``.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
         self.resettable = self.cuda or _clear_refs()
+        self.reserved_max: int | None = None
 
     def reset(self) -> None:
         if self.cuda:
@@ -306,6 +309,8 @@ class PeakMemory:
 
     def peak_bytes(self) -> int:
         if self.cuda:
+            reserved = int(torch.cuda.max_memory_reserved(self.device))
+            self.reserved_max = max(self.reserved_max or 0, reserved)
             return int(torch.cuda.max_memory_allocated(self.device))
         hwm = _vm_hwm_bytes()
         if hwm is not None:
