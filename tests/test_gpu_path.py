@@ -424,3 +424,142 @@ def test_a_binding_that_did_not_take_is_refused():
     check_binding("1", 1, 0)
     with pytest.raises(RuntimeError, match=r"rank 3: bound to GPU 1 .* sees 4 GPUs: CUDA was initialised"):
         check_binding("1", 4, 3)
+
+
+# --- issue 19 item 2: NCCL's own range names, every collective logged, a mismatch is an anomaly ---------
+
+#: the ``nccl:*`` ranges ProcessGroupNCCL records (its profiling titles): read from the installed torch
+#: 2.14.1 (the strings of ``torch/lib/libtorch_cuda.so``) and from ``ProcessGroupNCCL.cpp`` of torch 2.6+
+#: (``barrier`` -> ``allreduce_impl(barrierTensor, "nccl:all_reduce_barrier")`` since PR 140785, torch 2.6;
+#: ``send``/``recv`` -> ``c10::str("nccl:send ", rank_, "->", dstRank)``), with the type each is
+NCCL_RANGES = {
+    "nccl:all_reduce": "all_reduce", "nccl:all_reduce_barrier": "barrier", "nccl:allreduce_coalesced": "all_reduce",
+    "nccl:broadcast": "broadcast", "nccl:_broadcast_oop": "broadcast", "nccl:reduce": "reduce",
+    "nccl:_reduce_oop": "reduce", "nccl:all_gather": "all_gather", "nccl:_all_gather_base": "all_gather",
+    "nccl:all_gather_into_tensor_coalesced": "all_gather", "nccl:reduce_scatter": "reduce_scatter",
+    "nccl:_reduce_scatter_base": "reduce_scatter", "nccl:reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "nccl:all_to_all": "all_to_all", "nccl:gather": "gather", "nccl:gather_single": "gather",
+    "nccl:scatter": "scatter", "nccl:send 0->1": "send", "nccl:recv 1<-0": "recv",
+}  # fmt: skip
+#: torch.distributed call -> the range ProcessGroupNCCL records for it (same sources)
+NCCL_RANGE_OF_CALL = {
+    "all_reduce": "nccl:all_reduce", "barrier": "nccl:all_reduce_barrier", "broadcast": "nccl:broadcast",
+    "reduce": "nccl:reduce", "all_gather": "nccl:all_gather", "all_gather_into_tensor": "nccl:_all_gather_base",
+    "reduce_scatter": "nccl:reduce_scatter", "reduce_scatter_tensor": "nccl:_reduce_scatter_base",
+    "all_to_all": "nccl:all_to_all", "all_to_all_single": "nccl:all_to_all", "gather": "nccl:gather",
+    "scatter": "nccl:scatter", "send": "nccl:send 0->1", "isend": "nccl:send 0->1", "recv": "nccl:recv 1<-0",
+    "irecv": "nccl:recv 1<-0",
+}  # fmt: skip
+#: gloo's ranges (strings of the installed ``libtorch_cpu.so``)
+GLOO_RANGES = {
+    "gloo:all_reduce": "all_reduce", "gloo:barrier": "barrier", "gloo:broadcast": "broadcast",
+    "gloo:all_gather": "all_gather", "gloo:gather": "gather", "gloo:scatter": "scatter", "gloo:reduce": "reduce",
+    "gloo:all_to_all": "all_to_all", "gloo:send": "send", "gloo:recv": "recv",
+}  # fmt: skip
+
+
+def test_nccl_and_gloo_ranges_are_typed_as_their_calls():
+    from pnpscale.analysis.kineto import collective_type
+    from pnpscale.rank.profiling import COLLECTIVE_CALLS
+
+    assert {n: collective_type(n) for n in NCCL_RANGES} == NCCL_RANGES
+    assert {n: collective_type(n) for n in GLOO_RANGES} == GLOO_RANGES
+    # each logged call has the type of the range its process group records, so they pair up
+    assert set(NCCL_RANGE_OF_CALL) <= set(COLLECTIVE_CALLS)
+    assert {c: collective_type(c) for c in NCCL_RANGE_OF_CALL} == {
+        c: NCCL_RANGES[r] for c, r in NCCL_RANGE_OF_CALL.items()
+    }
+
+
+def _cpu_range(name: str, start: int, coll: str | None = None) -> Event:
+    from pnpscale.analysis.kineto import collective_type
+
+    return Event(name, Kind.CPU, start, start + 5, tid=1, collective=coll or collective_type(name))
+
+
+def test_payloads_attach_to_nccl_ranges_including_barrier_and_reduce_scatter():
+    from pnpscale.analysis.anomalies import Anomalies
+    from pnpscale.rank.profiling import attach_payloads
+
+    # an all_gather training step on NCCL: forward all_gather, backward's list-form reduce_scatter,
+    # the weight-gradient all_reduce and the end-of-iteration barrier
+    evs = [_cpu_range("nccl:all_gather", 10), _cpu_range("nccl:reduce_scatter", 20),
+           _cpu_range("nccl:all_reduce", 30), _cpu_range("nccl:all_reduce_barrier", 40)]  # fmt: skip
+    calls = [("all_gather", 64), ("reduce_scatter", 128), ("all_reduce", 8), ("barrier", None)]
+    anomalies = Anomalies()
+    out = attach_payloads(evs, calls, anomalies, rank=1)
+    assert [e.payload_bytes for e in out] == [64, 128, 8, None] and len(anomalies) == 0
+
+
+def test_a_count_mismatch_is_an_anomaly_never_an_exception():
+    from pnpscale.analysis.anomalies import KINDS, Anomalies, summary_lines
+    from pnpscale.rank.profiling import attach_payloads
+
+    assert "payload_unmatched" in KINDS
+    evs = [_cpu_range("nccl:all_reduce", 10), _cpu_range("nccl:reduce_scatter", 20), _cpu_range("nccl:all_reduce", 30)]
+    anomalies = Anomalies()
+    out = attach_payloads(evs, [("all_reduce", 40), ("all_reduce", 80)], anomalies, rank=2)  # no reduce_scatter
+    assert [e.payload_bytes for e in out] == [40, None, 80]  # the others keep theirs; the unmatched stay NA
+    (rec,) = anomalies.records()
+    assert rec["kind"] == "payload_unmatched" and rec["rank"] == 2
+    assert rec["example"].startswith("1 reduce_scatter range(s) in the profile, 0 torch.distributed")
+    assert summary_lines(anomalies.records())[0].startswith("anomaly payload_unmatched: 1 on rank 2")
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed.nn.functional.all_gather is deprecated")
+def test_collective_log_records_the_all_gather_backward_reduce_scatter(monkeypatch):
+    # torch.distributed.nn's autograd-aware all_gather (deepinv's training path) on NCCL: its backward is
+    # a list-form reduce_scatter, which must be logged. The process group is faked, torch's code is not.
+    import torch.distributed.distributed_c10d as c10d
+    import torch.distributed.nn.functional as dist_nn
+
+    from pnpscale.rank.profiling import CollectiveLog
+
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        for t in tensor_list:
+            t.copy_(tensor)
+
+    def reduce_scatter(output, input_list, op=None, group=None, async_op=False):
+        output.copy_(sum(input_list))
+
+    for module in (dist, c10d):
+        monkeypatch.setattr(module, "all_gather", all_gather)
+        monkeypatch.setattr(module, "reduce_scatter", reduce_scatter)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: dist.Backend.NCCL)
+    x = torch.ones(3, requires_grad=True)
+    with CollectiveLog() as log:
+        torch.stack(dist_nn.all_gather(x)).sum().backward()
+    assert log.calls == [("all_gather", 12), ("reduce_scatter", 24)]  # one rank's input; the list's bytes
+    assert dist.all_gather is all_gather and c10d.reduce_scatter is reduce_scatter  # put back
+
+
+def test_collective_log_sees_c10d_helpers_and_counts_nested_calls_once(monkeypatch):
+    import torch.distributed.distributed_c10d as c10d
+
+    from pnpscale.rank.profiling import CollectiveLog
+
+    def isend(tensor, dst=None, group=None, tag=0):
+        return None
+
+    def send(tensor, dst=None, group=None, tag=0):
+        c10d.isend(tensor, dst)  # as c10d's send does
+
+    def broadcast(tensor, src=0, group=None, async_op=False):
+        return None
+
+    def broadcast_object_list(objs, src=0, group=None, device=None):  # c10d's helper: two broadcasts
+        c10d.broadcast(torch.zeros(1, dtype=torch.long), src)
+        c10d.broadcast(torch.zeros(10, dtype=torch.uint8), src)
+
+    for module in (dist, c10d):
+        for fn in (isend, send, broadcast, broadcast_object_list):
+            monkeypatch.setattr(module, fn.__name__, fn)
+    with CollectiveLog() as log:
+        dist.send(torch.zeros(4), 1)
+        dist.broadcast_object_list([1], 0)
+        other = threading.Thread(target=dist.broadcast, args=(torch.zeros(2),))  # another thread's call
+        other.start()
+        other.join()
+    assert log.calls == [("send", 16), ("broadcast", 8), ("broadcast", 10), ("broadcast", 8)]

@@ -59,20 +59,25 @@ DTYPE_BYTES: dict[str, int] = {
 def collective_type(name: str) -> str | None:
     """Collective type from a gloo/nccl range, c10d op or NCCL kernel name.
 
+    A barrier is a barrier whatever carries it: since torch 2.6 ``dist.barrier()`` on NCCL is an
+    all_reduce of one element recorded as ``nccl:all_reduce_barrier`` (PR 140785), typed ``barrier``
+    as its call is (``gloo:barrier``, c10d's ``barrier``).
+
     >>> collective_type("gloo:all_reduce"), collective_type("nccl:_all_gather_base")
     ('all_reduce', 'all_gather')
     >>> collective_type("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
     'all_reduce'
-    >>> collective_type("aten::mm") is None
-    True
+    >>> collective_type("nccl:all_reduce_barrier"), collective_type("aten::mm") is None
+    ('barrier', True)
     """
     low = name.lower()
     for key, norm in (
+        ("barrier", "barrier"),
         ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
         ("reducescatter", "reduce_scatter"), ("reduce_scatter", "reduce_scatter"),
         ("allgather", "all_gather"), ("all_gather", "all_gather"),
         ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"),
-        ("broadcast", "broadcast"), ("sendrecv", "send_recv"), ("barrier", "barrier"),
+        ("broadcast", "broadcast"), ("sendrecv", "send_recv"),
         ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
         ("send", "send"), ("recv", "recv"),
     ):  # fmt: skip
