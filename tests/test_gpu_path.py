@@ -563,3 +563,21 @@ def test_collective_log_sees_c10d_helpers_and_counts_nested_calls_once(monkeypat
         other.start()
         other.join()
     assert log.calls == [("send", 16), ("broadcast", 8), ("broadcast", 10), ("broadcast", 8)]
+
+
+def test_a_collective_on_the_copy_engines_is_named_in_the_refusal():
+    # NCCL >= 2.28 may run a collective as copies (no kernel): refused, and said so, not "CUPTI dropped" alone
+    rng = Event("denoiser", Kind.CPU, 0, 100 * US)
+    copy = Event("Memcpy PtoP (Device -> Device)", Kind.GPU, 10 * US, 50 * US, launch_ns=5 * US)
+    with pytest.raises(SectionError, match=r"1 memcpy\(s\) \(e\.g\. 'Memcpy PtoP .*copy engines"):
+        from pnpscale.analysis.events import cuda_section_span
+
+        cuda_section_span(rng, [copy], 1, 0, 3)
+
+
+def test_ranks_get_a_kineto_config_with_a_larger_cupti_buffer(tmp_path):
+    env = worker.kineto_config_env({}, str(tmp_path))
+    text = Path(env["KINETO_CONFIG"]).read_text()
+    assert text == f"ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB={worker.KINETO_GPU_BUFFER_MB}\n"
+    assert worker.KINETO_GPU_BUFFER_MB > 128  # Kineto's default
+    assert worker.kineto_config_env({"KINETO_CONFIG": "/mine.conf"}, str(tmp_path)) == {}  # the user's is kept

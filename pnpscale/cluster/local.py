@@ -235,7 +235,14 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from pnpscale.rank.worker import LAUNCH_T0_ENV, NODE_GPUS_ENV, PARENT_PID_ENV, in_environment, rank_environment
+    from pnpscale.rank.worker import (
+        LAUNCH_T0_ENV,
+        NODE_GPUS_ENV,
+        PARENT_PID_ENV,
+        in_environment,
+        kineto_config_env,
+        rank_environment,
+    )
     from pnpscale.sweep.signals import preserved
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -257,6 +264,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         LAUNCH_T0_ENV: repr(time.time()),
         PARENT_PID_ENV: str(os.getpid()),
         NODE_GPUS_ENV: node_gpus(os.environ),
+        **kineto_config_env(os.environ),
     }
     elastic_log = logging.getLogger("torch.distributed.elastic")
     level = elastic_log.level

@@ -529,12 +529,13 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     """
     from submitit.helpers import TorchDistributedEnvironment
 
-    from pnpscale.rank.worker import rank_environment, rank_main, threads_per_rank
+    from pnpscale.rank.worker import kineto_config_env, rank_environment, rank_main, threads_per_rank
 
     dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     rank = dist_env.rank
     threads = threads_per_rank(spec.threads_per_rank, dist_env.local_world_size)
     os.environ.update(rank_environment(threads, os.environ))
+    os.environ.update(kineto_config_env(os.environ))
     record = task_record(os.environ, dist_env.master_addr, dist_env.master_port)
     if rank == 0:  # in run.json from the start, so that a failure record names the job too
         _link_logs(run_dir, record["logs"])

@@ -282,6 +282,44 @@ def rank_environment(threads: int, environ: Mapping[str, str]) -> dict[str, str]
     }
 
 
+#: Kineto's CUPTI activity buffer for the ranks, MB. Kineto's default, 128 MB, can fill during one
+#: paper-scale 3D iteration on one GPU, and a full buffer stops the trace (refused as lost iterations).
+KINETO_GPU_BUFFER_MB = 1024
+
+
+def kineto_config_text(buffer_mb: int = KINETO_GPU_BUFFER_MB) -> str:
+    """The Kineto config file pnpscale gives its ranks (``KINETO_CONFIG``; Kineto's key, ``libkineto/src/Config.cpp``).
+
+    >>> kineto_config_text(512)
+    'ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB=512\\n'
+    """
+    return f"ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB={int(buffer_mb)}\n"
+
+
+def kineto_config_env(environ: Mapping[str, str], folder: str | None = None) -> dict[str, str]:
+    """``{"KINETO_CONFIG": <file>}`` for the ranks, the file (:func:`kineto_config_text`) written in
+    ``folder`` (default ``$TMPDIR``) if missing; ``{}`` when the user set ``KINETO_CONFIG`` (kept).
+
+    Kineto reads the file named by ``KINETO_CONFIG`` when a trace is prepared and applies it over its
+    defaults (``ActivityProfilerProxy::prepareTrace``), so set it in the rank's environment before
+    its profiler starts.
+    """
+    import tempfile
+
+    if "KINETO_CONFIG" in environ:
+        return {}
+    text = kineto_config_text()
+    path = Path(folder or tempfile.gettempdir()) / f"pnpscale-kineto-{KINETO_GPU_BUFFER_MB}mb.conf"
+    try:
+        if not path.is_file() or path.read_text() != text:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    except OSError:  # an unwritable $TMPDIR: Kineto keeps its default buffer
+        return {}
+    return {"KINETO_CONFIG": str(path)}
+
+
 def shared_gpu_allowed(requested: str, env: Any) -> bool:
     """Whether ranks may share a GPU: ``dist.backend=nccl`` with ``NCCL_MULTI_RANK_GPU_ENABLE=1``.
 
