@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# One-call GPU check of pnpscale's CUDA/NCCL path (issue 13), for a machine with one GPU.
+# One-call GPU check of pnpscale's CUDA/NCCL path (issues 13 and 19), for a machine with one GPU.
 #
-#   bash scripts/device-check.sh            # GPU mode: under 8 minutes, pass/fail table
-#   bash scripts/device-check.sh --cpu      # CPU mode: the steps that make sense without CUDA
+#   bash scripts/device-check.sh            # GPU mode: the whole check under 6 minutes, pass/fail table
+#   bash scripts/device-check.sh --cpu      # CPU mode: the same steps on CPU ranks at tiny sizes
 #   bash scripts/device-check.sh --only versions,busy_wait
 #
+# Through the device tool (the lent H200): run `bash scripts/device-check.sh` with carry=[".device-wheels"],
+# after `bash scripts/device-wheels.sh` here (the wheels that machine lacks).
+#
 # Run from anywhere; the repository is this script's parent folder. Python: $PNPSCALE_PYTHON if set,
-# else python3, with torch, deepinv and pnpscale's dependencies (`pip install -e .`; on a machine
-# without network, PNPSCALE_WHEELS=<folder of wheels> installs them from there). PYTHONPATH=<repo> is set. Results: the table on stdout and, when $OUT is set,
-# $OUT/device-check.md, $OUT/device-check.json, $OUT/runs/<step>/ (run folders) and $OUT/logs/.
-# Every step runs in its own process with a time limit; a failed step does not stop the others.
-# Exit status: 0 when every step passed (or was skipped), 1 when one failed or timed out, 2 when
-# Python or pnpscale cannot be imported.
+# else python3, with torch (whatever version it finds: it is reported) and pnpscale's dependencies.
+# Where they are missing and a folder of wheels is there ($PNPSCALE_WHEELS, default <repo>/.device-wheels),
+# they are installed from it with pip --no-index --no-deps --target $PNPSCALE_SITE (default
+# ${TMPDIR:-/tmp}/pnpscale-site), nothing from a registry. PYTHONPATH=<repo>[:<site>] is set.
+# Results: the table on stdout and, when $OUT is set, $OUT/device-check.md, $OUT/device-check.json,
+# $OUT/runs/<step>/ (run folders) and $OUT/logs/. Every step runs in its own process group with a time
+# limit (the group is killed at the limit, its pnpscale runs with it); a failed step does not stop the
+# others. Exit status: 0 when every step passed (or was skipped, saying why), 1 when one failed or timed
+# out, 2 when Python or pnpscale cannot be imported.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PNPSCALE_PYTHON:-python3}"
@@ -23,13 +29,17 @@ if ! "$PY" -c 'import sys; print("python", sys.version.split()[0])'; then
   exit 2
 fi
 IMPORTS='import torch, deepinv, hydra, pandas, pyarrow, ijson, pnpscale.validation.device_check; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "| deepinv", deepinv.__version__)'
-if ! "$PY" -c "$IMPORTS" >/dev/null 2>&1 && [ -n "${PNPSCALE_WHEELS:-}" ]; then
-  # offline machine: install pnpscale's dependencies from a folder of wheels
-  echo "== installing from wheels in $PNPSCALE_WHEELS"
-  "$PY" -m pip install --no-index --find-links "$PNPSCALE_WHEELS" -e "$ROOT" || echo "device-check: pip install failed" >&2
+WHEELS="${PNPSCALE_WHEELS:-$ROOT/.device-wheels}"
+if ! "$PY" -c "$IMPORTS" >/dev/null 2>&1 && [ -d "$WHEELS" ]; then
+  # offline machine (the lent GPU machine): the wheels it lacks, carried in the working tree
+  SITE="${PNPSCALE_SITE:-${TMPDIR:-/tmp}/pnpscale-site}"
+  echo "== installing $(find "$WHEELS" -maxdepth 1 -name '*.whl' | wc -l) wheel(s) from $WHEELS into $SITE"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
+    || echo "device-check: pip install from $WHEELS failed" >&2
+  export PYTHONPATH="$ROOT:$SITE${PYTHONPATH#"$ROOT"}"
 fi
 if ! "$PY" -c "$IMPORTS"; then
-  echo "device-check: $PY cannot import pnpscale's dependencies (pip install -e . or PNPSCALE_WHEELS=<wheel folder>)" >&2
+  echo "device-check: $PY cannot import pnpscale's dependencies (pip install -e ., or bash scripts/device-wheels.sh on a machine with an index and carry .device-wheels)" >&2
   exit 2
 fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader

@@ -49,6 +49,10 @@ def test_run_json_provenance(sweep):
     assert run["assignment"]["tiles_per_rank"] == [8, 8] and run["assignment"]["num_tiles"] == 16
     assert run["config"]["gpus"] == 2 and run["timings"]["measure_s"] > 0
     assert 0 < run["metrics"]["pe"] <= 1 and run["metrics"]["iterations"] == 2
+    # issue 19: every rank of a real sweep started clean (not a bad fork), each its own process
+    procs = run["processes"]
+    assert [p["rank"] for p in procs] == [0, 1] and not any(p["cuda_bad_fork"] for p in procs)
+    assert len({p["pid"] for p in procs}) == 2
 
 
 def test_two_ranks_measured_and_additive(sweep):

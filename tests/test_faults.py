@@ -3,6 +3,7 @@ the status record, that no rank process survives and that no measurement is lost
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -114,6 +115,92 @@ def test_1_run_ranks_puts_back_the_signal_handlers(tmp_path):
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     run_ranks(1, noop_rank, (), tmp_path / "logs", 1)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (``/proc``: children, their children...)."""
+    parents: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = {c for c, pp in parents.items() if pp == p and c not in out}
+        out |= kids
+        todo.extend(kids)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (an unreaped zombie holds nothing)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.slow
+def test_2_sigkill_of_the_launcher_leaves_no_process(tmp_path):
+    # issue 22 item 2: the forkserver, the resource tracker and the ranks all end with the launcher,
+    # also when it is killed by SIGKILL (nothing can run in it then)
+    pid_file = tmp_path / "rank.pid"
+    code = (
+        "from pathlib import Path\n"
+        "from pnpscale.cluster.local import run_ranks\n"
+        "from tests.toy_problem import sleepy_rank\n"
+        f"run_ranks(2, sleepy_rank, (300.0, {str(pid_file)!r}), Path({str(tmp_path / 'logs')!r}), 1)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, start_new_session=True)
+    below: set[int] = set()
+    try:
+        end = time.monotonic() + 120
+        while not all(Path(f"{pid_file}.{r}").is_file() for r in range(2)):
+            assert proc.poll() is None and time.monotonic() < end, "the ranks never started"
+            time.sleep(0.2)
+        ranks = {int(Path(f"{pid_file}.{r}").read_text()) for r in range(2)}
+        below = _descendants(proc.pid)
+        assert ranks <= below and len(below) >= 4, below  # forkserver, resource tracker, 2 ranks
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        end = time.monotonic() + 15
+        while any(_alive(p) for p in below) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not [p for p in below if _alive(p)], "processes outlived their launcher"
+    finally:  # nothing left behind by a failing test either
+        for p in [proc.pid, *below]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_2_sigkill_of_a_sweep_leaves_no_process(tmp_path):
+    # the same through the command a user runs: python -m pnpscale killed while its ranks iterate
+    proc = _cli("-m", "gpus=2", *TINY_2D, "iterations=500", f"output.root={tmp_path}",
+                f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)  # fmt: skip
+    below: set[int] = set()
+    try:
+        lines: list[str] = []
+        _read_until(proc, "iteration 2/", lines)  # the ranks are in their measured iterations
+        below = _descendants(proc.pid)
+        assert len(below) >= 4, below  # forkserver, resource tracker, 2 ranks
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        end = time.monotonic() + 15
+        while any(_alive(p) for p in below) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not [p for p in below if _alive(p)], "processes outlived the sweep's command"
+    finally:
+        for p in [proc.pid, *below]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 @pytest.mark.slow

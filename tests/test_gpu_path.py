@@ -8,6 +8,9 @@ staging, set_device before init_process_group, CPUs per GPU task.
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +29,7 @@ from pnpscale.analysis.tables import frames
 from pnpscale.rank import worker
 from pnpscale.rank.profiling import IncompleteTrace, check_trace_complete
 from pnpscale.results.transfer import nccl_log_size
+from tests.helpers import ROOT
 
 US = 1000
 
@@ -332,3 +336,248 @@ def test_too_few_cpus_per_gpu_task_are_warned():
 def test_slurm_default_config_keeps_null_and_says_why():
     text = (Path(__file__).resolve().parents[1] / "pnpscale" / "conf" / "cluster" / "slurm.yaml").read_text()
     assert "cpus_per_task: null" in text and ">= 4" in text
+
+
+# --- issue 19: no rank forked after CUDA, one GPU per rank --------------------------------------------
+
+
+def test_the_forkserver_preload_never_touches_cuda():
+    # a fresh interpreter imports exactly what the forkserver imports, then forks: torch marks the
+    # child a bad fork when anything before the fork called into CUDA (is_available() included)
+    from pnpscale.cluster.local import RANK_PRELOAD
+
+    code = (
+        "import importlib, os, sys, torch\n"
+        f"for m in {list(RANK_PRELOAD)!r}:\n"
+        "    importlib.import_module(m)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(3 if torch._C._cuda_isInBadFork() else 0)\n"
+        "print(os.waitpid(pid, 0)[1] >> 8, 'deepinv' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "False"], out.stdout  # not a bad fork; deepinv left to each rank
+
+
+def test_a_fork_after_a_cuda_query_is_refused_by_the_rank():
+    # the kind of fault the preload rule prevents, and what a rank says if it ever comes back
+    code = (
+        "import os, torch\n"
+        "torch.cuda.is_available()\n"  # what deepinv's import does (Trainer -> get_device())
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    from pnpscale.rank.worker import refuse_bad_fork\n"
+        "    try:\n"
+        "        refuse_bad_fork(3)\n"
+        "    except RuntimeError as e:\n"
+        "        print(e, flush=True); os._exit(5)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    if not hasattr(torch._C, "_cuda_isInBadFork"):
+        pytest.skip("torch built without CUDA: no bad-fork flag")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.stdout.startswith("rank 3 (pid "), out.stdout + out.stderr
+    assert "forked from a process that had called into CUDA" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_launched_local_rank_is_not_a_bad_fork_and_is_bound_to_its_gpu(tmp_path, monkeypatch):
+    from pnpscale.cluster.local import run_ranks
+    from tests.toy_problem import probe_rank
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,GPU-x")  # the launcher's GPUs (none exist here)
+    got = run_ranks(3, probe_rank, (), tmp_path / "logs", 1)
+    assert [got[r]["cuda_bad_fork"] for r in range(3)] == [False, False, False], got
+    assert [got[r]["deepinv_preloaded"] for r in range(3)] == [False, False, False], got
+    # local rank r -> GPU r mod n, set before the rank's first CUDA call
+    assert [got[r]["cuda_visible_devices"] for r in range(3)] == ["5", "GPU-x", "5"], got
+    assert [got[r]["gpu_binding"] for r in range(3)] == ["5", "GPU-x", "5"], got
+
+
+def test_gpu_binding_rules():
+    from pnpscale.rank.worker import gpu_binding
+
+    assert [gpu_binding(r, "0,1,2,3") for r in range(5)] == ["0", "1", "2", "3", "0"]
+    assert gpu_binding(1, " 2, 3 ") == "3"
+    assert gpu_binding(0, "GPU-aa") is None  # one GPU visible: bound outside (SLURM per task), kept
+    assert gpu_binding(2, None, 4) == "2" and gpu_binding(0, None, None) is None and gpu_binding(0, "") is None
+
+
+def test_slurm_task_binding_by_local_id(monkeypatch):
+    from pnpscale.cluster import slurm
+    from pnpscale.rank import worker
+
+    env = {"SLURM_LOCALID": "2", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    monkeypatch.delenv(worker.GPU_BINDING_ENV, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert slurm.bind_task_gpu(env) == "2"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2" and os.environ[worker.GPU_BINDING_ENV] == "2"
+    monkeypatch.setattr(worker, "nvml_device_count", lambda: None)  # no NVML: nothing known, nothing bound
+    assert slurm.bind_task_gpu({"SLURM_LOCALID": "1"}) is None
+
+
+def test_a_binding_that_did_not_take_is_refused():
+    from pnpscale.rank.worker import check_binding
+
+    check_binding("1", 1, 0)
+    with pytest.raises(RuntimeError, match=r"rank 3: bound to GPU 1 .* sees 4 GPUs: CUDA was initialised"):
+        check_binding("1", 4, 3)
+
+
+# --- issue 19 item 2: NCCL's own range names, every collective logged, a mismatch is an anomaly ---------
+
+#: the ``nccl:*`` ranges ProcessGroupNCCL records (its profiling titles): read from the installed torch
+#: 2.14.1 (the strings of ``torch/lib/libtorch_cuda.so``) and from ``ProcessGroupNCCL.cpp`` of torch 2.6+
+#: (``barrier`` -> ``allreduce_impl(barrierTensor, "nccl:all_reduce_barrier")`` since PR 140785, torch 2.6;
+#: ``send``/``recv`` -> ``c10::str("nccl:send ", rank_, "->", dstRank)``), with the type each is
+NCCL_RANGES = {
+    "nccl:all_reduce": "all_reduce", "nccl:all_reduce_barrier": "barrier", "nccl:allreduce_coalesced": "all_reduce",
+    "nccl:broadcast": "broadcast", "nccl:_broadcast_oop": "broadcast", "nccl:reduce": "reduce",
+    "nccl:_reduce_oop": "reduce", "nccl:all_gather": "all_gather", "nccl:_all_gather_base": "all_gather",
+    "nccl:all_gather_into_tensor_coalesced": "all_gather", "nccl:reduce_scatter": "reduce_scatter",
+    "nccl:_reduce_scatter_base": "reduce_scatter", "nccl:reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "nccl:all_to_all": "all_to_all", "nccl:gather": "gather", "nccl:gather_single": "gather",
+    "nccl:scatter": "scatter", "nccl:send 0->1": "send", "nccl:recv 1<-0": "recv",
+}  # fmt: skip
+#: torch.distributed call -> the range ProcessGroupNCCL records for it (same sources)
+NCCL_RANGE_OF_CALL = {
+    "all_reduce": "nccl:all_reduce", "barrier": "nccl:all_reduce_barrier", "broadcast": "nccl:broadcast",
+    "reduce": "nccl:reduce", "all_gather": "nccl:all_gather", "all_gather_into_tensor": "nccl:_all_gather_base",
+    "reduce_scatter": "nccl:reduce_scatter", "reduce_scatter_tensor": "nccl:_reduce_scatter_base",
+    "all_to_all": "nccl:all_to_all", "all_to_all_single": "nccl:all_to_all", "gather": "nccl:gather",
+    "scatter": "nccl:scatter", "send": "nccl:send 0->1", "isend": "nccl:send 0->1", "recv": "nccl:recv 1<-0",
+    "irecv": "nccl:recv 1<-0",
+}  # fmt: skip
+#: gloo's ranges (strings of the installed ``libtorch_cpu.so``)
+GLOO_RANGES = {
+    "gloo:all_reduce": "all_reduce", "gloo:barrier": "barrier", "gloo:broadcast": "broadcast",
+    "gloo:all_gather": "all_gather", "gloo:gather": "gather", "gloo:scatter": "scatter", "gloo:reduce": "reduce",
+    "gloo:all_to_all": "all_to_all", "gloo:send": "send", "gloo:recv": "recv",
+}  # fmt: skip
+
+
+def test_nccl_and_gloo_ranges_are_typed_as_their_calls():
+    from pnpscale.analysis.kineto import collective_type
+    from pnpscale.rank.profiling import COLLECTIVE_CALLS
+
+    assert {n: collective_type(n) for n in NCCL_RANGES} == NCCL_RANGES
+    assert {n: collective_type(n) for n in GLOO_RANGES} == GLOO_RANGES
+    # each logged call has the type of the range its process group records, so they pair up
+    assert set(NCCL_RANGE_OF_CALL) <= set(COLLECTIVE_CALLS)
+    assert {c: collective_type(c) for c in NCCL_RANGE_OF_CALL} == {
+        c: NCCL_RANGES[r] for c, r in NCCL_RANGE_OF_CALL.items()
+    }
+
+
+def _cpu_range(name: str, start: int, coll: str | None = None) -> Event:
+    from pnpscale.analysis.kineto import collective_type
+
+    return Event(name, Kind.CPU, start, start + 5, tid=1, collective=coll or collective_type(name))
+
+
+def test_payloads_attach_to_nccl_ranges_including_barrier_and_reduce_scatter():
+    from pnpscale.analysis.anomalies import Anomalies
+    from pnpscale.rank.profiling import attach_payloads
+
+    # an all_gather training step on NCCL: forward all_gather, backward's list-form reduce_scatter,
+    # the weight-gradient all_reduce and the end-of-iteration barrier
+    evs = [_cpu_range("nccl:all_gather", 10), _cpu_range("nccl:reduce_scatter", 20),
+           _cpu_range("nccl:all_reduce", 30), _cpu_range("nccl:all_reduce_barrier", 40)]  # fmt: skip
+    calls = [("all_gather", 64), ("reduce_scatter", 128), ("all_reduce", 8), ("barrier", None)]
+    anomalies = Anomalies()
+    out = attach_payloads(evs, calls, anomalies, rank=1)
+    assert [e.payload_bytes for e in out] == [64, 128, 8, None] and len(anomalies) == 0
+
+
+def test_a_count_mismatch_is_an_anomaly_never_an_exception():
+    from pnpscale.analysis.anomalies import KINDS, Anomalies, summary_lines
+    from pnpscale.rank.profiling import attach_payloads
+
+    assert "payload_unmatched" in KINDS
+    evs = [_cpu_range("nccl:all_reduce", 10), _cpu_range("nccl:reduce_scatter", 20), _cpu_range("nccl:all_reduce", 30)]
+    anomalies = Anomalies()
+    out = attach_payloads(evs, [("all_reduce", 40), ("all_reduce", 80)], anomalies, rank=2)  # no reduce_scatter
+    assert [e.payload_bytes for e in out] == [40, None, 80]  # the others keep theirs; the unmatched stay NA
+    (rec,) = anomalies.records()
+    assert rec["kind"] == "payload_unmatched" and rec["rank"] == 2
+    assert rec["example"].startswith("1 reduce_scatter range(s) in the profile, 0 torch.distributed")
+    assert summary_lines(anomalies.records())[0].startswith("anomaly payload_unmatched: 1 on rank 2")
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed.nn.functional.all_gather is deprecated")
+def test_collective_log_records_the_all_gather_backward_reduce_scatter(monkeypatch):
+    # torch.distributed.nn's autograd-aware all_gather (deepinv's training path) on NCCL: its backward is
+    # a list-form reduce_scatter, which must be logged. The process group is faked, torch's code is not.
+    import torch.distributed.distributed_c10d as c10d
+    import torch.distributed.nn.functional as dist_nn
+
+    from pnpscale.rank.profiling import CollectiveLog
+
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        for t in tensor_list:
+            t.copy_(tensor)
+
+    def reduce_scatter(output, input_list, op=None, group=None, async_op=False):
+        output.copy_(sum(input_list))
+
+    for module in (dist, c10d):
+        monkeypatch.setattr(module, "all_gather", all_gather)
+        monkeypatch.setattr(module, "reduce_scatter", reduce_scatter)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: dist.Backend.NCCL)
+    x = torch.ones(3, requires_grad=True)
+    with CollectiveLog() as log:
+        torch.stack(dist_nn.all_gather(x)).sum().backward()
+    assert log.calls == [("all_gather", 12), ("reduce_scatter", 24)]  # one rank's input; the list's bytes
+    assert dist.all_gather is all_gather and c10d.reduce_scatter is reduce_scatter  # put back
+
+
+def test_collective_log_sees_c10d_helpers_and_counts_nested_calls_once(monkeypatch):
+    import torch.distributed.distributed_c10d as c10d
+
+    from pnpscale.rank.profiling import CollectiveLog
+
+    def isend(tensor, dst=None, group=None, tag=0):
+        return None
+
+    def send(tensor, dst=None, group=None, tag=0):
+        c10d.isend(tensor, dst)  # as c10d's send does
+
+    def broadcast(tensor, src=0, group=None, async_op=False):
+        return None
+
+    def broadcast_object_list(objs, src=0, group=None, device=None):  # c10d's helper: two broadcasts
+        c10d.broadcast(torch.zeros(1, dtype=torch.long), src)
+        c10d.broadcast(torch.zeros(10, dtype=torch.uint8), src)
+
+    for module in (dist, c10d):
+        for fn in (isend, send, broadcast, broadcast_object_list):
+            monkeypatch.setattr(module, fn.__name__, fn)
+    with CollectiveLog() as log:
+        dist.send(torch.zeros(4), 1)
+        dist.broadcast_object_list([1], 0)
+        other = threading.Thread(target=dist.broadcast, args=(torch.zeros(2),))  # another thread's call
+        other.start()
+        other.join()
+    assert log.calls == [("send", 16), ("broadcast", 8), ("broadcast", 10), ("broadcast", 8)]
+
+
+def test_a_collective_on_the_copy_engines_is_named_in_the_refusal():
+    # NCCL >= 2.28 may run a collective as copies (no kernel): refused, and said so, not "CUPTI dropped" alone
+    rng = Event("denoiser", Kind.CPU, 0, 100 * US)
+    copy = Event("Memcpy PtoP (Device -> Device)", Kind.GPU, 10 * US, 50 * US, launch_ns=5 * US)
+    with pytest.raises(SectionError, match=r"1 memcpy\(s\) \(e\.g\. 'Memcpy PtoP .*copy engines"):
+        from pnpscale.analysis.events import cuda_section_span
+
+        cuda_section_span(rng, [copy], 1, 0, 3)
+
+
+def test_ranks_get_a_kineto_config_with_a_larger_cupti_buffer(tmp_path):
+    env = worker.kineto_config_env({}, str(tmp_path))
+    text = Path(env["KINETO_CONFIG"]).read_text()
+    assert text == f"ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB={worker.KINETO_GPU_BUFFER_MB}\n"
+    assert worker.KINETO_GPU_BUFFER_MB > 128  # Kineto's default
+    assert worker.kineto_config_env({"KINETO_CONFIG": "/mine.conf"}, str(tmp_path)) == {}  # the user's is kept

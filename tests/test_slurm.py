@@ -362,6 +362,11 @@ def test_sweep_jobs_have_one_shape_per_point(slurm_sweep):
         assert f"gres/gpu={gpus}" in step["tres"], step
         assert run["slurm"]["nodes"] == job_shape(gpus, 4).nodes
         assert run["slurm"]["tasks_per_node"] == job_shape(gpus, 4).tasks_per_node
+        # issue 19: no rank is a bad fork (CUDA touched before its process was forked), and a rank
+        # that sees GPUs sees one: bound by SLURM_LOCALID before its first CUDA call
+        procs = run["processes"]
+        assert [p["rank"] for p in procs] == list(range(gpus)) and not any(p["cuda_bad_fork"] for p in procs)
+        assert all("," not in (p["cuda_visible_devices"] or "") for p in procs), procs
 
 
 @pytest.mark.slurm

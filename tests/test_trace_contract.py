@@ -257,6 +257,11 @@ def test_overlapping_sections_are_refused():
         ("ncclSymDevKernel_AllReduce_RSxLD_AGxST_sum_bf16(ncclSymDevArgs)", "nccl>=2.27 symmetric", "all_reduce"),
         ("ncclSymDevKernel_AllGather_LL(ncclSymDevArgs)", "nccl>=2.27 symmetric", "all_gather"),
         ("ncclSymDevKernel_ReduceScatter_LD_sum_f16(ncclSymDevArgs)", "nccl>=2.27 symmetric", "reduce_scatter"),
+        # NCCL >= 2.28 renamed them (src/device/symmetric/generate.py: ncclSymkDevKernel_<coll>_<algo>_<op>_<type>)
+        ("ncclSymkDevKernel_AllReduce_AGxLL_R_sum_f32(ncclSymkDevWorkArgs4K)", "nccl>=2.28 symmetric", "all_reduce"),
+        ("ncclSymkDevKernel_AllGather_STMC(ncclSymkDevWorkArgs4K)", "nccl>=2.28 symmetric", "all_gather"),
+        ("ncclSymkDevKernel_ReduceScatter_RailA2A_LsaLD_sum_bf16(ncclSymkDevWorkArgs4K)", "nccl>=2.28 symmetric",
+         "reduce_scatter"),
         ("mscclKernel_Sum_float_LL128(...)", "rccl msccl", None),
     ],
 )  # fmt: skip

@@ -26,3 +26,30 @@ class ToyDeconvolution(Problem):
 @record
 def noop_rank() -> None:
     """A rank that does nothing (tests of the launcher itself)."""
+
+
+@record
+def probe_rank() -> dict:
+    """A rank that reports how it was started (tests of the launcher): its process info
+    (:func:`pnpscale.rank.worker.process_info`: bad fork, CUDA binding), whether deepinv was already
+    imported when it started, and its parent pid."""
+    import os
+    import sys
+
+    from pnpscale.rank.worker import process_info
+
+    return {**process_info(), "deepinv_preloaded": "deepinv" in sys.modules, "ppid": os.getppid()}
+
+
+@record
+def sleepy_rank(seconds: float, pid_file: str) -> None:
+    """A rank that writes its pid to ``pid_file.<LOCAL_RANK>`` and sleeps (tests of process lifetime)."""
+    import os
+    import time
+    from pathlib import Path
+
+    from pnpscale.rank.worker import PARENT_PID_ENV, die_with_parent
+
+    die_with_parent(int(os.environ[PARENT_PID_ENV]))
+    Path(f"{pid_file}.{os.environ['LOCAL_RANK']}").write_text(str(os.getpid()))
+    time.sleep(seconds)

@@ -394,9 +394,10 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
 
         import submitit
 
-        from pnpscale.cluster.slurm import IN_TASK_ENV
+        from pnpscale.cluster.slurm import IN_TASK_ENV, bind_task_gpu
         from pnpscale.rank.worker import LAUNCH_T0_ENV
 
+        bind_task_gpu(os.environ)  # first: before anything in this task calls into CUDA
         # submitit ignores SIGTERM (for requeue on preemption); a pnpscale run cannot be resumed
         # midway, so scancel and SLURM's time limit end it at once instead of after KillWait.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -34,6 +34,8 @@ KINDS: dict[str, str] = {
     "negative_compute": "a rank's collectives last longer than its section (overlapping, asynchronous "
     "collectives): compute and load balance of those rows are not meaningful",
     "transfer_includes_wait": "one rank present: no other rank to take the minimum over, transfer includes wait",
+    "payload_unmatched": "the profile's collective ranges of a type and the torch.distributed calls of that type "
+    "differ in number: those ranges' payload bytes left unknown (NA)",
 }
 
 

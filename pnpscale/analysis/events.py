@@ -361,10 +361,17 @@ def cuda_section_span(
     (240, 240)
     """
     if n_descriptors and not n_nccl_kernels:
+        copies = [e.name for e in launched if e.name.startswith("Memcpy")]
+        why = (
+            f"; its GPU work holds {len(copies)} memcpy(s) (e.g. {copies[0]!r}) and no kernel: NCCL >= 2.28 may have "
+            "run the collective on the copy engines, which is not timed as a collective"
+            if copies
+            else ""
+        )
         raise SectionError(
             f"iteration {iteration} section {cpu_range.name!r}: {n_descriptors} NCCL collective(s) issued but no "
             "NCCL kernel recorded (CUPTI dropped or stopped recording GPU activity; fewer iterations or a "
-            "smaller problem per run, and see Kineto's messages in the rank's stderr)"
+            f"smaller problem per run, and see Kineto's messages in the rank's stderr){why}"
         )
     if not launched:
         return (cpu_range.end_ns - cpu_range.start_ns if cpu_start else 0), None

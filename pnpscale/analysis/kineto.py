@@ -8,7 +8,10 @@ Sources: Kineto's ``ActivityType`` names (``libkineto/include/ActivityType.h``);
 ``record_param_comms`` arguments (``torch/csrc/distributed/c10d/ParamCommsUtils.hpp``: "Collective
 name", "In msg nelems", "dtype", "Process Group Name", "Seq"); NCCL's kernel names
 (``src/device/generate.py`` of NCCL 2.19+, ``src/collectives/device/`` before, and
-``src/device/symmetric/generate.py`` of NCCL 2.27); RCCL uses NCCL's names plus ``mscclKernel_*``.
+``src/device/symmetric/generate.py``: ``ncclSymDevKernel_*`` in NCCL 2.27, ``ncclSymkDevKernel_*``
+from 2.28); RCCL uses NCCL's names plus ``mscclKernel_*``. A collective NCCL runs on the copy engines
+(no kernel, only ``Memcpy`` GPU events) is not one of these: a live run refuses it by name
+(:func:`pnpscale.analysis.events.cuda_section_span`).
 """
 
 from __future__ import annotations
@@ -59,20 +62,25 @@ DTYPE_BYTES: dict[str, int] = {
 def collective_type(name: str) -> str | None:
     """Collective type from a gloo/nccl range, c10d op or NCCL kernel name.
 
+    A barrier is a barrier whatever carries it: since torch 2.6 ``dist.barrier()`` on NCCL is an
+    all_reduce of one element recorded as ``nccl:all_reduce_barrier`` (PR 140785), typed ``barrier``
+    as its call is (``gloo:barrier``, c10d's ``barrier``).
+
     >>> collective_type("gloo:all_reduce"), collective_type("nccl:_all_gather_base")
     ('all_reduce', 'all_gather')
     >>> collective_type("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
     'all_reduce'
-    >>> collective_type("aten::mm") is None
-    True
+    >>> collective_type("nccl:all_reduce_barrier"), collective_type("aten::mm") is None
+    ('barrier', True)
     """
     low = name.lower()
     for key, norm in (
+        ("barrier", "barrier"),
         ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
         ("reducescatter", "reduce_scatter"), ("reduce_scatter", "reduce_scatter"),
         ("allgather", "all_gather"), ("all_gather", "all_gather"),
         ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"),
-        ("broadcast", "broadcast"), ("sendrecv", "send_recv"), ("barrier", "barrier"),
+        ("broadcast", "broadcast"), ("sendrecv", "send_recv"),
         ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
         ("send", "send"), ("recv", "recv"),
     ):  # fmt: skip
@@ -113,6 +121,8 @@ COLLECTIVE_KERNELS: tuple[KernelFamily, ...] = (
                  "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"),
     KernelFamily("nccl>=2.27 symmetric", re.compile(r"^ncclSymDevKernel_[A-Z][A-Za-z]+"), True,
                  "ncclSymDevKernel_AllReduce_RSxLD_AGxST_sum_bf16(ncclSymDevArgs)"),
+    KernelFamily("nccl>=2.28 symmetric", re.compile(r"^ncclSymkDevKernel_[A-Z][A-Za-z]+"), True,
+                 "ncclSymkDevKernel_ReduceScatter_LL_sum_f32(ncclSymkDevWorkArgs4K)"),
     KernelFamily("rccl msccl", re.compile(r"^mscclKernel_"), False, "mscclKernel_Sum_float_LL128(...)"),
 )  # fmt: skip
 _ANY_NCCL = re.compile(r"nccl", re.IGNORECASE)

@@ -1,6 +1,8 @@
 """Local launch: ``gpus`` ranks on this machine with torch.distributed elastic.
 
-Each rank runs :func:`pnpscale.rank.worker.rank_main` in a spawned process. ``OMP_NUM_THREADS`` is
+Each rank runs :func:`pnpscale.rank.worker.rank_main` in a process forked by a forkserver that
+imported the ranks' CUDA-free dependencies once (:data:`RANK_PRELOAD`), bound to one GPU of this
+machine before its first CUDA call (:func:`node_gpus`). ``OMP_NUM_THREADS`` is
 set per rank (elastic does not, unlike torchrun). A failing rank brings the others down within
 seconds (the elastic agent monitors every rank); its exception is re-raised here as
 :class:`RankFailed` with the rank's own message.
@@ -223,7 +225,9 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     torch elastic installs its own SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers while the ranks run (a
     signal then stops every rank and raises its ``SignalException``); the handlers in place before
     are put back on return, whatever happened (:func:`pnpscale.core.signals.preserved`). Each rank
-    dies with this process, even a SIGKILL of it (:data:`PARENT_PID_ENV`).
+    dies with this process, even a SIGKILL of it (:data:`PARENT_PID_ENV`,
+    :func:`pnpscale.rank.worker.die_with_parent`), and the forkserver and resource tracker with them.
+    Local rank ``r`` is bound to GPU ``r mod n`` of the ``n`` this process sees (:func:`node_gpus`).
 
     Raises:
         RankFailed: a rank raised (its message) or died (its exit code).
@@ -234,7 +238,14 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from pnpscale.core.signals import preserved
-    from pnpscale.rank.worker import LAUNCH_T0_ENV, PARENT_PID_ENV, in_environment, rank_environment
+    from pnpscale.rank.worker import (
+        LAUNCH_T0_ENV,
+        NODE_GPUS_ENV,
+        PARENT_PID_ENV,
+        in_environment,
+        kineto_config_env,
+        rank_environment,
+    )
 
     log_dir.mkdir(parents=True, exist_ok=True)
     launch_cfg = LaunchConfig(
@@ -254,6 +265,8 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         **rank_environment(threads, os.environ),
         LAUNCH_T0_ENV: repr(time.time()),
         PARENT_PID_ENV: str(os.getpid()),
+        NODE_GPUS_ENV: node_gpus(os.environ),
+        **kineto_config_env(os.environ),
     }
     elastic_log = logging.getLogger("torch.distributed.elastic")
     level = elastic_log.level
@@ -276,18 +289,45 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
 # --- how ranks start: from a forkserver that imported what they need ------------------------------
 
 #: modules every rank imports, loaded once by the forkserver that forks the ranks; the server lives as
-#: long as this process, so the points of a sweep after the first start without importing them again
-RANK_PRELOAD = ("torch", "torch.distributed", "deepinv", "pnpscale.rank.worker", "pnpscale.rank.solver")
+#: long as this process, so the points of a sweep after the first start without importing them again.
+#: Only modules whose import never calls into ``torch.cuda``: torch marks every process forked after
+#: any CUDA call (``torch.cuda.is_available()`` included) as a *bad fork*, whose first CUDA call
+#: raises. ``deepinv`` is not one (its import runs ``Trainer``'s class body, ``get_device()`` ->
+#: ``torch.cuda.is_available()``, and on a GPU machine ``mem_get_info`` on every GPU): each rank
+#: imports it itself, after its GPU binding (0.13 s with these preloaded). Checked by
+#: ``tests/test_local.py`` (a fork after importing these is not a bad fork) and by every rank
+#: (:func:`pnpscale.rank.worker.refuse_bad_fork`).
+RANK_PRELOAD = (
+    "torch", "torch.distributed", "torchvision", "h5py", "requests", "natsort", "tqdm", "pandas", "pyarrow",
+    "pnpscale.rank.worker", "pnpscale.rank.solver", "pnpscale.rank.profiling", "pnpscale.core.record",
+)  # fmt: skip
 
 
 def rank_start_method() -> str:
-    """``forkserver`` (preloading :data:`RANK_PRELOAD`) where the platform has it, else ``spawn``."""
+    """``forkserver`` (preloading :data:`RANK_PRELOAD`) where the platform has it, else ``spawn``.
+
+    The forkserver is started by exec, not fork: whatever this process did with CUDA, the server
+    starts clean and imports only :data:`RANK_PRELOAD`.
+    """
     import multiprocessing as mp
 
     if "forkserver" not in mp.get_all_start_methods():
         return "spawn"
     mp.set_forkserver_preload(list(RANK_PRELOAD))
     return "forkserver"
+
+
+def node_gpus(environ: Any) -> str:
+    """The GPUs this machine's ranks share out (:data:`pnpscale.rank.worker.NODE_GPUS_ENV`): this
+    process's ``CUDA_VISIBLE_DEVICES`` when set, else ``0..n-1`` for the ``n`` CUDA devices torch sees
+    (``""`` without CUDA). Local rank ``r`` is then bound to entry ``r mod n``
+    (:func:`pnpscale.rank.worker.bind_gpu`), so each rank opens a context on its own GPU only."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return ",".join(g.strip() for g in visible.split(",") if g.strip())
+    from pnpscale.cluster.resources import cuda_device_count
+
+    return ",".join(str(i) for i in range(cuda_device_count()))
 
 
 #: errors a rank raises because another rank died (gloo/NCCL losing its peer): never the root cause

@@ -45,6 +45,13 @@ print(kb["Anonymous"] * 1024, (kb["Rss"] - kb["Anonymous"]) * 1024)
 """
 
 
+def cuda_device_count() -> int:
+    """CUDA devices visible to this process (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _cache_file() -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     from pnpscale import layout

@@ -510,6 +510,22 @@ class SlurmCluster(Cluster):
         run_rank(spec, run_dir, config)  # this process is task 0 of the point's SLURM job: rank 0
 
 
+def bind_task_gpu(environ: Any) -> str | None:
+    """Bind this SLURM task (one rank) to one GPU of its node before its first CUDA call.
+
+    SLURM gives every task of a job the node's GPUs (``CUDA_VISIBLE_DEVICES=0,1,2,3`` with
+    ``--gpus-per-node``): task ``SLURM_LOCALID`` keeps entry ``SLURM_LOCALID mod n``
+    (:func:`pnpscale.rank.worker.bind_gpu`); a task SLURM bound to one GPU already keeps it; without
+    ``CUDA_VISIBLE_DEVICES`` the node's GPUs are counted by NVML (no CUDA initialisation). Returns the
+    binding, ``None`` when nothing changed.
+    """
+    from pnpscale.rank.worker import bind_gpu, nvml_device_count
+
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    count = nvml_device_count() if visible is None else None
+    return bind_gpu(int(environ.get("SLURM_LOCALID", "0")), visible, count)
+
+
 def in_slurm_task() -> bool:
     """True inside a task started by the pnpscale SLURM launcher."""
     return os.environ.get(IN_TASK_ENV) == "1"
@@ -530,9 +546,10 @@ def _link_logs(run_dir: Path, logs: Sequence[Mapping[str, Any]]) -> None:
 def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> None:
     """Run this SLURM task as one rank of ``spec`` (see the module doc); raises what the rank hit.
 
-    Exports the torch.distributed variables of ``TorchDistributedEnvironment`` (every rank sees all
-    of its node's GPUs: the backend is chosen from them, see :func:`pnpscale.rank.worker.choose_backend`;
-    on nccl the worker sets each rank's NCCL diagnostics), then calls :func:`pnpscale.rank.worker.rank_main`.
+    Exports the torch.distributed variables of ``TorchDistributedEnvironment`` (the task was bound to
+    its GPU when it started, :func:`bind_task_gpu`, so it sees that one GPU: the backend is chosen
+    from every rank's GPU UUID, see :func:`pnpscale.rank.worker.choose_backend`; on nccl the worker
+    sets each rank's NCCL diagnostics), then calls :func:`pnpscale.rank.worker.rank_main`.
     Rank 0 adds the ``slurm`` block to ``run.json`` (kept by the final write) and links every task's
     log from ``logs/``.
 
@@ -543,12 +560,13 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     """
     from submitit.helpers import TorchDistributedEnvironment
 
-    from pnpscale.rank.worker import rank_environment, rank_main, threads_per_rank
+    from pnpscale.rank.worker import kineto_config_env, rank_environment, rank_main, threads_per_rank
 
     dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     rank = dist_env.rank
     threads = threads_per_rank(spec.threads_per_rank, dist_env.local_world_size)
     os.environ.update(rank_environment(threads, os.environ))
+    os.environ.update(kineto_config_env(os.environ))
     record = task_record(os.environ, dist_env.master_addr, dist_env.master_port)
     if rank == 0:  # in run.json from the start, so that a failure record names the job too
         _link_logs(run_dir, record["logs"])

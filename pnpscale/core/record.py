@@ -75,6 +75,10 @@ class RunRecord:
             the resident-set high-water mark, reset per section); see :func:`peak_memory`.
         files: the tables written.
         slurm: the SLURM job (id, state, nodes, logs...), SLURM runs only.
+        processes: per rank (index = rank), how its process started: ``pid``, ``cuda_bad_fork``
+            (forked from a process that had touched CUDA: always ``false`` in a complete run, the rank
+            refuses to run otherwise), ``cuda_visible_devices`` and ``gpu_binding`` (the one GPU the
+            launcher bound it to, ``null`` when not bound); see :func:`pnpscale.rank.worker.process_info`.
         extra: keys this version does not know (kept on rewrite).
     """
 
@@ -106,6 +110,7 @@ class RunRecord:
     peak_memory: dict[str, Any] | None = None
     files: list[str] | None = None
     slurm: dict[str, Any] | None = None
+    processes: list[dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
@@ -162,7 +167,7 @@ _FIELD_TYPES: dict[str, type] = {
     "fingerprint": str, "spec": dict, "config": dict, "error": str, "started_at": str, "finished_at": str,
     "pid": int, "host": str, "versions": dict, "backend": str, "world_size": int, "nodes": int, "hosts": list,
     "device_names": list, "threads_per_rank": int, "assignment": dict, "solver": dict, "timings": dict,
-    "metrics": dict, "files": list, "slurm": dict,
+    "metrics": dict, "files": list, "slurm": dict, "processes": list,
 }  # fmt: skip
 
 
@@ -267,16 +272,19 @@ def provenance(backend: str) -> dict[str, Any]:
     }
 
 
-def peak_memory(ranks: Any, devices: list[str]) -> dict[str, Any]:
+def peak_memory(ranks: Any, devices: list[str], reserved: list[int | None] | None = None) -> dict[str, Any]:
     """``run.json``'s ``peak_memory`` block from the ranks table (one row per rank, iteration, section).
 
     Args:
         ranks: the ranks table (columns ``rank`` and ``peak_mem_bytes``, bytes).
         devices: each rank's device name (``cpu: ...`` on CPU).
+        reserved: CUDA runs: each rank's highest ``max_memory_reserved`` over its sections (bytes: what
+            the caching allocator held, allocated or not; what the GPU must have), ``None`` on CPU.
 
     Returns:
         ``{"bytes_per_rank": [max bytes of rank 0, 1, ...], "max_bytes": ..., "source": ...}``
-        (``None`` entries where a rank recorded no peak).
+        (``None`` entries where a rank recorded no peak), plus ``reserved_bytes_per_rank`` and
+        ``max_reserved_bytes`` when some rank gave ``reserved``.
 
     >>> import pandas as pd
     >>> peak_memory(pd.DataFrame({"rank": [0, 0, 1], "peak_mem_bytes": [5, 7, 6]}), ["cpu: x", "cpu: x"])
@@ -288,11 +296,16 @@ def peak_memory(ranks: Any, devices: list[str]) -> dict[str, Any]:
     values = [None if r not in per.index or per[r] != per[r] else int(per[r]) for r in range(len(devices))]
     known = [v for v in values if v is not None]
     cpu = all(str(d).startswith("cpu") for d in devices)
-    return {
+    out: dict[str, Any] = {
         "bytes_per_rank": values,
         "max_bytes": max(known) if known else None,
         "source": "cpu VmHWM (resident set high-water mark)" if cpu else "cuda max_memory_allocated",
     }
+    held = [None if v is None else int(v) for v in (reserved or [])]
+    if any(v is not None for v in held):
+        out["reserved_bytes_per_rank"] = held
+        out["max_reserved_bytes"] = max(v for v in held if v is not None)
+    return out
 
 
 def start_record(spec: Any, config: dict[str, Any] | None) -> RunRecord:

@@ -74,6 +74,7 @@ def write_run(
             },
             "solver": {**infos[0]["solver"], "weights_sha256_per_rank": [i["solver"]["weights_sha256"] for i in infos]},
             "timings": dict(timings),
+            "processes": [{"rank": r, **i["process"]} for r, i in enumerate(infos) if "process" in i] or None,
         },
         **(extra or {}),
     )
@@ -92,7 +93,9 @@ def write_run(
         sections = decompose(ranks, colls)
         check_invariants(ranks, sections)
         base.metrics = run_metrics(sections, spec.gpus)
-        base.peak_memory = peak_memory(ranks, [i["device"] for i in infos])
+        base.peak_memory = peak_memory(
+            ranks, [i["device"] for i in infos], [i.get("peak_reserved_bytes") for i in infos]
+        )
     except Exception as exc:
         base.status, base.error, base.finished_at = layout.STATUS_FAILED, error_text(exc), now_iso()
         write_record(run_dir, base)

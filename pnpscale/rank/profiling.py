@@ -10,6 +10,7 @@ is launched and finished inside it.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,8 +46,13 @@ def make_profiler(cuda: bool, record_shapes: bool = False) -> profile:
 
 
 #: torch.distributed collectives whose calls :class:`CollectiveLog` records: name -> (position, keyword) of
-#: the tensor whose bytes are the payload (the one a ``gloo:*``/``nccl:*`` range's first input shape
-#: gives with ``record_shapes``: the local input), ``None`` for no tensor (barrier)
+#: the tensor (or list of tensors: their bytes summed) whose bytes are the payload (the one a
+#: ``gloo:*``/``nccl:*`` range's first input shape gives with ``record_shapes``: the local input; for
+#: the list-form ``reduce_scatter`` ProcessGroupNCCL records the list flattened into one input), ``None``
+#: for no tensor (barrier). Every collective the solver issues is one of these: deepinv's
+#: ``DistributedContext`` (all_reduce, broadcast, all_gather, the object collectives, which c10d runs
+#: as all_gather/broadcast), and ``torch.distributed.nn``'s autograd-aware all_gather, whose backward is
+#: a list-form ``reduce_scatter`` on NCCL and ``scatter`` calls on gloo.
 COLLECTIVE_CALLS: dict[str, tuple[int, str] | None] = {
     "all_reduce": (0, "tensor"),
     "broadcast": (0, "tensor"),
@@ -54,7 +60,9 @@ COLLECTIVE_CALLS: dict[str, tuple[int, str] | None] = {
     "all_gather": (1, "tensor"),
     "all_gather_into_tensor": (1, "input_tensor"),
     "all_gather_single": (1, "input_tensor"),
+    "reduce_scatter": (1, "input_list"),
     "reduce_scatter_tensor": (1, "input"),
+    "all_to_all": (1, "input_tensor_list"),
     "all_to_all_single": (1, "input"),
     "gather": (0, "tensor"),
     "scatter": (0, "tensor"),
@@ -66,50 +74,84 @@ COLLECTIVE_CALLS: dict[str, tuple[int, str] | None] = {
 }
 
 
+def call_payload(value: Any) -> int | None:
+    """Bytes of a collective's payload argument: a tensor, or a list/tuple of tensors (summed).
+
+    >>> call_payload(torch.zeros(3, 4)), call_payload([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
+    (48, 24)
+    >>> call_payload(None) is None, call_payload([]) is None
+    (True, True)
+    """
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)) and value and all(isinstance(t, torch.Tensor) for t in value):
+        return sum(t.numel() * t.element_size() for t in value)
+    return None
+
+
 class CollectiveLog:
     """Records every torch.distributed collective call made while it is active: (collective, payload bytes).
 
     ``with CollectiveLog() as log:`` wraps the functions of :data:`COLLECTIVE_CALLS` in
-    ``torch.distributed`` (deepinv and ``torch.distributed.nn`` call them through the module, so every
-    call passes there) and restores them on exit. ``log.calls`` lists ``(collective, bytes)`` in call
-    order (``collective`` as :func:`pnpscale.analysis.kineto.collective_type` names it; bytes ``None``
-    for barrier). :func:`attach_payloads` gives them to the profiler's ``gloo:*``/``nccl:*`` ranges, so
-    that payload bytes need no ``record_shapes``.
+    ``torch.distributed`` (deepinv and ``torch.distributed.nn`` call them through that module) and in
+    ``torch.distributed.distributed_c10d`` (where c10d's own helpers find them: ``all_gather_object``
+    runs two ``all_gather``, ``broadcast_object_list`` two ``broadcast``), and restores both on exit.
+    A call made inside another recorded call on the same thread (``send`` runs ``isend``) counts once,
+    as the innermost: the one that reaches the process group and gets a profiler range. Calls from any
+    thread are recorded (the autograd engine runs CUDA backward passes on its own threads).
+    ``log.calls`` lists ``(collective, bytes)`` in call order (``collective`` as
+    :func:`pnpscale.analysis.kineto.collective_type` names it; bytes ``None`` for barrier).
+    :func:`attach_payloads` gives them to the profiler's ``gloo:*``/``nccl:*`` ranges, so that payload
+    bytes need no ``record_shapes``.
     """
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, int | None]] = []
-        self._saved: dict[str, object] = {}
+        self._entries: list[list[Any]] = []  # [collective, bytes, kept]
+        self._saved: list[tuple[Any, str, object]] = []
+        self._local = threading.local()
+
+    @property
+    def calls(self) -> list[tuple[str, int | None]]:
+        return [(c, b) for c, b, kept in self._entries if kept]
 
     def __enter__(self) -> CollectiveLog:
         import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
 
+        wrapped: dict[int, Any] = {}
         for name, where in COLLECTIVE_CALLS.items():
-            fn = getattr(dist, name, None)
-            if fn is not None:
-                self._saved[name] = fn
-                setattr(dist, name, self._wrap(fn, collective_type(name) or name, where))
+            for module in (dist, c10d):
+                fn = getattr(module, name, None)
+                if fn is None:
+                    continue
+                if id(fn) not in wrapped:
+                    wrapped[id(fn)] = self._wrap(fn, collective_type(name) or name, where)
+                self._saved.append((module, name, fn))
+                setattr(module, name, wrapped[id(fn)])
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import torch.distributed as dist
-
-        for name, fn in self._saved.items():
-            setattr(dist, name, fn)
+        for module, name, fn in reversed(self._saved):
+            setattr(module, name, fn)
         self._saved.clear()
 
     def _wrap(self, fn: Any, collective: str, where: tuple[int, str] | None) -> Any:
-        calls = self.calls
+        entries, local = self._entries, self._local
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             size = None
             if where is not None:
-                t = args[where[0]] if len(args) > where[0] else kwargs.get(where[1])
-                if isinstance(t, torch.Tensor):
-                    size = t.numel() * t.element_size()
-            calls.append((collective, size))
-            return fn(*args, **kwargs)
+                size = call_payload(args[where[0]] if len(args) > where[0] else kwargs.get(where[1]))
+            entry = [collective, size, True]
+            entries.append(entry)
+            made = getattr(local, "made", 0) + 1  # calls recorded on this thread so far
+            local.made = made
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if local.made > made:  # an inner recorded call ran the collective: count that one
+                    entry[2] = False
 
         return call
 
@@ -289,15 +331,18 @@ def export_trace(prof: profile, path: Path) -> None:
 class PeakMemory:
     """Peak memory of this process over a section, in bytes.
 
-    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``. CPU: the
-    resident-set high-water mark (``VmHWM``), reset through ``/proc/self/clear_refs`` (Linux);
-    where it cannot be reset the value is the process's peak so far (``ru_maxrss``).
+    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, and beside it the
+    highest ``max_memory_reserved`` of any section (:attr:`reserved_max`: what the caching allocator
+    held, the memory the GPU must have). CPU: the resident-set high-water mark (``VmHWM``), reset
+    through ``/proc/self/clear_refs`` (Linux); where it cannot be reset the value is the process's
+    peak so far (``ru_maxrss``); :attr:`reserved_max` stays ``None``.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
         self.resettable = self.cuda or _clear_refs()
+        self.reserved_max: int | None = None
 
     def reset(self) -> None:
         if self.cuda:
@@ -307,6 +352,8 @@ class PeakMemory:
 
     def peak_bytes(self) -> int:
         if self.cuda:
+            reserved = int(torch.cuda.max_memory_reserved(self.device))
+            self.reserved_max = max(self.reserved_max or 0, reserved)
             return int(torch.cuda.max_memory_allocated(self.device))
         hwm = _vm_hwm_bytes()
         if hwm is not None:

@@ -17,13 +17,6 @@ from pnpscale import layout
 from pnpscale.core.config import ConfigError, RunSpec, cfg_variant, plain, resolve_spec
 
 
-def cuda_device_count() -> int:
-    """CUDA devices visible to this process (0 without CUDA)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 @dataclass(frozen=True)
 class Point:
     """One sweep point, resolved.
@@ -82,6 +75,8 @@ def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None
         return _RESOLVED[key]
     backend = cluster_backend(cfg["cluster"])
     backend.check_keys(plain(cfg["cluster"]))  # the backend's own keys and their rules
+    from pnpscale.cluster.resources import cuda_device_count
+
     devices = cuda_device_count() if cuda_devices is None else cuda_devices
     spec = resolve_spec(cfg, cuda_available=devices > 0)
     backend.check(cfg, spec, devices)

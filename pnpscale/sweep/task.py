@@ -158,7 +158,7 @@ def _log_single_run_resume(point: Point) -> None:
 def _log_choices(point: Point, backend: Any) -> None:
     """Say what ``scale=auto`` chose, and warn about slow or contended CPU runs."""
     spec = point.spec
-    from pnpscale.sweep.point import cuda_device_count
+    from pnpscale.cluster.resources import cuda_device_count
 
     if spec.scale_requested == "auto":
         log.info("scale=auto -> %s (%s)", spec.scale, "CUDA available" if spec.scale == "paper" else "no CUDA")

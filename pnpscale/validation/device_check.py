@@ -16,12 +16,15 @@ sense, the others skipped, to test this orchestration without a GPU):
   complete, device name, GPU spans, CUDA peak memory, NCCL version in ``run.json``.
 * ``offline_equals_live``: ``python -m pnpscale.analyze`` of each run's exported traces equals its
   live tables (10 ns on seconds, 1e-5 relative on LB).
-* ``two_ranks_shared_gpu``: 2 ranks on the one GPU over NCCL (``NCCL_MULTI_RANK_GPU_ENABLE=1``;
-  timings meaningless): per iteration the same collectives and payloads as the same run on gloo,
-  NCCL logs parsed, an algorithm found for the main all_reduce.
-* ``injected_delay``: ``inject.delay_s=0.2`` in rank 0's denoiser adds 0.2 s (10 %) to its GPU span
-  (fastest measured iteration against the same run without delay).
-* ``paper_2d_inference``: one paper-scale 2D inference iteration completes (profiler not stopped).
+* ``two_ranks_shared_gpu``: 2 gloo ranks (every payload known, no ``payload_unmatched``), then 2 ranks
+  on the one GPU over NCCL (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL >= 2.30; an older NCCL refuses,
+  and the step is skipped saying so; timings meaningless): per iteration the same collectives and
+  payloads as on gloo, NCCL logs parsed, an algorithm found for the main all_reduce.
+* ``injected_delay``: ``inject.delay_s=0.2`` in rank 0's denoiser, each run right after its own
+  baseline, 5 iterations, both complete: 1 rank, +0.2 s (10 %) on its GPU span; 2 gloo ranks, +0.1 s
+  (10 %) of mean wait (``D (W-1)/W``).
+* ``paper_2d_inference``: one paper-scale 2D inference iteration completes: section times, CUDA peak
+  memory allocated and reserved (CPU mode: the small preset).
 
 Each result is a :class:`StepResult`; :func:`format_table` / :func:`parse_table` are the plain
 text table both ways (tested without a GPU).
@@ -149,6 +152,29 @@ def run_overrides(problem: str, mode: str, cuda: bool) -> list[str]:
             "profile.export_traces=true", "report=false", *size]  # fmt: skip
 
 
+def run_group(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a process group of its own, output captured; past ``timeout`` s the whole group
+    is killed (SIGKILL: the command, its ranks, their forkserver), so no run outlives its step.
+
+    Raises:
+        subprocess.TimeoutExpired: after the kill, with the output so far.
+    """
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_app(overrides: Sequence[str], root: Path, timeout: float, env: dict[str, str] | None = None) -> Path:
     """``python -m pnpscale OVERRIDES output.root=ROOT``; the run folder (the one ``run.json``).
 
@@ -160,7 +186,7 @@ def run_app(overrides: Sequence[str], root: Path, timeout: float, env: dict[str,
     shutil.rmtree(root, ignore_errors=True)  # a rerun starts clean
     root.mkdir(parents=True)
     cmd = [sys.executable, "-m", "pnpscale", *overrides, f"output.root={root}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    proc = run_group(cmd, timeout, env={**os.environ, **(env or {})})
     (root / layout.COMMAND_STDOUT).write_text(proc.stdout)
     (root / layout.COMMAND_STDERR).write_text(proc.stderr)
     tail = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
@@ -178,7 +204,50 @@ def _ranks(run: Path) -> Any:
     return pd.read_parquet(run / layout.RANKS)
 
 
+def _anomalies(run: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """A run's anomalies (``run.json``), all or one ``kind``."""
+    found = layout.read_json(run / layout.RUN_JSON).get("anomalies") or []
+    return [a for a in found if kind is None or a.get("kind") == kind]
+
+
+#: the first NCCL that lets two ranks of one communicator share a GPU (with NCCL_MULTI_RANK_GPU_ENABLE=1);
+#: earlier versions refuse with "Duplicate GPU detected"
+SHARED_GPU_MIN_NCCL = (2, 30)
+
+
+def nccl_version() -> tuple[int, ...] | None:
+    """torch's NCCL version (``torch.cuda.nccl.version()``), ``None`` when it has none."""
+    try:
+        import torch
+
+        v = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - no NCCL in this build
+        return None
+    return tuple(int(x) for x in v) if isinstance(v, tuple) else None
+
+
+def shared_gpu_refusal(version: tuple[int, ...] | None) -> str | None:
+    """Why two NCCL ranks cannot share this machine's one GPU, ``None`` when they can.
+
+    >>> shared_gpu_refusal((2, 30, 7)) is None, shared_gpu_refusal((2, 27, 3)).split(";")[0]
+    (True, 'NCCL 2.27.3 refuses two ranks on one GPU (Duplicate GPU detected)')
+    """
+    if version is None:
+        return "torch has no NCCL"
+    if version[:2] < SHARED_GPU_MIN_NCCL:
+        return (
+            f"NCCL {'.'.join(map(str, version))} refuses two ranks on one GPU (Duplicate GPU detected); NCCL >= "
+            f"{'.'.join(map(str, SHARED_GPU_MIN_NCCL))} with NCCL_MULTI_RANK_GPU_ENABLE=1 allows it"
+        )
+    return None
+
+
 # --- steps (each runs in its own process) ----------------------------------------------------------------
+
+
+#: the packages ``scripts/device-wheels.sh`` carries to the GPU machine besides deepinv (reported by ``versions``)
+DEVICE_PACKAGES = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "submitit", "hydra-submitit-launcher",
+                   "ijson", "natsort", "pandas", "pyarrow")  # fmt: skip
 
 
 def step_versions(ctx: Ctx) -> str:
@@ -191,9 +260,18 @@ def step_versions(ctx: Ctx) -> str:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA"
     if ctx.cuda:
         check(torch.cuda.is_available(), f"torch {torch.__version__}: CUDA not available")
+    import importlib.metadata as md
+
+    def version(name: str) -> str:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "missing"
+
+    others = ", ".join(f"{n} {version(n)}" for n in DEVICE_PACKAGES)
     return (
         f"python {v['python']}, torch {torch.__version__} (CUDA {torch.version.cuda}), NCCL {v['nccl']}, "
-        f"deepinv {deepinv.__version__}, {gpu}"
+        f"deepinv {deepinv.__version__}, {gpu}; {others}"
     )
 
 
@@ -267,16 +345,19 @@ def _step_run(problem: str, mode: str) -> Callable[[Ctx], str]:
         measured = ranks[~ranks[K.WARMUP]]
         spans = measured.groupby(K.SECTION)[K.GPU_SPAN_S].mean()
         peak = measured[K.PEAK_MEM_BYTES].max()
+        reserved = (doc.get("peak_memory") or {}).get("max_reserved_bytes")
         detail = (
             f"{device}; S_r {measured.groupby(K.SECTION)[K.SECTION_S].mean().round(4).to_dict()} s, GPU span "
-            f"{spans.round(4).to_dict()} s; peak {int(peak) / 2**30 if pd.notna(peak) else float('nan'):.2f} GiB; "
-            f"NCCL {nccl}"
+            f"{spans.round(4).to_dict()} s; peak {int(peak) / 2**30 if pd.notna(peak) else float('nan'):.2f} GiB"
+            f"{f' (reserved {reserved / 2**30:.2f} GiB)' if reserved is not None else ''}; NCCL {nccl}"
         )
+        check(not any(p.get("cuda_bad_fork") for p in doc.get("processes") or []), f"a bad fork: {detail}")
         if ctx.cuda:
             check(not device.startswith("cpu"), f"ran on {device}")
             check(bool(spans.notna().all()) and bool((spans > 0).all()), f"GPU span missing: {detail}")
             check(pd.notna(peak) and peak > 0, f"no CUDA peak memory: {detail}")
             check(bool(nccl), f"no NCCL version in run.json: {detail}")
+            check(reserved is not None, f"no max_memory_reserved in run.json: {detail}")
         return detail
 
     return run
@@ -295,7 +376,7 @@ def step_offline_equals_live(ctx: Ctx) -> str:
         sections = ",".join(dict.fromkeys(_ranks(run)[K.SECTION].astype(str)))
         out = ctx.runs / "offline" / run.relative_to(ctx.runs).parts[0]
         cmd = [sys.executable, "-m", "pnpscale.analyze", str(run), "--sections", sections, "--out", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ctx.timeout)
+        proc = run_group(cmd, ctx.timeout)
         check(proc.returncode == 0, f"{run.name}: analyze exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
         for name in (layout.RANKS, layout.COLLECTIVES, layout.SECTIONS):
             live, off = pd.read_parquet(run / name), pd.read_parquet(out / name)
@@ -331,12 +412,18 @@ def step_two_ranks_shared_gpu(ctx: Ctx) -> str:
 
     ref = structure(gloo)
     check(bool(ref), "the gloo run has no collective")
+    check(not _anomalies(gloo, "payload_unmatched"), f"gloo run: payload_unmatched {_anomalies(gloo)}")
+    check(bool(pd.read_parquet(gloo / layout.COLLECTIVES)[K.PAYLOAD_BYTES].notna().all()), "gloo: a payload is NA")
     if not ctx.cuda:
-        return f"gloo only (no GPU): {len(ref)} collective rows"
+        return f"gloo only (no GPU): {len(ref)} collective rows, every payload known"
+    refusal = shared_gpu_refusal(nccl_version())
+    if refusal:
+        raise Skipped(f"gloo: {len(ref)} collective rows, payloads known; NCCL part not run: {refusal}")
     env = {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
     nccl = run_app([*base, "dist.backend=nccl"], ctx.runs / "two_ranks_nccl", ctx.timeout, env=env)
     got = structure(nccl)
     check(got == ref, f"NCCL collectives differ from gloo: {len(got)} vs {len(ref)} rows; first {got[:1]} vs {ref[:1]}")
+    check(not _anomalies(nccl, "payload_unmatched"), f"NCCL run: {_anomalies(nccl)}")
     logs = [layout.nccl_log(nccl, r) for r in range(2) if layout.nccl_log(nccl, r).is_file()]
     check(len(logs) == 2, f"{len(logs)} NCCL logs in {nccl / layout.NCCL_DIR}")
     with open(logs[0], errors="replace") as f:
@@ -352,36 +439,71 @@ def step_two_ranks_shared_gpu(ctx: Ctx) -> str:
     return detail
 
 
+#: measured iterations of each injected-delay run (the fastest is compared: other load only adds time)
+DELAY_ITERATIONS = 5
+
+
 def step_injected_delay(ctx: Ctx) -> str:
+    """A busy delay of :data:`DELAY_S` on rank 0's denoiser, each run beside its own baseline, run just
+    before it (never an earlier step's run), both required ``complete``, :data:`DELAY_ITERATIONS` each:
+
+    * 1 rank (CUDA: the GPU sleep kernel): the section grows by the delay (GPU span on CUDA);
+    * 2 gloo ranks (CPU spin; on one GPU two NCCL ranks time-slice it, so the delay would not be
+      ``D``): it is recovered as wait, the section's mean wait growing by ``D (W-1) / W``.
+    """
+    import pandas as pd
+
     from pnpscale import columns as K
 
-    over = run_overrides("2d", "inference", ctx.cuda)
-    base = next(iter(sorted(ctx.runs.glob(f"run_2d_inference/**/{layout.RUN_JSON}"))), None)
-    base_run = base.parent if base else run_app(over, ctx.runs / "injected_delay_base", ctx.timeout)
     inj = ["inject.rank=0", "inject.section=denoiser", f"inject.delay_s={DELAY_S}"]
+    # tiny on CUDA too: the delay is what is measured, and the four runs must fit the check's minutes
+    over = [*run_overrides("2d", "inference", cuda=False), f"iterations={DELAY_ITERATIONS}"]
+    base = run_app(over, ctx.runs / "injected_delay_base", ctx.timeout)
     run = run_app([*over, *inj], ctx.runs / "injected_delay", ctx.timeout)
     col = K.GPU_SPAN_S if ctx.cuda else K.SECTION_S
 
-    def fastest(r: Path) -> float:  # the least perturbed measured iteration (other load only adds time)
+    def fastest(r: Path) -> float:
         t = _ranks(r)
         return float(t[(~t[K.WARMUP]) & (t[K.SECTION] == "denoiser")][col].min())
 
-    added = fastest(run) - fastest(base_run)
-    detail = f"denoiser {col} (fastest iteration) +{added:.4f} s for an injected {DELAY_S} s"
+    added = fastest(run) - fastest(base)
+    one = f"1 rank: denoiser {col} +{added:.4f} s"
+    two = ["problem=2d", "mode=inference", "gpus=2", f"iterations={DELAY_ITERATIONS}", "warmup=1", "report=false",
+           "dist.backend=gloo", *TINY["2d"]]  # fmt: skip
+    base2 = run_app(two, ctx.runs / "injected_wait_base", ctx.timeout)
+    run2 = run_app([*two, *inj], ctx.runs / "injected_wait", ctx.timeout)
+
+    def least_wait(r: Path) -> float:
+        t = pd.read_parquet(r / layout.SECTIONS)
+        return float(t[(~t[K.WARMUP]) & (t[K.SECTION] == "denoiser")][K.WAIT_S].min())
+
+    waited = least_wait(run2) - least_wait(base2)
+    expected = DELAY_S * (2 - 1) / 2
+    detail = f"{one}; 2 gloo ranks: denoiser wait +{waited:.4f} s (expected {expected:g}), for {DELAY_S} s"
     check(within(added, DELAY_S), detail)
+    check(within(waited, expected), detail)
     return detail
 
 
 def step_paper_2d_inference(ctx: Ctx) -> str:
-    if not ctx.cuda:
-        raise Skipped("paper scale needs a GPU")
-    over = ["problem=2d", "mode=inference", "gpus=1", "scale=paper", "iterations=1", "warmup=0", "report=false"]
-    run = run_app(over, ctx.runs / "paper_2d_inference", ctx.timeout)
+    """One paper-scale 2D inference iteration (8192² x 3, 8 operators, full DRUNet) on one GPU: its
+    section times and its CUDA peak memory, allocated and reserved (the measured value of what
+    ``benchmarks/README.md`` computes). CPU mode: the same point at the small preset (a paper-scale
+    iteration takes over 15 min on 2 CPU cores)."""
     from pnpscale import columns as K
 
+    scale = "scale=paper" if ctx.cuda else "scale=small"
+    over = ["problem=2d", "mode=inference", "gpus=1", scale, "iterations=1", "warmup=0", "report=false"]
+    run = run_app(over, ctx.runs / "paper_2d_inference", ctx.timeout)
     t = _ranks(run)
+    peak = layout.read_json(run / layout.RUN_JSON).get("peak_memory") or {}
     spans = t.groupby(K.SECTION)[K.SECTION_S].mean().round(3).to_dict()
-    return f"S_r {spans} s, peak {t[K.PEAK_MEM_BYTES].max() / 2**30:.1f} GiB"
+    reserved = peak.get("max_reserved_bytes")
+    held = f", reserved {reserved / 2**30:.1f} GiB" if reserved is not None else ""
+    detail = f"{scale}: S_r {spans} s, peak {t[K.PEAK_MEM_BYTES].max() / 2**30:.2f} GiB ({peak.get('source')}){held}"
+    if ctx.cuda:
+        check(reserved is not None, f"no max_memory_reserved in run.json: {detail}")
+    return detail
 
 
 class Skipped(Exception):  # noqa: N818 - a step outcome, not an error
@@ -397,17 +519,23 @@ class Ctx:
     timeout: float
 
 
-#: name -> (function, time limit in seconds on CUDA)
+#: name -> (function, time limit in seconds on CUDA); a step past its limit is killed with its process
+#: group (its pnpscale runs too) and the next one starts
 STEPS: dict[str, tuple[Callable[[Ctx], str], float]] = {
-    "versions": (step_versions, 60),
-    "busy_wait": (step_busy_wait, 60),
-    "kineto": (step_kineto, 60),
-    **{f"run_{p}_{m}": (_step_run(p, m), 120) for p, m in RUNS},
-    "offline_equals_live": (step_offline_equals_live, 120),
-    "two_ranks_shared_gpu": (step_two_ranks_shared_gpu, 180),
+    "versions": (step_versions, 40),
+    "busy_wait": (step_busy_wait, 40),
+    "kineto": (step_kineto, 40),
+    **{f"run_{p}_{m}": (_step_run(p, m), 60) for p, m in RUNS},
+    "offline_equals_live": (step_offline_equals_live, 60),
+    "two_ranks_shared_gpu": (step_two_ranks_shared_gpu, 90),
     "injected_delay": (step_injected_delay, 120),
-    "paper_2d_inference": (step_paper_2d_inference, 240),
+    "paper_2d_inference": (step_paper_2d_inference, 150),
 }
+#: seconds for all steps: on one GPU (the whole check, wheels installed, under 6 minutes) and in CPU
+#: mode (tiny sizes on a shared 2-core machine: generous, so that a slow machine fails no step)
+BUDGET_S = {True: 320.0, False: 2400.0}
+#: a step's time limit in CPU mode
+CPU_STEP_LIMIT_S = 420.0
 
 
 def run_step(name: str, cuda: bool, runs: Path, timeout: float) -> int:
@@ -432,7 +560,7 @@ def run_all(out: Path, cuda: bool, budget_s: float, names: Sequence[str] | None 
     deadline = time.monotonic() + budget_s
     results = []
     for name in names or list(STEPS):
-        limit = min(STEPS[name][1] if cuda else 240.0, deadline - time.monotonic())
+        limit = min(STEPS[name][1] if cuda else CPU_STEP_LIMIT_S, deadline - time.monotonic())
         if limit < 5:
             results.append(StepResult(name, SKIP, 0.0, f"budget of {budget_s:.0f} s spent"))
             continue
@@ -440,8 +568,8 @@ def run_all(out: Path, cuda: bool, budget_s: float, names: Sequence[str] | None 
                "--timeout", str(max(1.0, limit - 5))] + ([] if cuda else ["--cpu"])  # fmt: skip
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
-        except subprocess.TimeoutExpired:
+            proc = run_group(cmd, limit)
+        except subprocess.TimeoutExpired:  # the step's process group (its pnpscale runs too) was killed
             results.append(StepResult(name, TIMEOUT, time.monotonic() - t0, f"over {limit:.0f} s"))
             print(format_table(results[-1:]).splitlines()[-1], flush=True)
             continue
@@ -475,7 +603,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     one.add_argument("--timeout", type=float, default=120.0)
     one.add_argument("--cpu", action="store_true", dest="cpu_step")
     p.add_argument("--out", type=Path, default=None, help="folder for the table and run folders ($OUT, else a tmp dir)")
-    p.add_argument("--budget", type=float, default=470.0, help="seconds for all steps (default 470: under 8 min)")
+    p.add_argument("--budget", type=float, default=None,
+                   help=f"seconds for all steps (default {BUDGET_S[True]:.0f} on a GPU: the check under 6 min; "
+                   f"{BUDGET_S[False]:.0f} with --cpu)")  # fmt: skip
     p.add_argument("--only", default=None, help="comma-separated step names")
     args = p.parse_args(argv)
     if args.cmd == "step":
@@ -485,7 +615,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="pnpscale-device-check-"))
     names = args.only.split(",") if args.only else None
     print(format_table([]), flush=True)  # the header; one row per step as it ends
-    results = run_all(out, cuda=not args.cpu, budget_s=args.budget, names=names)
+    budget = args.budget if args.budget is not None else BUDGET_S[not args.cpu]
+    results = run_all(out, cuda=not args.cpu, budget_s=budget, names=names)
     table = format_table(results)
     mode = "CPU mode, no GPU" if args.cpu else "GPU"
     (out / TABLE_MD).write_text(f"# pnpscale device check ({mode})\n\n{table}\n")
