@@ -48,7 +48,7 @@ PROJECTION_MD = "projection.md"
 LOCK = ".pnpscale.lock"  # pnpscale.sweep.lock: the holder (pid, host, start) as JSON
 RESERVE = ".pnpscale.reserve"  # pnpscale.sweep.record.reserve_space
 STAGING_PREFIX = ".staging-"  # commit_files' staging folders (never read as results)
-RANK_FOOTPRINT = "rank_footprint.json"  # pnpscale.cluster.resources, under $XDG_CACHE_HOME/pnpscale/
+RANK_FOOTPRINT = "rank_footprint-2.json"  # pnpscale.cluster.resources, under $XDG_CACHE_HOME/pnpscale/
 
 VALIDATE_JSON = "validate.json"
 DEVICE_CHECK_MD = "device-check.md"  # scripts/device-check.sh: the pass/fail table

@@ -3,11 +3,16 @@
 estimate = shared + ranks x (per-rank footprint + the problem's tensors on each CPU rank), compared
 with the memory available to this process (``MemAvailable``, lowered by a cgroup v2 limit).
 
-* The footprint is measured once per machine and software versions, on a Python process that
-  imports torch and deepinv and runs a gloo process group of one (what every rank carries before
-  it holds any data): its anonymous memory (``/proc/self/smaps_rollup``: each rank has its own) is
-  the per-rank footprint, the rest of its resident memory (libraries, shared by every rank) counts
-  once. Kept in ``$XDG_CACHE_HOME/pnpscale/rank_footprint.json`` (:func:`rank_footprint`).
+* The footprint is measured once per machine and software versions, on a real point started the way
+  the local launcher starts its ranks (:func:`pnpscale.cluster.local.run_ranks`: forked from a
+  forkserver that preloaded torch and deepinv, or spawned where there is no forkserver): a tiny
+  2-rank point (:data:`PROBE_OVERRIDES`, :func:`probe_footprint`, about 10 s) whose ranks read their
+  own ``/proc/self/smaps_rollup`` when they are done. A rank's *private* pages (``Private_Clean +
+  Private_Dirty``: what it alone holds, the copy-on-write pages it touched included) are the per-rank
+  footprint; what is counted once is the pages the ranks share (the forkserver's resident memory, or a
+  spawned rank's shared libraries) plus what rank 0 holds beyond another rank (it gathers the tables
+  and writes the run folder). Kept in ``$XDG_CACHE_HOME/pnpscale/rank_footprint-2.json``
+  (:func:`rank_footprint`).
 * The problem's tensors (:func:`problem_bytes`): every rank holds the whole signal several times
   over (iterate, gradient, the all_reduce buffer, the denoised image, its measurements' share),
   :data:`SIGNAL_COPIES` copies, times ``unroll + 1`` when training keeps each unrolled step for
@@ -31,18 +36,79 @@ from typing import Any
 #: image, measurements and slack for temporaries).
 SIGNAL_COPIES = 6
 GB = 1e9
+#: Ranks of the footprint probe's point (at least 2: a real process group, as in a multi-rank point).
+PROBE_RANKS = 2
+#: How the footprint is measured; part of the cache key, so a new rule measures again.
+PROBE_VERSION = 2
 
-_PROBE = """
-import tempfile
-import torch, deepinv, torch.distributed as dist
-store = dist.FileStore(tempfile.mktemp(), 1)
-dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-dist.all_reduce(torch.zeros(1))
-dist.destroy_process_group()
-kb = {k: int(v.split()[0]) for k, v in (l.split(":", 1) for l in open("/proc/self/smaps_rollup") if ":" in l[:20])
-      if v.strip().endswith("kB")}
-print(kb["Anonymous"] * 1024, (kb["Rss"] - kb["Anonymous"]) * 1024)
-"""
+
+def smaps_rollup(pid: int | str = "self") -> dict[str, int]:
+    """``/proc/<pid>/smaps_rollup`` in bytes (``Rss``, ``Pss``, ``Private_Clean``, ``Anonymous``...).
+
+    Raises:
+        OSError: no such process, or no ``/proc`` (not Linux).
+    """
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            parts = value.split()
+            if len(parts) == 2 and parts[1] == "kB":
+                out[key.strip()] = int(parts[0]) * 1024
+    return out
+
+
+#: The point the footprint probe runs: a real 2-rank point, tiny (its tensors are negligible).
+PROBE_OVERRIDES = (
+    f"gpus={PROBE_RANKS}", "scale=small", "problem=2d", "mode=inference", "problem.image_size=32",
+    "problem.num_operators=2", "problem.patch_size=8", "problem.overlap=4", "problem.max_batch_size=4",
+    "problem.nc=[4,8,8,8]", "problem.nb=1", "iterations=1", "warmup=1", "dist.backend=gloo",
+)  # fmt: skip
+
+
+def _probe_rank(spec_dict: dict[str, Any], run_dir: str) -> None:
+    """One probe rank: the real rank (:func:`pnpscale.rank.worker.rank_main`), then its memory into
+    ``run_dir/probe-rank<r>.json``: its private bytes and the bytes it shares with the forkserver."""
+    from pnpscale.rank.worker import rank_main
+
+    rank_main(spec_dict, run_dir)
+    mine = smaps_rollup()
+    private = mine.get("Private_Clean", 0) + mine.get("Private_Dirty", 0)
+    parent = os.getppid()
+    try:  # forked from a server: its resident pages are what the ranks share
+        shared = smaps_rollup(parent)["Rss"] if parent != int(os.environ[PROBE_PID_ENV]) else None
+    except (OSError, KeyError):
+        shared = None
+    out = {"private": private, "shared": mine["Rss"] - private if shared is None else shared}
+    Path(run_dir, f"probe-rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(out))
+
+
+PROBE_PID_ENV = "PNPSCALE_PROBE_PID"
+
+
+def probe_footprint() -> tuple[int, int, str]:
+    """Run the probe point (:data:`PROBE_OVERRIDES`) the launcher's way and measure its ranks (see the
+    module doc); run it in a fresh process (:func:`rank_footprint` does).
+
+    Returns:
+        ``(per_rank, once, start_method)``: a rank's private bytes (rank 1: it does what every rank
+        does), and the bytes counted once: the shared pages plus what rank 0 holds beyond a rank's
+        (it gathers the tables and writes the run folder).
+    """
+    import tempfile
+
+    from pnpscale.cluster.local import rank_start_method, run_ranks
+    from pnpscale.sweep.cli import compose_config
+    from pnpscale.sweep.config import resolve_spec
+
+    spec = resolve_spec(compose_config(list(PROBE_OVERRIDES)), cuda_available=False)
+    os.environ[PROBE_PID_ENV] = str(os.getpid())
+    with tempfile.TemporaryDirectory() as tmp:
+        run_ranks(PROBE_RANKS, _probe_rank, (spec.to_dict(), tmp), Path(tmp) / "logs", 1)
+        got = [json.loads(Path(tmp, f"probe-rank{r}.json").read_text()) for r in range(PROBE_RANKS)]
+    per_rank = max(g["private"] for g in got[1:])
+    once = max(g["shared"] for g in got) + max(0, got[0]["private"] - per_rank)
+    return per_rank, once, rank_start_method()
 
 
 def _cache_file() -> Path:
@@ -57,7 +123,15 @@ def _versions_key() -> str:
 
     import torch
 
-    return f"python {platform.python_version()} torch {torch.__version__} {platform.machine()}"
+    from pnpscale.cluster.local import RANK_PRELOAD
+
+    return (
+        f"python {platform.python_version()} torch {torch.__version__} {platform.machine()} probe {PROBE_VERSION} "
+        f"preload {','.join(RANK_PRELOAD)}"
+    )
+
+
+_PROBE = "from pnpscale.cluster.resources import probe_footprint; print('footprint', *probe_footprint())"
 
 
 def rank_footprint(measure: bool = True) -> tuple[int, int] | None:
@@ -82,14 +156,18 @@ def rank_footprint(measure: bool = True) -> tuple[int, int] | None:
             [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
         )  # fmt: skip
-        per_rank, shared = (int(v) for v in proc.stdout.strip().splitlines()[-1].split())
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        line = next(ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("footprint "))
+        _, per_text, shared_text, method = line.split()
+        per_rank, shared = int(per_text), int(shared_text)
+    except (OSError, ValueError, StopIteration, subprocess.TimeoutExpired):
         return None
     try:
         from pnpscale import layout
 
         layout.write_json(path, {"key": key, "per_rank_bytes": per_rank, "shared_bytes": shared,
-                                 "how": "smaps_rollup of: " + " ".join(_PROBE.split())})  # fmt: skip
+                                 "start_method": method, "how": "pnpscale.cluster.resources.probe_footprint: a "
+                                 f"{PROBE_RANKS}-rank point's private pages per rank, shared pages and rank 0's "
+                                 "extra once (/proc/<pid>/smaps_rollup)"})  # fmt: skip
     except OSError:
         pass
     return per_rank, shared
