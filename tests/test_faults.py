@@ -429,6 +429,57 @@ def test_5_command_line_faults_exit_2_with_one_line(tmp_path, read_only_dir):
     assert "add -m" in proc.stderr if args == ("gpus=1,2",) else True
 
 
+BAD_INPUTS = {
+    # label -> (the command line, the start of its one line)
+    "nccl without CUDA": (("gpus=2", "dist.backend=nccl"), "dist.backend=nccl: this machine has no CUDA device"),
+    "nccl without CUDA, a sweep": (("-m", "gpus=1,2", "dist.backend=nccl"), "invalid sweep, nothing was started"),
+    "a problem class that does not import": (("gpus=2", "problem.impl=nonexistent.module:Cls"),
+                                             "problem.impl=nonexistent.module:Cls: cannot import nonexistent.module"),
+    "the sweep folder as a point's folder": (("-m", "gpus=1", "hydra.sweep.subdir=."),
+                                             "hydra.sweep.subdir=.: must name a sub-folder of the sweep folder"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("label", list(BAD_INPUTS))
+def test_5_bad_input_is_refused_before_any_rank_starts(tmp_path, label):
+    """nccl on a machine without CUDA, a problem class that cannot be imported, ``hydra.sweep.subdir=.``:
+    exit 2, ``pnpscale: error:`` lines only (no traceback), no rank started, no run folder."""
+    if label.startswith("nccl") and _cuda_devices():
+        pytest.skip("this machine has CUDA: nccl is allowed")
+    args, first = BAD_INPUTS[label]
+    proc = run_cli(*args, *TINY_2D, f"hydra.sweep.dir={tmp_path / 'sweep'}", root=tmp_path, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert lines[0] == f"pnpscale: error: {first}" or lines[0].startswith(f"pnpscale: error: {first}"), lines
+    assert all(line.startswith("pnpscale: error: ") for line in lines), lines
+    assert "Traceback" not in proc.stderr + proc.stdout and "[rank" not in proc.stdout
+    assert not run_dirs(tmp_path) and not list(tmp_path.glob("**/logs"))
+
+
+def _cuda_devices() -> int:
+    from pnpscale.sweep.point import cuda_device_count
+
+    return cuda_device_count()
+
+
+@pytest.mark.slow
+def test_5_a_read_only_working_folder_with_explicit_output_folders(tmp_path, read_only_dir):
+    """``cd <read-only> && python -m pnpscale ... hydra.sweep.dir=<writable>`` (or ``hydra.run.dir``) runs:
+    the default ``output.root`` (``outputs``, relative to the working folder) is not used."""
+    if read_only_dir is None:
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    sweep, run = f"hydra.sweep.dir={tmp_path / 'sweep'}", f"hydra.run.dir={tmp_path / 'run'}"
+    for args in (("-m", "gpus=1", sweep), ("gpus=1", run)):
+        proc = subprocess.run([sys.executable, "-m", "pnpscale", *args, *TINY_2D], cwd=read_only_dir, env=env,
+                              capture_output=True, text=True, timeout=240)  # fmt: skip
+        assert proc.returncode == 0, (args, proc.stderr[-2000:])
+    assert read_run(tmp_path / "run")["status"] == "complete"
+    assert read_run(next(p.parent for p in (tmp_path / "sweep").glob("**/run.json")))["status"] == "complete"
+    assert (tmp_path / "sweep" / layout.REPORT_DIR / layout.REPORT_README).is_file()
+
+
 def test_5_help_is_quick_with_a_big_folder_in_the_repository_root(tmp_path):
     import shutil
 

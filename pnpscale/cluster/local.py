@@ -149,9 +149,10 @@ class LocalCluster(Cluster):
     resumes_in_task = True
 
     def check(self, cfg: Any, spec: Any, cuda_devices: int) -> None:
-        """Refuse a point this machine cannot hold: more local ranks than CUDA devices on a CUDA
-        machine (unless gloo is asked for, or a structure check on a shared GPU: ``dist.backend=nccl``
-        with ``NCCL_MULTI_RANK_GPU_ENABLE=1``), or more memory than is available
+        """Refuse a point this machine cannot hold: ``dist.backend=nccl`` without a CUDA device, more
+        local ranks than CUDA devices on a CUDA machine (unless gloo is asked for, or a structure check
+        on a shared GPU: ``dist.backend=nccl`` with ``NCCL_MULTI_RANK_GPU_ENABLE=1``), or more memory
+        than is available
         (:func:`pnpscale.cluster.resources.check_memory`: an estimate, made before anything starts).
 
         Raises:
@@ -161,6 +162,11 @@ class LocalCluster(Cluster):
         from pnpscale.rank.worker import shared_gpu_allowed
         from pnpscale.sweep.config import ConfigError
 
+        if spec.backend == "nccl" and not cuda_devices:
+            raise ConfigError(
+                "dist.backend", "nccl", "this machine has no CUDA device: allowed here: auto, gloo (nccl needs a "
+                "GPU per rank; cluster=slurm for GPU nodes)",
+            )  # fmt: skip
         shared = shared_gpu_allowed(spec.backend, os.environ)  # a structure check on one GPU
         if cuda_devices and spec.backend != "gloo" and spec.gpus > cuda_devices and not shared:
             raise ConfigError(
