@@ -280,8 +280,6 @@ def test_3_a_running_record_whose_process_is_gone_is_reported_failed(tmp_path):
 
 
 def test_4_damaged_run_folders_are_reported_one_by_one(tmp_path, capsys):
-    import shutil
-
     import pnpscale
     from pnpscale.results.report import main
 
@@ -290,8 +288,8 @@ def test_4_damaged_run_folders_are_reported_one_by_one(tmp_path, capsys):
     fake_run(p(1), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]})
     fake_run(p(2), "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2})
     fake_run(p(4), "2d", "inference", {"gradient": [(0.4, 0.2)] * 4, "denoiser": [(0.9, 0.1)] * 4})
-    shutil.copytree(p(1), p(8))  # an older version's folder: two columns it did not write
-    (p(8) / layout.RUN_JSON).write_text((p(1) / layout.RUN_JSON).read_text().replace('"gpus": 1', '"gpus": 8'))
+    fake_run(p(8), "2d", "inference", {"gradient": [(0.3, 0.2)] * 8, "denoiser": [(0.6, 0.1)] * 8})
+    # an older version's folder: two columns it did not write
     old = pd.read_parquet(p(8) / layout.SECTIONS).drop(columns=["main_transfer_s", "other_payload_bytes"])
     old.to_parquet(p(8) / layout.SECTIONS, index=False)
     data = (p(2) / layout.SECTIONS).read_bytes()
@@ -371,6 +369,72 @@ def test_4_every_damaged_file_of_a_run_folder_is_one_unreadable_point(tmp_path, 
     assert series.count("missing (unreadable)") == side_by_side.count("missing (unreadable)") == len(DAMAGES)
     assert main([str(sweep), "--strict"]) == 1
     assert f"{len(DAMAGES)} point(s) unreadable (--strict)" in capsys.readouterr().err
+
+
+def _edit_table(path: Path, edit) -> None:
+    edit(pd.read_parquet(path)).to_parquet(path, index=False)
+
+
+def _edit_nested(run_dir: Path, path: str, value) -> None:
+    doc = json.loads((run_dir / layout.RUN_JSON).read_text())
+    *parents, last = path.split(".")
+    node = doc
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    (run_dir / layout.RUN_JSON).write_text(json.dumps(doc))
+
+
+ONE_SCHEMA = {
+    # label -> (how the 2-rank point is damaged, the file named, the reason's start)
+    "ranks without rank": (lambda d: _edit_table(d / layout.RANKS, lambda t: t.drop(columns="rank")),
+                           layout.RANKS, "missing column(s) rank"),
+    "collectives without seq": (lambda d: _edit_table(d / layout.COLLECTIVES, lambda t: t.drop(columns="seq")),
+                                layout.COLLECTIVES, "missing column(s) seq"),
+    "rank as text": (lambda d: _edit_table(d / layout.RANKS, lambda t: t.assign(rank=t["rank"].astype(str))),
+                     layout.RANKS, "column rank is "),
+    "a rank missing": (lambda d: _edit_table(d / layout.RANKS, lambda t: t[t["rank"] != 1]),
+                       layout.RANKS, "ranks [0], expected 0..1 (gpus=2)"),
+    "one operator entry for 2 ranks": (lambda d: _edit_nested(d, "assignment.operators_per_rank", [4]),
+                                       layout.RUN_JSON, "assignment.operators_per_rank is [4]: 1 entry for gpus=2"),
+    "anomalies not objects": (lambda d: _edit_record(d, anomalies="x"), layout.RUN_JSON,
+                              "anomalies is 'x': must be an array of objects"),
+    "an anomaly without count": (lambda d: _edit_record(d, anomalies=[{"kind": "k", "count": "x"}]), layout.RUN_JSON,
+                                 "anomalies[0].count is 'x': must be an integer"),
+    "spec.sizes not an object": (lambda d: _edit_nested(d, "spec.sizes", "big"), layout.RUN_JSON,
+                                 "spec.sizes is 'big': must be an object"),
+    "hosts not strings": (lambda d: _edit_record(d, hosts=[1]), layout.RUN_JSON,
+                          "hosts is [1]: must be an array of strings"),
+    "metrics.sections an array": (lambda d: _edit_nested(d, "metrics.sections", []), layout.RUN_JSON,
+                                  "metrics.sections is []: must be an object"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("label", list(ONE_SCHEMA))
+def test_4_a_damaged_point_is_unreadable_for_load_and_the_report_alike(tmp_path, capsys, label):
+    """One schema (:func:`pnpscale.sweep.record.check_nested`, the required columns of
+    :mod:`pnpscale.columns`) for ``pnpscale.load`` and the report: the damaged point is ``unreadable`` in
+    both with the same reason, the other point is reported, the report is written."""
+    import pnpscale
+    from pnpscale.results.report import main
+
+    sweep = tmp_path / "sweep"
+    p = lambda g: sweep / layout.point_subdir("2d", "inference", g)  # noqa: E731
+    fake_run(p(1), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]})
+    fake_run(p(2), "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2})
+    damage, name, reason = ONE_SCHEMA[label]
+    damage(p(2))
+    error = f"unreadable: {p(2) / name}: {reason}"
+
+    all_ = pnpscale.load(sweep).query("section == 'all'").set_index("gpus")
+    assert all_.loc[1, "status"] == "complete"
+    assert all_.loc[2, "status"] == "unreadable" and all_.loc[2, "error"].startswith(error), all_.loc[2, "error"]
+    capsys.readouterr()
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert f"gpus=2: {error}" in out, out
+    readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
+    assert "missing (unreadable)" in readme and "| complete " in readme
 
 
 @pytest.mark.parametrize(

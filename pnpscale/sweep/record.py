@@ -128,8 +128,10 @@ class RunRecord:
 
         Raises:
             RecordError: not an object, no ``status``, a schema newer than this version reads, or a
-                field of the wrong JSON type (``"gpus": "abc"``, ``gpus`` < 1, an ``assignment`` that is
-                not arrays of integers): ``str()`` names the field, its value and the type it must have.
+                field of the wrong JSON type (``"gpus": "abc"``, ``gpus`` < 1, a nested field of
+                :data:`NESTED_TYPES` of the wrong shape, e.g. an ``assignment`` that is not arrays of
+                integers, or a per-rank array of a complete record without one entry per rank:
+                :func:`check_nested`): ``str()`` names the field, its value and the shape it must have.
         """
         if not isinstance(data, dict):
             raise RecordError(f"not a JSON object ({type(data).__name__})")
@@ -149,7 +151,7 @@ class RunRecord:
             known.pop("spec", None)
         if known.get("gpus") is not None and known["gpus"] < 1:
             raise RecordError(f"gpus is {known['gpus']!r}: must be >= 1")
-        _check_assignment(known.get("assignment"))
+        check_nested(data)
         return cls(**known, extra={k: v for k, v in data.items() if k not in names})
 
 
@@ -175,19 +177,82 @@ def _check_type(key: str, value: Any) -> None:
 _JSON_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "an array"}
 
 
-def _check_assignment(assignment: dict[str, Any] | None) -> None:
-    """``assignment``: ``operators_per_rank`` / ``tiles_per_rank`` arrays of integers, ``num_tiles`` an integer."""
-    if not assignment:
-        return
-    for key in ("operators_per_rank", "tiles_per_rank"):
-        value = assignment.get(key)
-        if value is not None and (
-            not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        ):
-            raise RecordError(f"assignment.{key} is {value!r}: must be an array of integers")
-    n = assignment.get("num_tiles")
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
-        raise RecordError(f"assignment.num_tiles is {n!r}: must be an integer")
+#: Nested fields readers use (the report, :func:`pnpscale.load`, resume), dotted path -> JSON shape:
+#: ``int``, ``str``, ``object``, ``int[]`` (array of integers), ``int?[]`` (integers or null),
+#: ``str[]``, ``object[]``. ``None`` is allowed for each (an older record without it).
+NESTED_TYPES: dict[str, str] = {
+    "spec.sizes": "object", "spec.sizes.num_operators": "int", "spec.linestyle": "str",
+    "spec.denoiser_collective": "str",
+    "assignment.operators_per_rank": "int[]", "assignment.tiles_per_rank": "int[]", "assignment.num_tiles": "int",
+    "metrics.sections": "object", "metrics.iterations": "int",
+    "peak_memory.bytes_per_rank": "int?[]", "slurm.nodes": "int",
+    "hosts": "str[]", "device_names": "str[]", "anomalies": "object[]",
+}  # fmt: skip
+#: Per-rank arrays: one entry per rank (``gpus``) in a complete record.
+PER_RANK_FIELDS = ("assignment.operators_per_rank", "assignment.tiles_per_rank", "device_names")
+#: Keys every entry of ``anomalies`` has (:meth:`pnpscale.analysis.anomalies.Anomalies.records`).
+ANOMALY_KEYS = {"kind": "str", "count": "int"}
+
+_SHAPE_NAMES = {
+    "int": "an integer", "str": "a string", "object": "an object", "int[]": "an array of integers",
+    "int?[]": "an array of integers or nulls", "str[]": "an array of strings", "object[]": "an array of objects",
+}  # fmt: skip
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _fits(value: Any, shape: str) -> bool:
+    one = {"int": _is_int, "str": lambda v: isinstance(v, str), "object": lambda v: isinstance(v, dict)}
+    if not shape.endswith("[]"):
+        return one[shape](value)
+    item = shape[:-2]
+    if not isinstance(value, list):
+        return False
+    if item.endswith("?"):
+        return all(v is None or one[item[:-1]](v) for v in value)
+    return all(one[item](v) for v in value)
+
+
+def _nested(data: dict[str, Any], path: str) -> Any:
+    value: Any = data
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None  # the parent's own shape is checked under its own path
+        value = value.get(part)
+    return value
+
+
+def check_nested(data: dict[str, Any]) -> None:
+    """The nested fields of a record (:data:`NESTED_TYPES`), the entries of ``anomalies``
+    (:data:`ANOMALY_KEYS`), and in a complete record one entry per rank in :data:`PER_RANK_FIELDS`.
+
+    Raises:
+        RecordError: ``<field> is <value>: must be <shape>`` (or ``... N entries for gpus=G ...``).
+
+    >>> try:
+    ...     check_nested({"status": "complete", "gpus": 2, "assignment": {"operators_per_rank": [1]}})
+    ... except RecordError as exc:
+    ...     print(exc)
+    assignment.operators_per_rank is [1]: 1 entry for gpus=2, must have one per rank
+    """
+    for path, shape in NESTED_TYPES.items():
+        value = _nested(data, path)
+        if value is not None and not _fits(value, shape):
+            raise RecordError(f"{path} is {value!r}: must be {_SHAPE_NAMES[shape]}")
+    for i, entry in enumerate(data.get("anomalies") or []):
+        for key, shape in ANOMALY_KEYS.items():
+            if not _fits(entry.get(key), shape):
+                raise RecordError(f"anomalies[{i}].{key} is {entry.get(key)!r}: must be {_SHAPE_NAMES[shape]}")
+    gpus = data.get("gpus")
+    if data.get("status") == "complete" and _is_int(gpus):
+        for path in PER_RANK_FIELDS:
+            value = _nested(data, path)
+            if value is not None and len(value) != gpus:
+                n = len(value)
+                entries = f"{n} entr{'y' if n == 1 else 'ies'}"
+                raise RecordError(f"{path} is {value!r}: {entries} for gpus={gpus}, must have one per rank")
 
 
 def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
