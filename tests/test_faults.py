@@ -261,6 +261,21 @@ def test_3_a_report_on_a_full_disk_fails_in_one_line_and_keeps_the_previous_one(
     assert {p.name: p.read_bytes() for p in report.iterdir()} == before
 
 
+def test_8_a_failed_report_leaves_no_report_folder(tmp_path, capsys, monkeypatch):
+    from pnpscale.results import report
+
+    sweep = tmp_path / "sweep"
+    fake_run(sweep / layout.point_subdir("2d", "inference", 1), "2d", "inference", {"gradient": [(1.0, 0.0)]})
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(report, "markdown", full)
+    assert report.main([str(sweep)]) == 1
+    assert "report not written (OSError" in capsys.readouterr().err
+    assert not (sweep / layout.REPORT_DIR).exists()
+
+
 def test_3_a_running_record_whose_process_is_gone_is_reported_failed(tmp_path):
     import pnpscale
     from pnpscale.sweep.record import start_record, write_record
@@ -579,6 +594,57 @@ def test_6_a_hung_rank_is_named_with_the_timeout_that_fired(tmp_path):
     ), proc.stderr[-2000:]
     (d,) = run_dirs(tmp_path)
     assert read_run(d)["status"] == "failed" and "rank 1 did not arrive" in read_run(d)["error"]
+
+
+def _rank_pid(run_dir: Path, rank: int, timeout_s: float = 120) -> int:
+    """The pid of rank ``rank`` of a running point, from its heartbeat, once it entered its first iteration."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            beat = json.loads(layout.progress_file(run_dir, rank).read_text())
+            if int(beat.get("iteration", -1)) >= 1:
+                return int(beat["pid"])
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"rank {rank} of {run_dir} never reached iteration 1")
+
+
+SLOW_2D = [*TINY_2D[:-2], "iterations=40", "warmup=1", "inject.rank=0", "inject.section=gradient", "inject.delay_s=0.3"]
+
+
+@pytest.mark.slow
+def test_6_a_killed_rank_is_blamed_on_itself(tmp_path):
+    """SIGKILL of rank 1 (no error file: its peer's 'Connection reset by peer' may be seen first) is
+    reported as rank 1's failure; the point is recorded failed, no process survives."""
+    run_dir = tmp_path / "run"
+    proc = _cli("gpus=2", *SLOW_2D, f"output.root={tmp_path}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
+    out = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 1, out
+    assert _no_survivor(proc.pid)
+    run = read_run(run_dir)
+    assert run["status"] == "failed" and "rank 1 failed: " in run["error"].splitlines()[0], run["error"]
+    assert "Traceback" not in out
+
+
+@pytest.mark.slow
+def test_6_a_stopped_rank_is_named_within_the_timeout_and_stopped(tmp_path):
+    """A rank stopped by SIGSTOP under ``dist.timeout_s=5``: named within seconds of the timeout (the elastic
+    agent's SIGTERM cannot end a stopped process: it SIGKILLs it after 2 s, not 30), nothing survives."""
+    run_dir = tmp_path / "run"
+    proc = _cli("gpus=2", *SLOW_2D, "dist.timeout_s=5", f"output.root={tmp_path}", f"hydra.run.dir={run_dir}",
+                cwd=tmp_path)  # fmt: skip
+    pid = _rank_pid(run_dir, 1)
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    out = proc.communicate(timeout=240)[0]
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 1, out
+    assert _no_survivor(proc.pid)
+    run = read_run(run_dir)
+    assert run["status"] == "failed" and run["error"].startswith("rank 1 did not arrive within dist.timeout_s=5 s")
+    assert elapsed < 5 + 12, f"named after {elapsed:.1f} s"
 
 
 # ---------------------------------------------------------------- 7. paths and Markdown

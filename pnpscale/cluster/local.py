@@ -8,6 +8,7 @@ seconds (the elastic agent monitors every rank); its exception is re-raised here
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -83,8 +84,6 @@ def hung_ranks(
 
 def read_progress(run_dir: Path, ranks: int) -> dict[int, dict[str, Any]]:
     """Each rank's last heartbeat (:func:`pnpscale.layout.progress_file`); ranks without one are left out."""
-    import json
-
     out = {}
     for r in range(ranks):
         try:
@@ -128,6 +127,27 @@ def hung_message(failed: RankFailed, progress: dict[int, dict[str, Any]], ranks:
     )
 
 
+#: torch's loggers that report a rank's failure (elastic's agent and error files, torch.multiprocessing's
+#: "Terminating process ..."): quiet while ranks run, the failure is raised once as :class:`RankFailed`.
+QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
+
+
+@contextmanager
+def _quiet(prefixes: tuple[str, ...]) -> Iterator[None]:
+    """Only CRITICAL records from the loggers named ``prefixes`` and their children (torch sets a level
+    on each child logger, so the parent's level alone does not hold them), levels put back on exit."""
+    names = [n for n in logging.Logger.manager.loggerDict if n.startswith(tuple(f"{p}." for p in prefixes))]
+    loggers = [logging.getLogger(n) for n in (*prefixes, *names)]
+    before = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, before, strict=True):
+            lg.setLevel(level)
+
+
 @contextmanager
 def _environ(**values: str) -> Iterator[None]:
     old = {k: os.environ.get(k) for k in values}
@@ -140,6 +160,11 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+#: Seconds the elastic agent waits after its SIGTERM before it SIGKILLs a rank (its default, 30 s, is
+#: what a rank that cannot act on SIGTERM, e.g. stopped by SIGSTOP, added to a failure's report).
+RANK_SHUTDOWN_TIMEOUT_S = 2
 
 
 class LocalCluster(Cluster):
@@ -250,6 +275,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         rdzv_endpoint="localhost:0",
         max_restarts=0,
         monitor_interval=0.1,
+        shutdown_timeout=RANK_SHUTDOWN_TIMEOUT_S,
         start_method=rank_start_method(),
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee={0: Std.OUT}),
         log_line_prefix_template="[rank${rank}] ",
@@ -259,22 +285,23 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         LAUNCH_T0_ENV: repr(time.time()),
         PARENT_PID_ENV: str(os.getpid()),
     }
-    elastic_log = logging.getLogger("torch.distributed.elastic")
-    level = elastic_log.level
-    elastic_log.setLevel(logging.CRITICAL)  # the rank's error is re-raised below, once
-    try:
-        with _environ(**env), preserved():
+    try:  # the rank's error is re-raised below, once: torch's own log lines about it are held back
+        with _quiet(QUIET_LOGGERS), _environ(**env), preserved():
             return elastic_launch(launch_cfg, in_environment)(dict(os.environ), env, entrypoint, *args)
     except ChildFailedError as exc:
         # elastic reports the first rank seen to exit; the others' error files may name the cause
         seen = {r: (f.timestamp, _failure_message(f)) for r, f in exc.failures.items()}
         recorded = _recorded_errors(log_dir)
-        rank = root_failure({**recorded, **seen})
-        message = (seen.get(rank) or recorded[rank])[1]
-        failures = {r: m for r, (_, m) in {**recorded, **seen}.items()}
+        known = {**recorded, **seen}
+        rank = root_failure(known, nprocs)
+        message = known[rank][1] if rank in known else SILENT_DEATH
+        failures = {r: m for r, (_, m) in known.items()} | ({} if rank in known else {rank: message})
         raise RankFailed(rank, message, _rank_log(log_dir, rank), failures) from None
-    finally:
-        elastic_log.setLevel(level)
+    except json.JSONDecodeError:  # elastic could not read a failed rank's error file: cut short (a full disk)
+        rank, path = next(iter(_unreadable_error_files(log_dir).items()), (0, None))
+        full = " (no space left on its disk)" if _disk_full(log_dir) else ""
+        message = f"its error file {path} is empty or cut short{full}: see its stderr log"
+        raise RankFailed(rank, message, _rank_log(log_dir, rank, "stderr.log")) from None
 
 
 # --- how ranks start: from a forkserver that imported what they need ------------------------------
@@ -302,9 +329,22 @@ _PEER_LOST = re.compile(
 )
 
 
-def root_failure(failures: dict[int, tuple[int, str]]) -> int:
+#: The error of a rank that left no error behind while its peers lost their connection to it.
+SILENT_DEATH = (
+    "died without recording an error while the other ranks lost their connection to it (killed by a signal: "
+    "SIGKILL, the OOM killer, a crash)"
+)
+
+
+def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None) -> int:
     """The rank whose failure caused the others: the earliest (then lowest rank) whose error is not a
-    lost peer, else the earliest. ``failures``: rank -> (timestamp in s, message).
+    lost peer; when every known error is a lost peer and exactly one rank of ``world`` recorded none
+    (torch elastic reports only the first rank it sees exit: a rank killed by SIGKILL leaves no error
+    file, and its peers may exit first), that rank; else the earliest.
+
+    Args:
+        failures: rank -> (timestamp in s, message), every failure known.
+        world: the ranks of the run (``0..world-1``), when known.
 
     >>> root_failure({0: (5, "RuntimeError: Connection closed by peer [127.0.0.1]:5"), 1: (5, "InjectedFailure: x")})
     1
@@ -312,9 +352,15 @@ def root_failure(failures: dict[int, tuple[int, str]]) -> int:
     1
     >>> root_failure({2: (7, "Connection reset by peer"), 3: (6, "Connection closed by peer")})
     3
+    >>> root_failure({0: (5, "RuntimeError: [pair.cc:589] Read error [127.0.0.1]:4: Connection reset by peer")}, 2)
+    1
     """
     order = sorted(failures, key=lambda r: (failures[r][0], r))
-    return next((r for r in order if not _PEER_LOST.search(failures[r][1])), order[0])
+    cause = next((r for r in order if not _PEER_LOST.search(failures[r][1])), None)
+    if cause is not None:
+        return cause
+    silent = [r for r in range(world or 0) if r not in failures]
+    return silent[0] if len(silent) == 1 else order[0]
 
 
 def _failure_message(failure: Any) -> str:
@@ -332,8 +378,6 @@ def _failure_message(failure: Any) -> str:
 
 def _recorded_errors(log_dir: Path) -> dict[int, tuple[int, str]]:
     """rank -> (timestamp s, first line of the exception) from the error files ranks wrote (``@record``)."""
-    import json
-
     out: dict[int, tuple[int, str]] = {}
     for f in sorted(log_dir.glob("**/error.json")):
         try:
@@ -346,9 +390,29 @@ def _recorded_errors(log_dir: Path) -> dict[int, tuple[int, str]]:
     return out
 
 
-def _rank_log(log_dir: Path, rank: int) -> Path | None:
+def _unreadable_error_files(log_dir: Path) -> dict[int, Path]:
+    """rank -> its ``error.json`` that is not JSON (empty or cut short: written on a full disk)."""
+    out: dict[int, Path] = {}
+    for f in sorted(log_dir.glob("**/error.json")):
+        try:
+            json.loads(f.read_text())
+        except (OSError, ValueError):
+            if f.parent.name.isdigit():
+                out.setdefault(int(f.parent.name), f)
+    return out
+
+
+def _disk_full(folder: Path) -> bool:
+    """Whether the file system of ``folder`` has no block left for this user."""
+    try:
+        return os.statvfs(folder).f_bavail == 0
+    except OSError:
+        return False
+
+
+def _rank_log(log_dir: Path, rank: int, *names: str) -> Path | None:
     """The failed rank's traceback (``error.json`` written by ``@record``), else its stderr log."""
-    for name in ("error.json", "stderr.log"):
+    for name in names or ("error.json", "stderr.log"):
         hits = sorted(log_dir.glob(f"**/{rank}/{name}"))
         if hits:
             return hits[-1]

@@ -459,16 +459,38 @@ def start_record(spec: Any, config: dict[str, Any] | None) -> RunRecord:
     )
 
 
-#: Bytes set aside in each running point's folder (:func:`reserve_space`): room for a failure record.
+#: Most bytes set aside in a running point's folder (:func:`reserve_space`): room for a failure record.
 RESERVE_BYTES = 256 * 1024
+#: The reserve is at most this fraction of the free space (a small disk keeps room for the point itself).
+RESERVE_FRACTION = 1 / 16
 #: Longest error text stored in a failure record (the first line is always kept whole).
 MAX_ERROR_CHARS = 8000
 
 
-def reserve_space(run_dir: Path | str, nbytes: int = RESERVE_BYTES) -> None:
-    """Set ``nbytes`` aside in ``run_dir`` (:data:`pnpscale.layout.RESERVE`), freed by :func:`write_failure`
-    on a full disk so that the failure can be recorded; best effort (a disk already full reserves less)."""
+def reserve_size(free_bytes: int) -> int:
+    """Bytes :func:`reserve_space` sets aside on a disk with ``free_bytes`` free: :data:`RESERVE_BYTES`,
+    at most :data:`RESERVE_FRACTION` of the free space, whole 4 KiB blocks.
+
+    >>> reserve_size(10**9), reserve_size(320 * 1024), reserve_size(60 * 1024)
+    (262144, 20480, 0)
+    """
+    return int(min(RESERVE_BYTES, free_bytes * RESERVE_FRACTION)) // 4096 * 4096
+
+
+def reserve_space(run_dir: Path | str, nbytes: int | None = None) -> None:
+    """Set space aside in ``run_dir`` (:data:`pnpscale.layout.RESERVE`), freed by :func:`write_failure`
+    on a full disk so that the failure can be recorded in full; ``nbytes`` default :func:`reserve_size`
+    of the disk's free space. Best effort: nothing is reserved when the disk has no room for it (the
+    failure is still recorded: :func:`write_record_or_reserve`)."""
     path = Path(run_dir) / layout.RESERVE
+    if nbytes is None:
+        try:
+            st = os.statvfs(run_dir)
+            nbytes = reserve_size(st.f_bavail * st.f_frsize)
+        except OSError:
+            nbytes = 0
+    if nbytes <= 0:
+        return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     except OSError:
@@ -476,7 +498,7 @@ def reserve_space(run_dir: Path | str, nbytes: int = RESERVE_BYTES) -> None:
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError:
-        pass
+        os.ftruncate(fd, 0)  # no partial reserve: it would only take room from the point
     finally:
         os.close(fd)
 
@@ -487,10 +509,12 @@ def release_space(run_dir: Path | str) -> None:
 
 
 def write_record_or_reserve(run_dir: Path | str, record: RunRecord) -> None:
-    """:func:`write_record`; on a full disk, free the reserve and try again, then with the error cut short.
+    """:func:`write_record`; on a full disk, free the reserve and try again, then with the error cut short
+    (no config), then by overwriting the existing ``run.json`` in place (:func:`overwrite_record`: its
+    blocks are already allocated), so that a ``running`` record never stays behind.
 
     Raises:
-        OSError: still no room (the disk is full and nothing was reserved).
+        OSError: still no room (the disk is full and there is no earlier ``run.json`` to overwrite).
     """
     try:
         write_record(run_dir, record)
@@ -499,11 +523,47 @@ def write_record_or_reserve(run_dir: Path | str, record: RunRecord) -> None:
         release_space(run_dir)
     try:
         write_record(run_dir, record)
+        return
     except OSError:
-        small = RunRecord(**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)})
-        small.config, small.extra = None, {}
-        small.error = (record.error or "").splitlines()[0][:MAX_ERROR_CHARS] if record.error else None
+        pass
+    small = RunRecord(**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)})
+    small.config, small.extra = None, {}
+    small.error = (record.error or "").splitlines()[0][:MAX_ERROR_CHARS] if record.error else None
+    try:
         write_record(run_dir, small)
+    except OSError as exc:
+        overwrite_record(Path(run_dir), small, exc)
+
+
+def overwrite_record(run_dir: Path, record: RunRecord, full: OSError) -> None:
+    """Write ``record`` over the existing ``run.json`` in place, padded with spaces to its old length (the
+    last resort on a full disk: no new block is needed). Not atomic: used only when nothing else fits.
+
+    Raises:
+        OSError: ``full`` when there is no ``run.json`` or the record does not fit in it even without its
+            spec and with a one-line error.
+    """
+    import json
+
+    path = run_dir / layout.RUN_JSON
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        raise full from None
+    try:
+        size = os.fstat(fd).st_size
+        doc = record.to_dict()
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        if len(data) > size:  # the shortest record that still says what happened
+            doc = {k: v for k, v in doc.items() if k not in ("spec", "config", "versions")}
+            doc["error"] = str(doc.get("error") or "")[:200]
+            data = json.dumps(doc, separators=(",", ":")).encode()
+        if len(data) > size:
+            raise full
+        os.pwrite(fd, data + b" " * (size - len(data)), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_failure(
