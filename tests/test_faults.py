@@ -245,6 +245,60 @@ def test_3_a_failure_is_recorded_when_the_writer_hits_enospc(tmp_path, monkeypat
     assert read_run(tmp_path)["status"] == "failed" and not (tmp_path / layout.RESERVE).exists()
 
 
+def test_3_a_running_record_is_overwritten_in_place_when_nothing_else_fits(tmp_path, monkeypatch):
+    """No room for a new file at all (not even the short record): the ``running`` record is overwritten in
+    place by the failed one (its blocks are already allocated), never left ``running``."""
+    from pnpscale.sweep import record
+
+    s = spec("2d", "inference", 2)
+    record.write_record(tmp_path, record.start_record(s, {"x": "y" * 2000}).set(pid=os.getpid()))
+
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(layout, "write_json", full)
+    record.write_failure(tmp_path, s, None, OSError(errno.ENOSPC, "No space left on device"))
+    run = read_run(tmp_path)
+    assert run["status"] == "failed" and "No space left on device" in run["error"]
+    assert record.read_record(tmp_path).status == "failed"
+
+
+@pytest.fixture
+def small_disk(tmp_path, request):
+    """A tmpfs of ``request.param`` KiB (root only), to run a point on; skipped where it cannot be mounted."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={request.param}k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:  # fmt: skip
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("small_disk", [40, 60, 320], indirect=True, ids=lambda k: f"{k}k")
+def test_3_a_point_on_a_small_disk_is_recorded_truthfully(tmp_path, small_disk):
+    """A 2-rank point on a 40, 60 or 320 KiB disk: complete (exit 0) or failed (exit 1) with the error in
+    run.json, never ``running``; no traceback, no '--- Logging error ---', no misleading JSON error; no
+    table without its complete record; no rank left. (320 KiB completes: the reserve is sized to the disk.)"""
+    run_dir = small_disk / "run"
+    proc = _cli("gpus=2", *TINY_2D, f"output.root={tmp_path}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    out = proc.communicate(timeout=240)[0]
+    assert _no_survivor(proc.pid)
+    for bad in ("Traceback", "Logging error", "Expecting value", "could not record"):
+        assert bad not in out, out
+    run = read_run(run_dir)
+    assert run["status"] in ("complete", "failed"), run["status"]
+    assert proc.returncode == (0 if run["status"] == "complete" else 1), out
+    if run["status"] == "failed":
+        assert "No space left" in run["error"] or "no space left" in run["error"], run["error"]
+        assert not any((run_dir / t).exists() for t in layout.TABLES)
+    disk = os.statvfs(small_disk)
+    if disk.f_blocks * disk.f_frsize >= 300 * 1024:
+        assert run["status"] == "complete", run["error"]
+    assert not (run_dir / layout.RESERVE).exists()
+
+
 def test_3_a_report_on_a_full_disk_fails_in_one_line_and_keeps_the_previous_one(tmpfs, capsys):
     from pnpscale.results.report import main
 
