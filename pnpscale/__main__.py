@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import hydra
@@ -28,6 +29,9 @@ def main() -> None:
     from pnpscale.sweep.cli import CommandLineError, check_overrides, check_single_point
 
     signals.install()
+    # a log file that cannot be written (a full disk) must not print a traceback per record: the console
+    # still gets every line, and the failure itself is recorded in run.json
+    logging.raiseExceptions = False
     try:
         try:
             check_overrides(sys.argv[1:])

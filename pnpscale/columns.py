@@ -66,6 +66,14 @@ SECTIONS_COLUMNS = (
     OTHER_PAYLOAD_BYTES, WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S,
 )  # fmt: skip
 
+#: Columns a run folder's table must have: the readers (metrics, wait by cause, the report, ``load``) need
+#: them, so a folder lacking one is ``unreadable``; every other column (added by later versions) loads as NA.
+RANKS_REQUIRED = (RANK, ITERATION, SECTION, WARMUP, SECTION_S)
+COLLECTIVES_REQUIRED = (RANK, ITERATION, SECTION, SEQ, DURATION_S)
+SECTIONS_REQUIRED = (ITERATION, SECTION, WARMUP, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S)
+#: Of those, the numeric ones (a column of text there makes the folder ``unreadable`` too).
+NUMERIC_REQUIRED = (RANK, ITERATION, SEQ, SECTION_S, DURATION_S, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S)
+
 # --- transfer explained (pnpscale.transfer): one row per run x section, and rates per route ---
 PROBLEM = "problem"
 MODE = "mode"

@@ -49,7 +49,7 @@ PROJECTION_MD = "projection.md"
 LOCK = ".pnpscale.lock"  # pnpscale.core.lock: the holder (pid, host, start) as JSON
 RESERVE = ".pnpscale.reserve"  # pnpscale.core.record.reserve_space
 STAGING_PREFIX = ".staging-"  # commit_files' staging folders (never read as results)
-RANK_FOOTPRINT = "rank_footprint.json"  # pnpscale.cluster.resources, under $XDG_CACHE_HOME/pnpscale/
+RANK_FOOTPRINT = "rank_footprint-2.json"  # pnpscale.cluster.local.rank_footprint, under $XDG_CACHE_HOME/pnpscale/
 
 VALIDATE_JSON = "validate.json"
 DEVICE_CHECK_MD = "device-check.md"  # scripts/device-check.sh: the pass/fail table
@@ -227,26 +227,35 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
     Returns:
         the names moved into ``dest``.
 
-    Nothing changes in ``dest`` if ``build`` raises (a full disk included). The renames (and the
+    Nothing changes in ``dest`` if ``build`` raises (a full disk included), and a ``dest`` this call
+    created is removed again (no empty folder left behind). The renames (and the
     removals) run with SIGINT/SIGTERM/SIGHUP held back (:func:`pnpscale.core.signals.deferred`), so
     a signal never leaves a mix of old and new files.
     """
     from pnpscale.core.signals import deferred
 
+    created = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=dest))
+    done = False
     try:
-        build(stage)
-        names = sorted(p.name for p in stage.iterdir() if p.is_file())
-        with deferred():
-            for name in names:
-                os.replace(stage / name, dest / name)
-            for name in stale:
-                if name not in names:
-                    (dest / name).unlink(missing_ok=True)
-        return names
+        stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=dest))
+        try:
+            build(stage)
+            names = sorted(p.name for p in stage.iterdir() if p.is_file())
+            with deferred():
+                for name in names:
+                    os.replace(stage / name, dest / name)
+                for name in stale:
+                    if name not in names:
+                        (dest / name).unlink(missing_ok=True)
+            done = True
+            return names
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        if created and not done:  # a folder made for this commit leaves with it (no empty report/)
+            with contextlib.suppress(OSError):
+                dest.rmdir()
 
 
 def run_status(run_dir: Path) -> str | None:

@@ -176,15 +176,14 @@ def test_cli_sweep_with_a_bad_composed_point_starts_nothing(tmp_path):
     assert run_dirs(tmp_path) == [] and list((tmp_path / "outputs").glob("*")) == []
 
 
-def test_only_the_problems_that_decimate_need_a_factor():
+def test_only_the_problems_that_decimate_need_a_factor(composer):
     """``problem.factor`` is super-resolution's (and the 3D decimation's) key, not every problem's."""
     import dataclasses
 
     from pnpscale.core.config import ConfigError, resolve_spec
     from pnpscale.rank.problems import make_problem
-    from pnpscale.sweep.cli import compose_config
 
-    spec = resolve_spec(compose_config(["scale=small"]), cuda_available=False)
+    spec = resolve_spec(composer("scale=small"), cuda_available=False)
     assert make_problem(spec).decimation() == 2
     unset = dataclasses.replace(spec, sizes={**spec.sizes, "factor": None})
     with pytest.raises(ConfigError, match=r"^problem.factor=null: SuperResolution2D decimates"):

@@ -332,6 +332,60 @@ def test_3_a_failure_is_recorded_when_the_writer_hits_enospc(tmp_path, monkeypat
     assert read_run(tmp_path)["status"] == "failed" and not (tmp_path / layout.RESERVE).exists()
 
 
+def test_3_a_running_record_is_overwritten_in_place_when_nothing_else_fits(tmp_path, monkeypatch):
+    """No room for a new file at all (not even the short record): the ``running`` record is overwritten in
+    place by the failed one (its blocks are already allocated), never left ``running``."""
+    from pnpscale.core import record
+
+    s = spec("2d", "inference", 2)
+    record.write_record(tmp_path, record.start_record(s, {"x": "y" * 2000}).set(pid=os.getpid()))
+
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(layout, "write_json", full)
+    record.write_failure(tmp_path, s, None, OSError(errno.ENOSPC, "No space left on device"))
+    run = read_run(tmp_path)
+    assert run["status"] == "failed" and "No space left on device" in run["error"]
+    assert record.read_record(tmp_path).status == "failed"
+
+
+@pytest.fixture
+def small_disk(tmp_path, request):
+    """A tmpfs of ``request.param`` KiB (root only), to run a point on; skipped where it cannot be mounted."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={request.param}k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:  # fmt: skip
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("small_disk", [40, 60, 320], indirect=True, ids=lambda k: f"{k}k")
+def test_3_a_point_on_a_small_disk_is_recorded_truthfully(tmp_path, small_disk):
+    """A 2-rank point on a 40, 60 or 320 KiB disk: complete (exit 0) or failed (exit 1) with the error in
+    run.json, never ``running``; no traceback, no '--- Logging error ---', no misleading JSON error; no
+    table without its complete record; no rank left. (320 KiB completes: the reserve is sized to the disk.)"""
+    run_dir = small_disk / "run"
+    proc = _cli("gpus=2", *TINY_2D, f"output.root={tmp_path}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    out = proc.communicate(timeout=240)[0]
+    assert _no_survivor(proc.pid)
+    for bad in ("Traceback", "Logging error", "Expecting value", "could not record"):
+        assert bad not in out, out
+    run = read_run(run_dir)
+    assert run["status"] in ("complete", "failed"), run["status"]
+    assert proc.returncode == (0 if run["status"] == "complete" else 1), out
+    if run["status"] == "failed":
+        assert "No space left" in run["error"] or "no space left" in run["error"], run["error"]
+        assert not any((run_dir / t).exists() for t in layout.TABLES)
+    disk = os.statvfs(small_disk)
+    if disk.f_blocks * disk.f_frsize >= 300 * 1024:
+        assert run["status"] == "complete", run["error"]
+    assert not (run_dir / layout.RESERVE).exists()
+
+
 def test_3_a_report_on_a_full_disk_fails_in_one_line_and_keeps_the_previous_one(tmpfs, capsys):
     from pnpscale.results.report import main
 
@@ -346,6 +400,21 @@ def test_3_a_report_on_a_full_disk_fails_in_one_line_and_keeps_the_previous_one(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("pnpscale.report: error: report not written (OSError"), err
     assert {p.name: p.read_bytes() for p in report.iterdir()} == before
+
+
+def test_8_a_failed_report_leaves_no_report_folder(tmp_path, capsys, monkeypatch):
+    from pnpscale.results import report
+
+    sweep = tmp_path / "sweep"
+    fake_run(sweep / layout.point_subdir("2d", "inference", 1), "2d", "inference", {"gradient": [(1.0, 0.0)]})
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(report, "markdown", full)
+    assert report.main([str(sweep)]) == 1
+    assert "report not written (OSError" in capsys.readouterr().err
+    assert not (sweep / layout.REPORT_DIR).exists()
 
 
 def test_3_a_running_record_whose_process_is_gone_is_reported_failed(tmp_path):
@@ -367,8 +436,6 @@ def test_3_a_running_record_whose_process_is_gone_is_reported_failed(tmp_path):
 
 
 def test_4_damaged_run_folders_are_reported_one_by_one(tmp_path, capsys):
-    import shutil
-
     import pnpscale
     from pnpscale.results.report import main
 
@@ -377,8 +444,8 @@ def test_4_damaged_run_folders_are_reported_one_by_one(tmp_path, capsys):
     fake_run(p(1), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]})
     fake_run(p(2), "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2})
     fake_run(p(4), "2d", "inference", {"gradient": [(0.4, 0.2)] * 4, "denoiser": [(0.9, 0.1)] * 4})
-    shutil.copytree(p(1), p(8))  # an older version's folder: two columns it did not write
-    (p(8) / layout.RUN_JSON).write_text((p(1) / layout.RUN_JSON).read_text().replace('"gpus": 1', '"gpus": 8'))
+    fake_run(p(8), "2d", "inference", {"gradient": [(0.3, 0.2)] * 8, "denoiser": [(0.6, 0.1)] * 8})
+    # an older version's folder: two columns it did not write
     old = pd.read_parquet(p(8) / layout.SECTIONS).drop(columns=["main_transfer_s", "other_payload_bytes"])
     old.to_parquet(p(8) / layout.SECTIONS, index=False)
     data = (p(2) / layout.SECTIONS).read_bytes()
@@ -460,6 +527,72 @@ def test_4_every_damaged_file_of_a_run_folder_is_one_unreadable_point(tmp_path, 
     assert f"{len(DAMAGES)} point(s) unreadable (--strict)" in capsys.readouterr().err
 
 
+def _edit_table(path: Path, edit) -> None:
+    edit(pd.read_parquet(path)).to_parquet(path, index=False)
+
+
+def _edit_nested(run_dir: Path, path: str, value) -> None:
+    doc = json.loads((run_dir / layout.RUN_JSON).read_text())
+    *parents, last = path.split(".")
+    node = doc
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    (run_dir / layout.RUN_JSON).write_text(json.dumps(doc))
+
+
+ONE_SCHEMA = {
+    # label -> (how the 2-rank point is damaged, the file named, the reason's start)
+    "ranks without rank": (lambda d: _edit_table(d / layout.RANKS, lambda t: t.drop(columns="rank")),
+                           layout.RANKS, "missing column(s) rank"),
+    "collectives without seq": (lambda d: _edit_table(d / layout.COLLECTIVES, lambda t: t.drop(columns="seq")),
+                                layout.COLLECTIVES, "missing column(s) seq"),
+    "rank as text": (lambda d: _edit_table(d / layout.RANKS, lambda t: t.assign(rank=t["rank"].astype(str))),
+                     layout.RANKS, "column rank is "),
+    "a rank missing": (lambda d: _edit_table(d / layout.RANKS, lambda t: t[t["rank"] != 1]),
+                       layout.RANKS, "ranks [0], expected 0..1 (gpus=2)"),
+    "one operator entry for 2 ranks": (lambda d: _edit_nested(d, "assignment.operators_per_rank", [4]),
+                                       layout.RUN_JSON, "assignment.operators_per_rank is [4]: 1 entry for gpus=2"),
+    "anomalies not objects": (lambda d: _edit_record(d, anomalies="x"), layout.RUN_JSON,
+                              "anomalies is 'x': must be an array of objects"),
+    "an anomaly without count": (lambda d: _edit_record(d, anomalies=[{"kind": "k", "count": "x"}]), layout.RUN_JSON,
+                                 "anomalies[0].count is 'x': must be an integer"),
+    "spec.sizes not an object": (lambda d: _edit_nested(d, "spec.sizes", "big"), layout.RUN_JSON,
+                                 "spec.sizes is 'big': must be an object"),
+    "hosts not strings": (lambda d: _edit_record(d, hosts=[1]), layout.RUN_JSON,
+                          "hosts is [1]: must be an array of strings"),
+    "metrics.sections an array": (lambda d: _edit_nested(d, "metrics.sections", []), layout.RUN_JSON,
+                                  "metrics.sections is []: must be an object"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("label", list(ONE_SCHEMA))
+def test_4_a_damaged_point_is_unreadable_for_load_and_the_report_alike(tmp_path, capsys, label):
+    """One schema (:func:`pnpscale.core.record.check_nested`, the required columns of
+    :mod:`pnpscale.columns`) for ``pnpscale.load`` and the report: the damaged point is ``unreadable`` in
+    both with the same reason, the other point is reported, the report is written."""
+    import pnpscale
+    from pnpscale.results.report import main
+
+    sweep = tmp_path / "sweep"
+    p = lambda g: sweep / layout.point_subdir("2d", "inference", g)  # noqa: E731
+    fake_run(p(1), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]})
+    fake_run(p(2), "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2})
+    damage, name, reason = ONE_SCHEMA[label]
+    damage(p(2))
+    error = f"unreadable: {p(2) / name}: {reason}"
+
+    all_ = pnpscale.load(sweep).query("section == 'all'").set_index("gpus")
+    assert all_.loc[1, "status"] == "complete"
+    assert all_.loc[2, "status"] == "unreadable" and all_.loc[2, "error"].startswith(error), all_.loc[2, "error"]
+    capsys.readouterr()
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert f"gpus=2: {error}" in out, out
+    readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
+    assert "missing (unreadable)" in readme and "| complete " in readme
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [
@@ -516,6 +649,57 @@ def test_5_command_line_faults_exit_2_with_one_line(tmp_path, read_only_dir):
     assert "add -m" in proc.stderr if args == ("gpus=1,2",) else True
 
 
+BAD_INPUTS = {
+    # label -> (the command line, the start of its one line)
+    "nccl without CUDA": (("gpus=2", "dist.backend=nccl"), "dist.backend=nccl: this machine has no CUDA device"),
+    "nccl without CUDA, a sweep": (("-m", "gpus=1,2", "dist.backend=nccl"), "invalid sweep, nothing was started"),
+    "a problem class that does not import": (("gpus=2", "problem.impl=nonexistent.module:Cls"),
+                                             "problem.impl=nonexistent.module:Cls: cannot import nonexistent.module"),
+    "the sweep folder as a point's folder": (("-m", "gpus=1", "hydra.sweep.subdir=."),
+                                             "hydra.sweep.subdir=.: must name a sub-folder of the sweep folder"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("label", list(BAD_INPUTS))
+def test_5_bad_input_is_refused_before_any_rank_starts(tmp_path, label):
+    """nccl on a machine without CUDA, a problem class that cannot be imported, ``hydra.sweep.subdir=.``:
+    exit 2, ``pnpscale: error:`` lines only (no traceback), no rank started, no run folder."""
+    if label.startswith("nccl") and _cuda_devices():
+        pytest.skip("this machine has CUDA: nccl is allowed")
+    args, first = BAD_INPUTS[label]
+    proc = run_cli(*args, *TINY_2D, f"hydra.sweep.dir={tmp_path / 'sweep'}", root=tmp_path, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert lines[0] == f"pnpscale: error: {first}" or lines[0].startswith(f"pnpscale: error: {first}"), lines
+    assert all(line.startswith("pnpscale: error: ") for line in lines), lines
+    assert "Traceback" not in proc.stderr + proc.stdout and "[rank" not in proc.stdout
+    assert not run_dirs(tmp_path) and not list(tmp_path.glob("**/logs"))
+
+
+def _cuda_devices() -> int:
+    from pnpscale.cluster.resources import cuda_device_count
+
+    return cuda_device_count()
+
+
+@pytest.mark.slow
+def test_5_a_read_only_working_folder_with_explicit_output_folders(tmp_path, read_only_dir):
+    """``cd <read-only> && python -m pnpscale ... hydra.sweep.dir=<writable>`` (or ``hydra.run.dir``) runs:
+    the default ``output.root`` (``outputs``, relative to the working folder) is not used."""
+    if read_only_dir is None:
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    sweep, run = f"hydra.sweep.dir={tmp_path / 'sweep'}", f"hydra.run.dir={tmp_path / 'run'}"
+    for args in (("-m", "gpus=1", sweep), ("gpus=1", run)):
+        proc = subprocess.run([sys.executable, "-m", "pnpscale", *args, *TINY_2D], cwd=read_only_dir, env=env,
+                              capture_output=True, text=True, timeout=240)  # fmt: skip
+        assert proc.returncode == 0, (args, proc.stderr[-2000:])
+    assert read_run(tmp_path / "run")["status"] == "complete"
+    assert read_run(next(p.parent for p in (tmp_path / "sweep").glob("**/run.json")))["status"] == "complete"
+    assert (tmp_path / "sweep" / layout.REPORT_DIR / layout.REPORT_README).is_file()
+
+
 def test_5_help_is_quick_with_a_big_folder_in_the_repository_root(tmp_path):
     import shutil
 
@@ -553,6 +737,57 @@ def test_6_a_hung_rank_is_named_with_the_timeout_that_fired(tmp_path):
     assert read_run(d)["status"] == "failed" and "rank 1 did not arrive" in read_run(d)["error"]
 
 
+def _rank_pid(run_dir: Path, rank: int, timeout_s: float = 120) -> int:
+    """The pid of rank ``rank`` of a running point, from its heartbeat, once it entered its first iteration."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            beat = json.loads(layout.progress_file(run_dir, rank).read_text())
+            if int(beat.get("iteration", -1)) >= 1:
+                return int(beat["pid"])
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"rank {rank} of {run_dir} never reached iteration 1")
+
+
+SLOW_2D = [*TINY_2D[:-2], "iterations=40", "warmup=1", "inject.rank=0", "inject.section=gradient", "inject.delay_s=0.3"]
+
+
+@pytest.mark.slow
+def test_6_a_killed_rank_is_blamed_on_itself(tmp_path):
+    """SIGKILL of rank 1 (no error file: its peer's 'Connection reset by peer' may be seen first) is
+    reported as rank 1's failure; the point is recorded failed, no process survives."""
+    run_dir = tmp_path / "run"
+    proc = _cli("gpus=2", *SLOW_2D, f"output.root={tmp_path}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
+    out = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 1, out
+    assert _no_survivor(proc.pid)
+    run = read_run(run_dir)
+    assert run["status"] == "failed" and "rank 1 failed: " in run["error"].splitlines()[0], run["error"]
+    assert "Traceback" not in out
+
+
+@pytest.mark.slow
+def test_6_a_stopped_rank_is_named_within_the_timeout_and_stopped(tmp_path):
+    """A rank stopped by SIGSTOP under ``dist.timeout_s=5``: named within seconds of the timeout (the elastic
+    agent's SIGTERM cannot end a stopped process: it SIGKILLs it after 2 s, not 30), nothing survives."""
+    run_dir = tmp_path / "run"
+    proc = _cli("gpus=2", *SLOW_2D, "dist.timeout_s=5", f"output.root={tmp_path}", f"hydra.run.dir={run_dir}",
+                cwd=tmp_path)  # fmt: skip
+    pid = _rank_pid(run_dir, 1)
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    out = proc.communicate(timeout=240)[0]
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 1, out
+    assert _no_survivor(proc.pid)
+    run = read_run(run_dir)
+    assert run["status"] == "failed" and run["error"].startswith("rank 1 did not arrive within dist.timeout_s=5 s")
+    assert elapsed < 5 + 12, f"named after {elapsed:.1f} s"
+
+
 # ---------------------------------------------------------------- 7. paths and Markdown
 
 
@@ -577,11 +812,11 @@ def test_7_paths_that_leave_the_folder_are_refused_and_report_text_is_escaped(tm
 
 
 def test_8_a_local_point_that_does_not_fit_is_refused_before_anything_starts(monkeypatch):
-    from pnpscale.cluster import resources
+    from pnpscale.cluster import local, resources
     from pnpscale.cluster.local import LocalCluster
     from pnpscale.core.config import ConfigError
 
-    monkeypatch.setattr(resources, "rank_footprint", lambda measure=True: (400 * 10**6, 300 * 10**6))
+    monkeypatch.setattr(local, "rank_footprint", lambda measure=True: (400 * 10**6, 300 * 10**6))
     monkeypatch.setattr(resources, "available_bytes", lambda: 20 * 10**9)
     LocalCluster().check({}, spec("2d", "inference", 16), 0)
     with pytest.raises(ConfigError) as hit:

@@ -10,17 +10,21 @@ seconds (the elastic agent monitors every rank); its exception is re-raised here
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
+from pnpscale.cluster import resources
 from pnpscale.cluster.base import Cluster
 from pnpscale.core.config import RunSpec
 from pnpscale.core.errors import PnpscaleError
@@ -87,8 +91,6 @@ def hung_ranks(
 
 def read_progress(run_dir: Path, ranks: int) -> dict[int, dict[str, Any]]:
     """Each rank's last heartbeat (:func:`pnpscale.layout.progress_file`); ranks without one are left out."""
-    import json
-
     out = {}
     for r in range(ranks):
         try:
@@ -132,6 +134,27 @@ def hung_message(failed: RankFailed, progress: dict[int, dict[str, Any]], ranks:
     )
 
 
+#: torch's loggers that report a rank's failure (elastic's agent and error files, torch.multiprocessing's
+#: "Terminating process ..."): quiet while ranks run, the failure is raised once as :class:`RankFailed`.
+QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
+
+
+@contextmanager
+def _quiet(prefixes: tuple[str, ...]) -> Iterator[None]:
+    """Only CRITICAL records from the loggers named ``prefixes`` and their children (torch sets a level
+    on each child logger, so the parent's level alone does not hold them), levels put back on exit."""
+    names = [n for n in logging.Logger.manager.loggerDict if n.startswith(tuple(f"{p}." for p in prefixes))]
+    loggers = [logging.getLogger(n) for n in (*prefixes, *names)]
+    before = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, before, strict=True):
+            lg.setLevel(level)
+
+
 @contextmanager
 def _environ(**values: str) -> Iterator[None]:
     old = {k: os.environ.get(k) for k in values}
@@ -146,6 +169,11 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+#: Seconds the elastic agent waits after its SIGTERM before it SIGKILLs a rank (its default, 30 s, is
+#: what a rank that cannot act on SIGTERM, e.g. stopped by SIGSTOP, added to a failure's report).
+RANK_SHUTDOWN_TIMEOUT_S = 2
+
+
 class LocalCluster(Cluster):
     """``cluster=local``: every rank on this machine (gloo on CPU, nccl on CUDA)."""
 
@@ -153,10 +181,12 @@ class LocalCluster(Cluster):
     resumes_in_task = True
 
     def check(self, cfg: Mapping[str, Any], spec: RunSpec, cuda_devices: int) -> None:
-        """Refuse a point this machine cannot hold: more local ranks than CUDA devices on a CUDA
-        machine (unless gloo is asked for, or a structure check on a shared GPU: ``dist.backend=nccl``
-        with ``NCCL_MULTI_RANK_GPU_ENABLE=1``), or more memory than is available
-        (:func:`pnpscale.cluster.resources.check_memory`: an estimate, made before anything starts).
+        """Refuse a point this machine cannot hold: ``dist.backend=nccl`` without a CUDA device, more
+        local ranks than CUDA devices on a CUDA machine (unless gloo is asked for, or a structure check
+        on a shared GPU: ``dist.backend=nccl`` with ``NCCL_MULTI_RANK_GPU_ENABLE=1``), or more memory
+        than is available
+        (:func:`pnpscale.cluster.resources.check_memory` with :func:`rank_footprint`: an estimate, made before
+        anything starts).
 
         Raises:
             ConfigError: one line naming the estimate, the limit and the way out.
@@ -165,6 +195,11 @@ class LocalCluster(Cluster):
         from pnpscale.core.config import ConfigError
         from pnpscale.rank.worker import shared_gpu_allowed
 
+        if spec.backend == "nccl" and not cuda_devices:
+            raise ConfigError(
+                "dist.backend", "nccl", "this machine has no CUDA device: allowed here: auto, gloo (nccl needs a "
+                "GPU per rank; cluster=slurm for GPU nodes)",
+            )  # fmt: skip
         shared = shared_gpu_allowed(spec.backend, os.environ)  # a structure check on one GPU
         if cuda_devices and spec.backend != "gloo" and spec.gpus > cuda_devices and not shared:
             raise ConfigError(
@@ -174,7 +209,7 @@ class LocalCluster(Cluster):
                 "(or cluster=slurm, or dist.backend=gloo for CPU ranks; a structure check only: "
                 "dist.backend=nccl with NCCL_MULTI_RANK_GPU_ENABLE=1)",
             )
-        refusal = check_memory(spec, cuda_devices)
+        refusal = check_memory(spec, cuda_devices, rank_footprint())
         if refusal is not None:
             raise ConfigError("gpus", spec.gpus, refusal)
 
@@ -257,6 +292,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         rdzv_endpoint="localhost:0",
         max_restarts=0,
         monitor_interval=0.1,
+        shutdown_timeout=RANK_SHUTDOWN_TIMEOUT_S,
         start_method=rank_start_method(),
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee={0: Std.OUT}),
         log_line_prefix_template="[rank${rank}] ",
@@ -268,22 +304,23 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         NODE_GPUS_ENV: node_gpus(os.environ),
         **kineto_config_env(os.environ),
     }
-    elastic_log = logging.getLogger("torch.distributed.elastic")
-    level = elastic_log.level
-    elastic_log.setLevel(logging.CRITICAL)  # the rank's error is re-raised below, once
-    try:
-        with _environ(**env), preserved():
+    try:  # the rank's error is re-raised below, once: torch's own log lines about it are held back
+        with _quiet(QUIET_LOGGERS), _environ(**env), preserved():
             return elastic_launch(launch_cfg, in_environment)(dict(os.environ), env, entrypoint, *args)
     except ChildFailedError as exc:
         # elastic reports the first rank seen to exit; the others' error files may name the cause
         seen = {r: (f.timestamp, _failure_message(f)) for r, f in exc.failures.items()}
         recorded = _recorded_errors(log_dir)
-        rank = root_failure({**recorded, **seen})
-        message = (seen.get(rank) or recorded[rank])[1]
-        failures = {r: m for r, (_, m) in {**recorded, **seen}.items()}
+        known = {**recorded, **seen}
+        rank = root_failure(known, nprocs)
+        message = known[rank][1] if rank in known else SILENT_DEATH
+        failures = {r: m for r, (_, m) in known.items()} | ({} if rank in known else {rank: message})
         raise RankFailed(rank, message, _rank_log(log_dir, rank), failures) from None
-    finally:
-        elastic_log.setLevel(level)
+    except json.JSONDecodeError:  # elastic could not read a failed rank's error file: cut short (a full disk)
+        rank, path = next(iter(_unreadable_error_files(log_dir).items()), (0, None))
+        full = " (no space left on its disk)" if _disk_full(log_dir) else ""
+        message = f"its error file {path} is empty or cut short{full}: see its stderr log"
+        raise RankFailed(rank, message, _rank_log(log_dir, rank, "stderr.log")) from None
 
 
 # --- how ranks start: from a forkserver that imported what they need ------------------------------
@@ -338,9 +375,22 @@ _PEER_LOST = re.compile(
 )
 
 
-def root_failure(failures: dict[int, tuple[int, str]]) -> int:
+#: The error of a rank that left no error behind while its peers lost their connection to it.
+SILENT_DEATH = (
+    "died without recording an error while the other ranks lost their connection to it (killed by a signal: "
+    "SIGKILL, the OOM killer, a crash)"
+)
+
+
+def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None) -> int:
     """The rank whose failure caused the others: the earliest (then lowest rank) whose error is not a
-    lost peer, else the earliest. ``failures``: rank -> (timestamp in s, message).
+    lost peer; when every known error is a lost peer and exactly one rank of ``world`` recorded none
+    (torch elastic reports only the first rank it sees exit: a rank killed by SIGKILL leaves no error
+    file, and its peers may exit first), that rank; else the earliest.
+
+    Args:
+        failures: rank -> (timestamp in s, message), every failure known.
+        world: the ranks of the run (``0..world-1``), when known.
 
     >>> root_failure({0: (5, "RuntimeError: Connection closed by peer [127.0.0.1]:5"), 1: (5, "InjectedFailure: x")})
     1
@@ -348,9 +398,15 @@ def root_failure(failures: dict[int, tuple[int, str]]) -> int:
     1
     >>> root_failure({2: (7, "Connection reset by peer"), 3: (6, "Connection closed by peer")})
     3
+    >>> root_failure({0: (5, "RuntimeError: [pair.cc:589] Read error [127.0.0.1]:4: Connection reset by peer")}, 2)
+    1
     """
     order = sorted(failures, key=lambda r: (failures[r][0], r))
-    return next((r for r in order if not _PEER_LOST.search(failures[r][1])), order[0])
+    cause = next((r for r in order if not _PEER_LOST.search(failures[r][1])), None)
+    if cause is not None:
+        return cause
+    silent = [r for r in range(world or 0) if r not in failures]
+    return silent[0] if len(silent) == 1 else order[0]
 
 
 def _failure_message(failure: Any) -> str:
@@ -368,8 +424,6 @@ def _failure_message(failure: Any) -> str:
 
 def _recorded_errors(log_dir: Path) -> dict[int, tuple[int, str]]:
     """rank -> (timestamp s, first line of the exception) from the error files ranks wrote (``@record``)."""
-    import json
-
     out: dict[int, tuple[int, str]] = {}
     for f in sorted(log_dir.glob("**/error.json")):
         try:
@@ -382,10 +436,161 @@ def _recorded_errors(log_dir: Path) -> dict[int, tuple[int, str]]:
     return out
 
 
-def _rank_log(log_dir: Path, rank: int) -> Path | None:
+def _unreadable_error_files(log_dir: Path) -> dict[int, Path]:
+    """rank -> its ``error.json`` that is not JSON (empty or cut short: written on a full disk)."""
+    out: dict[int, Path] = {}
+    for f in sorted(log_dir.glob("**/error.json")):
+        try:
+            json.loads(f.read_text())
+        except (OSError, ValueError):
+            if f.parent.name.isdigit():
+                out.setdefault(int(f.parent.name), f)
+    return out
+
+
+def _disk_full(folder: Path) -> bool:
+    """Whether the file system of ``folder`` has no block left for this user."""
+    try:
+        return os.statvfs(folder).f_bavail == 0
+    except OSError:
+        return False
+
+
+def _rank_log(log_dir: Path, rank: int, *names: str) -> Path | None:
     """The failed rank's traceback (``error.json`` written by ``@record``), else its stderr log."""
-    for name in ("error.json", "stderr.log"):
+    for name in names or ("error.json", "stderr.log"):
         hits = sorted(log_dir.glob(f"**/{rank}/{name}"))
         if hits:
             return hits[-1]
     return None
+
+
+# --- the rank footprint: measured on ranks started the way this launcher starts them ---
+
+
+def _compose(overrides: Sequence[str]) -> Any:
+    """pnpscale's composed config for ``overrides`` (Hydra's compose API on the package's config tree)."""
+    from hydra import compose, initialize_config_dir
+
+    from pnpscale.core.config import CONF_DIR, register_schema
+
+    register_schema()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+#: Ranks of the footprint probe's point (at least 2: a real process group, as in a multi-rank point).
+PROBE_RANKS = 2
+#: How the footprint is measured; part of the cache key, so a new rule measures again.
+PROBE_VERSION = 2
+
+
+#: The point the footprint probe runs: a real 2-rank point, tiny (its tensors are negligible).
+PROBE_OVERRIDES = (
+    f"gpus={PROBE_RANKS}", "scale=small", "problem=2d", "mode=inference", "problem.image_size=32",
+    "problem.num_operators=2", "problem.patch_size=8", "problem.overlap=4", "problem.max_batch_size=4",
+    "problem.nc=[4,8,8,8]", "problem.nb=1", "iterations=1", "warmup=1", "dist.backend=gloo",
+)  # fmt: skip
+
+
+def _probe_rank(spec_dict: dict[str, Any], run_dir: str) -> None:
+    """One probe rank: the real rank (:func:`pnpscale.rank.worker.rank_main`), then its memory into
+    ``run_dir/probe-rank<r>.json``: its private bytes and the bytes it shares with the forkserver."""
+    from pnpscale.rank.worker import rank_main
+
+    rank_main(spec_dict, run_dir)
+    mine = resources.smaps_rollup()
+    private = mine.get("Private_Clean", 0) + mine.get("Private_Dirty", 0)
+    parent = os.getppid()
+    try:  # forked from a server: its resident pages are what the ranks share
+        shared = resources.smaps_rollup(parent)["Rss"] if parent != int(os.environ[PROBE_PID_ENV]) else None
+    except (OSError, KeyError):
+        shared = None
+    out = {"private": private, "shared": mine["Rss"] - private if shared is None else shared}
+    Path(run_dir, f"probe-rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(out))
+
+
+PROBE_PID_ENV = "PNPSCALE_PROBE_PID"
+
+
+def probe_footprint() -> tuple[int, int, str]:
+    """Run the probe point (:data:`PROBE_OVERRIDES`) the launcher's way and measure its ranks (see the
+    module doc); run it in a fresh process (:func:`rank_footprint` does).
+
+    Returns:
+        ``(per_rank, once, start_method)``: a rank's private bytes (rank 1: it does what every rank
+        does), and the bytes counted once: the shared pages plus what rank 0 holds beyond a rank's
+        (it gathers the tables and writes the run folder).
+    """
+    import tempfile
+
+    from pnpscale.core.config import resolve_spec
+
+    spec = resolve_spec(_compose(PROBE_OVERRIDES), cuda_available=False)
+    os.environ[PROBE_PID_ENV] = str(os.getpid())
+    with tempfile.TemporaryDirectory() as tmp:
+        run_ranks(PROBE_RANKS, _probe_rank, (spec.to_dict(), tmp), Path(tmp) / "logs", 1)
+        got = [json.loads(Path(tmp, f"probe-rank{r}.json").read_text()) for r in range(PROBE_RANKS)]
+    per_rank = max(g["private"] for g in got[1:])
+    once = max(g["shared"] for g in got) + max(0, got[0]["private"] - per_rank)
+    return per_rank, once, rank_start_method()
+
+
+def _cache_file() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    from pnpscale import layout
+
+    return base / "pnpscale" / layout.RANK_FOOTPRINT
+
+
+def _versions_key() -> str:
+    import platform
+
+    import torch
+
+    return (
+        f"python {platform.python_version()} torch {torch.__version__} {platform.machine()} probe {PROBE_VERSION} "
+        f"preload {','.join(RANK_PRELOAD)}"
+    )
+
+
+_PROBE = "from pnpscale.cluster.local import probe_footprint; print('footprint', *probe_footprint())"
+
+
+def rank_footprint(measure: bool = True) -> tuple[int, int] | None:
+    """``(per_rank, shared)`` bytes: one rank's own memory before it holds any data, and the memory
+    every rank shares (counted once); measured once, then kept (see the module doc).
+
+    Returns:
+        the kept values for this machine and these versions; measured now (a few seconds, once)
+        when absent and ``measure``; ``None`` when they cannot be measured.
+    """
+    path, key = _cache_file(), _versions_key()
+    try:
+        kept = json.loads(path.read_text())
+        if kept.get("key") == key and int(kept["per_rank_bytes"]) > 0:
+            return int(kept["per_rank_bytes"]), int(kept["shared_bytes"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    if not measure:
+        return None
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        line = next(ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("footprint "))
+        _, per_text, shared_text, method = line.split()
+        per_rank, shared = int(per_text), int(shared_text)
+    except (OSError, ValueError, StopIteration, subprocess.TimeoutExpired):
+        return None
+    try:
+        from pnpscale import layout
+
+        layout.write_json(path, {"key": key, "per_rank_bytes": per_rank, "shared_bytes": shared,
+                                 "start_method": method, "how": "pnpscale.cluster.local.probe_footprint: a "
+                                 f"{PROBE_RANKS}-rank point's private pages per rank, shared pages and rank 0's "
+                                 "extra once (/proc/<pid>/smaps_rollup)"})  # fmt: skip
+    except OSError:
+        pass
+    return per_rank, shared

@@ -3,11 +3,16 @@
 estimate = shared + ranks x (per-rank footprint + the problem's tensors on each CPU rank), compared
 with the memory available to this process (``MemAvailable``, lowered by a cgroup v2 limit).
 
-* The footprint is measured once per machine and software versions, on a Python process that
-  imports torch and deepinv and runs a gloo process group of one (what every rank carries before
-  it holds any data): its anonymous memory (``/proc/self/smaps_rollup``: each rank has its own) is
-  the per-rank footprint, the rest of its resident memory (libraries, shared by every rank) counts
-  once. Kept in ``$XDG_CACHE_HOME/pnpscale/rank_footprint.json`` (:func:`rank_footprint`).
+* The footprint is measured by the local launcher itself, once per machine and software versions, on a
+  real point started the way it starts its ranks (:func:`pnpscale.cluster.local.rank_footprint`: forked
+  from a forkserver, or spawned where there is no forkserver): a tiny 2-rank point
+  (:data:`pnpscale.cluster.local.PROBE_OVERRIDES`, about 10 s) whose ranks read their own
+  ``/proc/self/smaps_rollup`` (:func:`smaps_rollup`) when they are done. A rank's *private* pages (``Private_Clean +
+  Private_Dirty``: what it alone holds, the copy-on-write pages it touched included) are the per-rank
+  footprint; what is counted once is the pages the ranks share (the forkserver's resident memory, or a
+  spawned rank's shared libraries) plus what rank 0 holds beyond another rank (it gathers the tables
+  and writes the run folder). Kept in ``$XDG_CACHE_HOME/pnpscale/rank_footprint-2.json``
+  (:func:`pnpscale.cluster.local.rank_footprint`).
 * The problem's tensors (:func:`problem_bytes`): every rank holds the whole signal several times
   over (iterate, gradient, the all_reduce buffer, the denoised image, its measurements' share),
   :data:`SIGNAL_COPIES` copies, times ``unroll + 1`` when training keeps each unrolled step for
@@ -20,10 +25,6 @@ measurement: run.json holds what was measured.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,18 +32,20 @@ from typing import Any
 #: image, measurements and slack for temporaries).
 SIGNAL_COPIES = 6
 GB = 1e9
+def smaps_rollup(pid: int | str = "self") -> dict[str, int]:
+    """``/proc/<pid>/smaps_rollup`` in bytes (``Rss``, ``Pss``, ``Private_Clean``, ``Anonymous``...).
 
-_PROBE = """
-import tempfile
-import torch, deepinv, torch.distributed as dist
-store = dist.FileStore(tempfile.mktemp(), 1)
-dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-dist.all_reduce(torch.zeros(1))
-dist.destroy_process_group()
-kb = {k: int(v.split()[0]) for k, v in (l.split(":", 1) for l in open("/proc/self/smaps_rollup") if ":" in l[:20])
-      if v.strip().endswith("kB")}
-print(kb["Anonymous"] * 1024, (kb["Rss"] - kb["Anonymous"]) * 1024)
-"""
+    Raises:
+        OSError: no such process, or no ``/proc`` (not Linux).
+    """
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            parts = value.split()
+            if len(parts) == 2 and parts[1] == "kB":
+                out[key.strip()] = int(parts[0]) * 1024
+    return out
 
 
 def cuda_device_count() -> int:
@@ -50,56 +53,6 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _cache_file() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    from pnpscale import layout
-
-    return base / "pnpscale" / layout.RANK_FOOTPRINT
-
-
-def _versions_key() -> str:
-    import platform
-
-    import torch
-
-    return f"python {platform.python_version()} torch {torch.__version__} {platform.machine()}"
-
-
-def rank_footprint(measure: bool = True) -> tuple[int, int] | None:
-    """``(per_rank, shared)`` bytes: one rank's own memory before it holds any data, and the memory
-    every rank shares (counted once); measured once, then kept (see the module doc).
-
-    Returns:
-        the kept values for this machine and these versions; measured now (a few seconds, once)
-        when absent and ``measure``; ``None`` when they cannot be measured.
-    """
-    path, key = _cache_file(), _versions_key()
-    try:
-        kept = json.loads(path.read_text())
-        if kept.get("key") == key and int(kept["per_rank_bytes"]) > 0:
-            return int(kept["per_rank_bytes"]), int(kept["shared_bytes"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    if not measure:
-        return None
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )  # fmt: skip
-        per_rank, shared = (int(v) for v in proc.stdout.strip().splitlines()[-1].split())
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return None
-    try:
-        from pnpscale import layout
-
-        layout.write_json(path, {"key": key, "per_rank_bytes": per_rank, "shared_bytes": shared,
-                                 "how": "smaps_rollup of: " + " ".join(_PROBE.split())})  # fmt: skip
-    except OSError:
-        pass
-    return per_rank, shared
 
 
 def available_bytes() -> int | None:
@@ -156,7 +109,7 @@ def memory_refusal(gpus: int, footprint: tuple[int, int], per_rank_data: int, av
 
     Args:
         gpus: ranks on this machine.
-        footprint: ``(per_rank, shared)`` bytes (:func:`rank_footprint`).
+        footprint: ``(per_rank, shared)`` bytes (:func:`pnpscale.cluster.local.rank_footprint`).
         per_rank_data: the problem's tensors on each rank (0 on CUDA), bytes.
         available: :func:`available_bytes`.
 
@@ -180,9 +133,16 @@ def memory_refusal(gpus: int, footprint: tuple[int, int], per_rank_data: int, av
     )
 
 
-def check_memory(spec: Any, cuda_devices: int) -> str | None:
-    """:func:`memory_refusal` for a local point on this machine; ``None`` when it fits or cannot be estimated."""
-    footprint, available = rank_footprint(), available_bytes()
+def check_memory(spec: Any, cuda_devices: int, footprint: tuple[int, int] | None) -> str | None:
+    """:func:`memory_refusal` for a local point on this machine; ``None`` when it fits or cannot be estimated.
+
+    Args:
+        spec: the point.
+        cuda_devices: CUDA devices here (0: the problem's tensors live on the CPU ranks).
+        footprint: ``(per_rank, shared)`` bytes of a rank as the launcher starts it
+            (:func:`pnpscale.cluster.local.rank_footprint`), ``None`` when unknown.
+    """
+    available = available_bytes()
     if footprint is None or available is None:
         return None
     data = 0 if cuda_devices and spec.backend != "gloo" else problem_bytes(spec)

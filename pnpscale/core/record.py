@@ -136,8 +136,10 @@ class RunRecord:
 
         Raises:
             RecordError: not an object, no ``status``, a schema newer than this version reads, or a
-                field of the wrong JSON type (``"gpus": "abc"``, ``gpus`` < 1, an ``assignment`` that is
-                not arrays of integers): ``str()`` names the field, its value and the type it must have.
+                field of the wrong JSON type (``"gpus": "abc"``, ``gpus`` < 1, a nested field of
+                :data:`NESTED_TYPES` of the wrong shape, e.g. an ``assignment`` that is not arrays of
+                integers, or a per-rank array of a complete record without one entry per rank:
+                :func:`check_nested`): ``str()`` names the field, its value and the shape it must have.
         """
         if not isinstance(data, dict):
             raise RecordError(f"not a JSON object ({type(data).__name__})")
@@ -157,7 +159,7 @@ class RunRecord:
             known.pop("spec", None)
         if known.get("gpus") is not None and known["gpus"] < 1:
             raise RecordError(f"gpus is {known['gpus']!r}: must be >= 1")
-        _check_assignment(known.get("assignment"))
+        check_nested(data)
         return cls(**known, extra={k: v for k, v in data.items() if k not in names})
 
 
@@ -183,19 +185,82 @@ def _check_type(key: str, value: Any) -> None:
 _JSON_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "an array"}
 
 
-def _check_assignment(assignment: dict[str, Any] | None) -> None:
-    """``assignment``: ``operators_per_rank`` / ``tiles_per_rank`` arrays of integers, ``num_tiles`` an integer."""
-    if not assignment:
-        return
-    for key in ("operators_per_rank", "tiles_per_rank"):
-        value = assignment.get(key)
-        if value is not None and (
-            not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        ):
-            raise RecordError(f"assignment.{key} is {value!r}: must be an array of integers")
-    n = assignment.get("num_tiles")
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
-        raise RecordError(f"assignment.num_tiles is {n!r}: must be an integer")
+#: Nested fields readers use (the report, :func:`pnpscale.load`, resume), dotted path -> JSON shape:
+#: ``int``, ``str``, ``object``, ``int[]`` (array of integers), ``int?[]`` (integers or null),
+#: ``str[]``, ``object[]``. ``None`` is allowed for each (an older record without it).
+NESTED_TYPES: dict[str, str] = {
+    "spec.sizes": "object", "spec.sizes.num_operators": "int", "spec.linestyle": "str",
+    "spec.denoiser_collective": "str",
+    "assignment.operators_per_rank": "int[]", "assignment.tiles_per_rank": "int[]", "assignment.num_tiles": "int",
+    "metrics.sections": "object", "metrics.iterations": "int",
+    "peak_memory.bytes_per_rank": "int?[]", "slurm.nodes": "int",
+    "hosts": "str[]", "device_names": "str[]", "anomalies": "object[]",
+}  # fmt: skip
+#: Per-rank arrays: one entry per rank (``gpus``) in a complete record.
+PER_RANK_FIELDS = ("assignment.operators_per_rank", "assignment.tiles_per_rank", "device_names")
+#: Keys every entry of ``anomalies`` has (:meth:`pnpscale.analysis.anomalies.Anomalies.records`).
+ANOMALY_KEYS = {"kind": "str", "count": "int"}
+
+_SHAPE_NAMES = {
+    "int": "an integer", "str": "a string", "object": "an object", "int[]": "an array of integers",
+    "int?[]": "an array of integers or nulls", "str[]": "an array of strings", "object[]": "an array of objects",
+}  # fmt: skip
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _fits(value: Any, shape: str) -> bool:
+    one = {"int": _is_int, "str": lambda v: isinstance(v, str), "object": lambda v: isinstance(v, dict)}
+    if not shape.endswith("[]"):
+        return one[shape](value)
+    item = shape[:-2]
+    if not isinstance(value, list):
+        return False
+    if item.endswith("?"):
+        return all(v is None or one[item[:-1]](v) for v in value)
+    return all(one[item](v) for v in value)
+
+
+def _nested(data: dict[str, Any], path: str) -> Any:
+    value: Any = data
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None  # the parent's own shape is checked under its own path
+        value = value.get(part)
+    return value
+
+
+def check_nested(data: dict[str, Any]) -> None:
+    """The nested fields of a record (:data:`NESTED_TYPES`), the entries of ``anomalies``
+    (:data:`ANOMALY_KEYS`), and in a complete record one entry per rank in :data:`PER_RANK_FIELDS`.
+
+    Raises:
+        RecordError: ``<field> is <value>: must be <shape>`` (or ``... N entries for gpus=G ...``).
+
+    >>> try:
+    ...     check_nested({"status": "complete", "gpus": 2, "assignment": {"operators_per_rank": [1]}})
+    ... except RecordError as exc:
+    ...     print(exc)
+    assignment.operators_per_rank is [1]: 1 entry for gpus=2, must have one per rank
+    """
+    for path, shape in NESTED_TYPES.items():
+        value = _nested(data, path)
+        if value is not None and not _fits(value, shape):
+            raise RecordError(f"{path} is {value!r}: must be {_SHAPE_NAMES[shape]}")
+    for i, entry in enumerate(data.get("anomalies") or []):
+        for key, shape in ANOMALY_KEYS.items():
+            if not _fits(entry.get(key), shape):
+                raise RecordError(f"anomalies[{i}].{key} is {entry.get(key)!r}: must be {_SHAPE_NAMES[shape]}")
+    gpus = data.get("gpus")
+    if data.get("status") == "complete" and _is_int(gpus):
+        for path in PER_RANK_FIELDS:
+            value = _nested(data, path)
+            if value is not None and len(value) != gpus:
+                n = len(value)
+                entries = f"{n} entr{'y' if n == 1 else 'ies'}"
+                raise RecordError(f"{path} is {value!r}: {entries} for gpus={gpus}, must have one per rank")
 
 
 def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
@@ -324,16 +389,38 @@ def start_record(spec: Any, config: dict[str, Any] | None) -> RunRecord:
     )
 
 
-#: Bytes set aside in each running point's folder (:func:`reserve_space`): room for a failure record.
+#: Most bytes set aside in a running point's folder (:func:`reserve_space`): room for a failure record.
 RESERVE_BYTES = 256 * 1024
+#: The reserve is at most this fraction of the free space (a small disk keeps room for the point itself).
+RESERVE_FRACTION = 1 / 16
 #: Longest error text stored in a failure record (the first line is always kept whole).
 MAX_ERROR_CHARS = 8000
 
 
-def reserve_space(run_dir: Path | str, nbytes: int = RESERVE_BYTES) -> None:
-    """Set ``nbytes`` aside in ``run_dir`` (:data:`pnpscale.layout.RESERVE`), freed by :func:`write_failure`
-    on a full disk so that the failure can be recorded; best effort (a disk already full reserves less)."""
+def reserve_size(free_bytes: int) -> int:
+    """Bytes :func:`reserve_space` sets aside on a disk with ``free_bytes`` free: :data:`RESERVE_BYTES`,
+    at most :data:`RESERVE_FRACTION` of the free space, whole 4 KiB blocks.
+
+    >>> reserve_size(10**9), reserve_size(320 * 1024), reserve_size(60 * 1024)
+    (262144, 20480, 0)
+    """
+    return int(min(RESERVE_BYTES, free_bytes * RESERVE_FRACTION)) // 4096 * 4096
+
+
+def reserve_space(run_dir: Path | str, nbytes: int | None = None) -> None:
+    """Set space aside in ``run_dir`` (:data:`pnpscale.layout.RESERVE`), freed by :func:`write_failure`
+    on a full disk so that the failure can be recorded in full; ``nbytes`` default :func:`reserve_size`
+    of the disk's free space. Best effort: nothing is reserved when the disk has no room for it (the
+    failure is still recorded: :func:`write_record_or_reserve`)."""
     path = Path(run_dir) / layout.RESERVE
+    if nbytes is None:
+        try:
+            st = os.statvfs(run_dir)
+            nbytes = reserve_size(st.f_bavail * st.f_frsize)
+        except OSError:
+            nbytes = 0
+    if nbytes <= 0:
+        return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     except OSError:
@@ -341,7 +428,7 @@ def reserve_space(run_dir: Path | str, nbytes: int = RESERVE_BYTES) -> None:
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError:
-        pass
+        os.ftruncate(fd, 0)  # no partial reserve: it would only take room from the point
     finally:
         os.close(fd)
 
@@ -352,10 +439,12 @@ def release_space(run_dir: Path | str) -> None:
 
 
 def write_record_or_reserve(run_dir: Path | str, record: RunRecord) -> None:
-    """:func:`write_record`; on a full disk, free the reserve and try again, then with the error cut short.
+    """:func:`write_record`; on a full disk, free the reserve and try again, then with the error cut short
+    (no config), then by overwriting the existing ``run.json`` in place (:func:`overwrite_record`: its
+    blocks are already allocated), so that a ``running`` record never stays behind.
 
     Raises:
-        OSError: still no room (the disk is full and nothing was reserved).
+        OSError: still no room (the disk is full and there is no earlier ``run.json`` to overwrite).
     """
     try:
         write_record(run_dir, record)
@@ -364,11 +453,47 @@ def write_record_or_reserve(run_dir: Path | str, record: RunRecord) -> None:
         release_space(run_dir)
     try:
         write_record(run_dir, record)
+        return
     except OSError:
-        small = RunRecord(**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)})
-        small.config, small.extra = None, {}
-        small.error = (record.error or "").splitlines()[0][:MAX_ERROR_CHARS] if record.error else None
+        pass
+    small = RunRecord(**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)})
+    small.config, small.extra = None, {}
+    small.error = (record.error or "").splitlines()[0][:MAX_ERROR_CHARS] if record.error else None
+    try:
         write_record(run_dir, small)
+    except OSError as exc:
+        overwrite_record(Path(run_dir), small, exc)
+
+
+def overwrite_record(run_dir: Path, record: RunRecord, full: OSError) -> None:
+    """Write ``record`` over the existing ``run.json`` in place, padded with spaces to its old length (the
+    last resort on a full disk: no new block is needed). Not atomic: used only when nothing else fits.
+
+    Raises:
+        OSError: ``full`` when there is no ``run.json`` or the record does not fit in it even without its
+            spec and with a one-line error.
+    """
+    import json
+
+    path = run_dir / layout.RUN_JSON
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        raise full from None
+    try:
+        size = os.fstat(fd).st_size
+        doc = record.to_dict()
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        if len(data) > size:  # the shortest record that still says what happened
+            doc = {k: v for k, v in doc.items() if k not in ("spec", "config", "versions")}
+            doc["error"] = str(doc.get("error") or "")[:200]
+            data = json.dumps(doc, separators=(",", ":")).encode()
+        if len(data) > size:
+            raise full
+        os.pwrite(fd, data + b" " * (size - len(data)), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_failure(

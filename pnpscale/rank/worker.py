@@ -205,7 +205,7 @@ def _parent_of(pid: int) -> int | None:
 
 
 class Heartbeat:
-    """Where this rank is: ``{"rank", "beat", "iteration", "section", "t"}`` rewritten in place in
+    """Where this rank is: ``{"rank", "beat", "iteration", "section", "t", "pid"}`` rewritten in place in
     :func:`pnpscale.layout.progress_file` at each step (outside the timed sections).
 
     ``beat`` counts the steps; every rank takes the same steps in the same order, so the rank with
@@ -232,8 +232,9 @@ class Heartbeat:
 
         self.beat += advance
         data = json.dumps(
-            {"rank": self.rank, "beat": self.beat, "iteration": iteration, "section": section, "t": time.time()}
-        ).encode()
+            {"rank": self.rank, "beat": self.beat, "iteration": iteration, "section": section, "t": time.time(),
+             "pid": os.getpid()}
+        ).encode()  # fmt: skip
         try:
             os.pwrite(self.fd, data, 0)
             os.ftruncate(self.fd, len(data))

@@ -79,18 +79,12 @@ def typed(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-#: Columns of ``sections.parquet`` the metrics are computed from: a run folder lacking one is unreadable.
-#: Other columns (added by later versions, e.g. ``main_transfer_s``, ``other_payload_bytes``) load as NA.
-SECTIONS_REQUIRED = (
-    K.ITERATION,
-    K.SECTION,
-    K.WARMUP,
-    K.COMPUTE_S,
-    K.COMPUTE_MAX_S,
-    K.TRANSFER_S,
-    K.WAIT_S,
-    K.SECTION_S,
-)
+#: Columns of ``sections.parquet`` the metrics are computed from (:data:`pnpscale.columns.SECTIONS_REQUIRED`):
+#: a run folder lacking one is unreadable. Other columns (added by later versions) load as NA.
+SECTIONS_REQUIRED = K.SECTIONS_REQUIRED
+#: Every table of a run folder and the columns it must have (from :mod:`pnpscale.columns`).
+REQUIRED_COLUMNS = {layout.RANKS: K.RANKS_REQUIRED, layout.COLLECTIVES: K.COLLECTIVES_REQUIRED,
+                    layout.SECTIONS: K.SECTIONS_REQUIRED}  # fmt: skip
 #: ``status`` of a run folder whose ``run.json`` or ``sections.parquet`` cannot be read (``error`` says why).
 STATUS_UNREADABLE = "unreadable"
 
@@ -189,32 +183,20 @@ def discover(root: str | Path) -> pd.DataFrame:
 
 
 def _record_fields(run: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """The fields :func:`discover` takes from a record's ``spec`` and ``assignment``.
-
-    Raises:
-        RecordError: one of them has the wrong type (``str()``: ``<run.json>: <reason>``).
-    """
+    """The fields :func:`discover` takes from a record's ``spec`` and ``assignment`` (their shapes are
+    checked by the record's schema, :func:`pnpscale.core.record.check_nested`)."""
     spec = run.get("spec") or {}
-    try:
-        variant = _variant_fields(spec)
-        style = spec.get("linestyle")
-        if style is not None and not isinstance(style, str):
-            raise ValueError(f"spec.linestyle is {style!r}: must be a string")
-        assignment = run.get("assignment") or {}
-        ops = sum(assignment.get("operators_per_rank") or []) or variant["num_operators"]
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise RecordError(f"{run_dir / layout.RUN_JSON}: {exc}") from None
-    return {"variant": variant, "linestyle": style, "num_operators": ops, "num_tiles": assignment.get("num_tiles")}
+    variant = _variant_fields(spec)
+    assignment = run.get("assignment") or {}
+    ops = sum(assignment.get("operators_per_rank") or []) or variant["num_operators"]
+    return {"variant": variant, "linestyle": spec.get("linestyle"), "num_operators": ops,
+            "num_tiles": assignment.get("num_tiles")}  # fmt: skip
 
 
 def _variant_fields(spec: dict[str, Any]) -> dict[str, Any]:
     """A run's values of the variant keys, from its ``run.json`` spec (defaults for older records)."""
     ops = (spec.get("sizes") or {}).get("num_operators")
     collective = spec.get("denoiser_collective") or "all_reduce"
-    if not isinstance(collective, str):
-        raise ValueError(f"spec.denoiser_collective is {collective!r}: must be a string")
-    if ops is not None and (not isinstance(ops, int) or isinstance(ops, bool)):
-        raise ValueError(f"spec.sizes.num_operators is {ops!r}: must be an integer")
     return {"denoiser_collective": collective, "num_operators": ops if ops is not None else pd.NA}
 
 
@@ -348,9 +330,7 @@ def read_sections(path: Path, base: Path) -> pd.DataFrame:
     except (OSError, pa.ArrowException, ValueError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"{path}: {reason}") from None
-    missing = [c for c in SECTIONS_REQUIRED if c not in sections]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+    check_columns(sections, path, SECTIONS_REQUIRED)
     from pnpscale.analysis.tables import complete_sections
 
     for key, value in keys.items():
@@ -358,8 +338,15 @@ def read_sections(path: Path, base: Path) -> pd.DataFrame:
     return complete_sections(sections)
 
 
-def read_table(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
+def read_table(
+    path: Path, columns: list[str] | None = None, required: tuple[str, ...] | list[str] = ()
+) -> pd.DataFrame:
     """A run folder's parquet table (``ranks.parquet``, ``collectives.parquet``...), read whole.
+
+    Args:
+        path: the table.
+        columns: read only these (each must exist); default every column.
+        required: columns it must have (:func:`check_columns`).
 
     Raises:
         ValueError: unreadable (``str()`` is ``<file>: <reason>``): missing, not a parquet file,
@@ -368,25 +355,48 @@ def read_table(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
     import pyarrow as pa
 
     try:
-        return pd.read_parquet(path, columns=columns)
+        table = pd.read_parquet(path, columns=columns)
     except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"{path}: {reason}") from None
+    check_columns(table, path, required)
+    return table
 
 
-def check_run_files(run_dir: Path) -> None:
+def check_columns(table: pd.DataFrame, path: Path, columns: tuple[str, ...] | list[str]) -> None:
+    """``table`` (read from ``path``) has every one of ``columns``, numeric where
+    :data:`pnpscale.columns.NUMERIC_REQUIRED` says so.
+
+    Raises:
+        ValueError: ``<file>: missing column(s) ...`` or ``<file>: column <c> is <dtype>, not numeric``.
+    """
+    missing = [c for c in columns if c not in table]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+    for c in columns:
+        if c in K.NUMERIC_REQUIRED and not pd.api.types.is_numeric_dtype(table[c]):
+            raise ValueError(f"{path}: column {c} is {table[c].dtype}, not numeric")
+
+
+def check_run_files(run_dir: Path, gpus: int | None = None) -> None:
     """Read every file of a complete run folder that the report reads besides ``sections.parquet``:
-    ``ranks.parquet``, ``collectives.parquet`` (whole) and the NCCL logs ``nccl/rank*.log``
+    ``ranks.parquet``, ``collectives.parquet`` (whole, with their :data:`REQUIRED_COLUMNS`; every rank
+    ``0..gpus-1`` present in ``ranks.parquet``, none other) and the NCCL logs ``nccl/rank*.log``
     (:func:`pnpscale.results.transfer.run_nccl_log`), so that a damaged one makes its point
-    ``unreadable`` here instead of stopping the report later.
+    ``unreadable`` here, for the report and :func:`load` alike, instead of stopping the report later.
 
     Raises:
         ValueError: ``<file>: <reason>`` of the first unreadable file.
     """
     from pnpscale.results.transfer import run_nccl_log
 
-    read_table(run_dir / layout.RANKS)
-    read_table(run_dir / layout.COLLECTIVES)
+    ranks = read_table(run_dir / layout.RANKS, required=REQUIRED_COLUMNS[layout.RANKS])
+    if gpus is not None:
+        seen = sorted(int(r) for r in ranks[K.RANK].dropna().unique())
+        if seen != list(range(gpus)):
+            raise ValueError(f"{run_dir / layout.RANKS}: ranks {seen[:8]}{' ...' if len(seen) > 8 else ''}, "
+                             f"expected 0..{gpus - 1} (gpus={gpus})")  # fmt: skip
+    read_table(run_dir / layout.COLLECTIVES, required=REQUIRED_COLUMNS[layout.COLLECTIVES])
     run_nccl_log(run_dir)
 
 
@@ -398,8 +408,8 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | 
     for run_dir, info in complete.set_index("run_dir").iterrows():
         try:
             sections = read_sections(Path(run_dir) / layout.SECTIONS, base)
-            check_run_files(Path(run_dir))
             gpus = int(sections["gpus"].iloc[0]) if "gpus" in sections else int(info["gpus"])
+            check_run_files(Path(run_dir), gpus)
             summ = summarize(sections, gpus)
         except Exception as exc:  # noqa: BLE001 - one damaged folder never hides the others
             text = str(exc) if isinstance(exc, ValueError) and str(exc).startswith(str(run_dir)) else (

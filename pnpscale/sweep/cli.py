@@ -126,7 +126,8 @@ def check_hydra_override(key: str, value: Any) -> None:
 
     ``hydra.run.dir`` / ``hydra.sweep.dir`` must be (or be creatable as) a folder this user can write
     (checked up to the first ``${...}``); ``hydra.sweep.subdir`` must stay inside the sweep folder
-    (relative, no ``..``); ``hydra.job.name`` (the log file's name) must be a plain file name.
+    (relative, no ``..``) and name a sub-folder of it (not ``.``: the sweep's own folder and lock);
+    ``hydra.job.name`` (the log file's name) must be a plain file name.
 
     Raises:
         ConfigError: one line naming the key, the value and the rule.
@@ -144,6 +145,9 @@ def check_hydra_override(key: str, value: Any) -> None:
         parts = PurePosixPath(text).parts
         if PurePosixPath(text).is_absolute() or ".." in parts:
             raise ConfigError(key, text, "must stay inside the sweep folder: a relative path without '..'")
+        if not parts and "${" not in text:
+            raise ConfigError(key, text, "must name a sub-folder of the sweep folder (each point has its own), "
+                              "e.g. the default problem=${problem.name}/mode=${mode.name}/gpus=${gpus}")  # fmt: skip
     elif key == "hydra.job.name":
         if not text or "/" in text or text in (".", "..") or "\0" in text:
             raise ConfigError(key, text, "must be a plain file name (no '/', not '..'): it names the log file")

@@ -62,7 +62,9 @@ def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None
 
     Raises:
         ConfigError: a broken value rule, a point this cluster backend cannot run, an unwritable
-            ``output.root``, or (``resume=true``) a folder holding a complete run of another spec.
+            run folder (``output.root`` when the folder is under it, else the ``hydra.*.dir`` that names
+            it; an explicit ``hydra.sweep.dir`` / ``hydra.run.dir`` needs no writable ``output.root``),
+            or (``resume=true``) a folder holding a complete run of another spec.
     """
     import json
 
@@ -79,15 +81,28 @@ def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None
 
     devices = cuda_device_count() if cuda_devices is None else cuda_devices
     spec = resolve_spec(cfg, cuda_available=devices > 0)
+    _check_problem(spec)  # first: the backend's checks build the problem (its memory estimate)
     backend.check(cfg, spec, devices)
-    _check_problem(spec)
-    if not writable_dir(Path(str(cfg["output"]["root"]))):
-        raise ConfigError("output.root", cfg["output"]["root"], "must be a folder this user can create and write")
+    _check_run_dir(Path(run_dir), Path(str(cfg["output"]["root"])))
     resume = bool(cfg["resume"])
     done = complete_run(Path(run_dir), cfg, resume)
     point = Point(spec, backend.name, Path(run_dir), resume, done, cfg_variant(cfg))
     _RESOLVED[key] = point
     return point
+
+
+def _check_run_dir(run_dir: Path, root: Path) -> None:
+    """The point's folder must be creatable and writable; ``output.root`` matters only when the folder
+    is under it (Hydra's default ``hydra.sweep.dir`` / ``hydra.run.dir``).
+
+    Raises:
+        ConfigError: naming ``output.root`` (the folder is under it), else the folder itself.
+    """
+    if writable_dir(run_dir):
+        return
+    if run_dir.absolute().is_relative_to(root.absolute()):
+        raise ConfigError("output.root", str(root), "must be a folder this user can create and write")
+    raise ConfigError("hydra.sweep.dir/hydra.run.dir", str(run_dir), "must be a folder this user can create and write")
 
 
 def _check_problem(spec: RunSpec) -> None:
