@@ -45,6 +45,37 @@ def expected_max_normal(n: int) -> float:
     return float(np.trapezoid(_GRID * density, _GRID))
 
 
+def expected_max(means: np.ndarray, counts: np.ndarray, sigma: float) -> float:
+    """``E[max_r X_r]`` of independent ``X_r ~ Normal(μ_r, (σ·μ_r)²)``, ``counts[g]`` ranks of mean ``means[g]``.
+
+    ``E[max] = x_lo + ∫_{x_lo}^{x_hi} (1 − Π_g Φ((x − μ_g)/(σ·μ_g))^{k_g}) dx`` with ``x_lo`` 10 standard
+    deviations below some group's mean (the product is 0 there) and ``x_hi`` 10 above every group's
+    (it is 1), on 1201 points. Equal means: ``μ·(1 + σ·e(N))``, :func:`expected_max_normal`; ``σ = 0``:
+    the largest mean.
+
+    Raises:
+        ValueError: negative ``sigma``, or no group.
+
+    >>> round(expected_max(np.array([2.0]), np.array([64]), 0.01) / 2.0 - 1, 5) == round(0.01 * expected_max_normal(64), 5)
+    True
+    >>> expected_max(np.array([1.0, 3.0]), np.array([4, 1]), 0.0)
+    3.0
+    """
+    means, counts = np.asarray(means, dtype=float), np.asarray(counts, dtype=float)
+    if sigma < 0 or len(means) == 0:
+        raise ValueError(f"expected_max: sigma={sigma} must be >= 0, with at least one group")
+    top = float(means.max())
+    if sigma == 0 or top <= 0:
+        return top
+    sd = np.maximum(sigma * np.abs(means), 1e-12 * top)
+    lo, hi = float(np.max(means - 10 * sd)), float(np.max(means + 10 * sd))
+    x = np.linspace(lo, hi, 1201)
+    log_g = np.zeros_like(x)
+    for mu, s, k in zip(means, sd, counts, strict=True):
+        log_g += k * np.interp((x - mu) / s, _GRID, _LOG_CDF, left=_LOG_CDF[0], right=0.0)
+    return lo + float(np.trapezoid(1.0 - np.exp(log_g), x))
+
+
 def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
     """Least squares with every coefficient ``>= 0``: ``min ||x·b − y||²`` over ``b >= 0``.
 

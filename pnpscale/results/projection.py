@@ -55,9 +55,11 @@ def headline(v: pd.DataFrame) -> dict[str, Any] | None:
     if head.empty:
         return None
     err = dict(zip(head["metric"], head[K.REL_ERROR], strict=True))
-    finite = {k: e for k, e in err.items() if pd.notna(e)}
+    note = str(head["note"].iloc[0])
+    finite = {k: e for k, e in err.items() if pd.notna(e) and not (note and k == K.TRANSFER_S)}
     worst = max(finite, key=lambda k: abs(finite[k])) if finite else None
-    return {"gpus": int(head[K.GPUS].iloc[0]), "fitted_on": head["fitted_on"].iloc[0], "errors": err, "worst": worst}
+    return {"gpus": int(head[K.GPUS].iloc[0]), "fitted_on": head["fitted_on"].iloc[0], "errors": err, "worst": worst,
+            "note": note}  # fmt: skip
 
 
 def _checks_table(v: pd.DataFrame) -> list[str]:
@@ -106,7 +108,8 @@ def markdown(p: Projection) -> list[str]:
         if h is not None:
             parts = ", ".join(f"{_NAMES[m]} {_pct(h['errors'].get(m))}" for m in HEADLINE)
             worst = f"worst: {_NAMES[h['worst']]} {_pct(h['errors'][h['worst']])}" if h["worst"] else "no error"
-            lines.append(f"- headline: {h['gpus']} GPUs predicted from {h['fitted_on']} ({worst}; {parts})")
+            lines.append(f"- headline: {h['gpus']} GPUs predicted from {h['fitted_on']} ({worst}; {parts})"
+                         + (f"; {h['note']}" if h["note"] else ""))  # fmt: skip
         for _, r in v[(v["kind"] == LOO) & (v["note"] != "") & (v["metric"] == "")].iterrows():
             lines.append(f"- left out {int(r[K.GPUS])}: not predicted: {r['note']}")
         bad = misses(v, p.tolerance)

@@ -10,9 +10,9 @@ seconds per measured iteration), optionally with an ``algorithm`` column (the on
   training's sections both), ``a, b, c >= 0``. ``C = mean_r μ_r``.
 * **jitter** (the study's wait cause 2: same work, different finishing time) — each rank's compute is
   ``μ_r·(1 + σ_s·Z_r)`` with independent standard normals ``Z_r``, so the critical path is
-  ``C_max = μ_max·(1 + σ_s·e(n_top))``, ``μ_max = max_r μ_r``, ``n_top`` the ranks holding that most
-  work, ``e(n)`` the expected maximum of n standard normals (:func:`pnpscale.results.jitter.
-  expected_max_normal`; e(1) = 0). ``σ_s`` is the mean of ``(C_max/C − 1)/e(N)`` over the section's
+  ``C_max = E[max_r μ_r·(1 + σ_s·Z_r)]`` (:func:`pnpscale.results.jitter.expected_max`); ranks of equal
+  work: ``μ·(1 + σ_s·e(N))``, ``e(n)`` the expected maximum of n standard normals
+  (:func:`pnpscale.results.jitter.expected_max_normal`; e(1) = 0, e(2) = 0.564, e(64) = 2.344). ``σ_s`` is the mean of ``(C_max/C − 1)/e(N)`` over the section's
   measured *balanced* points (every rank the same work; N > 1); none: the mean over the other
   sections' balanced points, else 0 (stated).
 * the fit — ``a, b, c`` by non-negative least squares (weights 1/value) on the measured ``C`` and
@@ -64,7 +64,7 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale.rank.assignment import round_robin, section_work
-from pnpscale.results.jitter import expected_max_normal, nonnegative_lstsq
+from pnpscale.results.jitter import expected_max, expected_max_normal, nonnegative_lstsq
 from pnpscale.results.transfer import GB, bytes_per_gpu, route_label
 
 ALL = "all"
@@ -255,11 +255,16 @@ def _n_top(w: np.ndarray, coef: np.ndarray | None = None) -> int:
     return int(np.all(np.isclose(w[:, cols], w[0, cols]), axis=1).sum())
 
 
+def _cmax(mu: np.ndarray, sigma: float) -> float:
+    """``E[max_r μ_r·(1 + σ·Z_r)]``, ranks grouped by equal work."""
+    groups, counts = np.unique(np.round(mu, 15), return_counts=True)
+    return expected_max(groups, counts, sigma)
+
+
 def _compute(sm: SectionModel, m: int, t: int, n: int) -> tuple[float, float]:
-    """(C, C_max) at N: mean of ``μ_r`` and ``μ_max·(1 + σ·e(n_top))``."""
-    w = _work(sm.units, m, t, n)
-    mu = sm.coef[0] + w @ sm.coef[1:]
-    return float(mu.mean()), float(mu.max() * (1.0 + sm.sigma * expected_max_normal(_n_top(w, sm.coef))))
+    """(C, C_max) at N: the mean of ``μ_r`` and ``E[max_r μ_r·(1 + σ·Z_r)]``."""
+    mu = sm.coef[0] + _work(sm.units, m, t, n) @ sm.coef[1:]
+    return float(mu.mean()), _cmax(mu, sm.sigma)
 
 
 def _nodes(n: int, gpus_per_node: int | None) -> int:
@@ -432,8 +437,9 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
             f"(from {where})" + (f"; wait beyond C_max − C: ψ = {sm.excess:.3g} x e(N)·C_max" if sm.excess else "")
         )
     assumptions.append(
-        "C_max = μ_max·(1 + σ·e(n_top)), e(n) the expected maximum of n standard normals, n_top the ranks "
-        "holding the most work; wait = uneven work + jitter = C_max − C (+ ψ·e(N)·C_max); ranks leave each "
+        "C_max = E[max_r μ_r·(1 + σ·Z_r)], Z_r independent standard normals (equal work: μ·(1 + σ·e(N)), e(N) "
+        "the expected maximum of N standard normals); wait = uneven work + jitter = C_max − C (+ ψ·e(N)·C_max); "
+        "ranks leave each "
         "section together (S_max = S), CommE = ΣC_max/ΣS_max, PE = ΣC/ΣS_max"
     )
     model = Model(problem, mode, m, t, gpn, logged, dict(options.algorithms), {}, {}, sections, fitted[0], 0.0,
@@ -493,11 +499,17 @@ def _payload(multi: pd.DataFrame) -> float | None:
 
 def _design(s: pd.DataFrame, use: Sequence[str], m: int, t: int, sigma: float,
             coef: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, list[str]]:  # fmt: skip
+    """Rows ``C = a + b·mean(work)`` and ``C_max = q·(a + b·work_0)``, ``q = E[max]/μ_max`` at ``coef``
+    (first pass: ``1 + σ·e(n_top)``): linear in the coefficients for a fixed q."""
     x, y, names = [], [], []
     for _, r in s.iterrows():
         n = int(r[K.GPUS])
         w = _work(use, m, t, n)
-        f = 1.0 + sigma * expected_max_normal(_n_top(w, coef))
+        if coef is None:
+            f = 1.0 + sigma * expected_max_normal(_n_top(w))
+        else:
+            mu = coef[0] + w @ coef[1:]
+            f = _cmax(mu, sigma) / mu.max() if mu.max() > 0 else 1.0
         x += [[1.0, *w.mean(axis=0)], [f, *(f * w[0])]]
         y += [float(r[K.COMPUTE_S]), float(r[K.COMPUTE_MAX_S])]
         names += [f"{n} GPUs compute {float(r[K.COMPUTE_S]):.4g} s",
@@ -516,7 +528,7 @@ def _fit_compute(s: pd.DataFrame, units: tuple[str, ...], m: int, t: int, sigma:
         if int(np.linalg.matrix_rank(xw)) < x.shape[1]:
             continue
         coef, _ = nonnegative_lstsq(xw, yw)
-        for _ in range(2):  # a unit whose coefficient is 0 no longer decides who holds the most work
+        for _ in range(4):  # q at the fitted coefficients (who can be the critical path)
             x, y, names = _design(s, use, m, t, sigma, coef)
             xw, yw = x * w[:, None], y * w
             coef, _ = nonnegative_lstsq(xw, yw)
@@ -876,8 +888,23 @@ def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model
             continue
         try:
             sub = fit(pts[pts[K.GPUS].isin(rest_gpus)], opts)
-            out += _compare(LOO, sub, pts, held, rest_gpus, held == gpus[-1])
-        except ProjectionError as exc:
+            own = _own(pts, held, full.gpus_per_node)[held]
+            lacking = sorted({
+                route for sm in sub.sections
+                if rate_at(sub, held, route := _obs_route(sub, held, own[0], sm.section,
+                                                          own[1].get(sm.section))[0])[0] is None
+            } if held > 1 else set())  # fmt: skip
+            note = ""
+            if lacking:  # no other point takes its route: its own rate, and its transfer is no prediction
+                sub = fit(pts[pts[K.GPUS].isin(rest_gpus)],
+                          replace(opts, rates={**opts.rates, **{r: full.rates[r] for r in lacking}}))  # fmt: skip
+                note = (f"rate of {', '.join(lacking)} from this point itself (no other point takes that route): "
+                        "its transfer is not a prediction")  # fmt: skip
+            rows_n = _compare(LOO, sub, pts, held, rest_gpus, held == gpus[-1])
+            for r in rows_n:
+                r["note"] = note
+            out += rows_n
+        except (ProjectionError, KeyError) as exc:
             out.append(_failed(LOO, full, held, rest_gpus, str(exc)))
     return pd.DataFrame(out, columns=list(K.VALIDATION_COLUMNS))
 
