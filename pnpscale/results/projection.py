@@ -118,7 +118,7 @@ def markdown(p: Projection) -> list[str]:
         else:
             lines.append(
                 f"- **the fit misses its own points by more than {100 * p.tolerance:g} %**: "
-                + "; ".join(f"{int(r[K.GPUS])} GPUs {_NAMES[r['metric']]} {_pct(r[K.REL_ERROR])}"
+                + "; ".join(f"N={int(r[K.GPUS])} {_NAMES[r['metric']]} {_pct(r[K.REL_ERROR])}"
                             + (f" ({r['note']})" if r["note"] else "") for _, r in bad.iterrows())
                 + ": read the projection with that error in mind"
             )  # fmt: skip

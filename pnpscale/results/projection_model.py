@@ -12,14 +12,16 @@ seconds per measured iteration), optionally with an ``algorithm`` column (the on
   ``μ_r·(1 + σ_s·Z_r)`` with independent standard normals ``Z_r``, so the critical path is
   ``C_max = E[max_r μ_r·(1 + σ_s·Z_r)]`` (:func:`pnpscale.results.jitter.expected_max`); ranks of equal
   work: ``μ·(1 + σ_s·e(N))``, ``e(n)`` the expected maximum of n standard normals
-  (:func:`pnpscale.results.jitter.expected_max_normal`; e(1) = 0, e(2) = 0.564, e(64) = 2.344). ``σ_s`` is the mean of ``(C_max/C − 1)/e(N)`` over the section's
-  measured *balanced* points (every rank the same work; N > 1); none: the mean over the other
-  sections' balanced points, else 0 (stated).
+  (:func:`pnpscale.results.jitter.expected_max_normal`; e(1) = 0, e(2) = 0.564, e(64) = 2.344).
+  ``σ_s`` is the mean of ``(C_max/C − 1)/e(N)`` over the section's measured *balanced* points (every
+  rank the same work; N > 1); none: the mean over the other sections' balanced points, else 0 (stated).
 * the fit — ``a, b, c`` by non-negative least squares (weights 1/value) on the measured ``C`` and
   ``C_max`` (:func:`pnpscale.results.jitter.nonnegative_lstsq`). When the points cannot tell ``b`` from
-  ``c`` apart, one combined unit ``ops_r/M + tiles_r/T`` (stated). Refused (naming the points) when the
-  unconstrained fit needs a negative coefficient and the non-negative one misses a measured compute by
-  more than the tolerance (default 10 %): points that scale faster than 1/N.
+  ``c`` apart (every rank holds the same share of both), one combined unit ``ops_r/M + tiles_r/T``: the
+  operators weigh as much as the tiles (stated; wrong when one dominates, which leave-one-out shows).
+  Refused (naming the points) when the unconstrained fit needs a negative coefficient and the
+  non-negative one misses a measured compute by more than the tolerance (default 10 %): points that
+  scale faster than 1/N.
 * **wait** — uneven work + jitter ``= C_max − C`` (one collective closes the section and every rank
   leaves it together), plus ``ψ_s·e(N)·C_max`` when the measured wait exceeds ``C_max − C`` (several
   synchronising collectives per section, e.g. training's unrolled iterations), ``ψ_s >= 0`` the mean of
@@ -422,7 +424,8 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
         coef, used = _fit_compute(s, units, m, t, sigma, options.tolerance, label)
         if used != units:
             assumptions.append(
-                f"{name}: operators and tiles cannot be told apart on these points: one unit ops/M+tiles/T"
+                f"{name}: operators and tiles cannot be told apart on these points (every rank holds the same share "
+                "of both): one unit ops/M + tiles/T, the operators weighing as much as the tiles"
             )
         multi = s[s[K.GPUS] > 1]
         payload = _payload(multi)
