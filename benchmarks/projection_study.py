@@ -202,25 +202,68 @@ def sweep(cfg: Config, iterations: int = 200, seed: int = 0) -> pd.DataFrame:
 
 #: (configuration, figure) -> the study's value at 64 GPUs (a range as (low, high)).
 STUDY: dict[str, dict[str, float | tuple[float, float]]] = {
-    "2d inference": {"scaled cost": 2.22, "compute_max (all)": 0.33, "transfer (all)": 0.32, "CommE": 0.51,
-                     "LB": 0.89, "transfer share of comm": 0.89, "scaled compute": (0.97, 1.01),
-                     "denoiser compute": 0.29, "denoiser LB": 0.97, "denoiser CommE": 0.66,
-                     "denoiser wait % of compute": (0.0, 4.0), "denoiser growth": 1.54, "gradient compute_max": 0.038,
-                     "gradient LB": 0.27, "gradient CommE": 0.18, "gradient wait % of compute": 302.0,
-                     "gradient growth": 47.0},  # fmt: skip
-    "3d inference": {"scaled cost": 1.12, "compute_max (all)": 2.79, "transfer (all)": 0.21, "CommE": (0.93, 0.94),
-                     "LB": (0.86, 0.97), "transfer share of comm": (0.64, 0.69), "scaled compute": (0.97, 1.01),
-                     "denoiser compute": 2.8, "denoiser LB": 0.97, "denoiser CommE": 0.96,
-                     "denoiser wait % of compute": (0.0, 4.0), "denoiser growth": 1.07, "gradient compute_max": 0.013,
-                     "gradient LB": 0.37, "gradient CommE": 0.10, "gradient wait % of compute": 300.0,
-                     "gradient growth": 367.0},  # fmt: skip
-    "2d training": {"scaled cost": 1.91, "compute_max (all)": 1.85, "transfer (all)": 1.13, "CommE": 0.60,
-                    "LB": (0.86, 0.97), "transfer share of comm": 0.76, "scaled compute": (0.97, 1.01),
-                    "forward growth": 2.49, "backward growth": 1.72, "forward wait % of compute": 38.0,
-                    "backward wait % of compute": 17.0},  # fmt: skip
-    "3d training": {"scaled cost": 1.08, "compute_max (all)": 10.13, "transfer (all)": 0.66, "CommE": (0.93, 0.94),
-                    "LB": (0.86, 0.97), "transfer share of comm": (0.64, 0.69), "scaled compute": (0.97, 1.01),
-                    "forward growth": 1.20, "backward growth": 1.04},  # fmt: skip
+    "2d inference": {
+        "scaled cost": 2.22,
+        "compute_max (all)": 0.33,
+        "transfer (all)": 0.32,
+        "CommE": 0.51,
+        "LB": 0.89,
+        "transfer share of comm": 0.89,
+        "scaled compute": (0.97, 1.01),
+        "denoiser compute": 0.29,
+        "denoiser LB": 0.97,
+        "denoiser CommE": 0.66,
+        "denoiser wait % of compute": (0.0, 4.0),
+        "denoiser growth": 1.54,
+        "gradient compute_max": 0.038,
+        "gradient LB": 0.27,
+        "gradient CommE": 0.18,
+        "gradient wait % of compute": 302.0,
+        "gradient growth": 47.0,
+    },  # fmt: skip
+    "3d inference": {
+        "scaled cost": 1.12,
+        "compute_max (all)": 2.79,
+        "transfer (all)": 0.21,
+        "CommE": (0.93, 0.94),
+        "LB": (0.86, 0.97),
+        "transfer share of comm": (0.64, 0.69),
+        "scaled compute": (0.97, 1.01),
+        "denoiser compute": 2.8,
+        "denoiser LB": 0.97,
+        "denoiser CommE": 0.96,
+        "denoiser wait % of compute": (0.0, 4.0),
+        "denoiser growth": 1.07,
+        "gradient compute_max": 0.013,
+        "gradient LB": 0.37,
+        "gradient CommE": 0.10,
+        "gradient wait % of compute": 300.0,
+        "gradient growth": 367.0,
+    },  # fmt: skip
+    "2d training": {
+        "scaled cost": 1.91,
+        "compute_max (all)": 1.85,
+        "transfer (all)": 1.13,
+        "CommE": 0.60,
+        "LB": (0.86, 0.97),
+        "transfer share of comm": 0.76,
+        "scaled compute": (0.97, 1.01),
+        "forward growth": 2.49,
+        "backward growth": 1.72,
+        "forward wait % of compute": 38.0,
+        "backward wait % of compute": 17.0,
+    },  # fmt: skip
+    "3d training": {
+        "scaled cost": 1.08,
+        "compute_max (all)": 10.13,
+        "transfer (all)": 0.66,
+        "CommE": (0.93, 0.94),
+        "LB": (0.86, 0.97),
+        "transfer share of comm": (0.64, 0.69),
+        "scaled compute": (0.97, 1.01),
+        "forward growth": 1.20,
+        "backward growth": 1.04,
+    },  # fmt: skip
 }
 
 
@@ -300,13 +343,34 @@ def run(iterations: int = 200) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.DataFrame(rows), pd.DataFrame(heads)
 
 
+def criteria(table: pd.DataFrame) -> list[str]:
+    """The issue's acceptance checks on :func:`run`'s table, one line each (PASS / FAIL)."""
+    out = []
+    for name in table["configuration"].unique():
+        t = table[table["configuration"] == name].set_index("figure")
+        worst8 = max(abs(t.loc[f, "<= 8 vs study %"]) for f in ("scaled cost", "CommE", "transfer (all)"))
+        cost16 = abs(t.loc["scaled cost", "<= 16 vs study %"])
+        out.append(f"{name}: from <= 8, scaled cost / CommE / transfer within {worst8:.1f} % of the study "
+                   f"({'PASS' if worst8 <= 10 else 'FAIL'} at 10 %); from <= 16, scaled cost within {cost16:.1f} % "
+                   f"({'PASS' if cost16 <= 5 else 'FAIL'} at 5 %)")  # fmt: skip
+        if "denoiser LB" in t.index:
+            lb = t.loc["denoiser LB", "from <= 16"]
+            out.append(f"{name}: denoiser LB at 64 from <= 16: {lb:.4f} ({'PASS' if lb < 1 else 'FAIL'}: below 1)")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=200, help="simulated iterations per point (jitter)")
     a = p.parse_args()
     table, heads = run(a.iterations)
     print("Synthetic sweep from the study's numbers (not measured); 64-GPU figures, study vs projected:\n")
-    print(table.to_markdown(index=False, floatfmt=".4g"))
+    shown = table.copy()
+    for c in [c for c in shown if c.endswith("%")]:
+        shown[c] = shown[c].map(lambda v: f"{v:+.1f}")
+    print(shown.to_markdown(index=False, floatfmt=".4g"))
+    print()
+    print("\n".join(criteria(table)))
     print("\nLeave-one-out headline (largest fitted N from the smaller ones), worst of time/transfer/wait/PE:\n")
     print(heads.to_markdown(index=False, floatfmt=".3g"))
 

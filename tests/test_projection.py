@@ -202,8 +202,8 @@ def test_one_rate_per_gpu_count_on_one_node_with_the_true_reason():
 
 
 def test_a_given_rate_is_used_or_the_projection_says_why_not():
-    p = project(sweep([1, 2, 4], gpus_per_node=None), [8], Options(rates={"inter-node ring": 10.5, "intra-node, 4 GPUs": 119.0},
-                                                                   algorithms={2: "tree"}))  # fmt: skip
+    options = Options(rates={"inter-node ring": 10.5, "intra-node, 4 GPUs": 119.0}, algorithms={2: "tree"})
+    p = project(sweep([1, 2, 4], gpus_per_node=None), [8], options)
     notes = p.notes[("2d", "inference")]
     assert any(n.startswith("--rate inter-node ring=10.5: not used: no measured or projected point takes route")
                for n in notes)  # fmt: skip

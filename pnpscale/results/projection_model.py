@@ -603,10 +603,10 @@ def _fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], l
     if obs and not single:
         w = 1.0 / np.where(np.abs(y) > 0, np.abs(y), 1.0)
         sol, _ = nonnegative_lstsq(x * w[:, None], y * w)
-        if (sol[len(names):] > 0).all():
+        if (sol[len(names) :] > 0).all():
             coef = sol
         else:
-            bad = [r for r, v in zip(free, sol[len(names):], strict=True) if v <= 0]
+            bad = [r for r, v in zip(free, sol[len(names) :], strict=True) if v <= 0]
             why = f"the joint fit with latencies gave no positive rate for {', '.join(bad)}"
     elif single:
         where = "; ".join(f"{r} at {', '.join(sorted({str(o[4]) for o in obs if o[1] == r}))} GPUs" for r in single)
@@ -618,7 +618,7 @@ def _fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], l
         notes.append(f"rate {route}: {given[route]:g} GB/s (given{m_note})")
     if coef is not None:
         latencies = dict(zip(names, coef[: len(names)].tolist(), strict=True))
-        for r, v in zip(free, coef[len(names):], strict=True):
+        for r, v in zip(free, coef[len(names) :], strict=True):
             model.rates[r], model.rate_sources[r] = 1.0 / v / GB, "fitted with the latencies"
         notes.append("latency per section (s, constant in N, >= 0): "
                      + ", ".join(f"{k} {v:.3g}" for k, v in latencies.items()))  # fmt: skip
