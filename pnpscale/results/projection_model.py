@@ -33,9 +33,9 @@ seconds per measured iteration), optionally with an ``algorithm`` column (the on
   count: the study's 40 GB/s on 2 V100s, 119 on 4), else ``inter-node <algorithm>``. Algorithm per node
   count (and section, i.e. size): given (``--algorithm NODES=ALGO``), else the one NCCL logged at that
   node count, else ring (assumed; every choice stated). One node: the ring's bytes. Rates: given
-  (``--rate``), else fitted with latencies ``L_s >= 0`` when the points identify them (a route seen at
-  two byte counts), else ``L_s = 0`` and the route's median ``B/T`` (the reason stated). A one-node
-  GPU count never measured takes the nearest measured one's rate (stated).
+  (``--rate``), else fitted with latencies ``L_s >= 0`` when the points identify them (every route seen
+  at byte counts at least 20 % apart), else ``L_s = 0`` and the route's ``ΣB/ΣT`` over its points (the
+  reason stated). A one-node GPU count never measured takes the nearest measured one's rate (stated).
 * section time ``S = C + T + W`` (>= ``C_max`` by construction); ranks leave each section together, so the
   slowest rank's ``S_max = S``; ``LB = C/C_max``, ``CommE = C_max/S_max``, ``PE = C/S_max`` (POP),
   combined (section ``all``) from the sums; GPU-seconds ``N·S``; scaled cost ``N·S / (N0·S_all(N0))``,
@@ -515,8 +515,8 @@ def _design(s: pd.DataFrame, use: Sequence[str], m: int, t: int, sigma: float,
             f = _cmax(mu, sigma) / mu.max() if mu.max() > 0 else 1.0
         x += [[1.0, *w.mean(axis=0)], [f, *(f * w[0])]]
         y += [float(r[K.COMPUTE_S]), float(r[K.COMPUTE_MAX_S])]
-        names += [f"{n} GPUs compute {float(r[K.COMPUTE_S]):.4g} s",
-                  f"{n} GPUs compute_max {float(r[K.COMPUTE_MAX_S]):.4g} s"]  # fmt: skip
+        names += [f"N={n} compute {float(r[K.COMPUTE_S]):.4g} s",
+                  f"N={n} compute_max {float(r[K.COMPUTE_MAX_S]):.4g} s"]  # fmt: skip
     return np.array(x), np.array(y), names
 
 
@@ -598,7 +598,12 @@ def _fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], l
         else:
             x[i, len(names) + free.index(route)] = b
             y[i] = tr
-    single = [r for r in free if len({round(o[2]) for o in obs if o[1] == r}) < 2]
+
+    def spread(route: str) -> float:  # relative spread of a route's byte counts: a latency needs >= 20 %
+        b = [o[2] for o in obs if o[1] == route and o[2] > 0]
+        return (max(b) - min(b)) / max(b) if b else 0.0
+
+    single = [r for r in free if spread(r) < 0.2]
     coef, why = None, ""
     if obs and not single:
         w = 1.0 / np.where(np.abs(y) > 0, np.abs(y), 1.0)
@@ -610,7 +615,7 @@ def _fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], l
             why = f"the joint fit with latencies gave no positive rate for {', '.join(bad)}"
     elif single:
         where = "; ".join(f"{r} at {', '.join(sorted({str(o[4]) for o in obs if o[1] == r}))} GPUs" for r in single)
-        why = f"latency not identifiable: route(s) measured at one byte count only ({where})"
+        why = f"latency not identifiable: route(s) measured at byte counts within 20 % of each other ({where})"
     notes = []
     for route in sorted(set(given)):
         measured = [o[2] / o[3] / GB for o in obs if o[1] == route and o[3] > 0]
@@ -625,10 +630,10 @@ def _fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], l
     else:
         latencies = dict.fromkeys(names, 0.0)
         for route in free:
-            ratios = [b / tr for _, rr, b, tr, _ in obs if rr == route and tr > 0 and b > 0]
-            if ratios:
-                model.rates[route] = float(np.median(ratios)) / GB
-                model.rate_sources[route] = f"median of bytes/transfer; latency 0 ({why})"
+            pairs = [(b, tr) for _, rr, b, tr, _ in obs if rr == route and tr > 0 and b > 0]
+            if pairs:
+                model.rates[route] = sum(b for b, _ in pairs) / sum(tr for _, tr in pairs) / GB
+                model.rate_sources[route] = f"its bytes / its transfer, summed over its points; latency 0 ({why})"
     for route, rate in model.rates.items():
         notes.append(f"rate {route}: {rate:.4g} GB/s ({model.rate_sources[route]})")
     for route, rate in given.items():
