@@ -25,8 +25,8 @@ sets σ (also used for the gradient); the gradient's critical-path compute plate
 GPUs, 0.013 s in 3D from 2) and its LB at 64 (0.27, 0.37) set its fixed and per-operator work. Training
 (the study gives no per-section compute or bytes): from its 64-GPU compute_max, transfer, CommE, transfer
 share of communication, forward / backward growth and wait (2D: 38 % / 17 %; 3D: the same wait / compute
-for both sections, assumed), the 64-GPU compute, wait and transfer of each section and its time at the
-smallest N; the transfer sets each section's payload at the ring's 10.5 GB/s; wait beyond the jitter is the
+for both sections, and the same transfer, assumed), the 64-GPU compute, wait and transfer of each section
+and its time at the smallest N; the transfer sets each section's payload at the ring's 10.5 GB/s; wait beyond the jitter is the
 operators' imbalance (per_op); fixed and per_tile from the compute at the smallest N and at 64 (fixed >= 0;
 where that cannot hold, per_tile from the 64-GPU compute).
 
@@ -127,11 +127,13 @@ def _transfer(payload: float, n: int) -> float:
 def _training_targets() -> dict[str, dict[str, dict[str, float]]]:
     """Per-section 64-GPU compute, wait, transfer and smallest-N time from the study's 64-GPU figures."""
     out = {}
-    # (compute_max, transfer, CommE, transfer share of comm, growth fwd, growth bwd, n0, wait fwd %, wait bwd %)
-    for key, (cmax, tr, comm_e, share, scaled, g_f, g_b, n0, wf, wb) in {
-        "2d": (1.85, 1.13, 0.60, 0.76, 1.91, 2.49, 1.72, 1, 0.38, 0.17),
-        "3d": (10.13, 0.66, 0.935, 0.665, 1.08, 1.20, 1.04, 4, None, None),
-    }.items():
+    # compute_max, transfer, CommE, transfer share of comm, scaled cost, growth fwd, growth bwd, n0 (64 GPUs)
+    figures: dict[str, tuple[float, ...]] = {
+        "2d": (1.85, 1.13, 0.60, 0.76, 1.91, 2.49, 1.72, 1),
+        "3d": (10.13, 0.66, 0.935, 0.665, 1.08, 1.20, 1.04, 4),
+    }
+    waits: dict[str, tuple[float, float] | None] = {"2d": (0.38, 0.17), "3d": None}  # forward, backward / compute
+    for key, (cmax, tr, comm_e, share, scaled, g_f, g_b, n0) in figures.items():
         total = cmax / comm_e  # ΣS at 64
         wait = tr * (1 - share) / share
         comp = total - tr - wait
@@ -139,9 +141,13 @@ def _training_targets() -> dict[str, dict[str, dict[str, float]]]:
         sf0 = (64 * total / n0 - g_b * s0) / (g_f - g_b)
         sb0 = s0 - sf0
         sf64, sb64 = g_f * sf0 * n0 / 64, g_b * sb0 * n0 / 64
-        if wf is None:  # the same wait / compute in both sections (assumed)
+        given = waits[key]
+        if given is None:  # 3D: the same wait / compute and the same transfer in both sections (assumed)
             wf = wb = wait / comp
-        cf = (wait - wb * comp) / (wf - wb) if wf != wb else comp * (sf64 - tr / 2) / (sf64 + sb64 - tr)
+            cf = comp * (sf64 - tr / 2) / (sf64 + sb64 - tr)
+        else:
+            wf, wb = given
+            cf = (wait - wb * comp) / (wf - wb)
         cb = comp - cf
         out[key] = {
             "forward": {"c64": cf, "w64": wf * cf, "t64": sf64 - cf - wf * cf, "s0": sf0},
@@ -171,8 +177,11 @@ def point(cfg: Config, n: int, iterations: int, rng: np.random.Generator) -> lis
         seg = []
         for j in range(k):
             phys = j % 2 == 0 if k > 1 else True
-            work = s.fixed / k + (s.per_op * ops / max(1, k // 2) if phys else 0) + (
-                s.per_tile * tiles / max(1, k // 2) if (not phys or k == 1) else 0)  # fmt: skip
+            work = np.full(n, s.fixed / k)
+            if phys:
+                work += s.per_op * ops / max(1, k // 2)
+            if not phys or k == 1:
+                work += s.per_tile * tiles / max(1, k // 2)
             seg.append(work)
         comp = np.zeros((iterations, n))
         wait = np.zeros((iterations, n))

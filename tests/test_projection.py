@@ -198,6 +198,8 @@ def test_one_rate_per_gpu_count_on_one_node_with_the_true_reason():
     # a one-node count never measured takes the nearest measured one's rate, said in the row
     row = evaluate(model, [8]).query("section == 'denoiser'").iloc[0]
     assert row[K.RATE_GBPS] == pytest.approx(119.0) and row[K.ROUTE] == "intra-node, 8 GPUs"
+    text = " ".join(project(sweep([1, 2, 3, 4], gpus_per_node=None), [8]).assumptions[("2d", "inference")])
+    assert "rate intra-node, 8 GPUs: 119 GB/s, not measured on 8 GPUs: the rate of intra-node, 4 GPUs (assumed)" in text
     given = evaluate(fit(sweep([1, 2, 3, 4], gpus_per_node=None), Options(rates={"intra-node, 8 GPUs": 150.0})), [8])
     assert given.query("section == 'denoiser'")[K.RATE_GBPS].iloc[0] == 150.0
 

@@ -960,6 +960,10 @@ def algorithm_notes(model: Model, table: pd.DataFrame) -> list[str]:
         out.append(f"algorithm on {int(nodes)} nodes: {', '.join(parts)}")
     if any("assumed" in line for line in out):
         out.append("ring is assumed at node counts where NCCL's choice was never logged: give --algorithm NODES=ALGO")
+    for route, g in table[table[K.ROUTE].astype(bool) & (table[K.SECTION] != ALL)].groupby(K.ROUTE):
+        if route not in model.rates:
+            rate, source = rate_at(model, int(g[K.GPUS].iloc[0]), str(route))
+            out.append(f"rate {route}: {rate:.4g} GB/s, {source}; give --rate intra:G=GBps")
     return out
 
 
