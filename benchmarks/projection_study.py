@@ -26,11 +26,11 @@ GPUs, 0.013 s in 3D from 2) and its LB at 64 (0.27, 0.37) set its fixed and per-
 (the study gives no per-section compute or bytes): from its 64-GPU compute_max, transfer, CommE, transfer
 share of communication, forward / backward growth and wait (2D: 38 % / 17 %; 3D: the same wait / compute
 for both sections, and the same transfer, assumed), the 64-GPU compute, wait and transfer of each section
-and its time at the smallest N; the transfer sets each section's payload at the ring's 10.5 GB/s; wait beyond the jitter is the
-operators' imbalance (per_op); fixed and per_tile from the compute at the smallest N and at 64 (fixed >= 0;
-where that cannot hold, per_tile from the 64-GPU compute).
+and its time at the smallest N; the transfer sets each section's payload at the ring's 10.5 GB/s; wait
+beyond the jitter is the operators' imbalance (per_op); fixed and per_tile from the compute at the
+smallest N and at 64 (fixed >= 0; where that cannot hold, per_tile from the 64-GPU compute).
 
-    python benchmarks/projection_study.py [--iterations 200] [--markdown]
+    python benchmarks/projection_study.py [--iterations 200]
 """
 
 from __future__ import annotations
