@@ -326,6 +326,18 @@ def test_cpu_cores_default_to_this_machine(monkeypatch):
     assert fit(sweep([1, 2, 3, 4], gpus_per_node=None)).cores is None  # nccl: a device per rank
 
 
+def test_the_report_on_cpu_runs_says_it_does_not_project_past_the_cores(tmp_path, monkeypatch):
+    from pnpscale import layout
+    from pnpscale.results.report import write_report
+    from tests.test_compare import write_collective_sweep
+
+    monkeypatch.setattr(pm, "local_cores", lambda: 2)
+    out = write_report(write_collective_sweep(tmp_path / "sweep"), echo=lambda _: None)
+    readme = (out / layout.REPORT_README).read_text()
+    assert "not projected: GPU counts 8, 16, 32, 64 are past the 2 cores the CPU ranks share" in readme
+    assert "least time per iteration" not in readme and not (out / layout.PROJECTION).exists()
+
+
 def test_too_few_points_or_unknown_assignment_are_refused():
     with pytest.raises(ProjectionError, match="at least 2"):
         fit(sweep([2]))

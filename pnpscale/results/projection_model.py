@@ -1012,16 +1012,17 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
             skipped[key] = f"{len(measured)} measured GPU count(s); the projection needs {min_points}"
             continue
         try:
-            model = fit(rows, options)
+            cores, _ = _cpu_cores(rows, options)  # checked first: the reason that matters for CPU runs
             asked = sorted(set(gpus))
-            allowed = [n for n in asked if model.cores is None or n <= model.cores]
+            allowed = [n for n in asked if cores is None or n <= cores]
             refused = [n for n in asked if n not in allowed]
             if asked and not allowed:
                 raise ProjectionError(
-                    f"GPU counts {', '.join(map(str, refused))} are past the {model.cores} cores the CPU ranks "
+                    f"GPU counts {', '.join(map(str, refused))} are past the {cores} cores the CPU ranks "
                     "share: time-sharing of compute and transfer is not modelled, so nothing is projected "
                     "(give --devices D for the cores the runs had)"
                 )
+            model = fit(rows, options)
             proj = evaluate(model, sorted(set(allowed) | set(model.fitted_gpus)))
             found[key] = findings(model, max([*allowed, *model.fitted_gpus]), options.pe_min)
             checks = pd.concat([residuals(rows, model), leave_one_out(rows, options, model)], ignore_index=True)
