@@ -117,12 +117,13 @@ SCALED_COST = "scaled_cost"
 MEASURED = "measured"
 PROJECTION_COLUMNS = (
     PROBLEM, MODE, GPUS, NODES, SECTION, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S, LB, COMM_E, PE,
-    GPU_SECONDS, SCALED_COST, ROUTE, RATE_GBPS, MEASURED,
+    GPU_SECONDS, SCALED_COST, ROUTE, RATE_GBPS, ALGORITHM, ALGORITHM_SOURCE, MEASURED,
 )  # fmt: skip
-#: leave-one-out validation of the projection: one row per held-out N x section x metric.
+#: checks of the projection: one row per kind ("residual": the fit at its own points; "leave-one-out":
+#: each measured N predicted without it) x N x section x metric; ``note`` says why a row has no numbers.
 VALIDATION_COLUMNS = (
-    PROBLEM, MODE, "held_out_gpus", "fitted_on", SECTION, "metric", "measured_value", "projected_value", REL_ERROR,
-    "headline",
+    PROBLEM, MODE, "kind", GPUS, "fitted_on", SECTION, "metric", "measured_value", "projected_value", REL_ERROR,
+    "headline", "note",
 )  # fmt: skip
 # report/compare.parquet (pnpscale.results.compare): the varied keys side by side per GPU count
 VARIANT = "variant"

@@ -1,7 +1,9 @@
 """``python -m pnpscale.project SWEEP_DIR --gpus 128,256,512,1024 [--gpus-per-node 4] [--rate ROUTE=GBps ...]
-[--pe-min 0.8] [--fit-gpus 1,2,4] [--out DIR]``: project a sweep's scaling curve past the measured GPU counts.
+[--algorithm NODES=ALGO ...] [--pe-min 0.8] [--devices D] [--tolerance 0.1] [--fit-gpus 1,2,4] [--out DIR]``:
+project a sweep's scaling curve past the measured GPU counts.
 
-The command only; the model lives in :mod:`pnpscale.results.projection`.
+The command only; the model lives in :mod:`pnpscale.results.projection_model`, the files in
+:mod:`pnpscale.results.projection`.
 """
 
 from pnpscale.results.projection import main

@@ -1,117 +1,341 @@
-"""Projection past the measured GPU counts: a synthetic sweep from a known model gives that model back."""
+"""Projection past the measured GPU counts: a synthetic sweep from a known mechanism gives that mechanism back.
+
+The truth below is written from the model's statement (module doc of pnpscale.results.projection_model):
+rank r's compute ``fixed + per_op·ops_r + per_tile·tiles_r`` under round-robin, jitter σ (C_max the
+expected maximum of the ranks' normal compute), wait = C_max − C (+ ψ·e(N)·C_max), transfer = bytes per
+GPU / the route's rate with the study's routes (40 GB/s on 2 GPUs, 119 on 4, tree on 2 nodes, ring).
+"""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from pnpscale import columns as K
+from pnpscale.results import projection_model as pm
+from pnpscale.results.jitter import expected_max, expected_max_normal, nonnegative_lstsq
 from pnpscale.results.projection import (
     Options,
     ProjectionError,
     evaluate,
     fit,
+    headline,
     leave_one_out,
+    markdown,
+    parse_algorithms,
     parse_rates,
     project,
+    residuals,
 )
 
-M, T, P = 8, 64, 3 * 256 * 256 * 4  # operators, tiles, image bytes
-#: section -> (fixed s, s per operator, s per tile, latency s, jitter fraction)
-TRUTH = {"gradient": (0.01, 0.2, 0.0, 1e-3, 0.02), "denoiser": (0.02, 0.0, 0.05, 5e-4, 0.05)}
+P = 3 * 256 * 256 * 4  # image bytes
+RATES = {1: None, 2: 40.0, 3: 80.0, 4: 119.0}  # GB/s on one node, per GPU count
+TREE, RING = 17.0, 10.5
+SIGMA = 0.013
 
 
-def held(total: int, n: int) -> list[int]:
+def held(total: int, n: int) -> np.ndarray:
     """Round-robin counts written out: rank r holds items r, r+n, ... (deepinv)."""
-    return [len(range(r, total, n)) for r in range(n)]
+    return np.array([len(range(r, total, n)) for r in range(n)], dtype=float)
 
 
-def truth(n: int, section: str, rate_gbps: float = 5.0, gpus_per_node: int | None = None,
-          rates: dict | None = None) -> dict:  # fmt: skip
-    a, b, c, lat, phi = TRUTH[section]
-    per_rank = [a + b * o + c * t for o, t in zip(held(M, n), held(T, n), strict=True)]
-    mean, top = sum(per_rank) / n, max(per_rank)
+#: (problem, mode) -> (operators, tiles, {section: (fixed s, s per operator, s per tile, excess ψ)})
+CONFIGS = {
+    ("2d", "inference"): (8, 64, {"gradient": (0.004, 0.03, 0.0, 0.0), "denoiser": (0.0, 0.0, 0.3, 0.0)}),
+    ("3d", "inference"): (2, 64, {"gradient": (0.005, 0.008, 0.0, 0.0), "denoiser": (0.0, 0.0, 2.7, 0.0)}),
+    ("2d", "training"): (4, 64, {"forward": (0.01, 0.15, 0.1, 0.004), "backward": (0.0, 0.17, 0.3, 0.002)}),
+}
+
+
+def truth(n: int, section: str, key=("2d", "inference"), gpus_per_node: int | None = 4, sigma: float = SIGMA,
+          algorithm: str | None = None) -> dict:  # fmt: skip
+    m, t, sections = CONFIGS[key]
+    fixed, per_op, per_tile, psi = sections[section]
+    mu = fixed + per_op * held(m, n) + per_tile * held(t, n)
+    groups, counts = np.unique(np.round(mu, 15), return_counts=True)
+    mean, top = float(mu.mean()), expected_max(groups, counts, sigma)
     nodes = 1 if gpus_per_node is None else math.ceil(n / gpus_per_node)
+    algo = algorithm or ("tree" if nodes == 2 else "ring")
     if n == 1:
         transfer = wait = 0.0
     else:
         if nodes == 1:
-            nbytes, rate = 2 * P * (n - 1) / n, rate_gbps
+            nbytes, rate = 2 * P * (n - 1) / n, RATES[n]
+        elif algo == "tree":
+            nbytes, rate = 2 * P * (nodes - 1) / nodes, TREE
         else:
-            nbytes, rate = 2 * P * (n - 1) / n, rates["inter-node ring"]
-        transfer = lat + nbytes / (rate * 1e9)
-        wait = (top - mean) + phi * top
+            nbytes, rate = 2 * P * (n - 1) / n, RING
+        transfer = nbytes / (rate * 1e9)
+        wait = (top - mean) + psi * expected_max_normal(n) * top
     return {K.COMPUTE_S: mean, K.COMPUTE_MAX_S: top, K.TRANSFER_S: transfer, K.WAIT_S: wait,
-            K.SECTION_S: mean + transfer + wait, K.NODES: nodes}  # fmt: skip
+            K.SECTION_S: mean + transfer + wait, K.NODES: nodes,
+            K.ALGORITHM: algo if nodes > 1 else pd.NA}  # fmt: skip
 
 
-def sweep(gpus, **kw) -> pd.DataFrame:
+def sweep(gpus, key=("2d", "inference"), backend="nccl", **kw) -> pd.DataFrame:
+    m, t, sections = CONFIGS[key]
     rows = []
     for n in gpus:
-        for section in TRUTH:
+        for section in sections:
             rows.append(
-                {K.PROBLEM: "2d", K.MODE: "inference", K.GPUS: n, K.SECTION: section, "status": "complete",
-                 K.MAIN_PAYLOAD_BYTES: P if n > 1 else pd.NA, K.N_MAIN: 1 if n > 1 else 0,
-                 K.OTHER_PAYLOAD_BYTES: 0, "num_operators": M, "num_tiles": T, **truth(n, section, **kw)}
+                {K.PROBLEM: key[0], K.MODE: key[1], K.GPUS: n, K.SECTION: section, "status": "complete",
+                 "backend": backend, K.MAIN_PAYLOAD_BYTES: P if n > 1 else pd.NA, K.N_MAIN: 1 if n > 1 else 0,
+                 K.OTHER_PAYLOAD_BYTES: 0, "num_operators": m, "num_tiles": t, **truth(n, section, key, **kw)}
             )  # fmt: skip
     return pd.DataFrame(rows)
 
 
-def test_known_model_is_recovered_at_unmeasured_gpu_counts():
-    model = fit(sweep([1, 2, 3, 4]))
-    out = evaluate(model, [6, 8, 16, 100, 1024]).set_index([K.GPUS, K.SECTION])
-    for n in (6, 8, 16, 100, 1024):
-        for section in TRUTH:
-            want = truth(n, section)
-            for col in (K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S):
-                assert out.loc[(n, section), col] == pytest.approx(want[col], rel=1e-6, abs=1e-12), (n, section, col)
-        total = sum(truth(n, s)[K.SECTION_S] for s in TRUTH)
-        assert out.loc[(n, "all"), K.SECTION_S] == pytest.approx(total, rel=1e-6)
-        c = sum(truth(n, s)[K.COMPUTE_S] for s in TRUTH)
-        assert out.loc[(n, "all"), K.PE] == pytest.approx(c / total, rel=1e-6)
-        assert out.loc[(n, "all"), K.GPU_SECONDS] == pytest.approx(n * total, rel=1e-6)
-    assert model.rates["intra-node"] == pytest.approx(5.0, rel=1e-9)
+COLS = (K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S)
 
 
-def test_leave_one_out_is_exact_on_the_model_and_has_a_headline():
-    v = leave_one_out(sweep([1, 2, 3, 4, 6]))
-    assert set(v["held_out_gpus"]) >= {4, 6}
-    head = v[v["headline"]]
-    assert set(head["held_out_gpus"]) == {6} and (head["fitted_on"] == "1,2,3,4").all()
-    assert head[K.REL_ERROR].abs().max() < 1e-6
+# --- the pieces --------------------------------------------------------------------------------
 
 
-def test_project_reports_findings_assumptions_and_measured_rows():
-    p = project(sweep([1, 2, 3, 4]), [8, 16, 64], Options(pe_min=0.5))
-    key = ("2d", "inference")
-    assert key in p.findings and not p.skipped
-    t = p.table
-    assert set(t.loc[t[K.MEASURED], K.GPUS]) == {1, 2, 3, 4}
-    assert {8, 16, 64} <= set(t.loc[~t[K.MEASURED], K.GPUS])
-    f = p.findings[key]
-    grid = evaluate(fit(sweep([1, 2, 3, 4])), range(1, 65))
-    a = grid[grid[K.SECTION] == "all"].set_index(K.GPUS)
-    assert f["fastest_gpus"] == int(a[K.SECTION_S].idxmin())
-    assert f["largest_gpus_pe"] == int(a.index[a[K.PE] >= 0.5].max())
-    over = a[(a.index > 1) & (a[K.TRANSFER_S] > a[K.COMPUTE_MAX_S])]
-    assert f["crossover_gpus"] == (int(over.index.min()) if not over.empty else None)
-    text = " ".join(p.assumptions[key])
-    assert "round-robin" in text and "ring (assumed" in text and "rate intra-node" in text
+def test_expected_maximum_of_normals_matches_order_statistics_and_a_simulation():
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
+    assert expected_max_normal(3) == pytest.approx(1.5 / math.sqrt(math.pi), abs=1e-6)
+    rng = np.random.default_rng(0)
+    for n in (4, 16, 64):
+        sim = rng.standard_normal((20000, n)).max(axis=1).mean()
+        assert expected_max_normal(n) == pytest.approx(sim, abs=0.02)
+    # unequal groups: 4 ranks at 1.0 and 4 at 1.004 (an imbalance under the jitter): every rank may lead
+    mu = np.repeat([1.0, 1.004], 4)
+    sim = (mu * (1 + 0.0132 * rng.standard_normal((40000, 8)))).max(axis=1).mean()
+    assert expected_max(np.array([1.0, 1.004]), np.array([4, 4]), 0.0132) == pytest.approx(sim, abs=3e-4)
 
 
-def test_given_inter_node_rate_and_a_missing_one():
-    rates = {"inter-node ring": 2.0}
-    measured = sweep([1, 2, 3, 4])
-    model = fit(measured, Options(gpus_per_node=4, rates=rates))
-    out = evaluate(model, [8, 32]).set_index([K.GPUS, K.SECTION])
-    for n in (8, 32):
-        want = truth(n, "denoiser", gpus_per_node=4, rates=rates)
-        assert out.loc[(n, "denoiser"), K.TRANSFER_S] == pytest.approx(want[K.TRANSFER_S], rel=1e-6)
-    bare = fit(measured, Options(gpus_per_node=4))
+def test_nonnegative_least_squares_is_the_constrained_optimum():
+    rng = np.random.default_rng(1)
+    x, y = rng.random((8, 3)), rng.random(8) - 0.5
+    b, rss = nonnegative_lstsq(x, y)
+    assert (b >= 0).all()
+    for _ in range(200):  # no non-negative point does better
+        trial = np.abs(b + 0.05 * rng.standard_normal(3))
+        assert np.sum((x @ trial - y) ** 2) >= rss - 1e-12
+
+
+def test_parse_rates_and_algorithms():
+    assert parse_rates(["ring=10.5", "INTRA=40", "intra:4=119"]) == {
+        "inter-node ring": 10.5, "intra-node": 40.0, "intra-node, 4 GPUs": 119.0}  # fmt: skip
+    for bad, msg in (("nvlink=100", "route must be"), ("intra:1=3", "route must be"), ("tree:2=3", "route must be"),
+                     ("tree=-1", "positive")):  # fmt: skip
+        with pytest.raises(ProjectionError, match=msg):
+            parse_rates([bad])
+    assert parse_algorithms(["2=tree", "16=RING"]) == {2: "tree", 16: "ring"}
+    for bad in ("1=tree", "x=ring", "4=nvls"):
+        with pytest.raises(ProjectionError, match="--algorithm"):
+            parse_algorithms([bad])
+
+
+# --- the model gives its truth back -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", list(CONFIGS))
+def test_known_mechanism_is_recovered_at_unmeasured_gpu_counts(key):
+    """2D and 3D inference, 2D training (several collectives per section: wait beyond C_max − C)."""
+    model = fit(sweep([1, 2, 4, 8, 16], key))
+    out = evaluate(model, [32, 64, 128]).set_index([K.GPUS, K.SECTION])
+    for n in (32, 64, 128):
+        for section in CONFIGS[key][2]:
+            want = truth(n, section, key)
+            for col in COLS:
+                assert out.loc[(n, section), col] == pytest.approx(want[col], rel=2e-3, abs=1e-9), (n, section, col)
+        total = sum(truth(n, s, key)[K.SECTION_S] for s in CONFIGS[key][2])
+        assert out.loc[(n, "all"), K.SECTION_S] == pytest.approx(total, rel=2e-3)
+    assert model.rates["intra-node, 2 GPUs"] == pytest.approx(40.0) and model.rates["intra-node, 4 GPUs"] == 119.0
+
+
+def test_balanced_section_keeps_its_jitter_and_the_fixed_term_stays_clean():
+    model = fit(sweep([1, 2, 4, 8, 16]))
+    den = next(s for s in model.sections if s.section == "denoiser")
+    assert den.sigma == pytest.approx(SIGMA, rel=1e-3) and den.coef[0] == pytest.approx(0.0, abs=1e-9)
+    out = evaluate(model, [64]).set_index(K.SECTION)
+    lb = 1 / (1 + SIGMA * expected_max_normal(64))
+    assert out.loc["denoiser", K.LB] == pytest.approx(lb, rel=1e-6) and out.loc["denoiser", K.LB] < 0.975
+    assert out.loc["denoiser", K.WAIT_S] > 0
+    text = " ".join(model.assumptions)
+    assert "jitter σ = 0.013 (from its balanced points 2, 4, 8, 16)" in text
+
+
+# --- routes and algorithms ------------------------------------------------------------------------
+
+
+def test_algorithm_per_node_count_logged_only_where_logged():
+    """From 1..8 (NCCL logged a tree on 2 nodes): 2 nodes keep the tree, 4+ nodes get a ring (assumed, said)."""
+    measured = sweep([1, 2, 4, 8])
+    model = fit(measured, Options(rates={"inter-node ring": RING}))
+    out = evaluate(model, [8, 16, 64])
+    den = out[out[K.SECTION] == "denoiser"].set_index(K.GPUS)
+    assert den.loc[8, K.ALGORITHM] == "tree" and den.loc[8, K.ALGORITHM_SOURCE] == "NCCL log"
+    assert den.loc[16, K.ALGORITHM] == "ring" and den.loc[16, K.ALGORITHM_SOURCE] == "assumed"
+    for n in (16, 64):
+        assert den.loc[n, K.TRANSFER_S] == pytest.approx(truth(n, "denoiser")[K.TRANSFER_S], rel=1e-9)
+    p = project(measured, [16, 64], Options(rates={"inter-node ring": RING}))
+    text = " ".join(p.assumptions[("2d", "inference")])
+    assert "algorithm on 2 nodes: tree (NCCL log)" in text and "algorithm on 16 nodes: ring (assumed)" in text
+    assert "--rate inter-node ring=10.5: used" in p.notes[("2d", "inference")]
+    # --algorithm NODES=ALGO wins over the log and the assumption
+    forced = evaluate(fit(measured, Options(rates={"inter-node ring": RING, "inter-node tree": TREE},
+                                            algorithms={4: "tree"})), [16])  # fmt: skip
+    row = forced[forced[K.SECTION] == "denoiser"].iloc[0]
+    assert row[K.ALGORITHM] == "tree" and row[K.ALGORITHM_SOURCE] == "given"
+    assert row[K.TRANSFER_S] == pytest.approx(2 * P * 3 / 4 / (TREE * 1e9), rel=1e-9)
     with pytest.raises(ProjectionError, match="no rate for route 'inter-node ring'.*--rate ring=GBps"):
-        evaluate(bare, [8])
+        evaluate(fit(measured), [16])
+
+
+def test_one_rate_per_gpu_count_on_one_node_with_the_true_reason():
+    model = fit(sweep([1, 2, 3, 4], gpus_per_node=None))
+    assert model.rates["intra-node, 2 GPUs"] == pytest.approx(40.0)
+    assert model.rates["intra-node, 3 GPUs"] == pytest.approx(80.0)
+    assert model.rates["intra-node, 4 GPUs"] == pytest.approx(119.0)
+    text = " ".join(model.assumptions)
+    assert "latency not identifiable: route(s) measured at byte counts within 20 % of each other" in text
+    assert "too few" not in text
+    # a one-node count never measured takes the nearest measured one's rate, said in the row
+    row = evaluate(model, [8]).query("section == 'denoiser'").iloc[0]
+    assert row[K.RATE_GBPS] == pytest.approx(119.0) and row[K.ROUTE] == "intra-node, 8 GPUs"
+    text = " ".join(project(sweep([1, 2, 3, 4], gpus_per_node=None), [8]).assumptions[("2d", "inference")])
+    assert "rate intra-node, 8 GPUs: 119 GB/s, not measured on 8 GPUs: the rate of intra-node, 4 GPUs (assumed)" in text
+    given = evaluate(fit(sweep([1, 2, 3, 4], gpus_per_node=None), Options(rates={"intra-node, 8 GPUs": 150.0})), [8])
+    assert given.query("section == 'denoiser'")[K.RATE_GBPS].iloc[0] == 150.0
+
+
+def test_a_given_rate_is_used_or_the_projection_says_why_not():
+    options = Options(rates={"inter-node ring": 10.5, "intra-node, 4 GPUs": 119.0}, algorithms={2: "tree"})
+    p = project(sweep([1, 2, 4], gpus_per_node=None), [8], options)
+    notes = p.notes[("2d", "inference")]
+    assert any(n.startswith("--rate inter-node ring=10.5: not used: no measured or projected point takes route")
+               for n in notes)  # fmt: skip
+    assert "--rate intra-node, 4 GPUs=119: used" in notes
+    assert any(n.startswith("--algorithm 2=tree: not used: no projected point on 2 nodes") for n in notes)
+    assert "--rate inter-node ring=10.5: not used" in "\n".join(markdown(p))
+
+
+# --- no impossible number --------------------------------------------------------------------------
+
+
+def _faster(rows: pd.DataFrame, n: int, factor: float) -> pd.DataFrame:
+    at = (rows[K.GPUS] == n) & (rows[K.SECTION] == "denoiser")
+    for col in (K.COMPUTE_S, K.COMPUTE_MAX_S, K.WAIT_S):
+        rows.loc[at, col] = rows.loc[at, col] * factor
+    rows.loc[at, K.SECTION_S] = rows.loc[at, K.COMPUTE_S] + rows.loc[at, K.TRANSFER_S] + rows.loc[at, K.WAIT_S]
+    return rows
+
+
+def test_super_linear_points_are_refused_naming_them():
+    """Two points where 2 GPUs compute less than half of 1 GPU: only a negative fixed term fits them."""
+    rows = _faster(sweep([1, 2]), 2, 0.3)
+    with pytest.raises(ProjectionError, match=r"2d inference denoiser: no non-negative .* N=2 compute"):
+        fit(rows)
+    p = project(rows, [8, 16])
+    assert "no non-negative" in p.skipped[("2d", "inference")] and p.table.empty
+    # one fast point among others: a non-negative fit, said to miss its own points
+    p = project(_faster(sweep([1, 2, 4, 8]), 2, 0.6), [16], Options(rates={"inter-node ring": RING}))
+    assert (p.table[[K.COMPUTE_S, K.SECTION_S]] >= 0).all().all() and (p.table[K.PE] <= 1).all()
+    line = next(x for x in markdown(p) if "misses its own points" in x)
+    assert line.startswith("- **the fit misses its own points by more than 10 %**:") and "N=2 time +" in line
+
+
+def test_no_projected_number_is_impossible_on_noisy_sweeps():
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        rows = sweep([1, 2, 4, 8, 16])
+        for col in (K.COMPUTE_S, K.TRANSFER_S, K.WAIT_S):
+            rows[col] = rows[col] * rng.uniform(0.85, 1.15, len(rows))
+        rows[K.COMPUTE_MAX_S] = np.maximum(rows[K.COMPUTE_MAX_S] * rng.uniform(0.9, 1.1, len(rows)), rows[K.COMPUTE_S])
+        rows[K.SECTION_S] = rows[K.COMPUTE_S] + rows[K.TRANSFER_S] + rows[K.WAIT_S]
+        try:
+            model = fit(rows, Options(tolerance=0.3))
+        except ProjectionError as exc:
+            assert "no non-negative" in str(exc)
+            continue
+        out = evaluate(model, [1, 3, 32, 64, 1024])
+        assert (out[[K.COMPUTE_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S]] >= 0).all().all(), trial
+        assert (out[[K.LB, K.COMM_E, K.PE]] <= 1 + 1e-12).all().all(), trial
+        assert (out[K.COMPUTE_MAX_S] >= out[K.COMPUTE_S] - 1e-12).all(), trial
+
+
+# --- checks: residuals, leave-one-out, headline --------------------------------------------------
+
+
+def test_leave_one_out_predicts_a_point_with_its_own_nodes_and_algorithm():
+    measured = sweep([1, 2, 4, 8, 12, 16, 32])  # ring at 3, 4 and 8 nodes
+    v = leave_one_out(measured)
+    loo = v[(v[K.SECTION] == "all") & (v["metric"].isin([K.SECTION_S, K.TRANSFER_S, K.WAIT_S, K.PE]))]
+    at16 = loo[loo[K.GPUS] == 16]
+    assert at16["fitted_on"].iloc[0] == "1,2,4,8,12,32" and at16[K.REL_ERROR].abs().max() < 3e-3
+    at8 = loo[loo[K.GPUS] == 8]  # the only tree: its own rate, said; the rest of it is predicted
+    assert "rate of inter-node tree from this point itself" in at8["note"].iloc[0]
+    assert at8[K.REL_ERROR].abs().max() < 3e-3
+    # fitted on one node only, the held-out 8 GPUs still sit on 2 nodes (the full fit's GPUs per node)
+    v = leave_one_out(sweep([1, 2, 4, 8]), Options(rates={"inter-node tree": TREE}))
+    head = v[v["headline"] & (v[K.SECTION] == "all")].set_index("metric")
+    assert head.loc[K.TRANSFER_S, K.REL_ERROR] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_headline_is_the_worst_of_time_transfer_wait_and_pe():
+    rows = sweep([1, 2, 4, 8, 16, 32])
+    at = rows[K.GPUS] == 32
+    rows.loc[at, K.WAIT_S] = rows.loc[at, K.WAIT_S] * 1.5  # the largest point waits more than the model says
+    rows.loc[at, K.SECTION_S] = rows.loc[at, K.COMPUTE_S] + rows.loc[at, K.TRANSFER_S] + rows.loc[at, K.WAIT_S]
+    p = project(rows, [64])
+    h = headline(p.validation)
+    assert h is not None and h["gpus"] == 32 and h["worst"] == K.WAIT_S
+    assert abs(h["errors"][K.WAIT_S]) == max(abs(e) for e in h["errors"].values())
+    text = "\n".join(markdown(p))
+    assert "- headline: 32 GPUs predicted from 1,2,4,8,16 (worst: wait" in text
+    assert "its own points" in text  # within the tolerance, or said to miss them
+    assert "wait (fit)" in text and "wait (left out)" in text  # the residual and leave-one-out table
+
+
+def test_residuals_at_the_fit_points_are_small_on_the_mechanism():
+    measured = sweep([1, 2, 4, 8, 16])
+    r = residuals(measured, fit(measured))
+    assert set(r["kind"]) == {"residual"} and set(r[K.GPUS]) == {1, 2, 4, 8, 16}
+    assert r[K.REL_ERROR].abs().max() < 3e-3
+    assert "within 10 % of its own points" in "\n".join(markdown(project(measured, [64])))
+
+
+# --- CPU ranks: past the cores is refused ------------------------------------------------------------
+
+
+def test_cpu_ranks_past_the_cores_are_not_fitted_nor_projected():
+    cpu = sweep([1, 2, 4], backend="gloo", gpus_per_node=None)
+    p = project(cpu, [8, 16], Options(devices=2))
+    why = p.skipped[("2d", "inference")]
+    assert "8, 16 are past the 2 cores" in why and not p.findings
+    model = fit(cpu, Options(devices=2))
+    assert model.fitted_gpus == [1, 2] and "measured 4 not fitted" in " ".join(model.assumptions)
+    with pytest.raises(ProjectionError, match="more ranks than the 2 cores"):
+        evaluate(model, [4])
+    p = project(cpu, [6, 8, 16], Options(devices=8))
+    assert ("2d", "inference") in p.findings and p.findings[("2d", "inference")]["searched_up_to"] == 8
+    assert "not projected: 16 GPUs (past the 8 cores the CPU ranks share)" in p.notes[("2d", "inference")]
+    assert set(p.table.loc[~p.table[K.MEASURED], K.GPUS]) <= {1, 2, 3, 4, 5, 6, 7, 8}
+
+
+def test_cpu_cores_default_to_this_machine(monkeypatch):
+    monkeypatch.setattr(pm, "local_cores", lambda: 3)
+    model = fit(sweep([1, 2, 3, 4], backend="gloo", gpus_per_node=None))
+    assert model.cores == 3 and model.fitted_gpus == [1, 2, 3]
+    assert "this machine's 3 core(s)" in " ".join(model.assumptions)
+    assert fit(sweep([1, 2, 3, 4], gpus_per_node=None)).cores is None  # nccl: a device per rank
+
+
+def test_the_report_on_cpu_runs_says_it_does_not_project_past_the_cores(tmp_path, monkeypatch):
+    from pnpscale import layout
+    from pnpscale.results.report import write_report
+    from tests.test_compare import write_collective_sweep
+
+    monkeypatch.setattr(pm, "local_cores", lambda: 2)
+    out = write_report(write_collective_sweep(tmp_path / "sweep"), echo=lambda _: None)
+    readme = (out / layout.REPORT_README).read_text()
+    assert "not projected: GPU counts 8, 16, 32, 64 are past the 2 cores the CPU ranks share" in readme
+    assert "least time per iteration" not in readme and not (out / layout.PROJECTION).exists()
 
 
 def test_too_few_points_or_unknown_assignment_are_refused():
@@ -123,58 +347,6 @@ def test_too_few_points_or_unknown_assignment_are_refused():
     assert "needs 3" in p.skipped[("2d", "inference")] and p.table.empty
 
 
-def test_parse_rates():
-    assert parse_rates(["ring=10.5", "INTRA=40"]) == {"inter-node ring": 10.5, "intra-node": 40.0}
-    with pytest.raises(ProjectionError, match="route must be one of"):
-        parse_rates(["nvlink=100"])
-    with pytest.raises(ProjectionError, match="positive"):
-        parse_rates(["tree=-1"])
-
-
-def test_command_refuses_bad_input_with_exit_code_2(tmp_path, capsys):
-    from pnpscale.results.projection import main
-
-    assert main([str(tmp_path / "nowhere"), "--gpus", "8"]) == 2
-    assert "no such directory" in capsys.readouterr().err
-    assert main([str(tmp_path), "--rate", "nvlink=1"]) == 2
-    assert "route must be one of" in capsys.readouterr().err
-
-
-def test_time_sharing_devices_stretch_compute():
-    model = fit(sweep([1, 2, 3, 4]), Options(devices=2))
-    plain = fit(sweep([1, 2]), Options(devices=2))  # N <= devices: no stretch, same truth
-    out = evaluate(plain, [4]).set_index(K.SECTION)
-    want = truth(4, "denoiser")
-    assert out.loc["denoiser", K.COMPUTE_S] == pytest.approx(2 * want[K.COMPUTE_S], rel=1e-6)
-    assert model.devices == 2
-
-
-# --- the command on run folders (synthetic sweeps written by the project's own writer) -------------
-
-
-def _snapshot(folder):
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
-
-
-def test_command_projects_each_variant_of_a_sweep(tmp_path, capsys):
-    from pnpscale import layout
-    from pnpscale.results.projection import main
-    from tests.test_compare import write_collective_sweep
-
-    root = write_collective_sweep(tmp_path / "sweep")
-    assert main([str(root), "--gpus", "8,16"]) == 0
-    out = capsys.readouterr().out
-    series = ["2d denoiser_collective=all_gather", "2d denoiser_collective=all_reduce"]
-    assert all(f"### Projection: {s} inference" in out for s in series)
-    table = pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION)
-    assert sorted(set(table[K.PROBLEM])) == series
-    for s in series:  # one measured row per (GPU count, section) of each series, never two merged
-        measured = table[(table[K.PROBLEM] == s) & table[K.MEASURED]]
-        assert sorted(set(measured[K.GPUS])) == [1, 2, 4] and not measured.duplicated([K.GPUS, K.SECTION]).any()
-    val = pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION_VALIDATION)
-    assert sorted(set(val[K.PROBLEM])) == series
-
-
 def test_a_table_with_two_rows_per_point_is_refused_not_merged():
     rows = pd.concat([sweep([1, 2, 4]), sweep([1, 2, 4])], ignore_index=True)
     with pytest.raises(ProjectionError, match="share problem=2d mode=inference gpus=1 section=gradient"):
@@ -183,7 +355,62 @@ def test_a_table_with_two_rows_per_point_is_refused_not_merged():
     assert "share" in p.skipped[("2d", "inference")] and not p.findings
 
 
-def test_failed_command_leaves_the_report_as_it_was(tmp_path, capsys):
+# --- the command on run folders (synthetic sweeps written by the project's own writer) -------------
+
+
+@pytest.fixture
+def many_cores(monkeypatch):
+    """The fake runs are gloo runs of up to 4 ranks: give them the cores they had."""
+    monkeypatch.setattr(pm, "local_cores", lambda: 64)
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_command_refuses_bad_input_with_exit_code_2(tmp_path, capsys):
+    from pnpscale.results.projection import main
+
+    assert main([str(tmp_path / "nowhere"), "--gpus", "8"]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    assert main([str(tmp_path), "--rate", "nvlink=1"]) == 2
+    assert "route must be" in capsys.readouterr().err
+    assert main([str(tmp_path), "--algorithm", "1=tree"]) == 2
+    assert "NODES must be an integer >= 2" in capsys.readouterr().err
+
+
+def test_command_projects_each_variant_of_a_sweep(tmp_path, capsys, many_cores):
+    from pnpscale import layout
+    from pnpscale.results.projection import main
+    from tests.test_compare import write_collective_sweep
+
+    root = write_collective_sweep(tmp_path / "sweep")
+    assert main([str(root), "--gpus", "8,16", "--rate", "ring=10.5"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    series = ["2d denoiser_collective=all_gather", "2d denoiser_collective=all_reduce"]
+    assert all(f"### Projection: {s} inference" in out for s in series)
+    assert "--rate inter-node ring=10.5: not used" in captured.err  # single-node sweep: said, not ignored
+    table = pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION)
+    assert sorted(set(table[K.PROBLEM])) == series
+    for s in series:  # one measured row per (GPU count, section) of each series, never two merged
+        measured = table[(table[K.PROBLEM] == s) & table[K.MEASURED]]
+        assert sorted(set(measured[K.GPUS])) == [1, 2, 4] and not measured.duplicated([K.GPUS, K.SECTION]).any()
+    val = pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION_VALIDATION)
+    assert sorted(set(val[K.PROBLEM])) == series and set(val["kind"]) == {"residual", "leave-one-out"}
+
+
+def test_command_on_cpu_runs_refuses_past_the_cores(tmp_path, capsys):
+    from pnpscale.results.projection import main
+    from tests.test_compare import write_collective_sweep
+
+    root = write_collective_sweep(tmp_path / "sweep")
+    assert main([str(root), "--gpus", "8", "--devices", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing could be projected" in err and "past the 4 cores the CPU ranks share" in err
+
+
+def test_failed_command_leaves_the_report_as_it_was(tmp_path, capsys, many_cores):
     from pnpscale import layout
     from pnpscale.results.projection import main
     from pnpscale.results.report import write_report
@@ -199,6 +426,7 @@ def test_failed_command_leaves_the_report_as_it_was(tmp_path, capsys):
         (["--pe-min", "0"], "--pe-min=0: must be in (0, 1]"),
         (["--pe-min", "1.5"], "--pe-min=1.5: must be in (0, 1]"),
         (["--gpus", "x"], "--gpus=x: give positive integers"),
+        (["--tolerance", "0"], "--tolerance=0: must be a positive relative error"),
     ):
         assert main([str(root), *args]) == 2, args
         err = capsys.readouterr().err.strip().splitlines()

@@ -7,7 +7,9 @@
 * :mod:`~pnpscale.results.plotting`: pyplot-free figures, the GPU axis and series labels every chart shares;
 * :mod:`~pnpscale.results.charts`: the study's charts (matplotlib Figures, no pyplot);
 * :mod:`~pnpscale.results.compare`: the varied keys (remedies) side by side;
-* :mod:`~pnpscale.results.projection`: the model projected past the measured GPU counts
-  (``python -m pnpscale.project``);
+* :mod:`~pnpscale.results.projection_model`: the model fitted on the measured points, evaluated past them,
+  and checked (no impossible number);
+* :mod:`~pnpscale.results.jitter`: the expected maximum of N ranks' compute, non-negative least squares;
+* :mod:`~pnpscale.results.projection`: the projection's files, chart and command (``python -m pnpscale.project``);
 * :mod:`~pnpscale.results.report`: ``<sweep>/report/`` (``python -m pnpscale.report``).
 """
