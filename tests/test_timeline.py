@@ -144,3 +144,58 @@ def test_one_rank_is_all_compute():
                           K.START_S: [0.0, 1.0], K.SECTION_S: 0.5})  # fmt: skip
     s = T.slices(ranks, pd.DataFrame(columns=list(K.COLLECTIVES_COLUMNS)))
     assert s[K.KIND].tolist() == ["compute", "compute"] and s[K.DURATION_S].tolist() == [0.5, 0.5]
+
+
+# --- the report's chart: median iteration, ranks drawn ----------------------------------------------
+
+
+def write_tables(run_dir, ranks, colls):
+    from pnpscale.analysis.tables import frames
+
+    gathered = [
+        ({"ranks": ranks[ranks[K.RANK] == r].to_dict("records"),
+          "collectives": colls[colls[K.RANK] == r].to_dict("records")}, {})
+        for r in sorted(ranks[K.RANK].unique())
+    ]  # fmt: skip
+    r, c = frames(gathered, image_bytes=4096)
+    layout.commit_files(run_dir, table_writers(r, c, decompose(r, c)))
+    return r
+
+
+def test_timeline_table_draws_a_readable_subset_whose_slices_add_up(tmp_path):
+    from pnpscale.results.timeline import (
+        CRITICAL,
+        FASTEST,
+        ROLE,
+        TYPICAL,
+        median_iteration,
+        plot_timeline,
+        timeline_table,
+    )
+
+    ranks, colls = random_run(world=12, iterations=4, seed=3)
+    ranks[K.PEAK_MEM_BYTES], ranks[K.N_COLLECTIVES], ranks[K.GPU_SPAN_S] = 1, 3, np.nan
+    run_dir = tmp_path / layout.point_subdir("2d", "inference", 12)
+    written = write_tables(run_dir, ranks, colls)
+    view = pd.DataFrame({"problem": "2d", "mode": "inference", "gpus": [12], "section": "all", "status": "complete",
+                         "run_dir": str(run_dir)})  # fmt: skip
+    tl = timeline_table(view)
+    it = median_iteration(written)
+    assert set(tl[K.ITERATION]) == {it} and it != 0  # a measured iteration
+    drawn = tl.drop_duplicates(K.RANK)
+    assert len(drawn) == 8 and set(tl[K.WORLD_SIZE]) == {12}
+    assert {CRITICAL, FASTEST, TYPICAL} <= set(drawn[ROLE])
+    # the critical rank of each section is drawn: the largest compute S_r - sum_c D_rc of that iteration
+    m = written[written[K.ITERATION] == it].set_index([K.SECTION, K.RANK])
+    comm = colls[colls[K.ITERATION] == it].groupby([K.SECTION, K.RANK])[K.DURATION_S].sum()
+    compute = m[K.SECTION_S] - comm.reindex(m.index)
+    for sec, per in compute.groupby(level=K.SECTION):
+        assert int(per.droplevel(K.SECTION).idxmax()) in set(drawn[K.RANK]), sec
+    # each drawn rank's slices of a section add up to its section time (1 %)
+    got = tl.groupby([K.RANK, K.SECTION])[K.DURATION_S].sum()
+    want = m[K.SECTION_S].swaplevel().reindex(got.index)
+    assert ((got / want - 1).abs() < 0.01).all()
+    fig = plot_timeline(tl)
+    assert "8 of 12 ranks drawn, 4 not drawn" in fig.axes[0].get_title()
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert any("critical" in t for t in labels) and any("fastest" in t for t in labels)
