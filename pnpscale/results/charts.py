@@ -209,7 +209,7 @@ def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figu
         ax.set_title(f"{problem} {mode}")
         ax.legend(fontsize=8, loc="lower left")
     axes[0][0].set_ylabel(ylabel)
-    fig.suptitle(title + "; band: p10–p90 of the measured iterations")
+    fig.suptitle(title + "\nband: p10–p90 of the measured iterations", fontsize=11)
     fig.tight_layout()
     return fig
 

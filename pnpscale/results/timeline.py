@@ -158,7 +158,7 @@ def _label(payload: object) -> str:
 
 def plot_timeline(tl: pd.DataFrame) -> Figure:
     """One panel per (problem, mode): the drawn ranks as rows, their slices as bars coloured by kind
-    (:data:`pnpscale.results.charts.KIND_COLORS`), section boundaries of the lowest drawn rank dotted, the
+    (:data:`pnpscale.results.charts.KIND_COLORS`), section starts of the lowest drawn rank dotted and named, the
     critical-path rank named on its row, the main collectives labelled (name and payload) above the panel,
     and how many ranks are not drawn in the title."""
     from pnpscale.results.charts import KIND_COLORS, _figure
@@ -184,7 +184,7 @@ def plot_timeline(tl: pd.DataFrame) -> Figure:
         for sec, g in first.groupby(K.SECTION, sort=False):
             x0 = float(g[K.START_S].min())
             ax.axvline(x0, color="black", ls=":", lw=0.8)
-            ax.text(x0, len(drawn) - 0.45, f" {sec}", fontsize=8, va="bottom", ha="left")
+            ax.text(x0, 1.0, f" {sec}", fontsize=8, va="bottom", ha="left", transform=ax.get_xaxis_transform())
         roles = sub.drop_duplicates(K.RANK).set_index(K.RANK)[ROLE]
         comp = sub[sub[K.KIND] == "compute"].groupby([K.SECTION, K.RANK], sort=False)[K.DURATION_S].sum()
         crit: dict[int, list[str]] = {}
@@ -215,6 +215,7 @@ def plot_timeline(tl: pd.DataFrame) -> Figure:
             f"{problem} {mode}, {int(sub[K.GPUS].iloc[0])} GPUs: iteration {int(sub[K.ITERATION].iloc[0])} "
             f"(median measured){extra}",
             fontsize=10,
+            pad=14,
         )
         ax.grid(False, axis="y")
     handles, labels = [], []
