@@ -141,15 +141,17 @@ def _collectives_by_rank(collectives: pd.DataFrame) -> dict[tuple[int, str, int]
     hidden = _ns(c[K.HIDDEN_S].fillna(0.0)) if K.HIDDEN_S in c else np.zeros(len(c))
     hidden = np.clip(hidden, 0, d)
     wait = np.clip(d - dmin, 0, d - hidden)
-    payload = c[K.PAYLOAD_BYTES] if K.PAYLOAD_BYTES in c else pd.Series(pd.NA, index=c.index)
-    names = c[K.COLLECTIVE] if K.COLLECTIVE in c else pd.Series(pd.NA, index=c.index)
+    payload = c[K.PAYLOAD_BYTES].astype("Float64").tolist() if K.PAYLOAD_BYTES in c else [None] * len(c)
+    names = c[K.COLLECTIVE].astype(object).tolist() if K.COLLECTIVE in c else [None] * len(c)
     out: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
-    for i, (it, sec, rank, seq) in enumerate(zip(c[K.ITERATION], c[K.SECTION], c[K.RANK], c[K.SEQ], strict=True)):
+    keys = zip(c[K.ITERATION].tolist(), c[K.SECTION].tolist(), c[K.RANK].tolist(), c[K.SEQ].tolist(), strict=True)
+    for i, (it, sec, rank, seq) in enumerate(keys):
         a = None if np.isnan(starts[i]) else int(starts[i])
+        name, size = names[i], payload[i]
         entry = {
             "a": a, "d": int(d[i]), "h": int(hidden[i]), "w": int(wait[i]), "t": int(d[i] - hidden[i] - wait[i]),
-            "seq": int(seq), "name": None if pd.isna(names.iloc[i]) else str(names.iloc[i]),
-            "bytes": None if pd.isna(payload.iloc[i]) else int(payload.iloc[i]),
+            "seq": int(seq), "name": None if name is None or pd.isna(name) else str(name),
+            "bytes": None if size is None or pd.isna(size) else int(size),
         }  # fmt: skip
         out.setdefault((int(it), str(sec), int(rank)), []).append(entry)
     for lst in out.values():
