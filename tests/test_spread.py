@@ -51,9 +51,12 @@ def test_load_carries_the_spread_and_the_report_says_too_few(sweep):  # noqa: F8
     assert df.loc[df["status"] != "complete", "section_p50_s"].isna().all()
     lines = spread_markdown(df)
     assert any(line.startswith("- 2d inference gpus=1, 2: 1 measured iterations, too few") for line in lines)
+    printed = []
+    write_report(sweep, echo=printed.append)
+    assert any(line.startswith("2d inference gpus=1, 2: 1 measured iterations, too few") for line in printed)
     out = write_report(sweep, echo=lambda s: None)
     readme = (out / "README.md").read_text()
-    assert "## Spread over the measured iterations" in readme and f"need >= {MIN_ITERATIONS}" in readme
+    assert "## Spread over the measured iterations" in readme and f"need ≥ {MIN_ITERATIONS}" in readme
     assert not (out / "timeline.png").exists()  # these runs recorded no collective starts: nothing guessed
     summary = pd.read_parquet(out / "summary.parquet")
     assert set(K.SPREAD_COLUMNS) <= set(summary.columns)

@@ -216,7 +216,7 @@ def _noise_text(verdict: object, a: pd.Series, b: pd.Series) -> str:
         n_a, n_b = (int(x[K.ITERATIONS]) if pd.notna(x.get(K.ITERATIONS)) else "?" for x in (a, b))
         return (
             f"not called a gain, {n_a} and {n_b} measured iterations are too few to tell it from noise "
-            f"(need >= {MIN_ITERATIONS}: `iterations={MIN_ITERATIONS}`)"
+            f"(need ≥ {MIN_ITERATIONS}: `iterations={MIN_ITERATIONS}`)"
         )
     return "the spread is unknown (no per-iteration quantiles): not called a gain"
 

@@ -71,6 +71,8 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
 
     table = build_table(path, echo)
     view = labelled(table)  # one series per (problem, variant)
+    for line in too_few_points(view):
+        echo(line)
     out = Path(out) if out is not None else Path(path) / layout.REPORT_DIR
 
     def build(stage: Path) -> None:
@@ -136,12 +138,30 @@ def timeline_chart(table: pd.DataFrame, out: Path) -> list[str]:
     return [*lines, ""]
 
 
+def too_few_points(table: pd.DataFrame) -> list[str]:
+    """One line per (problem, mode) naming its complete points with fewer measured iterations than
+    :data:`pnpscale.analysis.spread.MIN_ITERATIONS` (too few to say how much the numbers move); printed by
+    the report and listed in its README."""
+    from pnpscale.analysis.spread import MIN_ITERATIONS, too_few
+
+    done = table[(table["status"] == "complete") & (table[K.SECTION] == "all")]
+    lines = []
+    for (problem, mode), grp in done.groupby(["problem", "mode"], sort=True):
+        few = grp[[too_few(n) for n in grp[K.ITERATIONS]]].sort_values("gpus")
+        if not few.empty:
+            counts = " / ".join(sorted({str(n) for n in few[K.ITERATIONS]}))
+            lines.append(
+                f"{problem} {mode} gpus={', '.join(str(int(g)) for g in few['gpus'])}: {counts} measured iterations, "
+                f"too few to say how much the numbers move (need ≥ {MIN_ITERATIONS}: `iterations={MIN_ITERATIONS}`); "
+                "differences there are not called gains."
+            )
+    return lines
+
+
 def spread_markdown(table: pd.DataFrame) -> list[str]:
     """The README's spread section: per point, the section time per iteration (all sections) as mean and
     p10 / median / p90 over the measured iterations, and one line per (problem, mode) naming the points with
     too few measured iterations to state a spread (:data:`pnpscale.analysis.spread.MIN_ITERATIONS`)."""
-    from pnpscale.analysis.spread import MIN_ITERATIONS, too_few
-
     done = table[(table["status"] == "complete") & (table[K.SECTION] == "all")]
     cols = [K.spread_column(K.SECTION_S, q) for q in K.SPREAD_QUANTILES]
     if done.empty or any(c not in done for c in cols):
@@ -160,15 +180,7 @@ def spread_markdown(table: pd.DataFrame) -> list[str]:
         **{f"p{q} s": done[c].map(lambda v: _fmt(v, ".4g")) for q, c in zip(K.SPREAD_QUANTILES, cols, strict=True)},
     }).sort_values(["series", "mode", "gpus"])  # fmt: skip
     lines += [view.to_markdown(index=False), ""]
-    for (problem, mode), grp in done.groupby(["problem", "mode"], sort=True):
-        few = grp[[too_few(n) for n in grp[K.ITERATIONS]]].sort_values("gpus")
-        if not few.empty:
-            counts = sorted({str(n) for n in few[K.ITERATIONS]})
-            lines.append(
-                f"- {md_escape(problem)} {md_escape(mode)} gpus={', '.join(str(int(g)) for g in few['gpus'])}: "
-                f"{' / '.join(counts)} measured iterations, too few to say how much the numbers move "
-                f"(need >= {MIN_ITERATIONS}: `iterations={MIN_ITERATIONS}`); differences there are not called gains."
-            )
+    lines += [f"- {md_escape(line)}" for line in too_few_points(done)]
     return [*lines, ""]
 
 
