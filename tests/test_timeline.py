@@ -199,3 +199,16 @@ def test_timeline_table_draws_a_readable_subset_whose_slices_add_up(tmp_path):
     assert "8 of 12 ranks drawn, 4 not drawn" in fig.axes[0].get_title()
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert any("critical" in t for t in labels) and any("fastest" in t for t in labels)
+
+
+def test_nested_sections_get_their_own_track():
+    """An offline analysis with ``step=ProfilerStep#*,gradient``: the step encloses the gradient; their slices
+    overlap in time, so they go to different threads (no track holds overlapping slices)."""
+    ranks = pd.DataFrame({K.RANK: 0, K.ITERATION: [0, 0, 1, 1], K.SECTION: ["step", "gradient"] * 2,
+                          K.WARMUP: False, K.START_S: [0.0, 0.1, 1.0, 1.1],
+                          K.SECTION_S: [0.9, 0.5, 0.9, 0.5]})  # fmt: skip
+    doc = T.run_trace(ranks, pd.DataFrame(columns=list(K.COLLECTIVES_COLUMNS)))
+    tids = {(e["args"]["section"], e["tid"]) for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == T.COMPUTE}
+    assert tids == {("step", 1), ("gradient", 2)}
+    threads = [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"]
+    assert threads == ["sections", "compute / transfer / wait", "compute / transfer / wait (sections nested 1 deep)"]

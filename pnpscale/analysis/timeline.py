@@ -231,7 +231,9 @@ def chrome_trace(
         ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``: metadata events naming
         each process ``rank <r>`` and its threads ``sections`` (tid 0: one ``X`` event per section
         occurrence, named after the section) and ``compute / transfer / wait`` (tid 1: one ``X`` event per
-        slice, named after its kind); ``ts``/``dur`` in microseconds (integer nanoseconds / 1000); every
+        slice, named after its kind; the slices of a section nested in another, e.g. ``gradient`` inside
+        ``ProfilerStep#*`` in an offline analysis, go to tid 1 + its nesting depth, so that no track holds
+        overlapping slices); ``ts``/``dur`` in microseconds (integer nanoseconds / 1000); every
         ``args`` has ``section``, ``iteration``, ``warmup``, and on communication slices ``collective``,
         ``seq`` and ``bytes`` (the payload; ``null`` when unknown).
     """
@@ -242,13 +244,16 @@ def chrome_trace(
     finite = r_start[np.isfinite(r_start)]
     shift = int(finite.min()) if finite.size else 0
     events: list[dict[str, Any]] = []
+    depth = _depths(ranks)
     for rank in sorted(off_ns):
         events += [
             {"ph": "M", "pid": rank, "name": "process_name", "args": {"name": f"rank {rank}"}},
             {"ph": "M", "pid": rank, "name": "process_sort_index", "args": {"sort_index": rank}},
             {"ph": "M", "pid": rank, "tid": 0, "name": "thread_name", "args": {"name": "sections"}},
-            {"ph": "M", "pid": rank, "tid": 1, "name": "thread_name", "args": {"name": "compute / transfer / wait"}},
         ]
+        for d in sorted({v for (r, _, _), v in depth.items() if r == rank} or {0}):
+            name = "compute / transfer / wait" + (f" (sections nested {d} deep)" if d else "")
+            events.append({"ph": "M", "pid": rank, "tid": 1 + d, "name": "thread_name", "args": {"name": name}})
     for i, r in enumerate(ranks.itertuples(index=False)):
         if not np.isfinite(r_start[i]):
             continue
@@ -273,7 +278,8 @@ def chrome_trace(
                 bytes=None if pd.isna(payload) else int(payload),
             )
         events.append({
-            "ph": "X", "pid": int(getattr(s, K.RANK)), "tid": 1, "name": kind, "cat": kind,
+            "ph": "X", "pid": int(getattr(s, K.RANK)), "name": kind, "cat": kind,
+            "tid": 1 + depth.get((int(getattr(s, K.RANK)), args["iteration"], args["section"]), 0),
             "ts": (int(t_start[i]) - shift) / 1000, "dur": int(dur_ns[i]) / 1000, "args": args,
         })  # fmt: skip
     other: dict[str, Any] = {
@@ -288,6 +294,23 @@ def chrome_trace(
     if note:
         other["note"] = note
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _depths(ranks: pd.DataFrame) -> dict[tuple[int, int, str], int]:
+    """(rank, iteration, section) -> how many of the rank's other section ranges enclose it (0: top level)."""
+    out: dict[tuple[int, int, str], int] = {}
+    if K.START_S not in ranks:
+        return out
+    r = ranks.assign(_s=_ns(ranks[K.START_S]), _e=_ns(ranks[K.START_S]) + _ns(ranks[K.SECTION_S]))
+    r = r[np.isfinite(r["_s"])].sort_values([K.RANK, "_s", "_e"], ascending=[True, True, False], kind="stable")
+    for rank, grp in r.groupby(K.RANK, sort=False):
+        ends: list[float] = []  # the enclosing ranges' ends
+        for it, sec, start, end in zip(grp[K.ITERATION], grp[K.SECTION], grp["_s"], grp["_e"], strict=True):
+            while ends and ends[-1] <= start:
+                ends.pop()
+            out[(int(rank), int(it), str(sec))] = len([e for e in ends if e >= end])
+            ends.append(end)
+    return out
 
 
 def run_trace(ranks: pd.DataFrame, collectives: pd.DataFrame) -> dict[str, Any]:
