@@ -58,6 +58,7 @@ def test_load_carries_the_spread_and_the_report_says_too_few(sweep):  # noqa: F8
     readme = (out / "README.md").read_text()
     assert "## Spread over the measured iterations" in readme and f"need ≥ {MIN_ITERATIONS}" in readme
     assert not (out / "timeline.png").exists()  # these runs recorded no collective starts: nothing guessed
+    assert "- 2d inference: not drawn: gpus=2: no measured iteration whose slices can be placed" in readme
     summary = pd.read_parquet(out / "summary.parquet")
     assert set(K.SPREAD_COLUMNS) <= set(summary.columns)
 

@@ -97,7 +97,7 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         if projected:
             charts.append(layout.PROJECTION_PNG)
         timeline = timeline_chart(view, stage)
-        charts += [layout.TIMELINE_PNG] if timeline else []
+        charts += [layout.TIMELINE_PNG] if (stage / layout.TIMELINE_PNG).exists() else []
         readme = markdown(view, charts, transfer, ranks, run_anomalies(view))
         (stage / README).write_text("\n".join([readme, *timeline, *spread_markdown(view), *projected, *extra]))
 
@@ -107,14 +107,16 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
 
 def timeline_chart(table: pd.DataFrame, out: Path) -> list[str]:
     """Draw ``timeline.png`` into ``out`` (:mod:`pnpscale.results.timeline`) and return its README lines:
-    per (problem, mode), the iteration drawn and, per section, the critical-path rank and the largest wait;
-    no chart and no lines when no run's slices can be placed (runs without collective starts)."""
+    per (problem, mode), the iteration drawn and, per section, the critical-path rank and the largest wait,
+    and why a (problem, mode) is not drawn (runs without collective starts); no chart when none is drawn."""
     from pnpscale.results.charts import save
     from pnpscale.results.timeline import plot_timeline, timeline_table
 
-    tl = timeline_table(table)
+    skipped: dict[tuple[str, str], str] = {}
+    tl = timeline_table(table, skipped=skipped)
+    notes = [f"- {md_escape(p)} {md_escape(m)}: not drawn: {md_escape(why)}" for (p, m), why in skipped.items()]
     if tl.empty:
-        return []
+        return ["## One iteration per rank", "", *notes, ""] if notes else []
     save(plot_timeline(tl), out / layout.TIMELINE_PNG)
     lines = [
         "## One iteration per rank",
@@ -135,7 +137,7 @@ def timeline_chart(table: pd.DataFrame, out: Path) -> list[str]:
             parts.append(text)
         head = f"{problem} {mode} at {int(sub[K.GPUS].iloc[0])} GPUs, iteration {int(sub[K.ITERATION].iloc[0])}"
         lines.append(f"- {md_escape(head)}: " + "; ".join(md_escape(p) for p in parts) + ".")
-    return [*lines, ""]
+    return [*lines, *notes, ""]
 
 
 def too_few_points(table: pd.DataFrame) -> list[str]:

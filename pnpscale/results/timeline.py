@@ -120,23 +120,38 @@ def run_iteration(run_dir: Path, max_ranks: int = MAX_RANKS) -> pd.DataFrame:
     return sl[cols]
 
 
-def timeline_table(table: pd.DataFrame, max_ranks: int = MAX_RANKS) -> pd.DataFrame:
+def timeline_table(
+    table: pd.DataFrame, max_ranks: int = MAX_RANKS, skipped: dict[tuple[str, str], str] | None = None
+) -> pd.DataFrame:
     """The slices of :func:`run_iteration` for the largest complete GPU count of each (problem, mode).
 
     Args:
         table: the report's view (:func:`pnpscale.results.compare.labelled` of
             :func:`pnpscale.results.runs.load`: ``problem`` names the series), with ``run_dir`` and ``status``.
+        max_ranks: see :func:`pick_ranks`.
+        skipped: when given, filled with (problem, mode) -> why that run is not drawn (its slices cannot be
+            placed, or a table became unreadable): one run never stops the others.
 
     Returns:
-        :data:`TABLE_COLUMNS` plus ``world_size`` (ranks in the run, drawn or not); a (problem, mode) whose
-        run cannot be placed (:func:`run_iteration` empty) has no rows; empty (with those columns) when none can.
+        :data:`TABLE_COLUMNS` plus ``world_size`` (ranks in the run, drawn or not); empty (with those
+        columns) when no run can be drawn.
     """
     done = table[(table["status"] == layout.STATUS_COMPLETE) & (table[K.SECTION] == "all")]
     frames = []
     for (problem, mode), grp in done.groupby([K.PROBLEM, K.MODE], sort=True):
         top = grp.sort_values(K.GPUS).iloc[-1]
-        sl = run_iteration(Path(top["run_dir"]), max_ranks)
+        try:
+            sl = run_iteration(Path(top["run_dir"]), max_ranks)
+        except (ValueError, KeyError) as exc:  # a table that became unreadable since it was loaded
+            if skipped is not None:
+                skipped[(str(problem), str(mode))] = f"{type(exc).__name__}: {exc}"
+            continue
         if sl.empty:
+            if skipped is not None:
+                skipped[(str(problem), str(mode))] = (
+                    f"gpus={int(top[K.GPUS])}: no measured iteration whose slices can be placed "
+                    "(collective starts not recorded)"
+                )
             continue
         frames.append(sl.assign(**{K.PROBLEM: problem, K.MODE: mode, K.GPUS: int(top[K.GPUS]),
                                    K.WORLD_SIZE: int(top[K.GPUS])}))  # fmt: skip
