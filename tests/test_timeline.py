@@ -212,3 +212,25 @@ def test_nested_sections_get_their_own_track():
     assert tids == {("step", 1), ("gradient", 2)}
     threads = [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"]
     assert threads == ["sections", "compute / transfer / wait", "compute / transfer / wait (sections nested 1 deep)"]
+
+
+def test_the_chart_draws_a_hidden_slice_when_the_collectives_have_one(tmp_path):
+    from pnpscale.results.timeline import plot_timeline, timeline_table
+
+    ranks, colls = random_run(world=2, iterations=2, seed=5)
+    ranks[K.PEAK_MEM_BYTES], ranks[K.N_COLLECTIVES], ranks[K.GPU_SPAN_S] = 1, 3, np.nan
+    colls[K.HIDDEN_S] = 0.5 * colls[K.DURATION_S]  # a decomposition of overlapped communication provides it
+    run_dir = tmp_path / layout.point_subdir("2d", "inference", 2)
+    written = write_tables(run_dir, ranks, colls.drop(columns=[K.HIDDEN_S]))
+    c = pd.read_parquet(run_dir / layout.COLLECTIVES).merge(colls[[K.RANK, K.ITERATION, K.SECTION, K.SEQ, K.HIDDEN_S]])
+    c.to_parquet(run_dir / layout.COLLECTIVES, index=False)
+    view = pd.DataFrame({"problem": "2d", "mode": "inference", "gpus": [2], "section": "all", "status": "complete",
+                         "run_dir": str(run_dir)})  # fmt: skip
+    tl = timeline_table(view)
+    assert T.HIDDEN in set(tl[K.KIND])
+    got = tl.groupby([K.RANK, K.SECTION])[K.DURATION_S].sum()
+    it = int(tl[K.ITERATION].iloc[0])
+    want = written[written[K.ITERATION] == it].set_index([K.RANK, K.SECTION])[K.SECTION_S].reindex(got.index)
+    assert ((got / want - 1).abs() < 0.01).all()
+    legend = [t.get_text() for t in plot_timeline(tl).legends[0].get_texts()]
+    assert legend == ["compute", "transfer", "wait", "hidden"]

@@ -266,7 +266,8 @@ def markdown(cmp: pd.DataFrame) -> list[str]:
 
 
 def plot_comparison(cmp: pd.DataFrame) -> Figure:
-    """Each compared metric vs GPU count, one line per (mode, series); bytes per GPU on a log axis."""
+    """Each compared metric vs GPU count, one line per (mode, series); bytes per GPU on a log axis; section
+    time with its p10–p90 band over the measured iterations (what :func:`noise_verdict` compares)."""
 
     metrics = [*_SHOW.items(), (K.BYTES_PER_GPU, ("bytes per GPU", ""))]
     fig, axes = figure(2, 4, (18, 8))
@@ -281,6 +282,12 @@ def plot_comparison(cmp: pd.DataFrame) -> Figure:
             if col == K.BYTES_PER_GPU:
                 y = np.where(y > 0, y, np.nan)
             ax.plot(all_gpus, y, marker="o", color=f"C{i % 10}", ls=styles[i % 4], label=f"{mode}: {series}")
+            lo, hi = K.spread_column(K.SECTION_S, 10), K.spread_column(K.SECTION_S, 90)
+            if col == K.SECTION_S and lo in cmp and hi in cmp:  # the per-iteration spread the verdict uses
+                sel = cmp[(cmp[K.MODE] == mode) & (cmp[K.SERIES] == series)].set_index(K.GPUS)
+                band = sel[[lo, hi]].reindex(all_gpus).astype(float)
+                ax.fill_between(all_gpus, band[lo], band[hi], color=f"C{i % 10}", alpha=0.18, lw=0)
+                ax.vlines(all_gpus, band[lo], band[hi], color=f"C{i % 10}", alpha=0.45, lw=3)
         log2_x(ax, all_gpus)
         if col in (K.LB, K.COMM_E):
             ax.set_ylim(0, 1.05)
