@@ -20,13 +20,9 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from pnpscale import columns as K
-from pnpscale.results.plotting import figure, labelled, log2_x
+from pnpscale.results.plotting import KIND_COLORS, figure, labelled, log2_x
 
 ALL = "all"
-#: Colours of the time kinds, the same in every chart: compute blue (the scaled cost's compute), transfer
-#: orange, wait red (the scaled cost's communication), hidden (communication behind compute) grey.
-KIND_COLORS = dict(zip(("compute", "transfer", "wait", "hidden"), [sns.color_palette("deep")[i] for i in (0, 1, 3, 7)],
-                       strict=True))  # fmt: skip
 #: Line styles of problems whose runs do not name one (records older than the problem registry).
 FALLBACK_STYLES = ("-", "--", ":", "-.")
 

@@ -173,14 +173,14 @@ def _label(payload: object) -> str:
 
 def plot_timeline(tl: pd.DataFrame) -> Figure:
     """One panel per (problem, mode): the drawn ranks as rows, their slices as bars coloured by kind
-    (:data:`pnpscale.results.charts.KIND_COLORS`), section starts of the lowest drawn rank dotted and named, the
+    (:data:`pnpscale.results.plotting.KIND_COLORS`), section starts of the lowest drawn rank dotted and named, the
     critical-path rank named on its row, the main collectives labelled (name and payload) above the panel,
     and how many ranks are not drawn in the title."""
-    from pnpscale.results.charts import KIND_COLORS, _figure
+    from pnpscale.results.plotting import KIND_COLORS, figure
 
     panels = sorted({(p, m) for p, m in zip(tl[K.PROBLEM], tl[K.MODE], strict=True)}) or [("", "")]
     heights = [max(1.6, 0.45 * tl[(tl[K.PROBLEM] == p) & (tl[K.MODE] == m)][K.RANK].nunique() + 1.2) for p, m in panels]
-    fig, axes = _figure(len(panels), 1, (12, sum(heights) + 0.8), squeeze=False,
+    fig, axes = figure(len(panels), 1, (12, sum(heights) + 0.8), squeeze=False,
                         gridspec_kw={"height_ratios": heights})  # fmt: skip
     for ax, (problem, mode) in zip(axes[:, 0], panels, strict=True):
         sub = tl[(tl[K.PROBLEM] == problem) & (tl[K.MODE] == mode)]
