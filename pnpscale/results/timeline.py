@@ -162,7 +162,7 @@ def timeline_table(
 
 
 def _label(payload: object) -> str:
-    if payload is None or pd.isna(payload):  # type: ignore[arg-type]
+    if payload is None or pd.isna(payload):
         return ""
     b = float(payload)  # type: ignore[arg-type]
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
