@@ -29,7 +29,8 @@ def load(path: str, **kwargs: Any) -> Any:
 
     One row per point x section (section ``"all"`` = combined), typed ``problem``, ``mode``,
     ``gpus`` columns, times in seconds per measured iteration, LB / CommE / PE, GPU-seconds and the
-    scaled cost; failed points appear with their status and NaN metrics. See
+    scaled cost, and the spread over the measured iterations (``section_p10_s`` ... ``lb_p90``, beside
+    ``iterations``: :mod:`pnpscale.analysis.spread`); failed points appear with their status and NaN metrics. See
     :func:`pnpscale.results.runs.load` and :func:`pnpscale.results.summary.scaled_cost` (imported lazily).
     """
     from pnpscale.results.runs import load as _load

@@ -16,6 +16,12 @@ Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_GBps`` 1e9 bytes pe
     TRANSFER_S, WAIT_S, LB, N_COLLECTIVES, MAIN_COLLECTIVE, MAIN_PAYLOAD_BYTES, N_MAIN,
     MAIN_TRANSFER_S, OTHER_PAYLOAD_BYTES, WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S
     (the three wait parts sum to WAIT_S; see pnpscale.analysis.waits; NA in older run folders)
+
+``timeline.json`` is built from the slices table of :func:`pnpscale.analysis.timeline.slices`, one row per
+rank x iteration x section x slice: TIMELINE_COLUMNS (KIND: compute | transfer | wait | hidden).
+
+Spread (pnpscale.analysis.spread): per point and section, per-iteration quantiles ``<metric>_p10_s``,
+``_p50_s``, ``_p90_s`` (``lb_p10``... for ratios): SPREAD_COLUMNS, beside ``iterations`` (measured ones).
 """
 
 RANK = "rank"
@@ -55,6 +61,10 @@ WAIT_JITTER_S = "wait_jitter_s"
 #: the wait split by cause (pnpscale.analysis.waits): late start + uneven work + jitter = wait.
 WAIT_CAUSES = (WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S)
 GPU_SECONDS = "gpu_seconds"
+#: optional: communication time hidden behind compute (per collective / section), when a decomposition of
+#: overlapped communication provides it; the timeline draws it as its own slice kind.
+HIDDEN_S = "hidden_s"
+KIND = "kind"
 
 RANKS_COLUMNS = (
     RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES, GPU_SPAN_S,
@@ -73,6 +83,28 @@ COLLECTIVES_REQUIRED = (RANK, ITERATION, SECTION, SEQ, DURATION_S)
 SECTIONS_REQUIRED = (ITERATION, SECTION, WARMUP, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S)
 #: Of those, the numeric ones (a column of text there makes the folder ``unreadable`` too).
 NUMERIC_REQUIRED = (RANK, ITERATION, SEQ, SECTION_S, DURATION_S, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S)
+
+#: the slices table behind timeline.json (pnpscale.analysis.timeline): START_S on the rank's own clock.
+TIMELINE_COLUMNS = (RANK, ITERATION, SECTION, WARMUP, KIND, START_S, DURATION_S, SEQ, COLLECTIVE, PAYLOAD_BYTES)
+
+WAIT_PCT_OF_COMPUTE = "wait_pct_of_compute"
+#: per-iteration quantiles (percent) kept for every point and section.
+SPREAD_QUANTILES = (10, 50, 90)
+#: metrics whose per-iteration spread is kept (pnpscale.analysis.spread).
+SPREAD_METRICS = (SECTION_S, COMPUTE_S, TRANSFER_S, WAIT_S, LB, COMM_E, WAIT_PCT_OF_COMPUTE)
+
+
+def spread_column(metric: str, q: int) -> str:
+    """Name of the per-iteration ``q``-th percentile of ``metric`` (the unit suffix stays last).
+
+    >>> spread_column("section_s", 10), spread_column("lb", 90), spread_column("wait_pct_of_compute", 50)
+    ('section_p10_s', 'lb_p90', 'wait_pct_of_compute_p50')
+    """
+    stem, unit = (metric[:-2], "_s") if metric.endswith("_s") else (metric, "")
+    return f"{stem}_p{q}{unit}"
+
+
+SPREAD_COLUMNS = tuple(spread_column(m, q) for m in SPREAD_METRICS for q in SPREAD_QUANTILES)
 
 # --- transfer explained (pnpscale.transfer): one row per run x section, and rates per route ---
 PROBLEM = "problem"
@@ -132,7 +164,10 @@ VARIED = "varied"
 SECTION_VS_BASE = "section_vs_base"
 TRANSFER_VS_BASE = "transfer_vs_base"
 BYTES_VS_BASE = "bytes_vs_base"
+#: the comparison's verdict vs the baseline (pnpscale.results.compare.noise_verdict)
+NOISE = "noise"
 COMPARE_COLUMNS = (
     MODE, VARIED, SERIES, GPUS, "status", SECTION_S, TRANSFER_S, WAIT_S, LB, COMM_E, SCALED_COST, BYTES_PER_GPU,
-    SECTION_VS_BASE, TRANSFER_VS_BASE, BYTES_VS_BASE,
+    SECTION_VS_BASE, TRANSFER_VS_BASE, BYTES_VS_BASE, ITERATIONS, spread_column(SECTION_S, 10),
+    spread_column(SECTION_S, 90), NOISE,
 )  # fmt: skip

@@ -6,6 +6,8 @@ A run folder (one sweep point, hive style ``problem=2d/mode=inference/gpus=4/``)
     ranks.parquet         per rank x iteration x section     (see pnpscale.columns)
     collectives.parquet   per rank x iteration x section x collective
     sections.parquet      per iteration x section: compute / transfer / wait, LB
+    timeline.json         per rank: every iteration's sections and their compute / transfer / wait slices
+                          (Chrome trace format: Perfetto, chrome://tracing; pnpscale.analysis.timeline)
     logs/                 per-rank logs (local launch), nccl/ per-rank NCCL logs (CUDA)
     traces/               per-rank Kineto traces (profile.export_traces=true)
     analysis/             python -m pnpscale.analyze of those traces: the tables + analysis.json
@@ -34,6 +36,7 @@ RUN_JSON = "run.json"
 RANKS = "ranks.parquet"
 SECTIONS = "sections.parquet"
 COLLECTIVES = "collectives.parquet"
+TIMELINE_JSON = "timeline.json"  # staged with the tables (pnpscale.analysis.tables.table_writers)
 TRACES_DIR = "traces"
 LOGS_DIR = "logs"
 NCCL_DIR = "nccl"
@@ -63,6 +66,7 @@ RATES = "rates.parquet"
 COMPARE = "compare.parquet"  # only when the runs vary a compared key (pnpscale.results.compare)
 REPORT_README = "README.md"
 WAIT_RANKS = "wait_ranks.parquet"
+TIMELINE_PNG = "timeline.png"  # one median iteration per rank at the largest GPU count (results.timeline)
 
 STATUS_COMPLETE = "complete"
 STATUS_FAILED = "failed"

@@ -238,6 +238,10 @@ def test_offline_analysis_of_exported_traces_equals_the_live_run(live_run, tmp_p
             rtol, atol = (1e-5, 0.0) if c == K.LB else (0.0, 1e-8)
             assert np.allclose(off[c], live[c], rtol=rtol, atol=atol, equal_nan=True), (name, c)
     assert pd.read_parquet(out / layout.RANKS)[K.PEAK_MEM_BYTES].isna().all()  # not in a trace
+    # the offline analysis writes the same timeline: the same slices, to ~1 ns
+    live_tl, off_tl = (json.loads((d / layout.TIMELINE_JSON).read_text())["traceEvents"] for d in (live_run, out))
+    assert [(e["name"], e["pid"]) for e in off_tl] == [(e["name"], e["pid"]) for e in live_tl]
+    assert np.allclose([e.get("dur", 0) for e in off_tl], [e.get("dur", 0) for e in live_tl], atol=0.01)  # us
     # both analyses state their anomalies, here none
     assert json.loads((live_run / layout.RUN_JSON).read_text())["anomalies"] == []
     assert json.loads((out / ANALYSIS_JSON).read_text())["anomalies"] == []

@@ -128,6 +128,38 @@ def test_multirun_ends_with_a_report(sweep):
     assert one["scaled_cost"].iloc[0] == 1.0
 
 
+def test_two_rank_timeline_adds_up_to_the_section_times_and_the_report_draws_it(sweep):
+    """timeline.json of the 2-rank run: per rank x measured iteration x section the slices add up to the rank's
+    section time (1 %), and their kinds averaged over ranks to the section's compute / transfer / wait."""
+    _, dirs = sweep
+    doc = json.loads((dirs[2] / layout.TIMELINE_JSON).read_text())
+    ranks = pd.read_parquet(dirs[2] / layout.RANKS)
+    sections = pd.read_parquet(dirs[2] / layout.SECTIONS)
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
+    assert names == {0: "rank 0", 1: "rank 1"}
+    xs = pd.DataFrame(
+        [{"rank": e["pid"], **e["args"], "kind": e["name"], "dur_s": e["dur"] / 1e6}
+         for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == 1]
+    )  # fmt: skip
+    assert set(xs["kind"]) == {"compute", "transfer", "wait"} and set(xs["warmup"]) == {True, False}
+    comm = xs[xs["kind"] != "compute"]
+    assert comm["collective"].notna().all() and (comm.loc[comm["collective"] == "all_reduce", "bytes"] > 0).all()
+    m = xs[~xs["warmup"]]
+    got = m.groupby(["rank", "iteration", "section"])["dur_s"].sum()
+    want = ranks[~ranks[K.WARMUP]].set_index([K.RANK, K.ITERATION, K.SECTION])[K.SECTION_S]
+    assert len(got) == len(want) == 2 * 2 * 2
+    assert ((got / want.reindex(got.index) - 1).abs() < 0.01).all()
+    per_kind = m.groupby(["iteration", "section", "kind"])["dur_s"].sum().unstack("kind") / 2
+    sec = sections[~sections[K.WARMUP]].set_index([K.ITERATION, K.SECTION]).reindex(per_kind.index)
+    for kind, col in (("compute", K.COMPUTE_S), ("transfer", K.TRANSFER_S), ("wait", K.WAIT_S)):
+        assert ((per_kind[kind] - sec[col]).abs() <= 0.01 * sec[K.SECTION_S]).all(), kind
+    report = dirs[1].parents[3] / layout.REPORT_DIR
+    assert (report / layout.TIMELINE_PNG).read_bytes()[:4] == b"\x89PNG"
+    summary = pd.read_parquet(report / layout.SUMMARY)
+    assert summary[list(K.SPREAD_COLUMNS)].notna().all().all() and (summary["iterations"] == 2).all()
+    assert "## One iteration per rank" in (report / layout.REPORT_README).read_text()
+
+
 def test_ctrl_c_stops_the_whole_sweep_and_records_the_point(tmp_path):
     import os
     import signal

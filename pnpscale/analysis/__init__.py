@@ -7,7 +7,11 @@
 * :mod:`~pnpscale.analysis.nccl_log`: NCCL debug logs -> topology and algorithm per collective;
 * :mod:`~pnpscale.analysis.metrics`: compute / transfer / wait, LB, CommE, PE;
 * :mod:`~pnpscale.analysis.waits`: wait split by cause (late start, uneven work, jitter);
-* :mod:`~pnpscale.analysis.tables`: the three parquet tables of a run, built from section records;
+* :mod:`~pnpscale.analysis.tables`: the three parquet tables of a run (and its ``timeline.json``), built from
+  section records;
+* :mod:`~pnpscale.analysis.timeline`: each rank's compute / transfer / wait slices at their measured times,
+  and the Chrome trace (``timeline.json``);
+* :mod:`~pnpscale.analysis.spread`: per-iteration quantiles (p10 / median / p90) per section;
 * :mod:`~pnpscale.analysis.offline`: ``python -m pnpscale.analyze`` (any job's traces).
 
 Imports only the ground floor (:mod:`pnpscale.core`, :mod:`pnpscale.columns`, :mod:`pnpscale.layout`).

@@ -16,8 +16,8 @@ The traces are streamed (:mod:`pnpscale.analysis.traces`), reduced per rank to s
 (:func:`pnpscale.analysis.events.section_records`), matched across ranks
 (:func:`pnpscale.analysis.events.align_collectives`), and decomposed by the live run's own code
 (:func:`pnpscale.analysis.tables.frames`, :func:`pnpscale.analysis.metrics.decompose`). ``ranks.parquet``,
-``collectives.parquet`` and ``sections.parquet`` are written together
-(:func:`pnpscale.layout.commit_files`), then ``analysis.json`` (provenance and run metrics; not
+``collectives.parquet``, ``sections.parquet`` and ``timeline.json`` (:mod:`pnpscale.analysis.timeline`) are
+written together (:func:`pnpscale.layout.commit_files`), then ``analysis.json`` (provenance and run metrics; not
 ``run.json``, so that an analysis folder is never taken for a sweep point). Default output:
 ``<first TRACE_DIR>/analysis``.
 """
@@ -334,7 +334,7 @@ def _rank_records(
 
 
 def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -> dict[str, Any]:
-    """Check the invariants, write the three tables together, then ``analysis.json`` last.
+    """Check the invariants, write the three tables and ``timeline.json`` together, then ``analysis.json`` last.
 
     ``analysis.json`` holds provenance, run metrics (CommE and PE ``None`` when no collective was
     seen in a multi-rank job), the nested sections and the ``anomalies`` list (empty: none).

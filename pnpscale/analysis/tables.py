@@ -50,7 +50,8 @@ def table_writers(
     """File name -> writer of a run's tables, for :func:`pnpscale.layout.commit_files` (the one place
     the three tables are written: live runs, offline analysis and the validation probe).
 
-    ``sections`` is omitted by the validation probe, which decomposes later.
+    ``sections`` is omitted by the validation probe, which decomposes later. With ``sections``, the run's
+    ``timeline.json`` (:func:`pnpscale.analysis.timeline.run_trace`) is staged with the tables.
     """
     from pnpscale import layout
 
@@ -60,7 +61,18 @@ def table_writers(
     }
     if sections is not None:
         writers[layout.SECTIONS] = lambda p: sections.to_parquet(p, index=False)
+        writers[layout.TIMELINE_JSON] = lambda p: write_timeline(p, ranks, collectives)
     return writers
+
+
+def write_timeline(path: Any, ranks: pd.DataFrame, collectives: pd.DataFrame) -> None:
+    """Write the run's Chrome trace (:func:`pnpscale.analysis.timeline.run_trace`) as compact JSON at ``path``."""
+    import json
+
+    from pnpscale.analysis.timeline import run_trace
+
+    with open(path, "w") as f:
+        json.dump(run_trace(ranks, collectives), f, separators=(",", ":"), allow_nan=False)
 
 
 def complete_sections(sections: pd.DataFrame) -> pd.DataFrame:

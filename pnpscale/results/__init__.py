@@ -6,7 +6,8 @@
   run-folder readers behind them (NCCL logs, transfer inputs);
 * :mod:`~pnpscale.results.plotting`: pyplot-free figures, the GPU axis and series labels every chart shares;
 * :mod:`~pnpscale.results.charts`: the study's charts (matplotlib Figures, no pyplot);
-* :mod:`~pnpscale.results.compare`: the varied keys (remedies) side by side;
+* :mod:`~pnpscale.results.compare`: the varied keys (remedies) side by side, within or beyond the noise;
+* :mod:`~pnpscale.results.timeline`: ``timeline.png``, one median iteration per rank;
 * :mod:`~pnpscale.results.projection_model`: the model fitted on the measured points, evaluated past them,
   and checked (no impossible number);
 * :mod:`~pnpscale.results.jitter`: the expected maximum of N ranks' compute, non-negative least squares;

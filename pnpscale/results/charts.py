@@ -20,7 +20,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from pnpscale import columns as K
-from pnpscale.results.plotting import figure, labelled, log2_x
+from pnpscale.results.plotting import KIND_COLORS, figure, labelled, log2_x
 
 ALL = "all"
 #: Line styles of problems whose runs do not name one (records older than the problem registry).
@@ -79,9 +79,18 @@ def _mark_missing(ax: Any, table: pd.DataFrame, problem: str | None = None, mode
 
 
 def _line(ax: Any, grp: pd.DataFrame, y: str, all_gpus: list[int], **kw: Any) -> None:
-    """Plot y vs gpus with NaN at every GPU count of the sweep that this group lacks (a gap)."""
+    """Plot y vs gpus with NaN at every GPU count of the sweep that this group lacks (a gap), and, where the
+    table has the spread of ``y`` (:data:`pnpscale.columns.SPREAD_COLUMNS`), a band from its per-iteration
+    p10 to p90 in the line's colour (values <= 0 left out: they cannot sit on a log axis)."""
+    positive_only = kw.pop("positive", False)
     s = grp.set_index("gpus")[y].reindex(all_gpus)
-    ax.plot(s.index, s.to_numpy(dtype=float), marker="o", **kw)
+    (line,) = ax.plot(s.index, s.to_numpy(dtype=float), marker="o", **kw)
+    lo, hi = K.spread_column(y, 10), K.spread_column(y, 90)
+    if y in K.SPREAD_METRICS and lo in grp and hi in grp:
+        band = grp.set_index("gpus")[[lo, hi]].reindex(all_gpus).astype(float)
+        positive = band.where(band > 0) if positive_only else band
+        ax.fill_between(band.index, positive[lo], positive[hi], color=line.get_color(), alpha=0.18, lw=0)
+        ax.vlines(band.index, positive[lo], positive[hi], color=line.get_color(), alpha=0.45, lw=3)  # lone points
 
 
 def plot_scaled_cost(table: pd.DataFrame) -> Figure:
@@ -129,11 +138,17 @@ def _per_section(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any], lis
     return data, palette, sorted({int(g) for g in table["gpus"]})
 
 
-def _section_lines(ax: Any, data: pd.DataFrame, col: str, palette: dict[str, Any], all_gpus: list[int]) -> None:
-    """One line per (problem, mode: section): colour by section, line style by problem (2D solid, 3D dashed)."""
+def _section_lines(
+    ax: Any, data: pd.DataFrame, col: str, palette: dict[str, Any], all_gpus: list[int], positive: bool = False
+) -> None:
+    """One line per (problem, mode: section): colour by section, line style by problem (2D solid, 3D dashed);
+    its p10–p90 band (``positive``: band values <= 0 left out, for a log axis)."""
     styles = line_styles(data)
     for (problem, key), grp in data.groupby(["problem", "key"]):
-        _line(ax, grp, col, all_gpus, color=palette[key], ls=styles[str(problem)], label=f"{problem} {key}")
+        _line(
+            ax, grp, col, all_gpus, color=palette[key], ls=styles[str(problem)], label=f"{problem} {key}",
+            positive=positive,
+        )  # fmt: skip
 
 
 def plot_components(table: pd.DataFrame) -> Figure:
@@ -144,18 +159,21 @@ def plot_components(table: pd.DataFrame) -> Figure:
     panels = [(K.COMPUTE_S, "compute"), (K.TRANSFER_S, "transfer"), (K.WAIT_S, "wait")]
     for ax, (col, title) in zip(axes, panels, strict=True):
         positive = data.assign(**{col: data[col].where(data[col] > 0)})  # zeros cannot sit on a log axis
-        _section_lines(ax, positive, col, palette, all_gpus)
+        _section_lines(ax, positive, col, palette, all_gpus, positive=True)
         _mark_missing(ax, table)
         log2_x(ax, all_gpus)
         if (data[col] > 0).any():
             ax.set_yscale("log")
         else:
             ax.text(0.5, 0.5, "no complete run with a non-zero value", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(title)
+        ax.set_title(title, color=KIND_COLORS[title])
     axes[0].set_ylabel("seconds per iteration (log)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
-    fig.suptitle("Compute, transfer and wait per section (2D solid, 3D dashed; zeros not drawn)")
+    fig.suptitle(
+        "Compute, transfer and wait per section (2D solid, 3D dashed; zeros not drawn; "
+        "band: p10–p90 of the measured iterations)"
+    )
     rows = -(-len(labels) // 4)
     fig.tight_layout(rect=(0, min(0.35, 0.06 * rows + 0.02), 1, 1))
     return fig
@@ -187,7 +205,7 @@ def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figu
         ax.set_title(f"{problem} {mode}")
         ax.legend(fontsize=8, loc="lower left")
     axes[0][0].set_ylabel(ylabel)
-    fig.suptitle(title)
+    fig.suptitle(title + "\nband: p10–p90 of the measured iterations", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -215,7 +233,7 @@ def plot_wait_pct(table: pd.DataFrame) -> Figure:
     _mark_missing(ax, table)
     log2_x(ax, all_gpus)
     ax.set_ylabel("wait / compute (%)")
-    ax.set_title("Wait as % of compute per section (2D solid, 3D dashed)")
+    ax.set_title("Wait as % of compute per section (2D solid, 3D dashed; band: p10–p90 of the iterations)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

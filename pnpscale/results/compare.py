@@ -11,7 +11,9 @@ Per series and GPU count (:func:`comparison`, seconds per measured iteration sum
 sections): section time, transfer, wait, LB, CommE, scaled cost (GPU-seconds relative to the
 series' own smallest GPU count) and bytes per GPU (the main collectives under the ring model,
 :func:`pnpscale.results.transfer.main_bytes_per_gpu`), with section time, transfer and bytes
-relative to the baseline series at the same GPU count.
+relative to the baseline series at the same GPU count, and whether the difference lies within the
+spread from one measured iteration to the next (:func:`noise_verdict`): a difference is called a gain
+(or a loss) only when it is beyond that noise.
 """
 
 from __future__ import annotations
@@ -87,6 +89,37 @@ def run_bytes_per_gpu(run_dir: str | Path, gpus: int, nodes: int) -> float:
     return main_bytes_per_gpu(colls, int(gpus), int(nodes or 1))
 
 
+BASELINE, WITHIN, BEYOND, TOO_FEW = "baseline", "within noise", "beyond noise", "too few iterations"
+
+
+def noise_verdict(a: pd.Series, base: pd.Series) -> object:
+    """Is series ``a``'s section time (summed over sections) different from the baseline's beyond the noise?
+
+    Rule, on the per-iteration spread of both points (:mod:`pnpscale.analysis.spread`): ``too few iterations``
+    when either has fewer than :data:`pnpscale.analysis.spread.MIN_ITERATIONS` measured iterations;
+    ``within noise`` when their p10–p90 ranges of the per-iteration time overlap (``a.p10 <= b.p90`` and
+    ``b.p10 <= a.p90``); else ``beyond noise``. NA when either value is missing (a failed point).
+
+    Args:
+        a, base: rows with ITERATIONS, ``section_p10_s`` and ``section_p90_s``.
+
+    >>> row = lambda n, lo, hi: pd.Series({"iterations": n, "section_p10_s": lo, "section_p90_s": hi})
+    >>> noise_verdict(row(10, 1.0, 1.2), row(10, 1.1, 1.3)), noise_verdict(row(10, 1.0, 1.2), row(10, 1.3, 1.4))
+    ('within noise', 'beyond noise')
+    >>> noise_verdict(row(3, 1.0, 1.2), row(10, 2.0, 2.1))
+    'too few iterations'
+    """
+    from pnpscale.analysis.spread import too_few
+
+    lo, hi = K.spread_column(K.SECTION_S, 10), K.spread_column(K.SECTION_S, 90)
+    values = [a.get(lo), a.get(hi), base.get(lo), base.get(hi)]
+    if any(v is None or pd.isna(v) for v in values):
+        return pd.NA
+    if too_few(a.get(K.ITERATIONS)) or too_few(base.get(K.ITERATIONS)):
+        return TOO_FEW
+    return WITHIN if a[lo] <= base[hi] and base[lo] <= a[hi] else BEYOND
+
+
 def comparison(table: pd.DataFrame) -> pd.DataFrame | None:
     """The side-by-side table (columns :data:`pnpscale.columns.COMPARE_COLUMNS`), or ``None`` when no
     compared key varies.
@@ -98,7 +131,9 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame | None:
     Returns:
         one row per (mode, series, gpus), baseline series first; failed points kept with NaN
         metrics and their status. ``*_vs_base`` = the value / the baseline series' value at the
-        same GPU count (NaN where either is missing or zero).
+        same GPU count (NaN where either is missing or zero); ITERATIONS and the section time's
+        per-iteration p10 / p90; NOISE = :func:`noise_verdict` against the baseline at the same GPU count
+        (``baseline`` on the baseline's rows).
     """
     varied = varied_keys(table)
     if not varied:
@@ -121,6 +156,14 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame | None:
             with np.errstate(divide="ignore", invalid="ignore"):
                 grp[ratio] = np.where(ref > 0, grp[col].astype("float64") / ref, np.nan)
         grp[K.VARIED] = ", ".join(varied)
+        for col in (K.ITERATIONS, K.spread_column(K.SECTION_S, 10), K.spread_column(K.SECTION_S, 90)):
+            if col not in grp:  # a table built before the spread was kept
+                grp[col] = np.nan
+                base[col] = np.nan
+        grp[K.NOISE] = [
+            BASELINE if series == order[0] else (noise_verdict(row, base.loc[g]) if g in base.index else pd.NA)
+            for series, g, (_, row) in zip(grp[K.SERIES], grp["gpus"], grp.iterrows(), strict=True)
+        ]
         frames.append(grp)
     out = pd.concat(frames, ignore_index=True)
     return out[list(K.COMPARE_COLUMNS)].reset_index(drop=True)
@@ -141,10 +184,15 @@ def savings(cmp: pd.DataFrame) -> list[str]:
             n = shared[-1]
             a, b = s.loc[n], base.loc[n]
             saved = b[K.SECTION_S] - a[K.SECTION_S]
+            verdict = a.get(K.NOISE)
+            pct = f"{100 * abs(saved) / b[K.SECTION_S]:.0f}%"
+            if verdict == BEYOND:
+                diff = f"{'saves' if saved >= 0 else 'costs'} {abs(saved):.4g} s, {pct}, beyond the noise"
+            else:
+                diff = f"differs by {abs(saved):.4g} s, {pct}: " + _noise_text(verdict, a, b)
             text = (
                 f"{mode}, {n} GPUs: `{series}` takes {a[K.SECTION_S]:.4g} s per iteration vs {b[K.SECTION_S]:.4g} s "
-                f"for `{order[0]}` ({'saves' if saved >= 0 else 'costs'} {abs(saved):.4g} s, "
-                f"{100 * abs(saved) / b[K.SECTION_S]:.0f}%); "
+                f"for `{order[0]}` ({diff}); "
                 f"transfer {a[K.TRANSFER_S]:.4g} s vs {b[K.TRANSFER_S]:.4g} s"
             )
             if pd.notna(a[K.BYTES_PER_GPU]) and pd.notna(b[K.BYTES_PER_GPU]) and b[K.BYTES_PER_GPU] > 0:
@@ -152,6 +200,25 @@ def savings(cmp: pd.DataFrame) -> list[str]:
             text += f"; wait {a[K.WAIT_S]:.4g} s vs {b[K.WAIT_S]:.4g} s; LB {a[K.LB]:.3f} vs {b[K.LB]:.3f}."
             lines.append(text)
     return lines
+
+
+def _noise_text(verdict: object, a: pd.Series, b: pd.Series) -> str:
+    """Why a difference is not called a gain (:func:`noise_verdict`)."""
+    from pnpscale.analysis.spread import MIN_ITERATIONS
+
+    lo, hi = K.spread_column(K.SECTION_S, 10), K.spread_column(K.SECTION_S, 90)
+    if verdict == WITHIN:
+        return (
+            f"within noise, the p10–p90 ranges of the per-iteration time overlap ({a[lo]:.4g}–{a[hi]:.4g} s vs "
+            f"{b[lo]:.4g}–{b[hi]:.4g} s)"
+        )
+    if verdict == TOO_FEW:
+        n_a, n_b = (int(x[K.ITERATIONS]) if pd.notna(x.get(K.ITERATIONS)) else "?" for x in (a, b))
+        return (
+            f"not called a gain, {n_a} and {n_b} measured iterations are too few to tell it from noise "
+            f"(need ≥ {MIN_ITERATIONS}: `iterations={MIN_ITERATIONS}`)"
+        )
+    return "the spread is unknown (no per-iteration quantiles): not called a gain"
 
 
 def markdown(cmp: pd.DataFrame) -> list[str]:
@@ -169,7 +236,9 @@ def markdown(cmp: pd.DataFrame) -> list[str]:
         "Seconds per measured iteration summed over sections; scaled cost relative to each series' own smallest "
         "GPU count; bytes per GPU = the main (image-carrying) collectives under the ring model "
         "(all_reduce `2·P·(n−1)/n`, all_gather `S·(n−1)/n` with `S` = ranks × per-rank buffer); "
-        "`vs base` = ratio to the first series at the same GPU count. Table: `compare.parquet`.",
+        "`vs base` = ratio to the first series at the same GPU count; the last column says whether the "
+        "difference in section time lies within the per-iteration spread (`within noise`: the p10–p90 ranges "
+        "overlap; `too few iterations`: fewer than 5 measured). Table: `compare.parquet`.",
         "",
     ]
     for mode, grp in cmp.groupby(K.MODE, sort=False):
@@ -183,6 +252,7 @@ def markdown(cmp: pd.DataFrame) -> list[str]:
                 "bytes/GPU": grp[K.BYTES_PER_GPU].map(lambda v: "—" if pd.isna(v) else f"{round(v):,}"),
                 "section vs base": grp[K.SECTION_VS_BASE].map(lambda v: fmt(v, ".2f")),
                 "bytes vs base": grp[K.BYTES_VS_BASE].map(lambda v: fmt(v, ".2f")),
+                "vs base": grp[K.NOISE].map(lambda v: "—" if pd.isna(v) else str(v)),
             }
         )
         lines += [f"### {mode}", "", view.to_markdown(index=False), ""]
@@ -196,7 +266,8 @@ def markdown(cmp: pd.DataFrame) -> list[str]:
 
 
 def plot_comparison(cmp: pd.DataFrame) -> Figure:
-    """Each compared metric vs GPU count, one line per (mode, series); bytes per GPU on a log axis."""
+    """Each compared metric vs GPU count, one line per (mode, series); bytes per GPU on a log axis; section
+    time with its p10–p90 band over the measured iterations (what :func:`noise_verdict` compares)."""
 
     metrics = [*_SHOW.items(), (K.BYTES_PER_GPU, ("bytes per GPU", ""))]
     fig, axes = figure(2, 4, (18, 8))
@@ -211,6 +282,12 @@ def plot_comparison(cmp: pd.DataFrame) -> Figure:
             if col == K.BYTES_PER_GPU:
                 y = np.where(y > 0, y, np.nan)
             ax.plot(all_gpus, y, marker="o", color=f"C{i % 10}", ls=styles[i % 4], label=f"{mode}: {series}")
+            lo, hi = K.spread_column(K.SECTION_S, 10), K.spread_column(K.SECTION_S, 90)
+            if col == K.SECTION_S and lo in cmp and hi in cmp:  # the per-iteration spread the verdict uses
+                sel = cmp[(cmp[K.MODE] == mode) & (cmp[K.SERIES] == series)].set_index(K.GPUS)
+                band = sel[[lo, hi]].reindex(all_gpus).astype(float)
+                ax.fill_between(all_gpus, band[lo], band[hi], color=f"C{i % 10}", alpha=0.18, lw=0)
+                ax.vlines(all_gpus, band[lo], band[hi], color=f"C{i % 10}", alpha=0.45, lw=3)
         log2_x(ax, all_gpus)
         if col in (K.LB, K.COMM_E):
             ax.set_ylim(0, 1.05)

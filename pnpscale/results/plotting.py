@@ -16,6 +16,11 @@ from matplotlib.figure import Figure
 
 from pnpscale import columns as K
 
+#: Colours of the time kinds, the same in every chart: compute blue (the scaled cost's compute), transfer
+#: orange, wait red (the scaled cost's communication), hidden (communication behind compute) grey.
+KIND_COLORS = dict(zip(("compute", "transfer", "wait", "hidden"), [sns.color_palette("deep")[i] for i in (0, 1, 3, 7)],
+                       strict=True))  # fmt: skip
+
 
 def figure(nrows: int, ncols: int, figsize: tuple[float, float], **kw: Any) -> tuple[Figure, Any]:
     """A pyplot-free Figure (no backend, no global state) in seaborn's whitegrid style."""

@@ -10,6 +10,7 @@ choice is printed), then writes ``DIR/report/``::
     transfer.parquet (inference: bytes per GPU, algorithm, route, rate, prediction, error per run x section)
     rates.parquet    (one rate per route and the rows that made it)
     wait_causes.png  (wait by cause per section vs GPU count)
+    timeline.png     (the largest GPU count of each (problem, mode): one median iteration, a row per rank)
     wait_ranks.parquet (per point x section x rank: compute, critical-path share, wait by cause, assignment)
     projection.png, projection.parquet, projection_validation.parquet, projection.md
                      (a (problem, mode) with >= 3 measured GPU counts: see pnpscale.results.projection)
@@ -47,7 +48,7 @@ WAIT_RANKS = layout.WAIT_RANKS
 REPORT_FILES = (
     SUMMARY, README, TRANSFER, RATES, TRANSFER_PNG, WAIT_RANKS,
     layout.PROJECTION, layout.PROJECTION_VALIDATION, layout.PROJECTION_PNG, layout.PROJECTION_MD,
-    layout.COMPARE, "compare.png",
+    layout.COMPARE, "compare.png", layout.TIMELINE_PNG,
 )  # fmt: skip
 
 
@@ -70,6 +71,8 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
 
     table = build_table(path, echo)
     view = labelled(table)  # one series per (problem, variant)
+    for line in too_few_points(view):
+        echo(line)
     out = Path(out) if out is not None else Path(path) / layout.REPORT_DIR
 
     def build(stage: Path) -> None:
@@ -93,11 +96,94 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         projected = project_sweep(view, stage)
         if projected:
             charts.append(layout.PROJECTION_PNG)
+        timeline = timeline_chart(view, stage)
+        charts += [layout.TIMELINE_PNG] if (stage / layout.TIMELINE_PNG).exists() else []
         readme = markdown(view, charts, transfer, ranks, run_anomalies(view))
-        (stage / README).write_text("\n".join([readme, *projected, *extra]))
+        (stage / README).write_text("\n".join([readme, *timeline, *spread_markdown(view), *projected, *extra]))
 
     layout.commit_folder(out, build, stale=(*REPORT_FILES, *CHARTS))
     return out
+
+
+def timeline_chart(table: pd.DataFrame, out: Path) -> list[str]:
+    """Draw ``timeline.png`` into ``out`` (:mod:`pnpscale.results.timeline`) and return its README lines:
+    per (problem, mode), the iteration drawn and, per section, the critical-path rank and the largest wait,
+    and why a (problem, mode) is not drawn (runs without collective starts); no chart when none is drawn."""
+    from pnpscale.results.charts import save
+    from pnpscale.results.timeline import plot_timeline, timeline_table
+
+    skipped: dict[tuple[str, str], str] = {}
+    tl = timeline_table(table, skipped=skipped)
+    notes = [f"- {md_escape(p)} {md_escape(m)}: not drawn: {md_escape(why)}" for (p, m), why in skipped.items()]
+    if tl.empty:
+        return ["## One iteration per rank", "", *notes, ""] if notes else []
+    save(plot_timeline(tl), out / layout.TIMELINE_PNG)
+    lines = [
+        "## One iteration per rank",
+        "",
+        f"`{layout.TIMELINE_PNG}`: the largest GPU count of each (problem, mode), its median measured iteration; "
+        "per collective the wait (for the last rank) comes first and the transfer last, compute fills the rest; "
+        f"every run folder's `{layout.TIMELINE_JSON}` holds every iteration (open it in https://ui.perfetto.dev).",
+        "",
+    ]
+    for (problem, mode), sub in tl.groupby([K.PROBLEM, K.MODE], sort=True):
+        parts = []
+        for sec, g in sub.groupby(K.SECTION, sort=False):
+            comp = g[g[K.KIND] == "compute"].groupby(K.RANK)[K.DURATION_S].sum()
+            wait = g[g[K.KIND] == "wait"].groupby(K.RANK)[K.DURATION_S].sum()
+            text = f"{sec}: critical-path rank {int(comp.idxmax())} ({comp.max():.4g} s of compute)"
+            if not wait.empty:
+                text += f", rank {int(wait.idxmax())} waits longest ({wait.max():.4g} s)"
+            parts.append(text)
+        head = f"{problem} {mode} at {int(sub[K.GPUS].iloc[0])} GPUs, iteration {int(sub[K.ITERATION].iloc[0])}"
+        lines.append(f"- {md_escape(head)}: " + "; ".join(md_escape(p) for p in parts) + ".")
+    return [*lines, *notes, ""]
+
+
+def too_few_points(table: pd.DataFrame) -> list[str]:
+    """One line per (problem, mode) naming its complete points with fewer measured iterations than
+    :data:`pnpscale.analysis.spread.MIN_ITERATIONS` (too few to say how much the numbers move); printed by
+    the report and listed in its README."""
+    from pnpscale.analysis.spread import MIN_ITERATIONS, too_few
+
+    done = table[(table["status"] == "complete") & (table[K.SECTION] == "all")]
+    lines = []
+    for (problem, mode), grp in done.groupby(["problem", "mode"], sort=True):
+        few = grp[[too_few(n) for n in grp[K.ITERATIONS]]].sort_values("gpus")
+        if not few.empty:
+            counts = " / ".join(sorted({str(n) for n in few[K.ITERATIONS]}))
+            lines.append(
+                f"{problem} {mode} gpus={', '.join(str(int(g)) for g in few['gpus'])}: {counts} measured iterations, "
+                f"too few to say how much the numbers move (need ≥ {MIN_ITERATIONS}: `iterations={MIN_ITERATIONS}`); "
+                "differences there are not called gains."
+            )
+    return lines
+
+
+def spread_markdown(table: pd.DataFrame) -> list[str]:
+    """The README's spread section: per point, the section time per iteration (all sections) as mean and
+    p10 / median / p90 over the measured iterations, and one line per (problem, mode) naming the points with
+    too few measured iterations to state a spread (:data:`pnpscale.analysis.spread.MIN_ITERATIONS`)."""
+    done = table[(table["status"] == "complete") & (table[K.SECTION] == "all")]
+    cols = [K.spread_column(K.SECTION_S, q) for q in K.SPREAD_QUANTILES]
+    if done.empty or any(c not in done for c in cols):
+        return []
+    lines = [
+        "## Spread over the measured iterations",
+        "",
+        "Section time per iteration summed over sections: the mean (the tables above) and the p10 / median / p90 "
+        "of the measured iterations (`summary.parquet`: `section_p10_s` ... for every metric and section; the "
+        "bands of the line charts).",
+        "",
+    ]
+    view = pd.DataFrame({
+        "series": done["problem"], "mode": done["mode"], "gpus": done["gpus"], "iterations": done[K.ITERATIONS],
+        "mean s": done[K.SECTION_S].map(lambda v: _fmt(v, ".4g")),
+        **{f"p{q} s": done[c].map(lambda v: _fmt(v, ".4g")) for q, c in zip(K.SPREAD_QUANTILES, cols, strict=True)},
+    }).sort_values(["series", "mode", "gpus"])  # fmt: skip
+    lines += [view.to_markdown(index=False), ""]
+    lines += [f"- {md_escape(line)}" for line in too_few_points(done)]
+    return [*lines, ""]
 
 
 def run_anomalies(table: pd.DataFrame) -> dict[str, list[dict[str, Any]] | None]:

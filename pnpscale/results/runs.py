@@ -45,6 +45,7 @@ RUN_COLUMNS = [
 METRIC_COLUMNS = [
     "iterations", K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, K.LB, K.COMM_E, K.PE,
     K.GPU_SECONDS, K.MAIN_PAYLOAD_BYTES, K.MAIN_TRANSFER_S, K.N_MAIN, K.OTHER_PAYLOAD_BYTES, *K.WAIT_CAUSES,
+    *K.SPREAD_COLUMNS,
 ]  # fmt: skip
 
 #: Text columns of :func:`load`: pandas' ``str`` dtype (NaN where unknown), whatever their source.
@@ -261,7 +262,10 @@ def load(path: str | Path, include_failed: bool = True) -> pd.DataFrame:
     ``wait_s``, ``section_s``, ``main_transfer_s``, the wait parts ``wait_late_start_s``,
     ``wait_imbalance_s``, ``wait_jitter_s`` (NaN for runs older than the split); ratios ``lb``, ``comm_e``, ``pe``;
     ``gpu_seconds`` = gpus x section_s; ``main_payload_bytes``, ``n_main`` and ``other_payload_bytes``
-    (per iteration, the largest over iterations); from ``run.json``: ``num_operators``, ``num_tiles``.
+    (per iteration, the largest over iterations); from ``run.json``: ``num_operators``, ``num_tiles``; the
+    spread from one measured iteration to the next, p10 / p50 / p90 of the per-iteration values
+    (:data:`pnpscale.columns.SPREAD_COLUMNS`: ``section_p10_s`` ... ``lb_p90``, :mod:`pnpscale.analysis.spread`)
+    beside ``iterations``, the number of measured iterations they come from.
     Typed partition columns
     ``problem`` (str), ``mode`` (str), ``gpus`` (int) come from the hive folder names through a
     pyarrow dataset. Failed or incomplete points appear once, with section ``"all"``, their
@@ -403,6 +407,7 @@ def check_run_files(run_dir: Path, gpus: int | None = None) -> None:
 def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | None, dict[str, str]]:
     """The metric rows of the complete runs, and ``run_dir -> "unreadable: <file>: <reason>"`` for the others."""
     from pnpscale.analysis.metrics import summarize
+    from pnpscale.analysis.spread import spread
 
     rows, unreadable = [], {}
     for run_dir, info in complete.set_index("run_dir").iterrows():
@@ -429,6 +434,8 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | 
             other_payload_bytes=(K.OTHER_PAYLOAD_BYTES, "max"),
         )
         summ = summ.merge(per, left_on=K.SECTION, right_index=True, how="left")
+        quantiles = spread(sections).drop(columns=[K.ITERATIONS])
+        summ = summ.merge(quantiles.astype({K.SECTION: summ[K.SECTION].dtype}), on=K.SECTION, how="left")
         for k in ("problem", "mode"):
             summ[k] = sections[k].iloc[0] if k in sections else info[k]
         summ["gpus"] = gpus

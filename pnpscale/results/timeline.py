@@ -1,0 +1,245 @@
+"""The report's ``timeline.png``: one median measured iteration, one row per rank, at the largest GPU count.
+
+Compute → tidy table → render: :func:`timeline_table` reads the runs (``ranks.parquet``,
+``collectives.parquet``) and returns the slices to draw (:func:`pnpscale.analysis.timeline.slices`, on the
+lowest rank's clock, seconds from the iteration's start); :func:`plot_timeline` draws them on explicit
+axes; :func:`pnpscale.results.charts.save` writes the figure.
+
+Per series (problem and variant) and mode: the complete run with the most GPUs; its *median measured
+iteration* is the one whose iteration time (the slowest rank's section time, summed over sections) is the
+median (the lower of the two middle ones for an even count). Ranks drawn: all when there are at most
+``max_ranks`` (8); else the critical-path rank of each section (largest compute ``S_r − Σ_c D_rc``), the
+fastest (least compute over the iteration) and the ranks closest to the median compute (typical), the
+count of ranks not drawn in the panel's title.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from pnpscale import columns as K
+from pnpscale import layout
+
+ROLE = "role"
+CRITICAL, FASTEST, TYPICAL = "critical", "fastest", "typical"
+#: columns of :func:`timeline_table`: the point, the iteration, the rank and its role, and its slices.
+TABLE_COLUMNS = (
+    K.PROBLEM, K.MODE, K.GPUS, K.ITERATION, K.RANK, ROLE, K.SECTION, K.KIND, K.START_S, K.DURATION_S, K.SEQ,
+    K.COLLECTIVE, K.PAYLOAD_BYTES, K.MAIN,
+)  # fmt: skip
+MAX_RANKS = 8
+
+
+def median_iteration(ranks: pd.DataFrame) -> int | None:
+    """The measured iteration whose time (Σ over sections of max_r S_r) is the median; ``None`` without one.
+
+    >>> r = pd.DataFrame({"rank": 0, "iteration": [0, 1, 2, 3], "section": "s",
+    ...                   "warmup": [True, False, False, False], "section_s": [9.0, 3.0, 1.0, 2.0]})
+    >>> median_iteration(r)
+    3
+    """
+    m = ranks[~ranks[K.WARMUP].astype(bool)]
+    if m.empty:
+        return None
+    per = m.groupby([K.ITERATION, K.SECTION])[K.SECTION_S].max().groupby(level=K.ITERATION).sum()
+    order = per.sort_values(kind="stable")
+    return int(order.index[(len(order) - 1) // 2])
+
+
+def pick_ranks(sl: pd.DataFrame, max_ranks: int = MAX_RANKS) -> pd.DataFrame:
+    """The ranks to draw for one iteration's slices, and why.
+
+    Args:
+        sl: :func:`pnpscale.analysis.timeline.slices` rows of one iteration.
+        max_ranks: at most this many (all when the run has no more).
+
+    Returns:
+        RANK, ROLE (``critical`` for a section's critical-path rank, ``fastest``, ``typical``; ``""`` when
+        every rank is drawn and it has no special role), ordered by rank.
+
+    >>> sl = pd.DataFrame({"rank": range(10), "section": "s", "kind": "compute", "duration_s": range(10)})
+    >>> pick_ranks(sl, 4).values.tolist()
+    [[0, 'fastest'], [4, 'typical'], [5, 'typical'], [9, 'critical']]
+    """
+    comp = sl[sl[K.KIND] == "compute"].groupby([K.SECTION, K.RANK])[K.DURATION_S].sum().unstack(K.RANK)
+    comp = comp.reindex(columns=sorted(sl[K.RANK].unique())).fillna(0.0)
+    total = comp.sum(axis=0)
+    roles: dict[int, str] = {}
+    for _, row in comp.iterrows():  # critical path per section: the largest compute (ties: the lowest rank)
+        roles.setdefault(int(row.idxmax()), CRITICAL)
+    if len(total) <= max_ranks:
+        return pd.DataFrame({K.RANK: total.index.astype(int), ROLE: [roles.get(int(r), "") for r in total.index]})
+    roles.setdefault(int(total.idxmin()), FASTEST)
+    median = float(total.median())
+    for r in (total - median).abs().sort_values(kind="stable").index:
+        if len(roles) >= max_ranks:
+            break
+        roles.setdefault(int(r), TYPICAL)
+    return pd.DataFrame(sorted(roles.items()), columns=[K.RANK, ROLE])
+
+
+def run_iteration(run_dir: Path, max_ranks: int = MAX_RANKS) -> pd.DataFrame:
+    """A run folder's median measured iteration, its drawn ranks' slices, seconds from the iteration's start
+    on the lowest rank's clock (:func:`pnpscale.analysis.timeline.clock_offsets`).
+
+    Returns:
+        :data:`TABLE_COLUMNS` without the point columns; empty when no slice can be placed (no measured
+        iteration, or collective starts not recorded).
+
+    Raises:
+        ValueError: an unreadable table (``<file>: <reason>``).
+    """
+    from pnpscale.analysis.timeline import clock_offsets, slices
+    from pnpscale.results.runs import read_table
+
+    ranks = read_table(run_dir / layout.RANKS)
+    colls = read_table(run_dir / layout.COLLECTIVES)
+    it = median_iteration(ranks)
+    cols = [c for c in TABLE_COLUMNS if c not in (K.PROBLEM, K.MODE, K.GPUS)]
+    if it is None:
+        return pd.DataFrame(columns=cols)
+    r_it, c_it = ranks[ranks[K.ITERATION] == it], colls[colls[K.ITERATION] == it]
+    sl = slices(r_it, c_it)
+    if sl.empty or sl.groupby([K.RANK, K.SECTION]).ngroups < len(r_it):
+        return pd.DataFrame(columns=cols)  # some rank's section cannot be placed: draw nothing rather than part
+    off = clock_offsets(colls)
+    sl[K.START_S] = sl[K.START_S] + sl[K.RANK].map(off).fillna(0.0)
+    sl[K.START_S] -= sl[K.START_S].min()
+    picked = pick_ranks(sl, max_ranks)
+    sl = sl.merge(picked, on=K.RANK, how="inner")
+    if K.MAIN in colls:
+        main = c_it[[K.RANK, K.SECTION, K.SEQ, K.MAIN]].assign(**{K.SECTION: c_it[K.SECTION].astype("string")})
+        sl = sl.merge(main.astype({K.SEQ: "Int64"}), on=[K.RANK, K.SECTION, K.SEQ], how="left")
+    else:
+        sl[K.MAIN] = pd.NA
+    sl[K.MAIN] = sl[K.MAIN].astype("boolean")
+    sl[K.ITERATION] = it
+    return sl[cols]
+
+
+def timeline_table(
+    table: pd.DataFrame, max_ranks: int = MAX_RANKS, skipped: dict[tuple[str, str], str] | None = None
+) -> pd.DataFrame:
+    """The slices of :func:`run_iteration` for the largest complete GPU count of each (problem, mode).
+
+    Args:
+        table: the report's view (:func:`pnpscale.results.compare.labelled` of
+            :func:`pnpscale.results.runs.load`: ``problem`` names the series), with ``run_dir`` and ``status``.
+        max_ranks: see :func:`pick_ranks`.
+        skipped: when given, filled with (problem, mode) -> why that run is not drawn (its slices cannot be
+            placed, or a table became unreadable): one run never stops the others.
+
+    Returns:
+        :data:`TABLE_COLUMNS` plus ``world_size`` (ranks in the run, drawn or not); empty (with those
+        columns) when no run can be drawn.
+    """
+    done = table[(table["status"] == layout.STATUS_COMPLETE) & (table[K.SECTION] == "all")]
+    frames = []
+    for (problem, mode), grp in done.groupby([K.PROBLEM, K.MODE], sort=True):
+        top = grp.sort_values(K.GPUS).iloc[-1]
+        try:
+            sl = run_iteration(Path(top["run_dir"]), max_ranks)
+        except (ValueError, KeyError) as exc:  # a table that became unreadable since it was loaded
+            if skipped is not None:
+                skipped[(str(problem), str(mode))] = f"{type(exc).__name__}: {exc}"
+            continue
+        if sl.empty:
+            if skipped is not None:
+                skipped[(str(problem), str(mode))] = (
+                    f"gpus={int(top[K.GPUS])}: no measured iteration whose slices can be placed "
+                    "(collective starts not recorded)"
+                )
+            continue
+        frames.append(sl.assign(**{K.PROBLEM: problem, K.MODE: mode, K.GPUS: int(top[K.GPUS]),
+                                   K.WORLD_SIZE: int(top[K.GPUS])}))  # fmt: skip
+    cols = [*TABLE_COLUMNS, K.WORLD_SIZE]
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    return pd.concat(frames, ignore_index=True)[cols]
+
+
+def _label(payload: object) -> str:
+    if payload is None or pd.isna(payload):
+        return ""
+    b = float(payload)  # type: ignore[arg-type]
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= scale:
+            return f" {b / scale:.3g} {unit}"
+    return f" {int(b)} B"
+
+
+def plot_timeline(tl: pd.DataFrame) -> Figure:
+    """One panel per (problem, mode): the drawn ranks as rows, their slices as bars coloured by kind
+    (:data:`pnpscale.results.plotting.KIND_COLORS`), section starts of the lowest drawn rank dotted and named, the
+    critical-path rank named on its row, the main collectives labelled (name and payload) above the panel,
+    and how many ranks are not drawn in the title."""
+    from pnpscale.results.plotting import KIND_COLORS, figure
+
+    panels = sorted({(p, m) for p, m in zip(tl[K.PROBLEM], tl[K.MODE], strict=True)}) or [("", "")]
+    heights = [max(1.6, 0.45 * tl[(tl[K.PROBLEM] == p) & (tl[K.MODE] == m)][K.RANK].nunique() + 1.2) for p, m in panels]
+    fig, axes = figure(len(panels), 1, (12, sum(heights) + 0.8), squeeze=False,
+                        gridspec_kw={"height_ratios": heights})  # fmt: skip
+    for ax, (problem, mode) in zip(axes[:, 0], panels, strict=True):
+        sub = tl[(tl[K.PROBLEM] == problem) & (tl[K.MODE] == mode)]
+        if sub.empty:
+            ax.text(0.5, 0.5, "no run whose slices can be placed", ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
+        drawn = sorted(int(r) for r in sub[K.RANK].unique())
+        y = {r: i for i, r in enumerate(reversed(drawn))}
+        for kind, color in KIND_COLORS.items():
+            k = sub[sub[K.KIND] == kind]
+            for r, g in k.groupby(K.RANK):
+                ax.broken_barh(list(zip(g[K.START_S], g[K.DURATION_S], strict=True)), (y[int(r)] - 0.4, 0.8),
+                               facecolors=color, label=kind)  # fmt: skip
+        first = sub[sub[K.RANK] == drawn[0]]
+        for sec, g in first.groupby(K.SECTION, sort=False):
+            x0 = float(g[K.START_S].min())
+            ax.axvline(x0, color="black", ls=":", lw=0.8)
+            ax.text(x0, 1.0, f" {sec}", fontsize=8, va="bottom", ha="left", transform=ax.get_xaxis_transform())
+        roles = sub.drop_duplicates(K.RANK).set_index(K.RANK)[ROLE]
+        comp = sub[sub[K.KIND] == "compute"].groupby([K.SECTION, K.RANK], sort=False)[K.DURATION_S].sum()
+        crit: dict[int, list[str]] = {}
+        for sec, per_rank in comp.groupby(level=K.SECTION, sort=False):
+            crit.setdefault(int(per_rank.droplevel(K.SECTION).idxmax()), []).append(str(sec))
+        ticks = []
+        for r in reversed(drawn):
+            why = f"critical: {', '.join(crit[r])}" if r in crit else roles[r]
+            ticks.append(f"rank {r}" + (f"\n({why})" if why else ""))
+        ax.set_yticks(range(len(drawn)), ticks, fontsize=9)
+        for label, r in zip(ax.get_yticklabels(), reversed(drawn), strict=True):
+            if r in crit:
+                label.set_fontweight("bold")
+        comm = sub[sub[K.KIND] == "transfer"]
+        main = comm[comm[K.MAIN].fillna(False).astype(bool)] if comm[K.MAIN].notna().any() else comm
+        for (_, _), g in main.groupby([K.SECTION, K.SEQ], sort=False):
+            x = float((g[K.START_S] + g[K.DURATION_S]).max())
+            name = str(g[K.COLLECTIVE].iloc[0]) + _label(g[K.PAYLOAD_BYTES].iloc[0])
+            ax.annotate(name, (x, len(drawn) - 0.45), xytext=(-2, 1), textcoords="offset points", fontsize=7,
+                        ha="right", va="bottom", color=KIND_COLORS["transfer"])  # fmt: skip
+        ax.set_ylim(-0.6, len(drawn) + 0.1)
+        ax.set_xlim(0, float((sub[K.START_S] + sub[K.DURATION_S]).max()) * 1.01)
+        ax.set_xlabel("seconds from the iteration's start (lowest rank's clock)")
+        world = int(sub[K.WORLD_SIZE].iloc[0])
+        hidden = world - len(drawn)
+        extra = f"; {len(drawn)} of {world} ranks drawn, {hidden} not drawn" if hidden else ""
+        ax.set_title(
+            f"{problem} {mode}, {int(sub[K.GPUS].iloc[0])} GPUs: iteration {int(sub[K.ITERATION].iloc[0])} "
+            f"(median measured){extra}",
+            fontsize=10,
+            pad=14,
+        )
+        ax.grid(False, axis="y")
+    handles, labels = [], []
+    for ax in axes[:, 0]:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=9)
+    fig.suptitle("One iteration per rank: compute, then per collective its wait (for the last rank) and transfer")
+    fig.tight_layout(rect=(0, 0.45 / (sum(heights) + 0.8), 1, 1))
+    return fig

@@ -1,0 +1,236 @@
+"""The per-rank timeline: slices at measured times that add up to each rank's section time."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pnpscale import columns as K
+from pnpscale import layout
+from pnpscale.analysis import timeline as T
+from pnpscale.analysis.metrics import decompose
+from pnpscale.analysis.tables import table_writers
+
+
+def random_run(world: int = 4, iterations: int = 3, seed: int = 0, n_coll: int = 3):
+    """Ranks and collectives of a run with known times: rank r's clock starts ``0.01 r`` s late;
+    collectives are sequential, ranks leave each one together (same exit on a common clock)."""
+    rng = np.random.default_rng(seed)
+    ranks, colls = [], []
+    t = 0.0
+    for it in range(iterations):
+        for sec in ("gradient", "denoiser"):
+            arrivals = t + rng.uniform(0.01, 0.05, world)  # first collective's arrival per rank
+            starts = np.full(world, t) + rng.uniform(0.0, 0.005, world)
+            rows_c = []
+            for seq in range(n_coll):
+                exit_ = arrivals.max() + rng.uniform(0.001, 0.004)
+                for r in range(world):
+                    rows_c.append((r, seq, arrivals[r], exit_ - arrivals[r]))
+                arrivals = exit_ + rng.uniform(0.001, 0.02, world)
+            ends = arrivals + rng.uniform(0.0, 0.01, world)
+            for r in range(world):
+                clock = 0.01 * r  # rank r's origin
+                ranks.append({K.RANK: r, K.ITERATION: it, K.SECTION: sec, K.WARMUP: it == 0,
+                              K.START_S: starts[r] - clock, K.SECTION_S: ends[r] - starts[r]})  # fmt: skip
+            for r, seq, a, d in rows_c:
+                colls.append({K.RANK: r, K.ITERATION: it, K.SECTION: sec, K.SEQ: seq, K.COLLECTIVE: "all_reduce",
+                              K.START_S: a - 0.01 * r, K.DURATION_S: d, K.PAYLOAD_BYTES: 4096})  # fmt: skip
+            t = ends.max() + 0.001
+    ranks_df = pd.DataFrame(ranks)
+    colls_df = pd.DataFrame(colls)
+    ranks_df[K.COMM_S] = ranks_df.merge(
+        colls_df.groupby([K.RANK, K.ITERATION, K.SECTION])[K.DURATION_S].sum().reset_index(),
+        on=[K.RANK, K.ITERATION, K.SECTION],
+    )[K.DURATION_S]
+    return ranks_df, colls_df
+
+
+def test_slices_add_up_to_each_ranks_section_time_and_to_the_decomposition():
+    ranks, colls = random_run()
+    s = T.slices(ranks, colls)
+    assert list(s.columns) == list(K.TIMELINE_COLUMNS) and (s[K.DURATION_S] > 0).all()
+    tot = T.section_totals(s).merge(ranks, on=[K.RANK, K.ITERATION, K.SECTION], suffixes=("", "_rank"))
+    assert len(tot) == len(ranks)
+    assert (tot[K.SECTION_S] - tot[K.SECTION_S + "_rank"]).abs().max() < 2e-9  # integer ns boundaries
+    # averaged over ranks, each kind is the section's POP compute, transfer and wait
+    sec = decompose(ranks, colls).set_index([K.ITERATION, K.SECTION])
+    mean = tot.groupby([K.ITERATION, K.SECTION])[[T.COMPUTE, T.TRANSFER, T.WAIT]].mean()
+    for kind, col in ((T.COMPUTE, K.COMPUTE_S), (T.TRANSFER, K.TRANSFER_S), (T.WAIT, K.WAIT_S)):
+        assert np.allclose(mean[kind], sec.loc[mean.index, col], atol=1e-8), kind
+    # slices of a rank are contiguous and in time order: wait right before transfer, both inside the collective
+    for _, g in s.groupby([K.RANK, K.ITERATION, K.SECTION]):
+        ends = (g[K.START_S] + g[K.DURATION_S]).to_numpy()[:-1]
+        assert np.allclose(ends, g[K.START_S].to_numpy()[1:], atol=1e-9)
+    w = s[s[K.KIND] == T.WAIT].reset_index()
+    nxt = s.loc[w["index"] + 1]
+    assert (nxt[K.KIND] == T.TRANSFER).all() and (nxt[K.SEQ].to_numpy() == w[K.SEQ].to_numpy()).all()
+
+
+def test_clock_offsets_recover_each_ranks_origin():
+    ranks, colls = random_run()
+    off = T.clock_offsets(colls)
+    assert off == pytest.approx({r: 0.01 * r for r in range(4)}, abs=1e-9)
+    # on the common clock every rank's transfer of a collective ends at the same instant
+    s = T.slices(ranks, colls)
+    tr = s[s[K.KIND] == T.TRANSFER]
+    end = tr[K.START_S] + tr[K.DURATION_S] + tr[K.RANK].map(off)
+    spread = end.groupby([tr[K.ITERATION], tr[K.SECTION], tr[K.SEQ]]).agg(lambda e: e.max() - e.min())
+    assert spread.max() < 2e-9  # ns rounding
+
+
+def test_hidden_column_and_overlapping_collectives_still_add_up():
+    ranks = pd.DataFrame({K.RANK: [0, 1], K.ITERATION: 0, K.SECTION: "s", K.WARMUP: False, K.START_S: 0.0,
+                          K.SECTION_S: [1.0, 1.0]})  # fmt: skip
+    colls = pd.DataFrame({
+        K.RANK: [0, 1, 0, 1], K.ITERATION: 0, K.SECTION: "s", K.SEQ: [0, 0, 1, 1], K.COLLECTIVE: "all_reduce",
+        # rank 0's second collective starts before its first ended (concurrent streams); the last one runs past the end
+        K.START_S: [0.2, 0.4, 0.5, 0.9], K.DURATION_S: [0.4, 0.2, 0.6, 0.2], K.PAYLOAD_BYTES: 8,
+        K.HIDDEN_S: [0.1, 0.0, 0.0, 0.0],
+    })  # fmt: skip
+    s = T.slices(ranks, colls)
+    r0 = s[s[K.RANK] == 0][[K.KIND, K.START_S, K.DURATION_S]].round(9).values.tolist()
+    assert r0 == [
+        ["compute", 0.0, 0.2], ["hidden", 0.2, 0.1], ["wait", 0.3, 0.2], ["transfer", 0.5, 0.1],
+        # seq 1 from 0.6 (its first 0.1 s overlapped seq 0: cut from its wait), to the section's end
+        ["wait", 0.6, 0.3], ["transfer", 0.9, 0.1],
+    ]  # fmt: skip
+    tot = T.section_totals(s)
+    assert tot[K.SECTION_S].tolist() == pytest.approx([1.0, 1.0])
+
+
+def test_chrome_trace_is_one_process_per_rank_with_the_documented_args(tmp_path):
+    ranks, colls = random_run(world=2, iterations=2)
+    writers = table_writers(ranks, colls.assign(**{K.MAIN: True}), decompose(ranks, colls))
+    layout.commit_files(tmp_path, writers)
+    doc = json.loads((tmp_path / layout.TIMELINE_JSON).read_text())
+    ev = doc["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {0: "rank 0", 1: "rank 1"} and doc["displayTimeUnit"] == "ms"
+    xs = [e for e in ev if e["ph"] == "X"]
+    assert min(e["ts"] for e in xs) == 0.0
+    sections = [e for e in xs if e["cat"] == "section"]
+    assert len(sections) == len(ranks)
+    comm = [e for e in xs if e["cat"] in (T.WAIT, T.TRANSFER)]
+    documented = {"section", "iteration", "warmup", "collective", "seq", "bytes"}
+    assert comm and all(documented <= set(e["args"]) for e in comm)
+    assert {e["args"]["warmup"] for e in xs} == {True, False}
+
+    # per rank x iteration x section, the slices' durations (us) add up to the section range's
+    def key(e):
+        return e["pid"], e["args"]["iteration"], e["args"]["section"]
+
+    for sec in sections:
+        inner = [e for e in xs if e["tid"] == 1 and key(e) == key(sec)]
+        assert sum(e["dur"] for e in inner) == pytest.approx(sec["dur"], rel=1e-9)
+        assert min(e["ts"] for e in inner) == pytest.approx(sec["ts"])
+
+
+def test_sections_without_collective_starts_are_not_guessed():
+    ranks, colls = random_run(world=2, iterations=1)
+    colls[K.START_S] = np.nan
+    s = T.slices(ranks, colls)
+    assert s.empty and len(T.unplaced(ranks, colls)) == len(ranks)
+    doc = T.run_trace(ranks, colls)
+    assert "only their section range is drawn" in doc["otherData"]["note"]
+    assert sum(e["ph"] == "X" for e in doc["traceEvents"]) == len(ranks)
+
+
+def test_one_rank_is_all_compute():
+    ranks = pd.DataFrame({K.RANK: 0, K.ITERATION: [0, 1], K.SECTION: "s", K.WARMUP: [True, False],
+                          K.START_S: [0.0, 1.0], K.SECTION_S: 0.5})  # fmt: skip
+    s = T.slices(ranks, pd.DataFrame(columns=list(K.COLLECTIVES_COLUMNS)))
+    assert s[K.KIND].tolist() == ["compute", "compute"] and s[K.DURATION_S].tolist() == [0.5, 0.5]
+
+
+# --- the report's chart: median iteration, ranks drawn ----------------------------------------------
+
+
+def write_tables(run_dir, ranks, colls):
+    from pnpscale.analysis.tables import frames
+
+    gathered = [
+        ({"ranks": ranks[ranks[K.RANK] == r].to_dict("records"),
+          "collectives": colls[colls[K.RANK] == r].to_dict("records")}, {})
+        for r in sorted(ranks[K.RANK].unique())
+    ]  # fmt: skip
+    r, c = frames(gathered, image_bytes=4096)
+    layout.commit_files(run_dir, table_writers(r, c, decompose(r, c)))
+    return r
+
+
+def test_timeline_table_draws_a_readable_subset_whose_slices_add_up(tmp_path):
+    from pnpscale.results.timeline import (
+        CRITICAL,
+        FASTEST,
+        ROLE,
+        TYPICAL,
+        median_iteration,
+        plot_timeline,
+        timeline_table,
+    )
+
+    ranks, colls = random_run(world=12, iterations=4, seed=3)
+    ranks[K.PEAK_MEM_BYTES], ranks[K.N_COLLECTIVES], ranks[K.GPU_SPAN_S] = 1, 3, np.nan
+    run_dir = tmp_path / layout.point_subdir("2d", "inference", 12)
+    written = write_tables(run_dir, ranks, colls)
+    view = pd.DataFrame({"problem": "2d", "mode": "inference", "gpus": [12], "section": "all", "status": "complete",
+                         "run_dir": str(run_dir)})  # fmt: skip
+    tl = timeline_table(view)
+    it = median_iteration(written)
+    assert set(tl[K.ITERATION]) == {it} and it != 0  # a measured iteration
+    drawn = tl.drop_duplicates(K.RANK)
+    assert len(drawn) == 8 and set(tl[K.WORLD_SIZE]) == {12}
+    assert {CRITICAL, FASTEST, TYPICAL} <= set(drawn[ROLE])
+    # the critical rank of each section is drawn: the largest compute S_r - sum_c D_rc of that iteration
+    m = written[written[K.ITERATION] == it].set_index([K.SECTION, K.RANK])
+    comm = colls[colls[K.ITERATION] == it].groupby([K.SECTION, K.RANK])[K.DURATION_S].sum()
+    compute = m[K.SECTION_S] - comm.reindex(m.index)
+    for sec, per in compute.groupby(level=K.SECTION):
+        assert int(per.droplevel(K.SECTION).idxmax()) in set(drawn[K.RANK]), sec
+    # each drawn rank's slices of a section add up to its section time (1 %)
+    got = tl.groupby([K.RANK, K.SECTION])[K.DURATION_S].sum()
+    want = m[K.SECTION_S].swaplevel().reindex(got.index)
+    assert ((got / want - 1).abs() < 0.01).all()
+    fig = plot_timeline(tl)
+    assert "8 of 12 ranks drawn, 4 not drawn" in fig.axes[0].get_title()
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert any("critical" in t for t in labels) and any("fastest" in t for t in labels)
+
+
+def test_nested_sections_get_their_own_track():
+    """An offline analysis with ``step=ProfilerStep#*,gradient``: the step encloses the gradient; their slices
+    overlap in time, so they go to different threads (no track holds overlapping slices)."""
+    ranks = pd.DataFrame({K.RANK: 0, K.ITERATION: [0, 0, 1, 1], K.SECTION: ["step", "gradient"] * 2,
+                          K.WARMUP: False, K.START_S: [0.0, 0.1, 1.0, 1.1],
+                          K.SECTION_S: [0.9, 0.5, 0.9, 0.5]})  # fmt: skip
+    doc = T.run_trace(ranks, pd.DataFrame(columns=list(K.COLLECTIVES_COLUMNS)))
+    tids = {(e["args"]["section"], e["tid"]) for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == T.COMPUTE}
+    assert tids == {("step", 1), ("gradient", 2)}
+    threads = [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"]
+    assert threads == ["sections", "compute / transfer / wait", "compute / transfer / wait (sections nested 1 deep)"]
+
+
+def test_the_chart_draws_a_hidden_slice_when_the_collectives_have_one(tmp_path):
+    from pnpscale.results.timeline import plot_timeline, timeline_table
+
+    ranks, colls = random_run(world=2, iterations=2, seed=5)
+    ranks[K.PEAK_MEM_BYTES], ranks[K.N_COLLECTIVES], ranks[K.GPU_SPAN_S] = 1, 3, np.nan
+    colls[K.HIDDEN_S] = 0.5 * colls[K.DURATION_S]  # a decomposition of overlapped communication provides it
+    run_dir = tmp_path / layout.point_subdir("2d", "inference", 2)
+    written = write_tables(run_dir, ranks, colls.drop(columns=[K.HIDDEN_S]))
+    c = pd.read_parquet(run_dir / layout.COLLECTIVES).merge(colls[[K.RANK, K.ITERATION, K.SECTION, K.SEQ, K.HIDDEN_S]])
+    c.to_parquet(run_dir / layout.COLLECTIVES, index=False)
+    view = pd.DataFrame({"problem": "2d", "mode": "inference", "gpus": [2], "section": "all", "status": "complete",
+                         "run_dir": str(run_dir)})  # fmt: skip
+    tl = timeline_table(view)
+    assert T.HIDDEN in set(tl[K.KIND])
+    got = tl.groupby([K.RANK, K.SECTION])[K.DURATION_S].sum()
+    it = int(tl[K.ITERATION].iloc[0])
+    want = written[written[K.ITERATION] == it].set_index([K.RANK, K.SECTION])[K.SECTION_S].reindex(got.index)
+    assert ((got / want - 1).abs() < 0.01).all()
+    legend = [t.get_text() for t in plot_timeline(tl).legends[0].get_texts()]
+    assert legend == ["compute", "transfer", "wait", "hidden"]
