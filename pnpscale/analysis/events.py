@@ -60,6 +60,18 @@ from pnpscale.analysis.kineto import (
     payload_bytes,
     step_number,
 )
+from pnpscale.analysis.overlap import (
+    C10D_PREFIX,
+    Span,
+    communicating,
+    compute_spans,
+    intersect,
+    length,
+    rank_blocked,
+    spans_text,
+    subtract,
+    union,
+)
 
 
 class Kind(StrEnum):
@@ -68,6 +80,7 @@ class Kind(StrEnum):
     CPU = "cpu"  # an operator or record_function range on a CPU thread
     GPU = "gpu"  # a kernel, memcpy or memset on a GPU stream
     RUNTIME = "runtime"  # a CUDA runtime/driver call (cudaLaunchKernel, ...) on a CPU thread
+    OP = "op"  # a profiled operator (cpu_op: aten::*, c10d::*, autograd nodes) on a CPU thread
 
 
 # the vocabulary lives in pnpscale.analysis.kineto; re-exported here for callers of this module
@@ -127,6 +140,11 @@ class Collective:
         group, group_seq: process group and sequence number within it, when the trace has them.
         start_s: start of the gloo work range or NCCL kernel, seconds on the same clock and origin as
             :attr:`SectionRecord.start_s` (the rank's arrival at the collective), when known.
+        blocked_s: the part of ``duration_s`` during which the rank was blocked on this collective
+            (:mod:`pnpscale.analysis.overlap`); ``None``: unknown, taken as blocked throughout.
+        hidden_s: the part of ``duration_s`` overlapped by the rank's compute (0 when unknown).
+        blocked_spans: the blocked spans as text (``"lo-hi,..."``, ns from the collective's start;
+            :func:`pnpscale.analysis.overlap.spans_text`), ``None`` when unknown.
     """
 
     seq: int
@@ -137,6 +155,9 @@ class Collective:
     group: str | None = None
     group_seq: int | None = None
     start_s: float | None = None
+    blocked_s: float | None = None
+    hidden_s: float = 0.0
+    blocked_spans: str | None = None
 
 
 @dataclass(slots=True)
@@ -155,6 +176,7 @@ class SectionRecord:
         missing_kernels: CPU-side collective descriptors inside that have no GPU kernel (CUDA).
         gpu_span_s: on CUDA, first GPU start to last GPU end of the work launched inside (seconds;
             ``None`` without GPU work, and on CPU backends).
+        hidden_s: the collectives' time overlapped by the rank's compute, their union (seconds).
     """
 
     iteration: int
@@ -167,6 +189,12 @@ class SectionRecord:
     bad: str | None = None
     missing_kernels: int = 0
     gpu_span_s: float | None = None
+    hidden_s: float = 0.0
+
+    @property
+    def comm_s(self) -> float:
+        """Time blocked on the collectives (their durations where the blocked time is unknown)."""
+        return sum(c.duration_s if c.blocked_s is None else c.blocked_s for c in self.collectives)
 
 
 class SectionError(ValueError):
@@ -213,7 +241,7 @@ def section_records(
     """
     anomalies = anomalies if anomalies is not None else Anomalies()
     evs = sorted(events, key=lambda e: (e.start_ns, -e.end_ns))
-    ranges = [e for e in evs if e.kind is Kind.CPU and e.name in sections]
+    ranges = [e for e in evs if e.kind in _RANGE_KINDS and e.name in sections]
     counts = {s: sum(1 for r in ranges if r.name == s) for s in sections}
     if not ranges or len(set(counts.values())) != 1:
         raise SectionError(
@@ -222,7 +250,9 @@ def section_records(
             + " (expected the same non-zero count for every section)"
         )
     parents = _nesting(ranges, counts)
-    step_ranges = [e for e in evs if e.kind is Kind.CPU and e.name not in sections and step_number(e.name) is not None]
+    step_ranges = [
+        e for e in evs if e.kind in _RANGE_KINDS and e.name not in sections and step_number(e.name) is not None
+    ]
     step_starts = [e.start_ns for e in step_ranges]
     descriptor_events = [e for e in evs if e.kind is Kind.CPU and is_descriptor(e.name)]
     gpu_events = _place_unknown_launches([e for e in evs if e.kind is Kind.GPU], descriptor_events, anomalies, rank)
@@ -232,8 +262,10 @@ def section_records(
             "a CUDA run whose profiler recorded no GPU event (kernels, memcpy): CUPTI did not trace (another "
             "profiler attached, or CUPTI unavailable); see the Kineto messages in the rank's stderr"
         )
-    cpu_comm = _Window([e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)])
+    works = [e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)]
+    cpu_comm = _Window(_typed_by_c10d(works, evs, anomalies, rank))
     descriptors = _Window(descriptor_events)
+    busy = _Busy(evs, sections, gpu_events)
     origin = ranges[0].start_ns
     occurrence: dict[str, int] = defaultdict(int)
     out: list[SectionRecord] = []
@@ -282,6 +314,7 @@ def section_records(
                 gseq = k.group_seq if k.group_seq is not None else (d.group_seq if d else None)
                 start = (k.start_ns - origin) * 1e-9
                 colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
+            hidden_ns = busy.split(colls, kernels, busy.gpu)
             bad = bad or next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
         else:
             gpu_span_ns = None
@@ -299,6 +332,7 @@ def section_records(
                 )
                 for i, e in enumerate(works)
             ]
+            hidden_ns = busy.split(colls, works, busy.cpu(r, works), (r.start_ns, r.end_ns))
             bad = bad or next((f"{e.name!r}: {e.bad}" for e in works if e.bad), None)
             section_ns = r.duration_ns
         out.append(
@@ -313,9 +347,93 @@ def section_records(
                 bad,
                 missing,
                 None if gpu_span_ns is None else gpu_span_ns * 1e-9,
+                hidden_ns * 1e-9,
             )  # fmt: skip
         )
     return out
+
+
+#: kinds of events that may be a section or ``ProfilerStep`` range (``record_function`` ranges are
+#: ``user_annotation``; some ranges, e.g. ``ProfilerStep#N`` in some versions, are ``cpu_op``).
+_RANGE_KINDS = (Kind.CPU, Kind.OP)
+
+
+def _typed_by_c10d(works: list[Event], evs: Sequence[Event], anomalies: Anomalies, rank: int | None) -> list[Event]:
+    """Collective types of gloo work ranges from the ``c10d::`` calls that issued them.
+
+    The gloo range is named after the algorithm that ran (FSDP's ``reduce_scatter`` runs as
+    ``gloo:all_reduce``); the ``c10d::`` operator on the calling thread names the collective that was
+    asked for. A process group runs its work in issue order, so the k-th call (by start) issued the
+    k-th work range (by start) when the trace holds as many of each; otherwise the ranges keep their
+    own names. Each disagreement is recorded (``range_name_disagrees``).
+    """
+    calls = sorted(
+        (e for e in evs if e.kind is Kind.OP and e.name.startswith(C10D_PREFIX) and collective_type(e.name)),
+        key=lambda e: (e.start_ns, e.tid),
+    )
+    if not calls or len(calls) != len(works):
+        return works
+    out = []
+    differ: list[str] = []
+    for w, call in zip(sorted(works, key=lambda e: (e.start_ns, e.tid)), calls, strict=True):
+        asked = collective_type(call.name)
+        if asked and asked != (w.collective or collective_type(w.name)):
+            differ.append(f"{w.name} issued by {call.name}")
+            w = replace(w, collective=asked)
+        out.append(w)
+    if differ:
+        anomalies.add("range_name_disagrees", rank, f"{differ[0]} (type taken from the c10d call)", len(differ))
+    return out
+
+
+class _Busy:
+    """Where one rank computes, for :mod:`pnpscale.analysis.overlap`: CPU threads' compute operators
+    (innermost operator neither a ``c10d::`` call nor enclosing one) and GPU compute events."""
+
+    def __init__(self, evs: Sequence[Event], sections: Sequence[str], gpu_events: Sequence[Event]) -> None:
+        per_tid: dict[int, list[Event]] = defaultdict(list)
+        self.c10d: dict[int, list[int]] = defaultdict(list)
+        for e in evs:
+            if e.kind is Kind.OP and e.name not in sections and step_number(e.name) is None:
+                per_tid[e.tid].append(e)
+                if e.name.startswith(C10D_PREFIX):
+                    self.c10d[e.tid].append(e.start_ns)
+        self.spans: dict[int, list[Span]] = {}
+        for tid, ops in per_tid.items():
+            flags = communicating([(e.start_ns, e.end_ns, e.name) for e in ops])
+            self.spans[tid] = compute_spans([(e.start_ns, e.end_ns, f) for e, f in zip(ops, flags, strict=True)])
+        for starts in self.c10d.values():
+            starts.sort()
+        self.gpu = union(
+            (e.start_ns, e.end_ns) for e in gpu_events if not is_collective_kernel(e.name) and e.bad is None
+        )
+
+    def cpu(self, section: Event, works: Sequence[Event]) -> list[Span]:
+        """Compute spans inside ``section`` on its thread and on every thread that issued a collective in it."""
+        if not works:
+            return []
+        lo, hi = section.start_ns, section.end_ns
+        tids = {section.tid} | {
+            t for t, starts in self.c10d.items() if bisect_right(starts, hi) > bisect_left(starts, lo)
+        }
+        return union(s for t in tids for s in intersect(self.spans.get(t, []), [(lo, hi)]))
+
+    @staticmethod
+    def split(colls: list[Collective], evs: Sequence[Event], busy: Sequence[Span], window: Span | None = None) -> int:
+        """Fill each collective's blocked and hidden time (``colls`` aligned with their events ``evs``);
+        returns the section's hidden time (ns). With a ``window`` (a CPU section: gloo), the thread is blocked
+        only while it waits for a collective to end (:func:`pnpscale.analysis.overlap.waited`)."""
+        if not colls:
+            return 0
+        activity = [(e.start_ns, e.end_ns) for e in evs]
+        per, hidden = rank_blocked(activity, busy, window, waits=window is not None)
+        blocked = union(s for spans in per for s in spans)
+        for c, e, spans, act in zip(colls, evs, per, activity, strict=True):
+            lo, hi = (max(act[0], window[0]), min(act[1], window[1])) if window else act
+            c.blocked_s = length(spans) * 1e-9
+            c.blocked_spans = spans_text(spans, e.start_ns)
+            c.hidden_s = length(subtract([(lo, hi)] if hi > lo else [], blocked)) * 1e-9
+        return hidden
 
 
 def cuda_section_span(
@@ -717,10 +835,11 @@ def rank_rows(
                 K.WARMUP: s.iteration < warmup,
                 K.START_S: s.start_s,
                 K.SECTION_S: s.section_s,
-                K.COMM_S: sum(c.duration_s for c in s.collectives),
+                K.COMM_S: s.comm_s,
                 K.N_COLLECTIVES: len(s.collectives),
                 K.PEAK_MEM_BYTES: peaks.get((s.iteration, s.section)),
                 K.GPU_SPAN_S: s.gpu_span_s,
+                K.HIDDEN_S: s.hidden_s,
             }
         )
         for c in s.collectives:
@@ -734,6 +853,9 @@ def rank_rows(
                     K.START_S: c.start_s,
                     K.DURATION_S: c.duration_s,
                     K.PAYLOAD_BYTES: c.payload_bytes,
+                    K.BLOCKED_S: c.duration_s if c.blocked_s is None else c.blocked_s,
+                    K.HIDDEN_S: c.hidden_s,
+                    K.BLOCKED_SPANS_NS: c.blocked_spans,
                 }
             )
     return {"ranks": rows, "collectives": colls}
