@@ -267,6 +267,7 @@ def section_records(
     descriptors = _Window(descriptor_events)
     busy = _Busy(evs, sections, gpu_events)
     origin = ranges[0].start_ns
+    clips = {} if cpu_start or not gpu else _gpu_clips(ranges, parents, gpu, anomalies, rank)
     occurrence: dict[str, int] = defaultdict(int)
     out: list[SectionRecord] = []
     for r, parent in zip(ranges, parents, strict=True):
@@ -282,6 +283,11 @@ def section_records(
             descs = _descriptors_in(descriptors.between(r.start_ns, r.end_ns))
             n_descs = len(descs) if require_gpu else 0  # offline: recorded as anomalies below
             section_ns, gpu_span_ns = cuda_section_span(r, launched, n_descs, len(kernels), it, cpu_start)
+            window = None
+            if id(r) in clips and gpu_span_ns is not None:  # GPU work past the next section's start: clipped
+                first = min(e.start_ns for e in launched)
+                window = (first, clips[id(r)])
+                section_ns = gpu_span_ns = clips[id(r)] - first
             # by issue order: kernels by launch, descriptors by start; trusted when one CPU thread issued
             # them all (its order is the kernels' order), else only where every kernel name agrees
             by_launch = sorted(range(len(kernels)), key=lambda j: (_launch_key(kernels[j]), kernels[j].start_ns))
@@ -314,7 +320,7 @@ def section_records(
                 gseq = k.group_seq if k.group_seq is not None else (d.group_seq if d else None)
                 start = (k.start_ns - origin) * 1e-9
                 colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
-            hidden_ns = busy.split(colls, kernels, busy.gpu)
+            hidden_ns = busy.split(colls, kernels, busy.gpu, window, waits=False)
             bad = bad or next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
         else:
             gpu_span_ns = None
@@ -332,7 +338,7 @@ def section_records(
                 )
                 for i, e in enumerate(works)
             ]
-            hidden_ns = busy.split(colls, works, busy.cpu(r, works), (r.start_ns, r.end_ns))
+            hidden_ns = busy.split(colls, works, busy.cpu(r, works), (r.start_ns, r.end_ns), waits=True)
             bad = bad or next((f"{e.name!r}: {e.bad}" for e in works if e.bad), None)
             section_ns = r.duration_ns
         out.append(
@@ -386,6 +392,45 @@ def _typed_by_c10d(works: list[Event], evs: Sequence[Event], anomalies: Anomalie
     return out
 
 
+def _gpu_clips(
+    ranges: Sequence[Event], parents: Sequence[str | None], gpu: _Window, anomalies: Anomalies, rank: int | None
+) -> dict[int, int]:
+    """Where a section's GPU work runs past the start of the next section's GPU work (asynchronous GPU
+    pipelines: step k's kernels still run when step k+1's start): ``id(range) -> clip (ns)``, the next
+    section's first GPU start, so that no GPU time is counted in two sections. The next section is the next
+    range with the same enclosing section that starts after this one ends. Recorded as
+    ``gpu_work_past_next_section`` (the sections and the overlap)."""
+    spans: dict[int, tuple[int, int]] = {}
+    for r in ranges:
+        launched = gpu.between(r.start_ns, r.end_ns)
+        if launched:
+            spans[id(r)] = (min(e.start_ns for e in launched), max(e.end_ns for e in launched))
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i].start_ns)
+    index: dict[int, int] = {}
+    occurrence: dict[str, int] = defaultdict(int)
+    for i in order:
+        index[i] = occurrence[ranges[i].name]
+        occurrence[ranges[i].name] += 1
+    clips: dict[int, int] = {}
+    examples: list[str] = []
+    for pos, i in enumerate(order):
+        r = ranges[i]
+        nxt = next((j for j in order[pos + 1 :] if parents[j] == parents[i] and ranges[j].start_ns >= r.end_ns), None)
+        if nxt is None or id(r) not in spans or id(ranges[nxt]) not in spans:
+            continue
+        first, last = spans[id(r)]
+        nfirst = spans[id(ranges[nxt])][0]
+        if last > nfirst > first:
+            clips[id(r)] = nfirst
+            examples.append(
+                f"{r.name!r} iteration {index[i]}: its GPU work ends {(last - nfirst) / 1e6:.3f} ms after "
+                f"{ranges[nxt].name!r} iteration {index[nxt]} starts on the GPU"
+            )
+    if examples:
+        anomalies.add("gpu_work_past_next_section", rank, f"{examples[0]}: clipped to its own section", len(examples))
+    return clips
+
+
 class _Busy:
     """Where one rank computes, for :mod:`pnpscale.analysis.overlap`: CPU threads' compute operators
     (innermost operator neither a ``c10d::`` call nor enclosing one) and GPU compute events."""
@@ -419,14 +464,16 @@ class _Busy:
         return union(s for t in tids for s in intersect(self.spans.get(t, []), [(lo, hi)]))
 
     @staticmethod
-    def split(colls: list[Collective], evs: Sequence[Event], busy: Sequence[Span], window: Span | None = None) -> int:
-        """Fill each collective's blocked and hidden time (``colls`` aligned with their events ``evs``);
-        returns the section's hidden time (ns). With a ``window`` (a CPU section: gloo), the thread is blocked
-        only while it waits for a collective to end (:func:`pnpscale.analysis.overlap.waited`)."""
+    def split(
+        colls: list[Collective], evs: Sequence[Event], busy: Sequence[Span], window: Span | None, waits: bool
+    ) -> int:
+        """Fill each collective's blocked and hidden time (``colls`` aligned with their events ``evs``, clipped
+        to ``window``); returns the section's hidden time (ns). With ``waits`` (a CPU thread: gloo), the thread
+        is blocked only while it waits for a collective to end (:func:`pnpscale.analysis.overlap.waited`)."""
         if not colls:
             return 0
         activity = [(e.start_ns, e.end_ns) for e in evs]
-        per, hidden = rank_blocked(activity, busy, window, waits=window is not None)
+        per, hidden = rank_blocked(activity, busy, window, waits=waits)
         blocked = union(s for spans in per for s in spans)
         for c, e, spans, act in zip(colls, evs, per, activity, strict=True):
             lo, hi = (max(act[0], window[0]), min(act[1], window[1])) if window else act
