@@ -194,8 +194,8 @@ def _sections(rows):
             if ds is not None:
                 cc.append({K.RANK: r, K.ITERATION: it, K.SECTION: sec, K.SEQ: 0, K.COLLECTIVE: "all_reduce",
                            K.DURATION_S: ds[r], K.PAYLOAD_BYTES: 8})  # fmt: skip
-    return decompose(pd.DataFrame(rr), pd.DataFrame(cc, columns=[K.RANK, K.ITERATION, K.SECTION, K.SEQ,
-                                                                  K.COLLECTIVE, K.DURATION_S, K.PAYLOAD_BYTES]))  # fmt: skip
+    cols = [K.RANK, K.ITERATION, K.SECTION, K.SEQ, K.COLLECTIVE, K.DURATION_S, K.PAYLOAD_BYTES]
+    return decompose(pd.DataFrame(rr), pd.DataFrame(cc, columns=cols))
 
 
 def test_a_section_without_collectives_has_comme_1_and_pe_lb():
