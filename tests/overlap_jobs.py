@@ -4,7 +4,7 @@ Each job profiles a few iterations with ``torch.profiler`` (one session, ``prof.
 exports one Kineto trace per rank, and writes ``truth/rank<r>.json``: per section occurrence, the time
 the calling thread was blocked on communication as the job measures it itself
 
-* ``wait_s``: ``time.perf_counter`` around each ``Work.wait()`` (explicit async collectives), and
+* ``wait_s``: ``time.perf_counter`` around each explicit collective call and its ``Work.wait()``, and
 * ``asleep_s``: wall time minus on-CPU and run-queue time of the calling thread, from
   ``/proc/thread-self/schedstat`` at the section's entry and exit (a thread blocked in a collective sleeps),
 
@@ -58,6 +58,13 @@ class Clock:
 
         return cm()
 
+    def issue(self, call, *args, **kwargs):
+        """Call a collective (``async_op=True``), timing the call: time in it is communication too."""
+        t = time.perf_counter()
+        work = call(*args, async_op=True, **kwargs)
+        self._wait += time.perf_counter() - t
+        return work
+
     def wait(self, work) -> None:
         t = time.perf_counter()
         work.wait()
@@ -69,9 +76,10 @@ def _compute(x, seconds: float):
     import torch
 
     t = time.perf_counter()
+    y = x
     while time.perf_counter() - t < seconds:
-        x = torch.tanh(x @ x) * 0.5
-    return x
+        y = torch.tanh(x @ x)  # the same work every time (feeding y back would shrink it to denormals)
+    return y
 
 
 def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
@@ -108,20 +116,22 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
                 opt.zero_grad()
             elif job == "hidden":
                 with clock.section("overlap", it):
-                    work = dist.all_reduce(payload, async_op=True)
+                    work = clock.issue(dist.all_reduce, payload)
                     _compute(m, 0.08)
                     clock.wait(work)
             elif job == "concurrent":
                 with clock.section("overlap", it):
-                    w1 = dist.all_reduce(payload, async_op=True)
-                    w2 = dist.all_reduce(other, async_op=True)
+                    w1 = clock.issue(dist.all_reduce, payload)
+                    w2 = clock.issue(dist.all_reduce, other)
                     if rank == 1:
                         _compute(m, 0.06)  # rank 0 waits for rank 1 on both collectives
                     clock.wait(w1)
                     clock.wait(w2)
             elif job == "imbalanced":
-                with clock.section("work", it):
+                with clock.section("work", it):  # no collective: rank 1 works 60 ms longer
                     _compute(m, 0.04 + (0.06 if rank == 1 else 0.0))
+                with clock.section("sync", it):  # a blocking all_reduce, its wait timed by the job
+                    clock.wait(clock.issue(dist.all_reduce, payload))
             dist.barrier()
             prof.step()
     Path(out, "traces").mkdir(parents=True, exist_ok=True)

@@ -263,7 +263,8 @@ def section_records(
             "profiler attached, or CUPTI unavailable); see the Kineto messages in the rank's stderr"
         )
     works = [e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)]
-    cpu_comm = _Window(_typed_by_c10d(works, evs, anomalies, rank))
+    typed, issued = _typed_by_c10d(works, evs, anomalies, rank)
+    cpu_comm = _Window(typed)
     descriptors = _Window(descriptor_events)
     busy = _Busy(evs, sections, gpu_events)
     origin = ranges[0].start_ns
@@ -338,7 +339,10 @@ def section_records(
                 )
                 for i, e in enumerate(works)
             ]
-            hidden_ns = busy.split(colls, works, busy.cpu(r, works), (r.start_ns, r.end_ns), waits=True)
+            # from the c10d call on: the calling thread is inside the collective (enqueue, then Work.wait())
+            called = [(min(issued.get(id(e), e.start_ns), e.start_ns), e.end_ns) for e in works]
+            computing, in_calls = busy.cpu(r, works)
+            hidden_ns = busy.split(colls, works, computing, (r.start_ns, r.end_ns), True, called, in_calls)
             bad = bad or next((f"{e.name!r}: {e.bad}" for e in works if e.bad), None)
             section_ns = r.duration_ns
         out.append(
@@ -364,22 +368,29 @@ def section_records(
 _RANGE_KINDS = (Kind.CPU, Kind.OP)
 
 
-def _typed_by_c10d(works: list[Event], evs: Sequence[Event], anomalies: Anomalies, rank: int | None) -> list[Event]:
-    """Collective types of gloo work ranges from the ``c10d::`` calls that issued them.
+def _typed_by_c10d(
+    works: list[Event], evs: Sequence[Event], anomalies: Anomalies, rank: int | None
+) -> tuple[list[Event], dict[int, int]]:
+    """Collective types of gloo work ranges from the ``c10d::`` calls that issued them, and when each was issued.
 
     The gloo range is named after the algorithm that ran (FSDP's ``reduce_scatter`` runs as
     ``gloo:all_reduce``); the ``c10d::`` operator on the calling thread names the collective that was
     asked for. A process group runs its work in issue order, so the k-th call (by start) issued the
     k-th work range (by start) when the trace holds as many of each; otherwise the ranges keep their
     own names. Each disagreement is recorded (``range_name_disagrees``).
+
+    Returns:
+        (the work ranges, typed; ``id(range) -> start of its c10d call`` (ns) for the paired ones: the calling
+        thread is inside the collective from that moment).
     """
     calls = sorted(
         (e for e in evs if e.kind is Kind.OP and e.name.startswith(C10D_PREFIX) and collective_type(e.name)),
         key=lambda e: (e.start_ns, e.tid),
     )
     if not calls or len(calls) != len(works):
-        return works
+        return works, {}
     out = []
+    issued: dict[int, int] = {}
     differ: list[str] = []
     for w, call in zip(sorted(works, key=lambda e: (e.start_ns, e.tid)), calls, strict=True):
         asked = collective_type(call.name)
@@ -387,9 +398,10 @@ def _typed_by_c10d(works: list[Event], evs: Sequence[Event], anomalies: Anomalie
             differ.append(f"{w.name} issued by {call.name}")
             w = replace(w, collective=asked)
         out.append(w)
+        issued[id(w)] = call.start_ns
     if differ:
         anomalies.add("range_name_disagrees", rank, f"{differ[0]} (type taken from the c10d call)", len(differ))
-    return out
+    return out, issued
 
 
 def _gpu_clips(
@@ -438,11 +450,13 @@ class _Busy:
     def __init__(self, evs: Sequence[Event], sections: Sequence[str], gpu_events: Sequence[Event]) -> None:
         per_tid: dict[int, list[Event]] = defaultdict(list)
         self.c10d: dict[int, list[int]] = defaultdict(list)
+        self.calls: dict[int, list[Span]] = defaultdict(list)
         for e in evs:
             if e.kind is Kind.OP and e.name not in sections and step_number(e.name) is None:
                 per_tid[e.tid].append(e)
                 if e.name.startswith(C10D_PREFIX):
                     self.c10d[e.tid].append(e.start_ns)
+                    self.calls[e.tid].append((e.start_ns, e.end_ns))
         self.spans: dict[int, list[Span]] = {}
         for tid, ops in per_tid.items():
             flags = communicating([(e.start_ns, e.end_ns, e.name) for e in ops])
@@ -453,27 +467,37 @@ class _Busy:
             (e.start_ns, e.end_ns) for e in gpu_events if not is_collective_kernel(e.name) and e.bad is None
         )
 
-    def cpu(self, section: Event, works: Sequence[Event]) -> list[Span]:
-        """Compute spans inside ``section`` on its thread and on every thread that issued a collective in it."""
+    def cpu(self, section: Event, works: Sequence[Event]) -> tuple[list[Span], list[Span]]:
+        """(compute spans, c10d call spans) inside ``section`` on its thread and on every thread that issued a
+        collective in it."""
         if not works:
-            return []
+            return [], []
         lo, hi = section.start_ns, section.end_ns
         tids = {section.tid} | {
             t for t, starts in self.c10d.items() if bisect_right(starts, hi) > bisect_left(starts, lo)
         }
-        return union(s for t in tids for s in intersect(self.spans.get(t, []), [(lo, hi)]))
+        busy = union(s for t in tids for s in intersect(self.spans.get(t, []), [(lo, hi)]))
+        return busy, union(s for t in tids for s in intersect(union(self.calls.get(t, [])), [(lo, hi)]))
 
     @staticmethod
     def split(
-        colls: list[Collective], evs: Sequence[Event], busy: Sequence[Span], window: Span | None, waits: bool
+        colls: list[Collective],
+        evs: Sequence[Event],
+        busy: Sequence[Span],
+        window: Span | None,
+        waits: bool,
+        activity: Sequence[Span] | None = None,
+        calls: Sequence[Span] = (),
     ) -> int:
         """Fill each collective's blocked and hidden time (``colls`` aligned with their events ``evs``, clipped
         to ``window``); returns the section's hidden time (ns). With ``waits`` (a CPU thread: gloo), the thread
-        is blocked only while it waits for a collective to end (:func:`pnpscale.analysis.overlap.waited`)."""
+        is blocked only while it waits for a collective to end (:func:`pnpscale.analysis.overlap.waited`).
+        ``activity``: each collective's span when not its event's (gloo: from its c10d call to its end);
+        ``calls``: the thread's time inside ``c10d::`` calls (blocked)."""
         if not colls:
             return 0
-        activity = [(e.start_ns, e.end_ns) for e in evs]
-        per, hidden = rank_blocked(activity, busy, window, waits=waits)
+        activity = activity if activity is not None else [(e.start_ns, e.end_ns) for e in evs]
+        per, hidden = rank_blocked(activity, busy, window, waits=waits, calls=calls)
         blocked = union(s for spans in per for s in spans)
         for c, e, spans, act in zip(colls, evs, per, activity, strict=True):
             lo, hi = (max(act[0], window[0]), min(act[1], window[1])) if window else act

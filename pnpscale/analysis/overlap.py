@@ -6,8 +6,9 @@ to its end; it is wrong as soon as communication overlaps computation (DDP's gra
 ``all_reduce`` hidden behind compute, collectives in flight together). pnpscale measures instead, per rank
 r and section occurrence:
 
-* the collectives' **activity** ``a_rc = [A_rc, E_rc]``: the gloo work range (on a gloo worker thread) or
-  the NCCL kernel (on a GPU stream), clipped to the section;
+* the collectives' **activity** ``a_rc = [A_rc, E_rc]``: the gloo work range (on a gloo worker thread),
+  from the start of the ``c10d::`` call that issued it when the trace pairs them (the calling thread is
+  inside the collective from then on), or the NCCL kernel (on a GPU stream); clipped to the section;
 * the rank's **busy** time ``B_r``: where the rank computes. CPU/gloo: where the innermost profiled
   operator (``cpu_op``) on a thread that issued the collectives (or holds the section range) is a
   compute operator, i.e. neither a ``c10d::`` call nor an operator that encloses one (an autograd node
@@ -28,14 +29,16 @@ For a collective that blocks every rank from start to end (``b_rc = D_rc``) this
 exactly: ``τ_rc = t_c``, so ``T = Σ_c min_r D_rc`` and ``W = mean_r Σ_c (D_rc − min_r D_rc)``.
 
 Blocked pieces travel in the tables as text (:data:`pnpscale.columns.BLOCKED_SPANS_NS`): ``"lo-hi,lo-hi"``,
-integer nanoseconds from the collective's start; ``""`` = never blocked; missing (NA) = blocked from start to
-end (tables written before this rule, which assumed it).
+integer nanoseconds from the collective's start (negative: inside the c10d call, before the gloo work
+started); ``""`` = never blocked; missing (NA) = blocked from start to end (tables written before this rule,
+which assumed it).
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -44,6 +47,7 @@ import pandas as pd
 from pnpscale import columns as K
 
 Span = tuple[int, int]
+_SPAN = re.compile(r"(-?\d+)-(-?\d+)")
 
 #: prefix of the c10d operators a thread calls to issue a collective (``c10d::allreduce_``,
 #: ``c10d::_reduce_scatter_base_``...): their time is communication, never compute.
@@ -252,13 +256,17 @@ def waited(idle: Sequence[Span], busy: Sequence[Span], ends: Sequence[int]) -> l
 
 
 def rank_blocked(
-    activity: Sequence[Span], busy: Sequence[Span], window: Span | None = None, waits: bool = False
+    activity: Sequence[Span],
+    busy: Sequence[Span],
+    window: Span | None = None,
+    waits: bool = False,
+    calls: Sequence[Span] = (),
 ) -> tuple[list[list[Span]], int]:
     """Blocked spans of each collective of one rank's section occurrence, and the hidden time (ns).
 
     ``b = (∪ activity) − busy`` (clipped to ``window``, the section), with ``waits`` (CPU threads) only its
-    part spent waiting for a collective to end (:func:`waited`); attributed by :func:`attribute`;
-    hidden ``= |∪ activity| − |b|``.
+    part spent waiting for a collective to end (:func:`waited`) plus the time inside collective calls
+    (``calls``: the thread's ``c10d::`` operators); attributed by :func:`attribute`; hidden ``= |∪ activity| − |b|``.
 
     >>> rank_blocked([(0, 100)], [])  # a collective that blocks: the whole range
     ([[(0, 100)]], 0)
@@ -266,13 +274,16 @@ def rank_blocked(
     ([[(90, 100)], [(100, 120)]], 90)
     >>> rank_blocked([(0, 100)], [(0, 40), (45, 100)], waits=True)  # ended in compute: hidden
     ([[]], 100)
+    >>> rank_blocked([(0, 100)], [(5, 100)], waits=True, calls=[(0, 5)])  # the c10d call itself is blocked
+    ([[(0, 5)]], 95)
     """
     clipped = [(max(lo, window[0]), min(hi, window[1])) if window else (lo, hi) for lo, hi in activity]
     active = union(clipped)
     busy_u = union(busy)
     blocked = subtract(active, busy_u)
     if waits:
-        blocked = waited(blocked, busy_u, [hi for lo, hi in clipped if hi > lo])
+        in_calls = intersect(blocked, union(calls))
+        blocked = union([*waited(blocked, busy_u, [hi for lo, hi in clipped if hi > lo]), *in_calls])
     return attribute(clipped, blocked), length(active) - length(blocked)
 
 
@@ -289,10 +300,11 @@ def parse_spans(text: object) -> list[Span] | None:
     """The spans of a :data:`pnpscale.columns.BLOCKED_SPANS_NS` value; ``None`` for NA (blocked throughout).
 
     Raises:
-        ValueError: text that is not ``lo-hi`` pairs of integers with ``0 <= lo < hi``.
+        ValueError: text that is not ``lo-hi`` pairs of integers with ``lo < hi`` (``lo`` is negative for
+            time in the c10d call before the work started).
 
-    >>> parse_spans("5-10,20-30"), parse_spans(""), parse_spans(None)
-    ([(5, 10), (20, 30)], [], None)
+    >>> parse_spans("5-10,20-30"), parse_spans(""), parse_spans(None), parse_spans("-40-10")
+    ([(5, 10), (20, 30)], [], None, [(-40, 10)])
     """
     if text is None or (not isinstance(text, str) and pd.isna(text)):  # type: ignore[call-overload]
         return None
@@ -300,10 +312,10 @@ def parse_spans(text: object) -> list[Span] | None:
     for part in str(text).split(","):
         if not part:
             continue
-        lo_s, sep, hi_s = part.partition("-")
-        lo, hi = int(lo_s), int(hi_s)
-        if not sep or lo < 0 or hi <= lo:
-            raise ValueError(f"blocked span {part!r}: expected lo-hi with 0 <= lo < hi (ns)")
+        m = _SPAN.fullmatch(part)
+        if m is None or int(m.group(2)) <= int(m.group(1)):
+            raise ValueError(f"blocked span {part!r}: expected lo-hi, integers with lo < hi (ns)")
+        lo, hi = int(m.group(1)), int(m.group(2))
         out.append((lo, hi))
     return out
 
