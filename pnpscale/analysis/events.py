@@ -368,6 +368,10 @@ def section_records(
 _RANGE_KINDS = (Kind.CPU, Kind.OP)
 
 
+#: collectives gloo runs as another algorithm, named after it in its range (FSDP's reduce_scatter)
+_GLOO_RUNS_AS = {"reduce_scatter": {"all_reduce"}, "all_gather": {"all_reduce"}}
+
+
 def _typed_by_c10d(
     works: list[Event], evs: Sequence[Event], anomalies: Anomalies, rank: int | None
 ) -> tuple[list[Event], dict[int, int]]:
@@ -375,9 +379,11 @@ def _typed_by_c10d(
 
     The gloo range is named after the algorithm that ran (FSDP's ``reduce_scatter`` runs as
     ``gloo:all_reduce``); the ``c10d::`` operator on the calling thread names the collective that was
-    asked for. A process group runs its work in issue order, so the k-th call (by start) issued the
-    k-th work range (by start) when the trace holds as many of each; otherwise the ranges keep their
-    own names. Each disagreement is recorded (``range_name_disagrees``).
+    asked for. A process group runs its work in issue order: the work ranges, by start, are paired in order
+    with the calls, each with the first call not yet paired that started before it and asked for the
+    collective the range ran (or one gloo runs as it: :data:`_GLOO_RUNS_AS`); calls passed over have no gloo
+    work range (another backend's). A work range with no call (issued before the profiler started) keeps its
+    own name. Each disagreement is recorded (``range_name_disagrees``).
 
     Returns:
         (the work ranges, typed; ``id(range) -> start of its c10d call`` (ns) for the paired ones: the calling
@@ -387,18 +393,26 @@ def _typed_by_c10d(
         (e for e in evs if e.kind is Kind.OP and e.name.startswith(C10D_PREFIX) and collective_type(e.name)),
         key=lambda e: (e.start_ns, e.tid),
     )
-    if not calls or len(calls) != len(works):
+    if not calls:
         return works, {}
     out = []
     issued: dict[int, int] = {}
     differ: list[str] = []
-    for w, call in zip(sorted(works, key=lambda e: (e.start_ns, e.tid)), calls, strict=True):
-        asked = collective_type(call.name)
-        if asked and asked != (w.collective or collective_type(w.name)):
-            differ.append(f"{w.name} issued by {call.name}")
-            w = replace(w, collective=asked)
+    k = 0
+    for w in sorted(works, key=lambda e: (e.start_ns, e.tid)):
+        ran = w.collective or collective_type(w.name)
+        while k < len(calls) and calls[k].start_ns <= w.start_ns:
+            call = calls[k]
+            k += 1
+            asked = collective_type(call.name)
+            if asked != ran and ran not in _GLOO_RUNS_AS.get(asked or "", ()):
+                continue  # a call without a gloo work range (another backend's, or not recorded)
+            if asked and asked != ran:
+                differ.append(f"{w.name} issued by {call.name}")
+                w = replace(w, collective=asked)
+            issued[id(w)] = call.start_ns
+            break
         out.append(w)
-        issued[id(w)] = call.start_ns
     if differ:
         anomalies.add("range_name_disagrees", rank, f"{differ[0]} (type taken from the c10d call)", len(differ))
     return out, issued

@@ -391,6 +391,7 @@ def markdown(
                     "compute s": _fmt(r[K.COMPUTE_S], ".4g"),
                     "transfer s": _fmt(r[K.TRANSFER_S], ".4g"),
                     "wait s": _fmt(r[K.WAIT_S], ".4g"),
+                    "hidden s": _fmt(r.get(K.HIDDEN_S), ".4g"),
                     "LB": _fmt(r[K.LB], ".3f"),
                     "CommE": _fmt(r[K.COMM_E], ".3f"),
                     "PE": _fmt(r[K.PE], ".3f"),
