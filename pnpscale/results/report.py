@@ -374,7 +374,9 @@ def markdown(
     lines += [
         "Times are seconds per measured iteration summed over sections; scaled cost is GPU-seconds relative to "
         "the smallest GPU count of each (problem, mode) (1.0 = linear scaling); LB = ΣC/ΣC_max, "
-        "CommE = ΣC_max/ΣS, PE = LB × CommE (POP). `missing` marks a point without a complete run.",
+        "CommE = ΣC_max/ΣS_max (S_max: the slowest rank's section time), PE = LB × CommE (POP); hidden s is "
+        "communication overlapped by compute (not in compute + transfer + wait). `missing` marks a point without "
+        "a complete run.",
         "",
     ]
     checks = {(c["problem"], c["mode"]): c for c in headline_checks(table)}
