@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-JOBS = ("ddp", "hidden", "concurrent", "imbalanced")
+JOBS = ("ddp", "ddp_default", "hidden", "concurrent", "imbalanced", "fsdp")
 ITERATIONS = 4
 
 
@@ -93,21 +93,28 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     clock = Clock()
     m = torch.rand(192, 192) / 192
-    if job == "ddp":
+    if job.startswith("ddp"):
         import torchvision
 
         net = torchvision.models.resnet18(num_classes=10)
-        # a small bucket cap so that resnet18's 11M parameters make several buckets (default 25 MB: 2)
-        model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=8)
+        # resnet18's 45 MB of gradients in DDP's buckets: the default 25 MB ones ("ddp_default"), or at most
+        # 8 MB ("ddp": 4 all_reduces per backward)
+        model = torch.nn.parallel.DistributedDataParallel(net, **({"bucket_cap_mb": 8} if job == "ddp" else {}))
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         data = torch.rand(4, 3, 32, 32)
         target = torch.randint(0, 10, (4,))
+    if job == "fsdp":  # FSDP on CPU: its gradients' reduce_scatter runs as gloo:all_reduce
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        mlp = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        sharded = FullyShardedDataParallel(mlp, device_id=torch.device("cpu"))
+        batch = torch.rand(8, 256)
     payload = torch.ones(1 << 20)  # 4 MB
     other = torch.ones(1 << 20)
     dist.barrier()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for it in range(ITERATIONS):
-            if job == "ddp":
+            if job.startswith("ddp"):
                 with clock.section("forward", it):
                     loss = torch.nn.functional.cross_entropy(model(data), target)
                 with clock.section("backward", it):
@@ -127,6 +134,9 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
                         _compute(m, 0.06)  # rank 0 waits for rank 1 on both collectives
                     clock.wait(w1)
                     clock.wait(w2)
+            elif job == "fsdp":
+                with clock.section("step", it):
+                    sharded(batch).sum().backward()
             elif job == "imbalanced":
                 with clock.section("work", it):  # no collective: rank 1 works 60 ms longer
                     _compute(m, 0.04 + (0.06 if rank == 1 else 0.0))

@@ -52,9 +52,11 @@ def _comm_e_at_most_1(doc: dict) -> None:
         assert m["comm_e"] is None or m["comm_e"] <= 1 + 1e-12
 
 
-def test_ddp_with_several_buckets(tmp_path):
-    """resnet18 under DDP (bucket_cap_mb=8: several gradient buckets all_reduced while backward runs)."""
-    g, sections, doc = _analyse(tmp_path, "ddp", "forward,backward")
+@pytest.mark.parametrize("job", ["ddp", "ddp_default"])
+def test_ddp_with_several_buckets(tmp_path, job):
+    """resnet18 at 32x32 under DDP, gradient buckets all_reduced while backward runs (default buckets, and
+    bucket_cap_mb=8)."""
+    g, sections, doc = _analyse(tmp_path, job, "forward,backward")
     _agree(g)
     _comm_e_at_most_1(doc)
     backward = sections[(sections[K.SECTION] == "backward") & ~sections[K.WARMUP]]
@@ -91,3 +93,14 @@ def test_collective_free_imbalanced_section(tmp_path):
     assert work["lb"] == pytest.approx(wall.mean() / wall.max(), abs=0.1)
     _comm_e_at_most_1(doc)
     _agree(g)
+
+
+def test_fsdp_reduce_scatter_is_typed_from_its_c10d_call(tmp_path):
+    """FSDP on CPU: gloo runs the gradients' reduce_scatter as ``gloo:all_reduce``; the c10d call names it."""
+    out = overlap_jobs.run("fsdp", tmp_path / "fsdp")
+    assert main([str(out / "traces"), "--sections", "step", "--out", str(out / "analysis")]) == 0
+    colls = pd.read_parquet(out / "analysis" / "collectives.parquet")
+    per_it = colls.groupby([K.RANK, K.ITERATION])[K.COLLECTIVE].apply(list)
+    assert all(v == ["all_gather", "reduce_scatter"] for v in per_it), per_it
+    doc = json.loads((out / "analysis" / ANALYSIS_JSON).read_text())
+    assert any(a["kind"] == "range_name_disagrees" for a in doc["anomalies"])

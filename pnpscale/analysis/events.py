@@ -10,7 +10,13 @@ Rules:
 * A section occurrence is a CPU range event whose name is a section name (a
   ``torch.profiler.record_function``). The k-th occurrence of a name is iteration k.
 * CPU backends (gloo): section time is the wall span of that range; collectives are the
-  ``gloo:*`` work ranges (on gloo worker threads) that start inside it.
+  ``gloo:*`` work ranges (on gloo worker threads) that start inside it, typed and timed from the
+  ``c10d::`` call that issued each (:func:`_typed_by_c10d`).
+* Cost of a collective: the time the rank was blocked on it (:mod:`pnpscale.analysis.overlap`): CPU, the
+  calling thread's time in ``c10d::`` calls and waiting for a collective to end, outside compute operators
+  (``Kind.OP``: profiled ``cpu_op`` operators); CUDA, collective kernels minus the rank's other GPU events.
+  The rest of a collective's time is hidden. In GPU-span mode a section's GPU work that runs past the next
+  section's first GPU start is clipped there (:func:`_gpu_clips`).
 * CUDA (NCCL): section time is the span of the GPU work launched inside the range (first kernel
   start to last kernel end, kept as ``gpu_span_s``); for pnpscale's own runs (``cpu_start``: every
   section starts with the GPU idle, after a synchronize and a barrier) it runs from the CPU range
