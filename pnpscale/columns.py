@@ -3,19 +3,27 @@
 Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_GBps`` 1e9 bytes per second.
 
 ``ranks.parquet`` — one row per rank x iteration x section:
-    RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES, GPU_SPAN_S
-    (SECTION_S on CUDA: CPU range start to last GPU end; GPU_SPAN_S: first to last GPU event, NaN on CPU)
+    RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES, GPU_SPAN_S,
+    HIDDEN_S
+    (SECTION_S on CUDA: CPU range start to last GPU end; GPU_SPAN_S: first to last GPU event, NaN on CPU;
+    COMM_S: the time the rank was blocked on its collectives, their union minus its compute;
+    HIDDEN_S: the collectives' time overlapped by compute; see pnpscale.analysis.overlap)
 
 ``collectives.parquet`` — one row per rank x iteration x section x collective:
-    RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN
-    (START_S: the collective's start on the rank's clock, same origin as the rank's section START_S;
-    absent, or NaN, in run folders written before it existed)
+    RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN, BLOCKED_S, HIDDEN_S,
+    BLOCKED_SPANS_NS
+    (DURATION_S: the work range or kernel; BLOCKED_S: the part of it the rank was blocked on, given to this
+    collective; HIDDEN_S: the part overlapped by compute; BLOCKED_SPANS_NS: the blocked spans as text,
+    "lo-hi,..." ns from START_S; NA in older folders = blocked throughout. START_S: the collective's start
+    on the rank's clock, same origin as the rank's section START_S; absent, or NaN, in run folders written
+    before it existed)
 
 ``sections.parquet`` — one row per iteration x section (the POP decomposition):
     ITERATION, SECTION, WARMUP, WORLD_SIZE, SECTION_S, SECTION_MAX_S, COMPUTE_S, COMPUTE_MAX_S,
     TRANSFER_S, WAIT_S, LB, N_COLLECTIVES, MAIN_COLLECTIVE, MAIN_PAYLOAD_BYTES, N_MAIN,
-    MAIN_TRANSFER_S, OTHER_PAYLOAD_BYTES, WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S
-    (the three wait parts sum to WAIT_S; see pnpscale.analysis.waits; NA in older run folders)
+    MAIN_TRANSFER_S, OTHER_PAYLOAD_BYTES, WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S, HIDDEN_S
+    (HIDDEN_S: mean over ranks of the collectives' time overlapped by compute, not in C + T + W; the
+    three wait parts sum to WAIT_S; see pnpscale.analysis.waits; NA in older run folders)
 
 ``timeline.json`` is built from the slices table of :func:`pnpscale.analysis.timeline.slices`, one row per
 rank x iteration x section x slice: TIMELINE_COLUMNS (KIND: compute | transfer | wait | hidden).
@@ -61,19 +69,27 @@ WAIT_JITTER_S = "wait_jitter_s"
 #: the wait split by cause (pnpscale.analysis.waits): late start + uneven work + jitter = wait.
 WAIT_CAUSES = (WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S)
 GPU_SECONDS = "gpu_seconds"
-#: optional: communication time hidden behind compute (per collective / section), when a decomposition of
-#: overlapped communication provides it; the timeline draws it as its own slice kind.
+#: communication overlapped by computation (pnpscale.analysis.overlap): not part of C + T + W
 HIDDEN_S = "hidden_s"
+#: hidden / (hidden + transfer + wait): the share of the collectives' time that compute hid
+HIDDEN_SHARE = "hidden_share"
+BLOCKED_S = "blocked_s"
+BLOCKED_SPANS_NS = "blocked_spans_ns"
 KIND = "kind"
 
 RANKS_COLUMNS = (
     RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES, GPU_SPAN_S,
+    HIDDEN_S,
 )  # fmt: skip
-COLLECTIVES_COLUMNS = (RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN)
+COLLECTIVES_COLUMNS = (
+    RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN,
+    BLOCKED_S, HIDDEN_S, BLOCKED_SPANS_NS,
+)  # fmt: skip
 SECTIONS_COLUMNS = (
     ITERATION, SECTION, WARMUP, WORLD_SIZE, SECTION_S, SECTION_MAX_S, COMPUTE_S, COMPUTE_MAX_S,
     TRANSFER_S, WAIT_S, LB, N_COLLECTIVES, MAIN_COLLECTIVE, MAIN_PAYLOAD_BYTES, N_MAIN, MAIN_TRANSFER_S,
     OTHER_PAYLOAD_BYTES, WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S,
+    HIDDEN_S,
 )  # fmt: skip
 
 #: Columns a run folder's table must have: the readers (metrics, wait by cause, the report, ``load``) need

@@ -186,7 +186,12 @@ def test_real_sampled_pair_of_128(shared_traces, tmp_path, capsys):
     assert len(colls) == 2 * 2 * 5  # ranks x steps x NCCL kernels, matched by order within each stream
     sections = pd.read_parquet(tmp_path / layout.SECTIONS)
     dmin = colls.groupby([K.ITERATION, K.SEQ])[K.DURATION_S].min().groupby(K.ITERATION).sum()
-    assert sections[K.TRANSFER_S].tolist() == pytest.approx(dmin.tolist(), abs=1e-12)
+    # a real training job: its NCCL kernels overlap compute kernels on other streams, so the rank is blocked
+    # on them for less than their length (the study's min_r D_rc counts them whole): transfer is the blocked
+    # time after the last rank entered, at most min_r D_rc; the rest of each kernel is hidden
+    assert (sections[K.TRANSFER_S].to_numpy() <= dmin.to_numpy() + 1e-12).all()
+    assert (colls[K.BLOCKED_S] + colls[K.HIDDEN_S] - colls[K.DURATION_S]).abs().max() < 1e-9  # one stream
+    assert sections[K.HIDDEN_S].sum() > 0.05 and (colls[K.HIDDEN_S] > 0).mean() > 0.5
 
 
 def test_real_gloo_trace_with_file_name_and_distributed_info(shared_traces, tmp_path, capsys):
@@ -194,14 +199,15 @@ def test_real_gloo_trace_with_file_name_and_distributed_info(shared_traces, tmp_
     (trace,), world = assign_ranks([read_header(f) for f in src.iterdir()], partial=True)
     assert (trace.rank, trace.source, world, trace.info.backend) == (34, "distributedInfo", 300, "gloo")
     # its two gloo:all_reduce run concurrently on two worker threads: 0.34 s of collectives in a 0.21 s
-    # step; summing them would give a negative compute, so the invariant check refuses (nothing written)
+    # step, refused once (their sum gave a negative compute); counted once, their union: 18.476 ms to
+    # 26.783 + 170.471 ms after the step's start = 0.178777 s (no operator recorded: nothing hidden)
     code, _, err = run_main(src, "--sections", "step=ProfilerStep#*", "--partial", "--out", tmp_path, capsys=capsys)
-    assert code == 1
-    assert (
-        "iteration 0 section 'step' rank 34: collectives take 0.343680971 s of a 0.210109162 s section "
-        "(need 0 <= sum D_rc <= S_r;" in err
-    )
-    assert not (tmp_path / ANALYSIS_JSON).exists()
+    assert code == 0, err
+    ranks = pd.read_parquet(tmp_path / layout.RANKS).iloc[0]
+    assert ranks[K.COMM_S] == pytest.approx(0.026782656 + 0.170471258 - 0.018476487, abs=1e-9)
+    assert ranks[K.HIDDEN_S] == 0 and ranks[K.SECTION_S] == pytest.approx(0.210109162)
+    sec = pd.read_parquet(tmp_path / layout.SECTIONS).iloc[0]
+    assert sec[K.COMPUTE_S] + sec[K.TRANSFER_S] + sec[K.WAIT_S] == pytest.approx(sec[K.SECTION_S], abs=1e-9)
 
 
 # --- offline == live ------------------------------------------------------------------------------

@@ -222,7 +222,9 @@ def test_the_chart_draws_a_hidden_slice_when_the_collectives_have_one(tmp_path):
     colls[K.HIDDEN_S] = 0.5 * colls[K.DURATION_S]  # a decomposition of overlapped communication provides it
     run_dir = tmp_path / layout.point_subdir("2d", "inference", 2)
     written = write_tables(run_dir, ranks, colls.drop(columns=[K.HIDDEN_S]))
-    c = pd.read_parquet(run_dir / layout.COLLECTIVES).merge(colls[[K.RANK, K.ITERATION, K.SECTION, K.SEQ, K.HIDDEN_S]])
+    keys = [K.RANK, K.ITERATION, K.SECTION, K.SEQ]
+    c = pd.read_parquet(run_dir / layout.COLLECTIVES).drop(columns=[K.HIDDEN_S], errors="ignore")
+    c = c.merge(colls[[*keys, K.HIDDEN_S]], on=keys)
     c.to_parquet(run_dir / layout.COLLECTIVES, index=False)
     view = pd.DataFrame({"problem": "2d", "mode": "inference", "gpus": [2], "section": "all", "status": "complete",
                          "run_dir": str(run_dir)})  # fmt: skip

@@ -173,7 +173,9 @@ def test_gloo_work_on_worker_threads(tmp_path):
         ("broadcast", 8, None),
     ]
     assert g.section_s == pytest.approx(1e-3) and d.collectives == []
-    assert tr.info.events_kept == 5 and tr.info.events_read == 7  # c10d op and metadata dropped
+    # metadata dropped; the c10d call is kept (it names the collective asked for, and its time is not compute)
+    assert tr.info.events_kept == 6 and tr.info.events_read == 7
+    assert [e.kind for e in tr.events if e.name == "c10d::allreduce_"] == [Kind.OP]
 
 
 def test_glob_sections_are_renamed(tmp_path):

@@ -5,6 +5,8 @@
 * :mod:`~pnpscale.analysis.traces`: streaming reader of Kineto JSON traces (offline);
 * :mod:`~pnpscale.analysis.anomalies`: what an analysis dropped, assumed or repaired, per kind;
 * :mod:`~pnpscale.analysis.nccl_log`: NCCL debug logs -> topology and algorithm per collective;
+* :mod:`~pnpscale.analysis.overlap`: intervals: the time a rank is blocked on communication, unions of
+  concurrent collectives, hidden (overlapped) communication;
 * :mod:`~pnpscale.analysis.metrics`: compute / transfer / wait, LB, CommE, PE;
 * :mod:`~pnpscale.analysis.waits`: wait split by cause (late start, uneven work, jitter);
 * :mod:`~pnpscale.analysis.tables`: the three parquet tables of a run (and its ``timeline.json``), built from

@@ -27,6 +27,10 @@ KINDS: dict[str, str] = {
     "collective_without_kernel": "CPU-side collective descriptor without a GPU kernel in its section "
     "(profiler dropped kernels, or coalesced collectives)",
     "kernel_name_disagrees": "kernel name hints another collective than its CPU descriptor: the descriptor wins",
+    "range_name_disagrees": "a gloo work range is named after another collective than the c10d call that issued "
+    "it (FSDP's reduce_scatter runs as gloo:all_reduce): the c10d call wins",
+    "gpu_work_past_next_section": "a section's GPU work runs past the start of the next section's (asynchronous "
+    "GPU pipeline): clipped to its own section, so no GPU time is counted twice",
     "nested_sections": "section nested in another: the 'all' row counts the outer section only",
     "step_not_on_every_rank": "ProfilerStep numbers missing on another rank: those steps dropped",
     "rank_overridden": "--rank given for a trace that states another rank: --rank used",

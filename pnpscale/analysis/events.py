@@ -10,7 +10,13 @@ Rules:
 * A section occurrence is a CPU range event whose name is a section name (a
   ``torch.profiler.record_function``). The k-th occurrence of a name is iteration k.
 * CPU backends (gloo): section time is the wall span of that range; collectives are the
-  ``gloo:*`` work ranges (on gloo worker threads) that start inside it.
+  ``gloo:*`` work ranges (on gloo worker threads) that start inside it, typed and timed from the
+  ``c10d::`` call that issued each (:func:`_typed_by_c10d`).
+* Cost of a collective: the time the rank was blocked on it (:mod:`pnpscale.analysis.overlap`): CPU, the
+  calling thread's time in ``c10d::`` calls and waiting for a collective to end, outside compute operators
+  (``Kind.OP``: profiled ``cpu_op`` operators); CUDA, collective kernels minus the rank's other GPU events.
+  The rest of a collective's time is hidden. In GPU-span mode a section's GPU work that runs past the next
+  section's first GPU start is clipped there (:func:`_gpu_clips`).
 * CUDA (NCCL): section time is the span of the GPU work launched inside the range (first kernel
   start to last kernel end, kept as ``gpu_span_s``); for pnpscale's own runs (``cpu_start``: every
   section starts with the GPU idle, after a synchronize and a barrier) it runs from the CPU range
@@ -60,6 +66,18 @@ from pnpscale.analysis.kineto import (
     payload_bytes,
     step_number,
 )
+from pnpscale.analysis.overlap import (
+    C10D_PREFIX,
+    Span,
+    communicating,
+    compute_spans,
+    intersect,
+    length,
+    rank_blocked,
+    spans_text,
+    subtract,
+    union,
+)
 from pnpscale.core.errors import PnpscaleError
 
 
@@ -69,6 +87,7 @@ class Kind(StrEnum):
     CPU = "cpu"  # an operator or record_function range on a CPU thread
     GPU = "gpu"  # a kernel, memcpy or memset on a GPU stream
     RUNTIME = "runtime"  # a CUDA runtime/driver call (cudaLaunchKernel, ...) on a CPU thread
+    OP = "op"  # a profiled operator (cpu_op: aten::*, c10d::*, autograd nodes) on a CPU thread
 
 
 # the vocabulary lives in pnpscale.analysis.kineto; re-exported here for callers of this module
@@ -128,6 +147,11 @@ class Collective:
         group, group_seq: process group and sequence number within it, when the trace has them.
         start_s: start of the gloo work range or NCCL kernel, seconds on the same clock and origin as
             :attr:`SectionRecord.start_s` (the rank's arrival at the collective), when known.
+        blocked_s: the part of ``duration_s`` during which the rank was blocked on this collective
+            (:mod:`pnpscale.analysis.overlap`); ``None``: unknown, taken as blocked throughout.
+        hidden_s: the part of ``duration_s`` overlapped by the rank's compute (0 when unknown).
+        blocked_spans: the blocked spans as text (``"lo-hi,..."``, ns from the collective's start;
+            :func:`pnpscale.analysis.overlap.spans_text`), ``None`` when unknown.
     """
 
     seq: int
@@ -138,6 +162,9 @@ class Collective:
     group: str | None = None
     group_seq: int | None = None
     start_s: float | None = None
+    blocked_s: float | None = None
+    hidden_s: float = 0.0
+    blocked_spans: str | None = None
 
 
 @dataclass(slots=True)
@@ -156,6 +183,7 @@ class SectionRecord:
         missing_kernels: CPU-side collective descriptors inside that have no GPU kernel (CUDA).
         gpu_span_s: on CUDA, first GPU start to last GPU end of the work launched inside (seconds;
             ``None`` without GPU work, and on CPU backends).
+        hidden_s: the collectives' time overlapped by the rank's compute, their union (seconds).
     """
 
     iteration: int
@@ -168,6 +196,12 @@ class SectionRecord:
     bad: str | None = None
     missing_kernels: int = 0
     gpu_span_s: float | None = None
+    hidden_s: float = 0.0
+
+    @property
+    def comm_s(self) -> float:
+        """Time blocked on the collectives (their durations where the blocked time is unknown)."""
+        return sum(c.duration_s if c.blocked_s is None else c.blocked_s for c in self.collectives)
 
 
 class SectionError(PnpscaleError, ValueError):
@@ -214,7 +248,7 @@ def section_records(
     """
     anomalies = anomalies if anomalies is not None else Anomalies()
     evs = sorted(events, key=lambda e: (e.start_ns, -e.end_ns))
-    ranges = [e for e in evs if e.kind is Kind.CPU and e.name in sections]
+    ranges = [e for e in evs if e.kind in _RANGE_KINDS and e.name in sections]
     counts = {s: sum(1 for r in ranges if r.name == s) for s in sections}
     if not ranges or len(set(counts.values())) != 1:
         raise SectionError(
@@ -223,7 +257,9 @@ def section_records(
             + " (expected the same non-zero count for every section)"
         )
     parents = _nesting(ranges, counts)
-    step_ranges = [e for e in evs if e.kind is Kind.CPU and e.name not in sections and step_number(e.name) is not None]
+    step_ranges = [
+        e for e in evs if e.kind in _RANGE_KINDS and e.name not in sections and step_number(e.name) is not None
+    ]
     step_starts = [e.start_ns for e in step_ranges]
     descriptor_events = [e for e in evs if e.kind is Kind.CPU and is_descriptor(e.name)]
     gpu_events = _place_unknown_launches([e for e in evs if e.kind is Kind.GPU], descriptor_events, anomalies, rank)
@@ -233,9 +269,13 @@ def section_records(
             "a CUDA run whose profiler recorded no GPU event (kernels, memcpy): CUPTI did not trace (another "
             "profiler attached, or CUPTI unavailable); see the Kineto messages in the rank's stderr"
         )
-    cpu_comm = _Window([e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)])
+    works = [e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)]
+    typed, issued = _typed_by_c10d(works, evs, anomalies, rank)
+    cpu_comm = _Window(typed)
     descriptors = _Window(descriptor_events)
+    busy = _Busy(evs, sections, gpu_events)
     origin = ranges[0].start_ns
+    clips = {} if cpu_start or not gpu else _gpu_clips(ranges, parents, gpu, anomalies, rank)
     occurrence: dict[str, int] = defaultdict(int)
     out: list[SectionRecord] = []
     for r, parent in zip(ranges, parents, strict=True):
@@ -251,6 +291,11 @@ def section_records(
             descs = _descriptors_in(descriptors.between(r.start_ns, r.end_ns))
             n_descs = len(descs) if require_gpu else 0  # offline: recorded as anomalies below
             section_ns, gpu_span_ns = cuda_section_span(r, launched, n_descs, len(kernels), it, cpu_start)
+            window = None
+            if id(r) in clips and gpu_span_ns is not None:  # GPU work past the next section's start: clipped
+                first = min(e.start_ns for e in launched)
+                window = (first, clips[id(r)])
+                section_ns = gpu_span_ns = clips[id(r)] - first
             # by issue order: kernels by launch, descriptors by start; trusted when one CPU thread issued
             # them all (its order is the kernels' order), else only where every kernel name agrees
             by_launch = sorted(range(len(kernels)), key=lambda j: (_launch_key(kernels[j]), kernels[j].start_ns))
@@ -283,6 +328,7 @@ def section_records(
                 gseq = k.group_seq if k.group_seq is not None else (d.group_seq if d else None)
                 start = (k.start_ns - origin) * 1e-9
                 colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
+            hidden_ns = busy.split(colls, kernels, busy.gpu, window, waits=False)
             bad = bad or next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
         else:
             gpu_span_ns = None
@@ -300,6 +346,10 @@ def section_records(
                 )
                 for i, e in enumerate(works)
             ]
+            # from the c10d call on: the calling thread is inside the collective (enqueue, then Work.wait())
+            called = [(min(issued.get(id(e), e.start_ns), e.start_ns), e.end_ns) for e in works]
+            computing, in_calls = busy.cpu(r, works)
+            hidden_ns = busy.split(colls, works, computing, (r.start_ns, r.end_ns), True, called, in_calls)
             bad = bad or next((f"{e.name!r}: {e.bad}" for e in works if e.bad), None)
             section_ns = r.duration_ns
         out.append(
@@ -314,9 +364,168 @@ def section_records(
                 bad,
                 missing,
                 None if gpu_span_ns is None else gpu_span_ns * 1e-9,
+                hidden_ns * 1e-9,
             )  # fmt: skip
         )
     return out
+
+
+#: kinds of events that may be a section or ``ProfilerStep`` range (``record_function`` ranges are
+#: ``user_annotation``; some ranges, e.g. ``ProfilerStep#N`` in some versions, are ``cpu_op``).
+_RANGE_KINDS = (Kind.CPU, Kind.OP)
+
+
+#: collectives gloo runs as another algorithm, named after it in its range (FSDP's reduce_scatter)
+_GLOO_RUNS_AS = {"reduce_scatter": {"all_reduce"}, "all_gather": {"all_reduce"}}
+
+
+def _typed_by_c10d(
+    works: list[Event], evs: Sequence[Event], anomalies: Anomalies, rank: int | None
+) -> tuple[list[Event], dict[int, int]]:
+    """Collective types of gloo work ranges from the ``c10d::`` calls that issued them, and when each was issued.
+
+    The gloo range is named after the algorithm that ran (FSDP's ``reduce_scatter`` runs as
+    ``gloo:all_reduce``); the ``c10d::`` operator on the calling thread names the collective that was
+    asked for. A process group runs its work in issue order: the work ranges, by start, are paired in order
+    with the calls, each with the first call not yet paired that started before it and asked for the
+    collective the range ran (or one gloo runs as it: :data:`_GLOO_RUNS_AS`); calls passed over have no gloo
+    work range (another backend's). A work range with no call (issued before the profiler started) keeps its
+    own name. Each disagreement is recorded (``range_name_disagrees``).
+
+    Returns:
+        (the work ranges, typed; ``id(range) -> start of its c10d call`` (ns) for the paired ones: the calling
+        thread is inside the collective from that moment).
+    """
+    calls = sorted(
+        (e for e in evs if e.kind is Kind.OP and e.name.startswith(C10D_PREFIX) and collective_type(e.name)),
+        key=lambda e: (e.start_ns, e.tid),
+    )
+    if not calls:
+        return works, {}
+    out = []
+    issued: dict[int, int] = {}
+    differ: list[str] = []
+    k = 0
+    for w in sorted(works, key=lambda e: (e.start_ns, e.tid)):
+        ran = w.collective or collective_type(w.name)
+        while k < len(calls) and calls[k].start_ns <= w.start_ns:
+            call = calls[k]
+            k += 1
+            asked = collective_type(call.name)
+            if asked != ran and ran not in _GLOO_RUNS_AS.get(asked or "", ()):
+                continue  # a call without a gloo work range (another backend's, or not recorded)
+            if asked and asked != ran:
+                differ.append(f"{w.name} issued by {call.name}")
+                w = replace(w, collective=asked)
+            issued[id(w)] = call.start_ns
+            break
+        out.append(w)
+    if differ:
+        anomalies.add("range_name_disagrees", rank, f"{differ[0]} (type taken from the c10d call)", len(differ))
+    return out, issued
+
+
+def _gpu_clips(
+    ranges: Sequence[Event], parents: Sequence[str | None], gpu: _Window, anomalies: Anomalies, rank: int | None
+) -> dict[int, int]:
+    """Where a section's GPU work runs past the start of the next section's GPU work (asynchronous GPU
+    pipelines: step k's kernels still run when step k+1's start): ``id(range) -> clip (ns)``, the next
+    section's first GPU start, so that no GPU time is counted in two sections. The next section is the next
+    range with the same enclosing section that starts after this one ends. Recorded as
+    ``gpu_work_past_next_section`` (the sections and the overlap)."""
+    spans: dict[int, tuple[int, int]] = {}
+    for r in ranges:
+        launched = gpu.between(r.start_ns, r.end_ns)
+        if launched:
+            spans[id(r)] = (min(e.start_ns for e in launched), max(e.end_ns for e in launched))
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i].start_ns)
+    index: dict[int, int] = {}
+    occurrence: dict[str, int] = defaultdict(int)
+    for i in order:
+        index[i] = occurrence[ranges[i].name]
+        occurrence[ranges[i].name] += 1
+    clips: dict[int, int] = {}
+    examples: list[str] = []
+    for pos, i in enumerate(order):
+        r = ranges[i]
+        nxt = next((j for j in order[pos + 1 :] if parents[j] == parents[i] and ranges[j].start_ns >= r.end_ns), None)
+        if nxt is None or id(r) not in spans or id(ranges[nxt]) not in spans:
+            continue
+        first, last = spans[id(r)]
+        nfirst = spans[id(ranges[nxt])][0]
+        if last > nfirst > first:
+            clips[id(r)] = nfirst
+            examples.append(
+                f"{r.name!r} iteration {index[i]}: its GPU work ends {(last - nfirst) / 1e6:.3f} ms after "
+                f"{ranges[nxt].name!r} iteration {index[nxt]} starts on the GPU"
+            )
+    if examples:
+        anomalies.add("gpu_work_past_next_section", rank, f"{examples[0]}: clipped to its own section", len(examples))
+    return clips
+
+
+class _Busy:
+    """Where one rank computes, for :mod:`pnpscale.analysis.overlap`: CPU threads' compute operators
+    (innermost operator neither a ``c10d::`` call nor enclosing one) and GPU compute events."""
+
+    def __init__(self, evs: Sequence[Event], sections: Sequence[str], gpu_events: Sequence[Event]) -> None:
+        per_tid: dict[int, list[Event]] = defaultdict(list)
+        self.c10d: dict[int, list[int]] = defaultdict(list)
+        self.calls: dict[int, list[Span]] = defaultdict(list)
+        for e in evs:
+            if e.kind is Kind.OP and e.name not in sections and step_number(e.name) is None:
+                per_tid[e.tid].append(e)
+                if e.name.startswith(C10D_PREFIX):
+                    self.c10d[e.tid].append(e.start_ns)
+                    self.calls[e.tid].append((e.start_ns, e.end_ns))
+        self.spans: dict[int, list[Span]] = {}
+        for tid, ops in per_tid.items():
+            flags = communicating([(e.start_ns, e.end_ns, e.name) for e in ops])
+            self.spans[tid] = compute_spans([(e.start_ns, e.end_ns, f) for e, f in zip(ops, flags, strict=True)])
+        for starts in self.c10d.values():
+            starts.sort()
+        self.gpu = union(
+            (e.start_ns, e.end_ns) for e in gpu_events if not is_collective_kernel(e.name) and e.bad is None
+        )
+
+    def cpu(self, section: Event, works: Sequence[Event]) -> tuple[list[Span], list[Span]]:
+        """(compute spans, c10d call spans) inside ``section`` on its thread and on every thread that issued a
+        collective in it."""
+        if not works:
+            return [], []
+        lo, hi = section.start_ns, section.end_ns
+        tids = {section.tid} | {
+            t for t, starts in self.c10d.items() if bisect_right(starts, hi) > bisect_left(starts, lo)
+        }
+        busy = union(s for t in tids for s in intersect(self.spans.get(t, []), [(lo, hi)]))
+        return busy, union(s for t in tids for s in intersect(union(self.calls.get(t, [])), [(lo, hi)]))
+
+    @staticmethod
+    def split(
+        colls: list[Collective],
+        evs: Sequence[Event],
+        busy: Sequence[Span],
+        window: Span | None,
+        waits: bool,
+        activity: Sequence[Span] | None = None,
+        calls: Sequence[Span] = (),
+    ) -> int:
+        """Fill each collective's blocked and hidden time (``colls`` aligned with their events ``evs``, clipped
+        to ``window``); returns the section's hidden time (ns). With ``waits`` (a CPU thread: gloo), the thread
+        is blocked only while it waits for a collective to end (:func:`pnpscale.analysis.overlap.waited`).
+        ``activity``: each collective's span when not its event's (gloo: from its c10d call to its end);
+        ``calls``: the thread's time inside ``c10d::`` calls (blocked)."""
+        if not colls:
+            return 0
+        activity = activity if activity is not None else [(e.start_ns, e.end_ns) for e in evs]
+        per, hidden = rank_blocked(activity, busy, window, waits=waits, calls=calls)
+        blocked = union(s for spans in per for s in spans)
+        for c, e, spans, act in zip(colls, evs, per, activity, strict=True):
+            lo, hi = (max(act[0], window[0]), min(act[1], window[1])) if window else act
+            c.blocked_s = length(spans) * 1e-9
+            c.blocked_spans = spans_text(spans, e.start_ns)
+            c.hidden_s = length(subtract([(lo, hi)] if hi > lo else [], blocked)) * 1e-9
+        return hidden
 
 
 def cuda_section_span(
@@ -725,10 +934,11 @@ def rank_rows(
                 K.WARMUP: s.iteration < warmup,
                 K.START_S: s.start_s,
                 K.SECTION_S: s.section_s,
-                K.COMM_S: sum(c.duration_s for c in s.collectives),
+                K.COMM_S: s.comm_s,
                 K.N_COLLECTIVES: len(s.collectives),
                 K.PEAK_MEM_BYTES: peaks.get((s.iteration, s.section)),
                 K.GPU_SPAN_S: s.gpu_span_s,
+                K.HIDDEN_S: s.hidden_s,
             }
         )
         for c in s.collectives:
@@ -742,6 +952,9 @@ def rank_rows(
                     K.START_S: c.start_s,
                     K.DURATION_S: c.duration_s,
                     K.PAYLOAD_BYTES: c.payload_bytes,
+                    K.BLOCKED_S: c.duration_s if c.blocked_s is None else c.blocked_s,
+                    K.HIDDEN_S: c.hidden_s,
+                    K.BLOCKED_SPANS_NS: c.blocked_spans,
                 }
             )
     return {"ranks": rows, "collectives": colls}

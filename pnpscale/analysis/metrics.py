@@ -13,7 +13,14 @@ order inside the section:
 * wait by cause (:mod:`pnpscale.analysis.waits`): ``W = late start + uneven work + jitter``.
 
 Over the measured iterations (warm-up excluded), summed per section and over all sections:
-``LB = sum C / sum C_max``, ``CommE = sum C_max / sum mean_r S_r``, ``PE = LB x CommE``.
+``LB = sum C / sum C_max``, ``CommE = sum C_max / sum S_max`` with ``S_max = max_r S_r`` (POP: the
+section's elapsed time is its slowest rank's; the study divides by ``sum mean_r S_r``, the same where
+ranks leave a section together), ``PE = sum C / sum S_max = LB x CommE``.
+
+Collectives that overlap computation (:mod:`pnpscale.analysis.overlap`): ``D_rc`` above is the
+collective's range or kernel; its cost is the rank's *blocked* time ``b_rc`` (``= D_rc`` for a collective
+that blocks from start to end), split into wait (before the last rank entered) and transfer, so
+``C = mean_r (S_r - sum_c b_rc)``; the rest of ``D_rc`` is hidden (HIDDEN_S, outside C + T + W).
 GPU-seconds of a run: ``gpus x sum of section times`` (here per measured iteration).
 """
 
@@ -26,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from pnpscale import columns as K
+from pnpscale.analysis.overlap import split_blocked
 from pnpscale.analysis.waits import wait_by_cause
 from pnpscale.core.errors import PnpscaleError
 
@@ -218,10 +226,12 @@ def decompose(
         d = collectives.pivot_table(index=[*_KEY, K.SEQ], columns=K.RANK, values=K.DURATION_S, aggfunc="first")
         d = d.reindex(columns=world)
         dmin = d.min(axis=1)
-        transfer = dmin.groupby(level=_KEY, sort=False).sum()
-        excess = d.sub(dmin, axis=0)
-        wait = excess.groupby(level=_KEY, sort=False).sum().mean(axis=1)
-        comm = collectives.groupby([*_KEY, K.RANK])[K.DURATION_S].sum().reindex(s.index, fill_value=0.0)
+        parts = split_blocked(collectives)  # per rank and collective: blocked = wait + transfer
+        per_rank = parts.groupby([collectives[k] for k in (*_KEY, K.RANK)]).sum()
+        per_rank = per_rank.reindex(s.index, fill_value=0.0)
+        transfer = per_rank[K.TRANSFER_S].groupby(level=_KEY, sort=False).sum() / w
+        wait = per_rank[K.WAIT_S].groupby(level=_KEY, sort=False).sum() / w
+        comm = per_rank[K.BLOCKED_S]
         n_coll = collectives[collectives[K.RANK] == world[0]].groupby(_KEY).size()
         main_info = _main_info(collectives, dmin)
 
@@ -239,6 +249,11 @@ def decompose(
     out[K.TRANSFER_S] = transfer.reindex(out.index, fill_value=0.0)
     out[K.WAIT_S] = wait.reindex(out.index, fill_value=0.0)
     out[K.N_COLLECTIVES] = n_coll.reindex(out.index, fill_value=0).astype("int64")
+    if K.HIDDEN_S in ranks:  # tables without it (hand-made, older folders) assume blocking collectives
+        hidden = ranks.set_index([*_KEY, K.RANK])[K.HIDDEN_S].astype("float64")
+        out[K.HIDDEN_S] = hidden.groupby(level=_KEY, sort=False).mean().reindex(out.index)
+    else:
+        out[K.HIDDEN_S] = 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
         out[K.LB] = np.where(out[K.COMPUTE_MAX_S] != 0, out[K.COMPUTE_S] / out[K.COMPUTE_MAX_S], np.nan)
     out = out.join(main_info.reindex(out.index))
@@ -340,9 +355,15 @@ def summarize(sections: pd.DataFrame, gpus: int, nested: Mapping[str, str] | Non
     Returns:
         One row per section plus a row with SECTION ``"all"`` (sums over the top-level sections), columns
         SECTION, ``iterations``, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S (sums over
-        measured iterations, seconds; plus the wait parts of :data:`pnpscale.columns.WAIT_CAUSES` when
-        ``sections`` has them, NaN where unknown), LB = ΣC/ΣC_max, COMM_E = ΣC_max/ΣS, PE = LB x CommE, and
-        GPU_SECONDS = gpus x ΣS / iterations (GPU-seconds per measured iteration).
+        measured iterations, seconds; plus, when ``sections`` has them, the wait parts of
+        :data:`pnpscale.columns.WAIT_CAUSES`, SECTION_MAX_S and HIDDEN_S, NaN where unknown), LB = ΣC/ΣC_max,
+        COMM_E = ΣC_max/ΣS_max, PE = ΣC/ΣS_max = LB x CommE, HIDDEN_SHARE = ΣH / (ΣH + ΣT + ΣW) (NaN without
+        communication), and GPU_SECONDS = gpus x ΣS / iterations (GPU-seconds per measured iteration).
+
+    POP's elapsed time of a section is its slowest rank's, ``S_max = max_r S_r``: so CommE ≤ 1 always
+    (``C_max ≤ S_max``), a section without collectives has CommE 1 and PE = LB, and where the ranks leave
+    the section together (the study's sections all end in their all_reduce: ``S_r`` equal) this is the
+    study's ``CommE = ΣC_max / Σ mean_r S_r``. Folders older than SECTION_MAX_S use ``mean_r S_r``.
 
     Raises:
         DecompositionError: no measured (non-warm-up) iteration.
@@ -352,13 +373,18 @@ def summarize(sections: pd.DataFrame, gpus: int, nested: Mapping[str, str] | Non
         raise DecompositionError("no measured iteration (all rows are warm-up)")
     n_it = m[K.ITERATION].nunique()
     cols = [K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S]
-    causes = [c for c in K.WAIT_CAUSES if c in m.columns]  # absent in run folders older than the split
-    per = m.groupby(K.SECTION, sort=False)[cols + causes].sum(min_count=1)
+    # absent in run folders older than the wait split, S_max and hidden time
+    extra = [c for c in (*K.WAIT_CAUSES, K.SECTION_MAX_S, K.HIDDEN_S) if c in m.columns]
+    per = m.groupby(K.SECTION, sort=False)[cols + extra].sum(min_count=1)
     per.loc["all"] = per.drop(index=[s for s in (nested or {}) if s in per.index]).sum(skipna=False)
+    elapsed = per[K.SECTION_MAX_S] if K.SECTION_MAX_S in per else per[K.SECTION_S]
     with np.errstate(divide="ignore", invalid="ignore"):
         per[K.LB] = np.where(per[K.COMPUTE_MAX_S] != 0, per[K.COMPUTE_S] / per[K.COMPUTE_MAX_S], np.nan)
-        per[K.COMM_E] = np.where(per[K.SECTION_S] != 0, per[K.COMPUTE_MAX_S] / per[K.SECTION_S], np.nan)
-    per[K.PE] = per[K.LB] * per[K.COMM_E]
+        per[K.COMM_E] = np.where(elapsed != 0, per[K.COMPUTE_MAX_S] / elapsed, np.nan)
+        per[K.PE] = np.where(elapsed != 0, per[K.COMPUTE_S] / elapsed, np.nan)
+        if K.HIDDEN_S in per:
+            comm = per[K.HIDDEN_S] + per[K.TRANSFER_S] + per[K.WAIT_S]
+            per[K.HIDDEN_SHARE] = np.where(comm > 0, per[K.HIDDEN_S] / comm, np.nan)
     per[K.GPU_SECONDS] = gpus * per[K.SECTION_S] / n_it
     per.insert(0, "iterations", n_it)
     return per.reset_index().rename(columns={"index": K.SECTION})
@@ -378,7 +404,7 @@ def run_metrics(sections: pd.DataFrame, gpus: int, nested: Mapping[str, str] | N
     """
     summ = summarize(sections, gpus, nested).set_index(K.SECTION)
 
-    totals = {K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S}
+    totals = {K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, K.SECTION_MAX_S, K.HIDDEN_S}
 
     def clean(row: pd.Series) -> dict[str, Any]:
         return {

@@ -476,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summ = summarize(analysis.sections, len(analysis.traces), analysis.nested)
     if analysis.no_collectives:
         summ[[K.COMM_E, K.PE]] = float("nan")
-    cols = ["section", "iterations", K.COMPUTE_S, K.TRANSFER_S, K.WAIT_S, K.LB, K.COMM_E, K.PE]
+    cols = ["section", "iterations", K.COMPUTE_S, K.TRANSFER_S, K.WAIT_S, K.HIDDEN_S, K.LB, K.COMM_E, K.PE]
     print(
         f"pnpscale.analyze: {len(traces)} of {world} ranks, warm-up {warmup} ({warmup_from}) -> {out}\n"
         + summ[cols].to_string(index=False, float_format=lambda v: f"{v:.6g}", na_rep="n/a")

@@ -36,11 +36,14 @@ def frames(
     )
     ranks = ranks.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.WARMUP: "bool",
                           K.START_S: "float64", K.SECTION_S: "float64", K.COMM_S: "float64",
-                          K.N_COLLECTIVES: "int64", K.PEAK_MEM_BYTES: "Int64", K.GPU_SPAN_S: "float64"})  # fmt: skip
+                          K.N_COLLECTIVES: "int64", K.PEAK_MEM_BYTES: "Int64", K.GPU_SPAN_S: "float64",
+                          K.HIDDEN_S: "float64"})  # fmt: skip
     colls = colls.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.SEQ: "int64",
                           K.COLLECTIVE: "string", K.START_S: "float64", K.DURATION_S: "float64",
-                          K.PAYLOAD_BYTES: "Int64"})  # fmt: skip
+                          K.PAYLOAD_BYTES: "Int64", K.BLOCKED_S: "float64", K.HIDDEN_S: "float64",
+                          K.BLOCKED_SPANS_NS: "string"})  # fmt: skip
     colls[K.MAIN] = mark_main(colls, image_bytes, world_size=len(gathered))
+    colls = colls[list(K.COLLECTIVES_COLUMNS)]
     return ranks, colls
 
 

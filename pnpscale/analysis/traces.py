@@ -55,6 +55,7 @@ from pnpscale.analysis.kineto import (
     is_gloo_work,
     step_number,
 )
+from pnpscale.analysis.overlap import C10D_PREFIX, union
 from pnpscale.core.errors import PnpscaleError
 
 __all__ = ["TraceError", "NotATraceError", "Trace", "TraceInfo", "comm_fields", "read_header", "read_trace"]
@@ -301,6 +302,14 @@ _EVENT = re.compile(
     + rb'\s*(?:,\s*"args"\s*:\s*\{|\}))?|([^"\\]*)"))?)?'
 )
 _INT_VALUE = re.compile(rb"\s*:\s*(-?\d+)\s*[,}\s]")
+#: after a CPU event's ``"name": "..."``: ``pid, tid, ts, dur`` in Kineto's order (a cpu_op operator's times)
+_OP_TIMES = re.compile(
+    rb'\s*,\s*"pid"\s*:\s*(?:-?\d+|"[^"\\]*")\s*,\s*"tid"\s*:\s*(-?\d+)\s*,\s*"ts"\s*:\s*'
+    + _NUM
+    + rb'\s*,\s*"dur"\s*:\s*'
+    + _NUM
+    + rb"(?=\s*[,}])"
+)
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _ARRAY_TOP = re.compile(rb"\s*\[")
 _ARRAY_END = re.compile(rb"\s*\]\s*")
@@ -462,6 +471,15 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                             need = relevant[cpu_name] = cpu_needed(text(cpu_name))
                         if need:
                             decode_run(data, s, e, index - 1, False)
+                        elif cpu_cat == b"cpu_op":
+                            op = _OP_TIMES.match(data, m.end())
+                            if op is None or op.group(3)[:1] == b"-":
+                                decode_run(data, s, e, index - 1, False)
+                            else:
+                                name = text(cpu_name)
+                                collector.range_names[name] += 1
+                                ots = _ns_text(op.group(2))
+                                collector.add_op(name, ots, ots + _ns_text(op.group(3)), int(op.group(1)))
                         else:
                             collector.range_names[text(cpu_name)] += 1
                         continue
@@ -800,6 +818,9 @@ class _Collector:
         self.gpu_stream, self.gpu_name = array("q"), array("q")
         self.names: dict[str, int] = {}
         self.rt_corr, self.rt_start = array("q"), array("q")
+        # other cpu_op operators (compute or c10d calls), for the time a thread is blocked on its collectives
+        self.op_start, self.op_end, self.op_tid, self.op_name = array("q"), array("q"), array("q"), array("q")
+        self.op_names: dict[str, int] = {}
         self.range_names: Counter[str] = Counter()
         self.no_ts: list[str] = []
 
@@ -856,6 +877,10 @@ class _Collector:
         section = self._section_of(name)
         step = step_number(name) is not None
         if section is None and not step and not (is_gloo_work(name) or is_descriptor(name)):
+            if cat == "cpu_op":
+                times = self._times(ev)
+                if times is not None and times[2] is None:
+                    self.add_op(name, times[0], times[1], int_or_none(ev.get("tid")) or 0)
             return
         times = self._times(ev)
         if times is None:
@@ -876,6 +901,39 @@ class _Collector:
         if name == PARAM_COMMS and fields["collective"] in NOT_A_LAUNCH:
             return
         self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad, **fields))
+
+    def add_op(self, name: str, start: int, end: int, tid: int) -> None:
+        """A ``cpu_op`` operator that is neither a section nor a collective range (times in ns)."""
+        self.op_start.append(start)
+        self.op_end.append(end)
+        self.op_tid.append(tid)
+        self.op_name.append(self.op_names.setdefault(name, len(self.op_names)))
+
+    def _ops(self, base_ns: int) -> list[Event]:
+        """The operators that matter to blocked time: ``c10d::`` calls, and those overlapping a gloo work range
+        or a ``c10d::`` call (:mod:`pnpscale.analysis.overlap`); the rest cannot change it."""
+        import numpy as np
+
+        if not len(self.op_start):
+            return []
+        start = np.frombuffer(self.op_start, dtype=np.int64)
+        end = np.frombuffer(self.op_end, dtype=np.int64)
+        names = list(self.op_names)
+        c10d = np.array([n.startswith(C10D_PREFIX) for n in names], dtype=bool)[np.frombuffer(self.op_name, np.int64)]
+        spans = [(e.start_ns, e.end_ns) for e in self.cpu if is_gloo_work(e.name)]
+        spans += list(zip(start[c10d].tolist(), end[c10d].tolist(), strict=True))
+        merged = union(spans)
+        keep = c10d.copy()
+        if merged:
+            lo = np.array([a for a, _ in merged], dtype=np.int64)
+            hi = np.array([b for _, b in merged], dtype=np.int64)
+            i = np.searchsorted(hi, start, side="right")
+            inside = i < len(hi)
+            keep |= inside & (lo[np.minimum(i, len(lo) - 1)] < end)
+        return [
+            Event(names[self.op_name[i]], Kind.OP, int(start[i]) + base_ns, int(end[i]) + base_ns, tid=self.op_tid[i])
+            for i in np.flatnonzero(keep).tolist()
+        ]
 
     def _add_gpu(self, ev: Mapping[str, Any]) -> None:
         args = ev.get("args") or {}
@@ -938,6 +996,7 @@ class _Collector:
 
         out = [shift(e) for e in self.sections]
         out += [shift(e) for e in merge_descriptors(self.cpu)]
+        out += self._ops(base_ns)
         outside: list[str] = []
         if self.nccl:
             launches, away = launch_of(np.array([n[4] for n in self.nccl], dtype=np.int64))
@@ -1001,6 +1060,13 @@ class _Collector:
         order = valid[np.argsort(place, kind="stable")]
         placed = np.sort(place, kind="stable")
         keep = set(valid.tolist()) if self.keep_all_gpu else ({int(valid[0])} if len(valid) else set())
+        comm = union((n[1], n[2]) for n in self.nccl if n[6] is None)
+        if comm and not self.keep_all_gpu:  # compute overlapping a collective kernel hides it
+            c_lo = np.array([a for a, _ in comm], dtype=np.int64)
+            c_hi = np.array([b for _, b in comm], dtype=np.int64)
+            j = np.searchsorted(c_hi, start[valid], side="right")
+            over = (j < len(c_hi)) & (c_lo[np.minimum(j, len(c_lo) - 1)] < end[valid])
+            keep.update(valid[over].tolist())
         for r in [] if self.keep_all_gpu else self.sections:
             lo = int(np.searchsorted(placed, r.start_ns, side="left"))
             hi = int(np.searchsorted(placed, r.end_ns, side="right"))

@@ -7,7 +7,9 @@ iteration i, section s, rank r and collective c (matched across ranks by ``seq``
   (``collectives.start_s``); ``D_rc``: its duration. Ranks leave a collective together, at
   ``E_c = A_rc + D_rc``, so the POP wait of r at c, ``w_rc = D_rc − min_r' D_r'c``
   (:mod:`pnpscale.analysis.metrics`), equals ``max_r' A_r'c − A_rc``. ``w_rc`` is what is split, so
-  the three parts always sum to the section's POP wait ``W = mean_r Σ_c w_rc``.
+  the three parts always sum to the section's POP wait ``W = mean_r Σ_c w_rc``. Where compute overlaps
+  the collective (:mod:`pnpscale.analysis.overlap`), ``w_rc`` is the rank's blocked time before the last
+  rank entered (``ω_rc``); the jitter part takes the difference, so the parts still sum to ``W``.
 * Anchor: the last moment the ranks were together before c — the exit of the rank's previous
   collective in the section, or, for the section's first collective, the exit of the rank's last
   collective of an earlier section in the same iteration, else the start of the iteration's first
@@ -43,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from pnpscale import columns as K
+from pnpscale.analysis.overlap import split_blocked
 
 _KEY = [K.ITERATION, K.SECTION]
 #: per-collective columns of :func:`wait_parts`.
@@ -89,7 +92,7 @@ def wait_parts(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
     c[K.SECTION] = c[K.SECTION].astype(str)
     c[K.DURATION_S] = c[K.DURATION_S].astype("float64")
     c[K.START_S] = _starts(collectives)
-    c[K.WAIT_S] = c[K.DURATION_S] - c.groupby([*_KEY, K.SEQ])[K.DURATION_S].transform("min")
+    c[K.WAIT_S] = split_blocked(collectives)[K.WAIT_S].to_numpy()  # D_rc - min_r D_rc when blocking throughout
     c["_end"] = c[K.START_S] + c[K.DURATION_S]
 
     r = ranks[[K.RANK, K.ITERATION, K.SECTION, K.WARMUP]].copy()
@@ -171,7 +174,8 @@ def rank_table(
     """Per section x rank over the measured iterations: who is on the critical path, and why others wait.
 
     The critical-path rank of an iteration x section is the rank with the largest compute
-    ``S_r − Σ_c D_rc`` (POP's ``C_max``; ties: the lowest rank).
+    ``S_r − Σ_c b_rc`` (POP's ``C_max``, ``b_rc`` the blocked time: ``D_rc`` for a blocking collective;
+    ties: the lowest rank).
 
     Args:
         ranks, collectives: see :func:`wait_parts` (ranks also needs SECTION_S).
@@ -196,7 +200,8 @@ def rank_table(
     r = measured if not measured.empty else r
     comm = (
         collectives.assign(**{K.SECTION: collectives[K.SECTION].astype(str)})
-        .groupby([*_KEY, K.RANK])[K.DURATION_S]
+        .assign(_blocked=split_blocked(collectives)[K.BLOCKED_S])
+        .groupby([*_KEY, K.RANK])["_blocked"]
         .sum()
         .rename("_comm")
         if not collectives.empty

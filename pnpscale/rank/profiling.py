@@ -267,7 +267,7 @@ def profiler_events(
             out.append(
                 Event(
                     name,
-                    Kind.CPU,
+                    Kind.OP if act == "cpu_op" and not is_comm else Kind.CPU,
                     start,
                     end,
                     tid=int(e.start_thread_id()),

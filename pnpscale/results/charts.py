@@ -220,7 +220,7 @@ def plot_load_balance(table: pd.DataFrame) -> Figure:
 def plot_comm_efficiency(table: pd.DataFrame) -> Figure:
     """Chart 4: communication efficiency per section and combined vs GPU count."""
     return _ratio_chart(
-        table, K.COMM_E, "Communication efficiency: CommE = ΣC_max / ΣS (section solid, combined dashed)", "CommE"
+        table, K.COMM_E, "Communication efficiency: CommE = ΣC_max / ΣS_max (section solid, combined dashed)", "CommE"
     )
 
 

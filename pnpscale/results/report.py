@@ -429,7 +429,9 @@ def markdown(
     lines += [
         "Times are seconds per measured iteration summed over sections; scaled cost is GPU-seconds relative to "
         "the smallest GPU count of each (problem, mode) (1.0 = linear scaling); LB = ΣC/ΣC_max, "
-        "CommE = ΣC_max/ΣS, PE = LB × CommE (POP). `missing` marks a point without a complete run.",
+        "CommE = ΣC_max/ΣS_max (S_max: the slowest rank's section time), PE = LB × CommE (POP); hidden s is "
+        "communication overlapped by compute (not in compute + transfer + wait). `missing` marks a point without "
+        "a complete run.",
         "",
     ]
     checks = {(c["problem"], c["mode"]): c for c in headline_checks(table)}
@@ -446,6 +448,7 @@ def markdown(
                     "compute s": _fmt(r[K.COMPUTE_S], ".4g"),
                     "transfer s": _fmt(r[K.TRANSFER_S], ".4g"),
                     "wait s": _fmt(r[K.WAIT_S], ".4g"),
+                    "hidden s": _fmt(r.get(K.HIDDEN_S), ".4g"),
                     "LB": _fmt(r[K.LB], ".3f"),
                     "CommE": _fmt(r[K.COMM_E], ".3f"),
                     "PE": _fmt(r[K.PE], ".3f"),

@@ -46,6 +46,7 @@ METRIC_COLUMNS = [
     "iterations", K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, K.LB, K.COMM_E, K.PE,
     K.GPU_SECONDS, K.MAIN_PAYLOAD_BYTES, K.MAIN_TRANSFER_S, K.N_MAIN, K.OTHER_PAYLOAD_BYTES, *K.WAIT_CAUSES,
     *K.SPREAD_COLUMNS,
+    K.HIDDEN_S, K.HIDDEN_SHARE,
 ]  # fmt: skip
 
 #: Text columns of :func:`load`: pandas' ``str`` dtype (NaN where unknown), whatever their source.
@@ -422,8 +423,8 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | 
             unreadable[str(run_dir)] = f"unreadable: {text}"
             continue
         n_it = summ["iterations"].iloc[0]
-        for c in (K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, *K.WAIT_CAUSES):
-            if c not in summ:  # a run folder written before the wait split: NaN, never 0
+        for c in (K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, *K.WAIT_CAUSES, K.HIDDEN_S):
+            if c not in summ:  # a run folder written before the wait split (or hidden time): NaN, never 0
                 summ[c] = float("nan")
             summ[c] = summ[c] / n_it
         measured = sections[~sections[K.WARMUP].astype(bool)]

@@ -1,0 +1,185 @@
+"""Small 2-rank gloo jobs whose communication overlaps computation, with their own clock as the truth.
+
+Each job profiles a few iterations with ``torch.profiler`` (one session, ``prof.step()`` per iteration),
+exports one Kineto trace per rank, and writes ``truth/rank<r>.json``: per section occurrence, the time
+the calling thread was blocked on communication as the job measures it itself
+
+* ``wait_s``: ``time.perf_counter`` around each explicit collective call and its ``Work.wait()``, and
+* ``asleep_s``: wall time minus on-CPU and run-queue time of the calling thread, from
+  ``/proc/thread-self/schedstat`` at the section's entry and exit (a thread blocked in a collective sleeps),
+
+plus the section's wall time ``wall_s``. Run as ``python -m tests.overlap_jobs JOB OUT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+JOBS = ("ddp", "ddp_default", "hidden", "concurrent", "imbalanced", "fsdp")
+ITERATIONS = 4
+
+
+def _schedstat() -> tuple[int, int]:
+    """(on-CPU ns, run-queue ns) of the calling thread."""
+    with open("/proc/thread-self/schedstat") as f:
+        on_cpu, queued, _ = f.read().split()
+    return int(on_cpu), int(queued)
+
+
+class Clock:
+    """Per section occurrence: wall, asleep (schedstat) and explicit wait() time of the calling thread."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self._wait = 0.0
+
+    def section(self, name: str, iteration: int):
+        import contextlib
+
+        from torch.profiler import record_function
+
+        @contextlib.contextmanager
+        def cm():
+            self._wait = 0.0
+            cpu0, rq0 = _schedstat()
+            t0 = time.perf_counter()
+            with record_function(name):
+                yield
+            t1 = time.perf_counter()
+            cpu1, rq1 = _schedstat()
+            wall = t1 - t0
+            asleep = wall - (cpu1 - cpu0) * 1e-9 - (rq1 - rq0) * 1e-9
+            self.rows.append({"section": name, "iteration": iteration, "wall_s": wall,
+                              "asleep_s": max(asleep, 0.0), "wait_s": self._wait})  # fmt: skip
+
+        return cm()
+
+    def issue(self, call, *args, **kwargs):
+        """Call a collective (``async_op=True``), timing the call: time in it is communication too."""
+        t = time.perf_counter()
+        work = call(*args, async_op=True, **kwargs)
+        self._wait += time.perf_counter() - t
+        return work
+
+    def wait(self, work) -> None:
+        t = time.perf_counter()
+        work.wait()
+        self._wait += time.perf_counter() - t
+
+
+def _compute(x, seconds: float):
+    """Torch compute (matmuls, each a profiled op) for about ``seconds`` of this thread's CPU time."""
+    import torch
+
+    t = time.perf_counter()
+    y = x
+    while time.perf_counter() - t < seconds:
+        y = torch.tanh(x @ x)  # the same work every time (feeding y back would shrink it to denormals)
+    return y
+
+
+def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    clock = Clock()
+    m = torch.rand(192, 192) / 192
+    if job.startswith("ddp"):
+        import torchvision
+
+        net = torchvision.models.resnet18(num_classes=10)
+        # resnet18's 45 MB of gradients in DDP's buckets: the default 25 MB ones ("ddp_default"), or at most
+        # 8 MB ("ddp": 4 all_reduces per backward)
+        model = torch.nn.parallel.DistributedDataParallel(net, **({"bucket_cap_mb": 8} if job == "ddp" else {}))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        data = torch.rand(4, 3, 32, 32)
+        target = torch.randint(0, 10, (4,))
+    if job == "fsdp":  # FSDP on CPU: its gradients' reduce_scatter runs as gloo:all_reduce
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        mlp = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        sharded = FullyShardedDataParallel(mlp, device_id=torch.device("cpu"))
+        batch = torch.rand(8, 256)
+    payload = torch.ones(1 << 20)  # 4 MB
+    other = torch.ones(1 << 20)
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for it in range(ITERATIONS):
+            if job.startswith("ddp"):
+                with clock.section("forward", it):
+                    loss = torch.nn.functional.cross_entropy(model(data), target)
+                with clock.section("backward", it):
+                    loss.backward()
+                opt.step()
+                opt.zero_grad()
+            elif job == "hidden":
+                with clock.section("overlap", it):
+                    work = clock.issue(dist.all_reduce, payload)
+                    _compute(m, 0.08)
+                    clock.wait(work)
+            elif job == "concurrent":
+                with clock.section("overlap", it):
+                    w1 = clock.issue(dist.all_reduce, payload)
+                    w2 = clock.issue(dist.all_reduce, other)
+                    if rank == 1:
+                        _compute(m, 0.06)  # rank 0 waits for rank 1 on both collectives
+                    clock.wait(w1)
+                    clock.wait(w2)
+            elif job == "fsdp":
+                with clock.section("step", it):
+                    sharded(batch).sum().backward()
+            elif job == "imbalanced":
+                with clock.section("work", it):  # no collective: rank 1 works 60 ms longer
+                    _compute(m, 0.04 + (0.06 if rank == 1 else 0.0))
+                with clock.section("sync", it):  # a blocking all_reduce, its wait timed by the job
+                    clock.wait(clock.issue(dist.all_reduce, payload))
+            dist.barrier()
+            prof.step()
+    Path(out, "traces").mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(Path(out, "traces", f"rank{rank}.json")))
+    Path(out, "truth").mkdir(parents=True, exist_ok=True)
+    Path(out, "truth", f"rank{rank}.json").write_text(json.dumps(clock.rows))
+    dist.destroy_process_group()
+
+
+def run(job: str, out: str | Path, world: int = 2, timeout_s: float = 240) -> Path:
+    """Run ``job`` on ``world`` gloo ranks (spawned processes); returns ``out``."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    if job not in JOBS:
+        raise ValueError(f"job {job!r}: one of {', '.join(JOBS)}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.start_processes(_job, args=(world, port, job, str(out)), nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"job {job} did not finish in {timeout_s} s")
+    return Path(out)
+
+
+def truth(out: str | Path) -> list[dict]:
+    """Every rank's truth rows, each with its ``rank``."""
+    rows = []
+    for p in sorted(Path(out, "truth").glob("rank*.json")):
+        rank = int(p.stem.removeprefix("rank"))
+        rows += [{**r, "rank": rank} for r in json.loads(p.read_text())]
+    return rows
+
+
+if __name__ == "__main__":
+    run(sys.argv[1], sys.argv[2])
