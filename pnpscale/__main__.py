@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from pnpscale.core.config import ConfigError, register_schema
+from pnpscale.core.config import register_schema
+from pnpscale.core.errors import Abort, PnpscaleError, report_lines
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -26,25 +26,26 @@ def main() -> None:
     (143) or SIGHUP (129), after the running point was recorded as failed and the report written.
     """
     from pnpscale.core import signals
-    from pnpscale.sweep.cli import CommandLineError, check_overrides, check_single_point
+    from pnpscale.sweep.cli import check_overrides, check_single_point
 
     signals.install()
-    # a log file that cannot be written (a full disk) must not print a traceback per record: the console
-    # still gets every line, and the failure itself is recorded in run.json
-    logging.raiseExceptions = False
     try:
         try:
             check_overrides(sys.argv[1:])
             check_single_point(sys.argv[1:])
-        except (ConfigError, CommandLineError) as exc:
-            for line in str(exc).splitlines():
-                print(f"pnpscale: error: {line}", file=sys.stderr)
-            raise SystemExit(2) from None
+        except PnpscaleError as exc:  # ConfigError, CommandLineError: refused input, nothing started
+            for line in report_lines(exc):
+                print(line, file=sys.stderr)
+            raise SystemExit(exc.exit_code) from None
         register_schema()
         _hydra_main()
+    except Abort as stop:  # a launcher or sweeper refused the sweep (or could not write it), under Hydra
+        for line in report_lines(stop.error):
+            print(line, file=sys.stderr)
+        raise SystemExit(stop.error.exit_code) from None
     except KeyboardInterrupt as exc:
-        stop = signals.as_interrupted(exc)
-        print(f"pnpscale: {stop}; the run folder of the point that was running says so", file=sys.stderr)
+        stop_ = signals.as_interrupted(exc)
+        print(f"pnpscale: {stop_}; the run folder of the point that was running says so", file=sys.stderr)
         raise SystemExit(signals.exit_code(exc)) from None
 
 

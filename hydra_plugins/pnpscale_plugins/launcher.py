@@ -7,7 +7,6 @@ point stops the sweep with one line per bad point and nothing started. After the
 """
 
 import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,22 +18,23 @@ from hydra.core.utils import JobReturn
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.errors import Abort, InputError, PnpscaleError
 
 log = logging.getLogger("pnpscale")
 
 
-class SweepConfigError(SystemExit):
-    """One or more sweep points are invalid: printed one line per problem, exit code 2.
+class SweepConfigError(InputError):
+    """One or more sweep points are invalid (one line per problem): exit code 2, nothing started.
 
-    A ``SystemExit`` (not an ``Exception``) so that Hydra does not wrap it: the sweep stops before
-    anything started, with the same ``pnpscale: error:`` lines and exit code as the command-line check.
+    Raised inside Hydra wrapped in :class:`pnpscale.core.errors.Abort` (:func:`refuse`), so that Hydra does
+    not print a stack trace; ``python -m pnpscale`` prints the same ``pnpscale: error:`` lines as the
+    command-line check.
     """
 
-    def __init__(self, message: str) -> None:
-        for line in message.splitlines():
-            print(f"pnpscale: error: {line}", file=sys.stderr)
-        super().__init__(2)
+
+def refuse(message: str) -> Abort:
+    """The :class:`~pnpscale.core.errors.Abort` to raise for a refused sweep (``raise refuse("...")``)."""
+    return Abort(SweepConfigError(message))
 
 
 @dataclass
@@ -66,7 +66,7 @@ def validate_points(
         the composed config of every point, in order.
 
     Raises:
-        SweepConfigError: one line per bad point (exit code 2); nothing was launched.
+        Abort: carrying a SweepConfigError, one line per bad point (exit code 2); nothing was launched.
     """
     from pnpscale.core.config import ConfigError
     from pnpscale.sweep.cli import check_hydra_override
@@ -96,7 +96,7 @@ def validate_points(
         composed.append(cfg)
     if problems:
         lines = [f"{msg} (sweep point{'s' if len(pts) > 1 else ''}: {'; '.join(pts)})" for msg, pts in problems.items()]
-        raise SweepConfigError("invalid sweep, nothing was started:\n" + "\n".join(lines))
+        raise refuse("invalid sweep, nothing was started:\n" + "\n".join(lines))
     return composed
 
 

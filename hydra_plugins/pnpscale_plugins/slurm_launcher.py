@@ -45,8 +45,8 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, open_dict
 
 from hydra_plugins.pnpscale_plugins.launcher import (
-    SweepConfigError,
     finish_sweep,
+    refuse,
     validate_points,
 )
 from pnpscale.core.config import plain
@@ -179,14 +179,14 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             try:
                 proc = subprocess.run(sbatch_test_command(params), capture_output=True, text=True, timeout=120)
             except FileNotFoundError:
-                raise SweepConfigError("cluster=slurm: sbatch not found; run where SLURM's commands are") from None
+                raise refuse("cluster=slurm: sbatch not found; run where SLURM's commands are") from None
             if proc.returncode != 0:
                 where = "; ".join(p.label for p in members)
                 problems.append(
                     f"{where}: SLURM refused {shape} (nodes x tasks): {sbatch_refusal(proc.stderr + proc.stdout)}"
                 )
         if problems:
-            raise SweepConfigError("SLURM refused the sweep, nothing was submitted:\n" + "\n".join(problems))
+            raise refuse("SLURM refused the sweep, nothing was submitted:\n" + "\n".join(problems))
 
     def _submit(
         self, groups: list[tuple[list[_Point], dict[str, Any]]], folder: str, rets: dict[int, JobReturn]

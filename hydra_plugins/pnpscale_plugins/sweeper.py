@@ -8,7 +8,6 @@ folder, ``multirun.yaml`` included, as it was; so does a sweep refused by the la
 validation. A file that cannot be written later (a full disk) ends the sweep with one line (exit 1).
 """
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional  # noqa: UP035 - OmegaConf reads these annotations
@@ -16,7 +15,8 @@ from typing import Any, Dict, Optional  # noqa: UP035 - OmegaConf reads these an
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 
-from hydra_plugins.pnpscale_plugins.launcher import SweepConfigError
+from hydra_plugins.pnpscale_plugins.launcher import refuse
+from pnpscale.core.errors import Abort, PnpscaleError
 
 MULTIRUN_YAML = "multirun.yaml"  # Hydra's name
 
@@ -33,12 +33,9 @@ ConfigStore.instance().store(
 )
 
 
-class IOFailure(SystemExit):
-    """A sweep file that could not be written (a full disk, ...): one ``pnpscale: error:`` line, exit 1."""
-
-    def __init__(self, message: str) -> None:
-        print(f"pnpscale: error: {message}", file=sys.stderr)
-        super().__init__(1)
+class IOFailure(PnpscaleError):
+    """A sweep file that could not be written (a full disk, ...): one ``pnpscale: error:`` line, exit 1
+    (raised wrapped in :class:`pnpscale.core.errors.Abort`, printed by ``python -m pnpscale``)."""
 
 
 class PnpscaleBasicSweeper(BasicSweeper):
@@ -52,22 +49,22 @@ class PnpscaleBasicSweeper(BasicSweeper):
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         if not writable_dir(sweep_dir):
-            raise SweepConfigError(f"hydra.sweep.dir={sweep_dir}: must be a folder this user can create and write")
+            raise refuse(f"hydra.sweep.dir={sweep_dir}: must be a folder this user can create and write")
         created = not sweep_dir.exists()
         lock = FolderLock(sweep_dir)
         try:
             lock.acquire()
         except Busy as exc:
-            raise SweepConfigError(f"sweep refused, nothing was started: {exc}; wait for it, or use another "
+            raise refuse(f"sweep refused, nothing was started: {exc}; wait for it, or use another "
                                    "hydra.sweep.dir") from None  # fmt: skip
         except OSError as exc:
-            raise SweepConfigError(f"hydra.sweep.dir={sweep_dir}: {exc}") from None
+            raise refuse(f"hydra.sweep.dir={sweep_dir}: {exc}") from None
         multirun = sweep_dir / MULTIRUN_YAML
         before = multirun.read_bytes() if multirun.is_file() else None
         refused = False
         try:
             return super().sweep(arguments)
-        except SweepConfigError:  # refused by the launcher: leave the folder as it was
+        except Abort:  # refused by the launcher: leave the folder as it was
             refused = True
             if before is not None:
                 layout.atomic_write_bytes(multirun, before)
@@ -75,7 +72,7 @@ class PnpscaleBasicSweeper(BasicSweeper):
                 multirun.unlink(missing_ok=True)
             raise
         except OSError as exc:
-            raise IOFailure(f"sweep stopped: {exc}") from None
+            raise Abort(IOFailure(f"sweep stopped: {exc}")) from None
         finally:
             lock.release(remove=refused and created)
             if refused and created and sweep_dir.is_dir() and not any(sweep_dir.iterdir()):

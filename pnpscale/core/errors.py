@@ -59,3 +59,29 @@ class InputError(PnpscaleError):
     """Input refused before anything runs (a bad config value, command line, trace or folder): exit 2."""
 
     exit_code: ClassVar[int] = 2
+
+
+class Abort(BaseException):  # noqa: N818 - a carrier, not an error of its own
+    """Carries a :class:`PnpscaleError` from inside Hydra (a launcher or sweeper plugin) to the command's
+    entry point, which prints it and exits with its exit code.
+
+    Hydra catches every ``Exception`` raised under it and prints a stack trace; a ``BaseException``
+    passes through untouched (as ``SystemExit`` would), and nothing prints until the entry point does.
+
+    Attributes:
+        error: the error to report.
+    """
+
+    def __init__(self, error: PnpscaleError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def report_lines(error: BaseException) -> list[str]:
+    """The ``pnpscale: error: ...`` lines a command prints for ``error`` (one per line of its message).
+
+    >>> report_lines(InputError("a\nb"))
+    ['pnpscale: error: a', 'pnpscale: error: b']
+    """
+    text = str(error).strip() or type(error).__name__
+    return [f"pnpscale: error: {line}" for line in text.splitlines()]
