@@ -82,24 +82,30 @@ def test_clock_offsets_recover_each_ranks_origin():
     assert spread.max() < 2e-9  # ns rounding
 
 
-def test_hidden_column_and_overlapping_collectives_still_add_up():
+def test_blocked_spans_place_wait_transfer_and_hidden_and_the_tiling_adds_up():
+    """The decomposition's blocked pieces (``blocked_spans_ns``) are wait or transfer, in flight and not blocked is
+    hidden (over compute); concurrent collectives are cut to their union, a collective past the end is cut there."""
     ranks = pd.DataFrame({K.RANK: [0, 1], K.ITERATION: 0, K.SECTION: "s", K.WARMUP: False, K.START_S: 0.0,
                           K.SECTION_S: [1.0, 1.0]})  # fmt: skip
     colls = pd.DataFrame({
         K.RANK: [0, 1, 0, 1], K.ITERATION: 0, K.SECTION: "s", K.SEQ: [0, 0, 1, 1], K.COLLECTIVE: "all_reduce",
-        # rank 0's second collective starts before its first ended (concurrent streams); the last one runs past the end
+        # rank 0's seq 0 computes under its first 0.1 s (blocked from 0.1 s on); its seq 1 starts before seq 0 ended
+        # and runs past the section's end
         K.START_S: [0.2, 0.4, 0.5, 0.9], K.DURATION_S: [0.4, 0.2, 0.6, 0.2], K.PAYLOAD_BYTES: 8,
-        K.HIDDEN_S: [0.1, 0.0, 0.0, 0.0],
+        K.BLOCKED_SPANS_NS: ["100000000-400000000", None, None, None],
     })  # fmt: skip
     s = T.slices(ranks, colls)
     r0 = s[s[K.RANK] == 0][[K.KIND, K.START_S, K.DURATION_S]].round(9).values.tolist()
     assert r0 == [
-        ["compute", 0.0, 0.2], ["hidden", 0.2, 0.1], ["wait", 0.3, 0.2], ["transfer", 0.5, 0.1],
-        # seq 1 from 0.6 (its first 0.1 s overlapped seq 0: cut from its wait), to the section's end
+        # seq 0: t_c = 0.2 s, so its blocked time in [0.4, 0.6] is transfer and [0.3, 0.4] wait
+        ["compute", 0.0, 0.3], ["wait", 0.3, 0.1], ["transfer", 0.4, 0.2],
+        # seq 1 from 0.6 (its first 0.1 s overlapped seq 0's blocked time), to the section's end
         ["wait", 0.6, 0.3], ["transfer", 0.9, 0.1],
+        ["hidden", 0.2, 0.1],  # seq 0 in flight, not blocked: over compute
     ]  # fmt: skip
     tot = T.section_totals(s)
     assert tot[K.SECTION_S].tolist() == pytest.approx([1.0, 1.0])
+    assert tot[T.HIDDEN].tolist() == pytest.approx([0.1, 0.0])
 
 
 def test_chrome_trace_is_one_process_per_rank_with_the_documented_args(tmp_path):
@@ -219,18 +225,17 @@ def test_the_chart_draws_a_hidden_slice_when_the_collectives_have_one(tmp_path):
 
     ranks, colls = random_run(world=2, iterations=2, seed=5)
     ranks[K.PEAK_MEM_BYTES], ranks[K.N_COLLECTIVES], ranks[K.GPU_SPAN_S] = 1, 3, np.nan
-    colls[K.HIDDEN_S] = 0.5 * colls[K.DURATION_S]  # a decomposition of overlapped communication provides it
+    # the decomposition found each collective blocked over its second half only: the first half is hidden
+    half = (0.5 * colls[K.DURATION_S] * 1e9).round().astype("int64")
+    full = (colls[K.DURATION_S] * 1e9).round().astype("int64")
+    colls[K.BLOCKED_SPANS_NS] = [f"{h}-{f}" for h, f in zip(half, full, strict=True)]
     run_dir = tmp_path / layout.point_subdir("2d", "inference", 2)
-    written = write_tables(run_dir, ranks, colls.drop(columns=[K.HIDDEN_S]))
-    keys = [K.RANK, K.ITERATION, K.SECTION, K.SEQ]
-    c = pd.read_parquet(run_dir / layout.COLLECTIVES).drop(columns=[K.HIDDEN_S], errors="ignore")
-    c = c.merge(colls[[*keys, K.HIDDEN_S]], on=keys)
-    c.to_parquet(run_dir / layout.COLLECTIVES, index=False)
+    written = write_tables(run_dir, ranks, colls)
     view = pd.DataFrame({"problem": "2d", "mode": "inference", "gpus": [2], "section": "all", "status": "complete",
                          "run_dir": str(run_dir)})  # fmt: skip
     tl = timeline_table(view)
     assert T.HIDDEN in set(tl[K.KIND])
-    got = tl.groupby([K.RANK, K.SECTION])[K.DURATION_S].sum()
+    got = tl[tl[K.KIND].isin(T.TILING)].groupby([K.RANK, K.SECTION])[K.DURATION_S].sum()
     it = int(tl[K.ITERATION].iloc[0])
     want = written[written[K.ITERATION] == it].set_index([K.RANK, K.SECTION])[K.SECTION_S].reindex(got.index)
     assert ((got / want - 1).abs() < 0.01).all()

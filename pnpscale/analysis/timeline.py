@@ -3,26 +3,24 @@
 Pure functions over the ``ranks`` and ``collectives`` tables (:mod:`pnpscale.columns`); writing is
 :func:`pnpscale.analysis.tables.table_writers`' job.
 
-Placement rule, per rank r, iteration i and section s, with the study's split ("Communication under
-the hood: transfer vs wait") of each collective c on rank r, ``D_rc`` (its measured duration, from its
-measured start ``A_rc``, ``collectives.start_s``):
+Placement rule, per rank r, iteration i and section s, with the decomposition's split of each collective
+c on rank r (:mod:`pnpscale.analysis.overlap`): ``D_rc`` its measured duration from its measured start
+``A_rc`` (``collectives.start_s``), ``b_rc`` the pieces of time the rank was blocked on it
+(``collectives.blocked_spans_ns``; a folder without them: blocked throughout, the study's rule), and
+``t_c = min_r D_rc``:
 
-* ``D_rc = transfer part (min_r' D_r'c) + wait part (D_rc − min_r' D_r'c)``;
-* ranks leave a collective together, so the **wait comes first** (``[A_rc, A_rc + w_rc)``: waiting for
-  the last rank) and the **transfer last** (``[A_rc + w_rc, A_rc + D_rc)``);
-* **compute fills the rest** of ``[section start, section start + S_r)``: before the first collective,
-  between collectives and after the last.
+* the blocked time in the collective's last ``t_c`` (after the last rank entered it) is **transfer**, the
+  rest of its blocked time **wait**: for a blocking collective the wait comes first (waiting for the last
+  rank) and the transfer last, ``D_rc − t_c`` and ``t_c``, the study's split;
+* **compute fills the rest** of ``[section start, section start + S_r)``;
+* what is in flight but not blocked is **hidden** (overlapped by compute): its slices lie over the compute
+  they overlap (their own track in ``timeline.json``, a strip in ``timeline.png``), outside the tiling.
 
 So for each rank the slices of a section add up to its section time ``S_r`` (to the nanosecond:
 every boundary is an integer of nanoseconds), and summed over slices of a kind, averaged over ranks,
 they give the section's POP compute, transfer and wait (:func:`pnpscale.analysis.metrics.decompose`).
-Two extensions, for decompositions of overlapped communication: when the collectives table has the
-optional column :data:`pnpscale.columns.HIDDEN_S` (communication time of that collective overlapped by
-compute), the first ``hidden_s`` of the collective's interval is a ``hidden`` slice and the rest is
-split wait first (at most ``w_rc``), transfer last; collectives of one rank that overlap each other
-(concurrent streams) are drawn as their union: a collective starting before the previous one ended is
-drawn from that end (its earliest parts, the hidden then the wait, are cut first). A collective running
-past its section's end is cut at the end (its transfer first). Sections whose collectives have no recorded start (run
+Blocked pieces of concurrent collectives are disjoint (each is given to one collective), and a piece past
+the section's end is cut there. Sections whose collectives have no recorded start (run
 folders written before starts were recorded) get no slices (:func:`unplaced` lists them).
 
 Clocks: every rank's times are seconds from its own first section start. Ranks leave each collective
@@ -39,12 +37,17 @@ import numpy as np
 import pandas as pd
 
 from pnpscale import columns as K
+from pnpscale.analysis.overlap import parse_spans, subtract
 
 COMPUTE, TRANSFER, WAIT, HIDDEN = "compute", "transfer", "wait", "hidden"
-#: slice kinds, in the order they are drawn within a collective (compute fills the gaps).
-KINDS = (COMPUTE, HIDDEN, WAIT, TRANSFER)
+#: slice kinds: the three that tile a rank's section time, and hidden (lying over compute).
+KINDS = (COMPUTE, WAIT, TRANSFER, HIDDEN)
+#: the kinds whose slices add up to a rank's section time.
+TILING = (COMPUTE, WAIT, TRANSFER)
 _KEY = [K.ITERATION, K.SECTION]
 _NS = 1e9
+#: the ``timeline.json`` thread of the hidden slices (overlapping the compute of the slice track).
+HIDDEN_TID = 99
 
 
 def _ns(x: pd.Series) -> np.ndarray:
@@ -52,21 +55,23 @@ def _ns(x: pd.Series) -> np.ndarray:
 
 
 def slices(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
-    """Every rank's compute / hidden / wait / transfer slices of every iteration and section.
+    """Every rank's compute / wait / transfer slices of every iteration and section, and its hidden ones.
 
     Args:
         ranks: ``ranks.parquet`` rows (RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S; seconds, on
             the rank's clock).
         collectives: ``collectives.parquet`` rows (RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S,
-            DURATION_S, PAYLOAD_BYTES; optionally HIDDEN_S); may be empty (one rank).
+            DURATION_S, PAYLOAD_BYTES; optionally BLOCKED_SPANS_NS); may be empty (one rank).
 
     Returns:
         :data:`pnpscale.columns.TIMELINE_COLUMNS`, one row per slice of positive length, in time order
         per rank; START_S on the rank's own clock (see :func:`clock_offsets`), DURATION_S > 0; SEQ,
-        COLLECTIVE and PAYLOAD_BYTES NA on compute slices. See the module doc for the placement rule.
+        COLLECTIVE and PAYLOAD_BYTES NA on compute slices. The compute, wait and transfer slices of a rank's
+        section tile it; ``hidden`` slices lie over compute (see the module doc).
 
     Raises:
         KeyError: a required column is missing.
+        ValueError: an unreadable BLOCKED_SPANS_NS value.
 
     >>> r = pd.DataFrame({"rank": [0, 1], "iteration": 0, "section": "s", "warmup": False,
     ...                   "start_s": 0.0, "section_s": [1.0, 1.0]})
@@ -89,28 +94,24 @@ def slices(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
         colls = by_key.get((it, sec, rank), [])
         if any(c["a"] is None for c in colls):
             continue  # no recorded start: cannot be placed (unplaced())
-        cursor = s0
-        for c in colls:
-            a = min(max(c["a"], cursor), s1)
-            e = min(max(c["a"] + c["d"], a), s1)
-            if a > cursor:
-                rows.append((rank, it, warm, sec, COMPUTE, cursor, a - cursor, None))
-            front = min(a - c["a"], c["d"])  # overlapped by the previous collective: hidden first, then wait
-            back = c["d"] - front - (e - a)  # past the section's end: the transfer's end first
-            parts = [[HIDDEN, c["h"]], [WAIT, c["w"]], [TRANSFER, c["t"]]]
-            for cut, order in ((front, parts), (back, parts[::-1])):
-                for part in order:
-                    take = min(cut, part[1])
-                    cut -= take
-                    part[1] -= take
-            t = a
-            for kind, length in parts:
-                if length > 0:
-                    rows.append((rank, it, warm, sec, kind, t, length, c))
-                    t += length
-            cursor = max(cursor, e)
+        pieces = sorted((p for c in colls for p in _blocked_pieces(c)), key=lambda p: (p[0], p[1]))
+        cursor, blocked = s0, []
+        for lo, hi, kind, c in pieces:
+            lo, hi = max(lo, cursor, s0), min(hi, s1)  # clipped to the section; overlaps cut (the union)
+            if hi <= lo:
+                continue
+            if lo > cursor:
+                rows.append((rank, it, warm, sec, COMPUTE, cursor, lo - cursor, None))
+            rows.append((rank, it, warm, sec, kind, lo, hi - lo, c))
+            blocked.append((lo, hi))
+            cursor = hi
         if s1 > cursor:
             rows.append((rank, it, warm, sec, COMPUTE, cursor, s1 - cursor, None))
+        for c in colls:  # in flight, not blocked: hidden behind compute (drawn over it)
+            lo, hi = max(c["a"], s0), min(c["a"] + c["d"], s1)
+            for x0, x1 in subtract([(lo, hi)], blocked) if hi > lo else []:
+                if x1 > x0:
+                    rows.append((rank, it, warm, sec, HIDDEN, x0, x1 - x0, c))
     out = pd.DataFrame(
         {
             K.RANK: pd.array([x[0] for x in rows], dtype="int64"),
@@ -128,9 +129,25 @@ def slices(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
     return out[list(K.TIMELINE_COLUMNS)]
 
 
+def _blocked_pieces(c: Mapping[str, Any]) -> list[tuple[int, int, str, Mapping[str, Any]]]:
+    """Collective ``c``'s blocked pieces (absolute ns) as wait or transfer: the blocked time in its last
+    ``t_c = min_r D_rc`` is transfer, the rest wait (:func:`pnpscale.analysis.overlap.split_blocked`)."""
+    a, d, t = c["a"], c["d"], c["t_c"]
+    spans = c["spans"] if c["spans"] is not None else [(0, d)]  # none recorded: blocked throughout
+    edge = a + d - t
+    out = []
+    for lo, hi in spans:
+        x0, x1 = a + lo, a + hi
+        if min(x1, edge) > x0:
+            out.append((x0, min(x1, edge), WAIT, c))
+        if x1 > max(x0, edge):
+            out.append((max(x0, edge), x1, TRANSFER, c))
+    return out
+
+
 def _collectives_by_rank(collectives: pd.DataFrame) -> dict[tuple[int, str, int], list[dict[str, Any]]]:
-    """(iteration, section, rank) -> its collectives in start order, with integer-ns start ``a``,
-    duration ``d`` and parts ``h`` (hidden), ``w`` (wait), ``t`` (transfer), ``h + w + t = d``."""
+    """(iteration, section, rank) -> its collectives in start order: integer-ns start ``a``, duration ``d``,
+    ``t_c = min_r D_rc`` and its blocked spans (ns from ``a``; ``None``: blocked throughout)."""
     if collectives.empty:
         return {}
     c = collectives.copy()
@@ -138,9 +155,7 @@ def _collectives_by_rank(collectives: pd.DataFrame) -> dict[tuple[int, str, int]
     d = _ns(c[K.DURATION_S])
     dmin = pd.Series(d, index=c.index).groupby([c[K.ITERATION], c[K.SECTION], c[K.SEQ]]).transform("min").to_numpy()
     starts = _ns(c[K.START_S]) if K.START_S in c else np.full(len(c), np.nan)
-    hidden = _ns(c[K.HIDDEN_S].fillna(0.0)) if K.HIDDEN_S in c else np.zeros(len(c))
-    hidden = np.clip(hidden, 0, d)
-    wait = np.clip(d - dmin, 0, d - hidden)
+    spans = [parse_spans(v) for v in c[K.BLOCKED_SPANS_NS]] if K.BLOCKED_SPANS_NS in c else [None] * len(c)
     payload = c[K.PAYLOAD_BYTES].astype("Float64").tolist() if K.PAYLOAD_BYTES in c else [None] * len(c)
     names = c[K.COLLECTIVE].astype(object).tolist() if K.COLLECTIVE in c else [None] * len(c)
     out: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
@@ -149,7 +164,7 @@ def _collectives_by_rank(collectives: pd.DataFrame) -> dict[tuple[int, str, int]
         a = None if np.isnan(starts[i]) else int(starts[i])
         name, size = names[i], payload[i]
         entry = {
-            "a": a, "d": int(d[i]), "h": int(hidden[i]), "w": int(wait[i]), "t": int(d[i] - hidden[i] - wait[i]),
+            "a": a, "d": int(d[i]), "t_c": int(max(dmin[i], 0)), "spans": spans[i],
             "seq": int(seq), "name": None if name is None or pd.isna(name) else str(name),
             "bytes": None if size is None or pd.isna(size) else int(size),
         }  # fmt: skip
@@ -204,13 +219,14 @@ def section_totals(table: pd.DataFrame) -> pd.DataFrame:
 
     Returns:
         RANK, ITERATION, SECTION, one column per kind of :data:`KINDS` (0 where absent) and SECTION_S
-        (their sum: the rank's section time by construction; compare with ``ranks.section_s``).
+        (the sum of the :data:`TILING` kinds: the rank's section time by construction; compare with
+        ``ranks.section_s``; hidden lies over compute and is not in it).
     """
     keys = [K.RANK, K.ITERATION, K.SECTION]
     wide = table.pivot_table(index=keys, columns=K.KIND, values=K.DURATION_S, aggfunc="sum", fill_value=0.0)
     wide = wide.reindex(columns=list(KINDS), fill_value=0.0)
     wide.columns = [str(c) for c in wide.columns]
-    wide[K.SECTION_S] = wide.sum(axis=1)
+    wide[K.SECTION_S] = wide[list(TILING)].sum(axis=1)
     return wide.reset_index()
 
 
@@ -254,6 +270,9 @@ def chrome_trace(
         for d in sorted({v for (r, _, _), v in depth.items() if r == rank} or {0}):
             name = "compute / transfer / wait" + (f" (sections nested {d} deep)" if d else "")
             events.append({"ph": "M", "pid": rank, "tid": 1 + d, "name": "thread_name", "args": {"name": name}})
+        if (table[K.KIND] == HIDDEN).any():
+            events.append({"ph": "M", "pid": rank, "tid": HIDDEN_TID, "name": "thread_name",
+                           "args": {"name": "hidden: communication overlapped by compute"}})  # fmt: skip
     for i, r in enumerate(ranks.itertuples(index=False)):
         if not np.isfinite(r_start[i]):
             continue
@@ -279,7 +298,8 @@ def chrome_trace(
             )
         events.append({
             "ph": "X", "pid": int(getattr(s, K.RANK)), "name": kind, "cat": kind,
-            "tid": 1 + depth.get((int(getattr(s, K.RANK)), args["iteration"], args["section"]), 0),
+            "tid": HIDDEN_TID if kind == HIDDEN
+            else 1 + depth.get((int(getattr(s, K.RANK)), args["iteration"], args["section"]), 0),
             "ts": (int(t_start[i]) - shift) / 1000, "dur": int(dur_ns[i]) / 1000, "args": args,
         })  # fmt: skip
     other: dict[str, Any] = {
@@ -287,9 +307,10 @@ def chrome_trace(
         "clock": "seconds from the lowest rank's first section start; each rank shifted by its clock offset "
         "(ranks leave a collective together: median difference of collective exits)",
         "clock_offsets_s": {str(k): float(v) for k, v in sorted(offsets.items())},
-        "placement": "per collective: wait first (waiting for the last rank), transfer last (min over ranks of "
-        "the duration); compute fills the rest of the section; slices of a section add up to the rank's "
-        "section time",
+        "placement": "per collective, the rank's blocked time in its last min-over-ranks duration is transfer, the "
+        "rest of its blocked time wait (a blocking collective: wait first, transfer last); compute fills the rest "
+        "of the section; compute, wait and transfer slices of a section add up to the rank's section time; "
+        "hidden slices (in flight, not blocked) lie over compute on their own track",
     }
     if note:
         other["note"] = note

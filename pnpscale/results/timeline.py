@@ -192,8 +192,10 @@ def plot_timeline(tl: pd.DataFrame) -> Figure:
         y = {r: i for i, r in enumerate(reversed(drawn))}
         for kind, color in KIND_COLORS.items():
             k = sub[sub[K.KIND] == kind]
+            # hidden communication lies over the compute it overlaps: a strip at the bottom of the row
+            band = (-0.4, 0.22) if kind == "hidden" else (-0.4, 0.8)
             for r, g in k.groupby(K.RANK):
-                ax.broken_barh(list(zip(g[K.START_S], g[K.DURATION_S], strict=True)), (y[int(r)] - 0.4, 0.8),
+                ax.broken_barh(list(zip(g[K.START_S], g[K.DURATION_S], strict=True)), (y[int(r)] + band[0], band[1]),
                                facecolors=color, label=kind)  # fmt: skip
         first = sub[sub[K.RANK] == drawn[0]]
         for sec, g in first.groupby(K.SECTION, sort=False):
