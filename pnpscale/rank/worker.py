@@ -128,7 +128,7 @@ def refuse_bad_fork(rank: int) -> None:
             f"rank {rank} (pid {os.getpid()}, parent {os.getppid()}) was forked from a process that had called "
             "into CUDA (torch marks it a bad fork: its first CUDA call would fail). The process that starts "
             "ranks must not touch torch.cuda: pnpscale.cluster.local.RANK_PRELOAD must hold only modules "
-            "whose import never does (see tests/test_local.py)"
+            "whose import never does (README: How ranks start)"
         )
 
 
