@@ -5,7 +5,8 @@ problem, and prints from each point's ``run.json``: launch (elastic start until 
 runs), init (process group, deepinv context), setup (problem and solver), measure (the profiled
 iterations), their sum (fixed), and the point's wall time (from its start to the next point's start:
 teardown and Hydra's work between points included) minus measure (outside). Ranks are forked by a
-forkserver that imported torch and deepinv once (:func:`pnpscale.cluster.local.rank_start_method`) and
+forkserver that imported torch and the ranks' other CUDA-free modules once (not deepinv: each rank
+imports it; :func:`pnpscale.cluster.local.rank_start_method`) and
 lives for the whole sweep: the first point pays for the server's start and imports ("cold"), the later
 ones do not ("warm"). Also printed: the sweep's
 wall time (Hydra, the parent's imports and teardown included) and its average per point.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -97,9 +98,10 @@ def test_the_gpu_check_fits_six_minutes():
 @pytest.mark.slow
 def test_script_in_cpu_mode_passes_every_step_and_writes_the_table_under_out(tmp_path):
     # issue 19's "Done when": the device check's --cpu mode passes every step (the same steps as on a GPU)
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1", "PNPSCALE_PYTHON": sys.executable}
     cmd = ["bash", str(ROOT / "scripts" / "device-check.sh"), "--cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2700, env=env)
+    assert (tmp_path / "out" / dc.TABLE_MD).is_file(), proc.stdout + proc.stderr
     rows = dc.parse_table((tmp_path / "out" / dc.TABLE_MD).read_text())
     assert [r.name for r in rows] == list(dc.STEPS), proc.stdout
     assert [(r.name, r.status) for r in rows if r.status != dc.PASS] == [], proc.stdout

@@ -394,6 +394,10 @@ def test_a_launched_local_rank_is_not_a_bad_fork_and_is_bound_to_its_gpu(tmp_pat
     # local rank r -> GPU r mod n, set before the rank's first CUDA call
     assert [got[r]["cuda_visible_devices"] for r in range(3)] == ["5", "GPU-x", "5"], got
     assert [got[r]["gpu_binding"] for r in range(3)] == ["5", "GPU-x", "5"], got
+    # the next launch from the same forkserver, the launcher now without CUDA_VISIBLE_DEVICES: nothing kept
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    again = run_ranks(1, probe_rank, (), tmp_path / "logs2", 1)
+    assert again[0]["cuda_visible_devices"] is None and again[0]["gpu_binding"] is None, again
 
 
 def test_gpu_binding_rules():

@@ -332,7 +332,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
 #: raises. ``deepinv`` is not one (its import runs ``Trainer``'s class body, ``get_device()`` ->
 #: ``torch.cuda.is_available()``, and on a GPU machine ``mem_get_info`` on every GPU): each rank
 #: imports it itself, after its GPU binding (0.13 s with these preloaded). Checked by
-#: ``tests/test_local.py`` (a fork after importing these is not a bad fork) and by every rank
+#: ``tests/test_gpu_path.py`` (a fork after importing these is not a bad fork) and by every rank
 #: (:func:`pnpscale.rank.worker.refuse_bad_fork`).
 RANK_PRELOAD = (
     "torch", "torch.distributed", "torchvision", "h5py", "requests", "natsort", "tqdm", "pandas", "pyarrow",

@@ -562,6 +562,8 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
 
     from pnpscale.rank.worker import kineto_config_env, rank_environment, rank_main, threads_per_rank
 
+    # the GPU binding was done when the task started (bind_task_gpu, by entry, not by index: submitit's
+    # would set CUDA_VISIBLE_DEVICES=<local rank>, wrong when SLURM gave the job e.g. GPUs 2,3)
     dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     rank = dist_env.rank
     threads = threads_per_rank(spec.threads_per_rank, dist_env.local_world_size)

@@ -129,7 +129,7 @@ def refuse_bad_fork(rank: int) -> None:
             f"rank {rank} (pid {os.getpid()}, parent {os.getppid()}) was forked from a process that had called "
             "into CUDA (torch marks it a bad fork: its first CUDA call would fail). The process that starts "
             "ranks must not touch torch.cuda: pnpscale.cluster.local.RANK_PRELOAD must hold only modules "
-            "whose import never does (see tests/test_local.py)"
+            "whose import never does (README: How ranks start)"
         )
 
 
@@ -659,6 +659,12 @@ def in_environment(environ: dict[str, str], ours: dict[str, str], entrypoint: An
         os.environ.setdefault(k, v)
     os.environ.update(ours)
     if NODE_GPUS_ENV in ours:  # before anything in this rank calls into CUDA
+        # the launcher's CUDA_VISIBLE_DEVICES exactly, not one the forkserver kept from an earlier launch
+        if "CUDA_VISIBLE_DEVICES" in environ:
+            os.environ["CUDA_VISIBLE_DEVICES"] = environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        os.environ.pop(GPU_BINDING_ENV, None)
         bind_gpu(int(os.environ.get("LOCAL_RANK", "0")), ours[NODE_GPUS_ENV])
     return entrypoint(*args)
 
