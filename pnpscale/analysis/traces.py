@@ -41,9 +41,11 @@ from typing import Any, BinaryIO
 
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.events import Event, Kind
+from pnpscale.analysis.gpu_checks import BEFORE_LAUNCH, TS_UNSET, gpu_faults, nearest_zero, runtime_offset
 from pnpscale.analysis.kineto import (
     CPU_CATS,
     GPU_CATS,
+    IGNORED_CATS,
     NOT_A_LAUNCH,
     PARAM_COMMS,
     RUNTIME_CATS,
@@ -53,7 +55,9 @@ from pnpscale.analysis.kineto import (
     is_collective_kernel,
     is_descriptor,
     is_gloo_work,
+    is_named_descriptor,
     step_number,
+    stream_of,
 )
 
 __all__ = ["TraceError", "NotATraceError", "Trace", "TraceInfo", "comm_fields", "read_header", "read_trace"]
@@ -86,7 +90,11 @@ class TraceInfo:
         base_ns: ``baseTimeNanoseconds`` when ``ts`` is relative to it, else ``None`` (absolute).
         events_read: events in the trace; events_kept: events returned.
         range_names: the 20 most frequent CPU range names with their counts (to help when a
-            section name is not found).
+            section name is not found); user_annotations: the 20 most frequent ``user_annotation``
+            (``record_function``) names.
+        gpu_events, runtime_events, descriptors: device events, runtime launches (with a correlation)
+            and collective descriptors (``record_param_comms``, ``nccl:*``...) in the trace.
+        unknown_categories: ``X`` events of categories not read, per category (most frequent first).
     """
 
     path: Path
@@ -98,6 +106,11 @@ class TraceInfo:
     events_read: int = 0
     events_kept: int = 0
     range_names: tuple[tuple[str, int], ...] = ()
+    user_annotations: tuple[tuple[str, int], ...] = ()
+    gpu_events: int = 0
+    runtime_events: int = 0
+    descriptors: int = 0
+    unknown_categories: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -242,6 +255,11 @@ def read_trace(
         events_read=collector.read,
         events_kept=len(events),
         range_names=tuple(collector.range_names.most_common(20)),
+        user_annotations=tuple(collector.user_annotations.most_common(20)),
+        gpu_events=collector.gpu_events,
+        runtime_events=len(collector.rt_corr),
+        descriptors=sum(1 for e in collector.cpu if is_descriptor(e.name)),
+        unknown_categories=tuple(collector.unknown_categories.most_common()),
     )
     return Trace(info, events)
 
@@ -285,12 +303,22 @@ def _stream(
 _SCAN_CHUNK = 1 << 24
 _STR = rb'"([^"\\]*(?:\\.[^"\\]*)*)"'
 _NUM = rb"(-?\d+(?:\.\d+)?)"
+
+
+def _alternation(cats: frozenset[str]) -> bytes:
+    return b"|".join(re.escape(c).encode() for c in sorted(cats, key=lambda c: (-len(c), c)))
+
+
 #: an event's start: an object whose first key is ``"ph"`` (with unescaped quotes this never occurs inside a
 #: JSON string); then, when they follow in Kineto's order, ``ph, cat, name, pid, tid, ts, dur[, args]``
 _EVENT = re.compile(
-    rb'\{\s*"ph"\s*:(?:\s*"([^"\\]*)"(?:\s*,\s*"cat"\s*:\s*"(?:(cpu_op|user_annotation)"\s*,\s*"name"\s*:\s*'
+    rb'\{\s*"ph"\s*:(?:\s*"([^"\\]*)"(?:\s*,\s*"cat"\s*:\s*"(?:('
+    + _alternation(CPU_CATS)
+    + rb')"\s*,\s*"name"\s*:\s*'
     + _STR
-    + rb'|(cuda_runtime|cuda_driver|runtime|driver|kernel|gpu_memcpy|gpu_memset|concurrent_kernel)"'
+    + rb"|("
+    + _alternation(RUNTIME_CATS | GPU_CATS)
+    + rb')"'
     + rb'(?:\s*,\s*"name"\s*:\s*'
     + _STR
     + rb'\s*,\s*"pid"\s*:\s*(?:-?\d+|"[^"\\]*")\s*,\s*"tid"\s*:\s*(-?\d+)\s*,\s*"ts"\s*:\s*'
@@ -306,6 +334,7 @@ _ARRAY_END = re.compile(rb"\s*\]\s*")
 _CPU_B = frozenset(c.encode() for c in CPU_CATS)
 _RUNTIME_B = frozenset(c.encode() for c in RUNTIME_CATS)
 _GPU_B = frozenset(c.encode() for c in GPU_CATS)
+_KERNEL_B = (b"kernel", b"Kernel")
 
 
 class _Fallback(Exception):
@@ -462,11 +491,13 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                         if need:
                             decode_run(data, s, e, index - 1, False)
                         else:
-                            collector.range_names[text(cpu_name)] += 1
+                            collector.count_range(text(cpu_name), cpu_cat.decode())
                         continue
                     if cat is None:
                         if other is None or other in _CPU_B:  # no "cat" next, or a CPU range without "name" next
                             decode_run(data, s, e, index - 1, False)
+                        else:
+                            collector.count_category(text(other))
                         continue
                     is_rt = cat in _RUNTIME_B
                     if rawname is None or (not is_rt and dur[:1] == b"-"):
@@ -489,9 +520,11 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                         continue
                     coll = collective.get((cat, rawname))
                     if coll is None:
-                        coll = collective[cat, rawname] = cat == b"kernel" and is_collective_kernel(text(rawname))
+                        coll = collective[cat, rawname] = cat in _KERNEL_B and is_collective_kernel(text(rawname))
                     at = data.find(b'"stream"', body, e)
-                    if at >= 0:
+                    if at < 0 and data.find(b'queue"', body, e) >= 0:  # XPU: "sycl queue", read by stream_of
+                        coll = True
+                    elif at >= 0:
                         v = _INT_VALUE.match(data, at + 8)
                         if v is None or data.find(b'"stream"', at + 8, e) >= 0:
                             coll = True
@@ -761,7 +794,7 @@ def merge_descriptors(events: Sequence[Event]) -> list[Event]:
     out = []
     for e in events:
         ws = wrappers.get(e.tid)
-        if ws and e.name.startswith("nccl:"):
+        if ws and is_named_descriptor(e.name):
             i = bisect.bisect_right(starts[e.tid], e.start_ns) - 1
             w = ws[i] if i >= 0 else None
             if w is not None and w.end_ns >= e.end_ns:
@@ -793,14 +826,19 @@ class _Collector:
         self.read = 0
         self.cpu: list[Event] = []  # collective CPU ranges and ProfilerStep ranges
         self.sections: list[Event] = []
-        self.nccl: list[tuple] = []  # (name, start, end, stream, corr, fields, bad)
+        self.nccl: list[tuple] = []  # (name, start, end, stream, corr, fields, bad, device)
         self.bad_gpu: list[Event] = []  # other GPU events with a non-physical duration (all kept)
         self.gpu_start, self.gpu_end, self.gpu_corr = array("q"), array("q"), array("q")
         self.gpu_stream, self.gpu_name = array("q"), array("q")
         self.names: dict[str, int] = {}
         self.rt_corr, self.rt_start = array("q"), array("q")
         self.range_names: Counter[str] = Counter()
+        self.user_annotations: Counter[str] = Counter()
+        self.unknown_categories: Counter[str] = Counter()
+        self.section_pids: Counter[str] = Counter()
         self.no_ts: list[str] = []
+        self.before_launch: list = []  # [largest lead in ns, its event]
+        self.before_launch_count = 0
 
     def _section_of(self, name: str) -> str | None:
         hit = self.exact.get(name)
@@ -810,6 +848,17 @@ class _Collector:
             if rx.match(name):
                 return sec
         return None
+
+    def count_range(self, name: str, cat: str) -> None:
+        """A CPU range seen (for the names listed when a section is not found)."""
+        self.range_names[name] += 1
+        if cat == "user_annotation":
+            self.user_annotations[name] += 1
+
+    def count_category(self, cat: str) -> None:
+        """An ``X`` event of a category not read: counted when Kineto does not list it as ignorable."""
+        if cat not in IGNORED_CATS:
+            self.unknown_categories[cat] += 1
 
     def _times(self, ev: Mapping[str, Any]) -> tuple[int, int, str | None] | None:
         """(start, end, why the duration is not physical) in ns; ``None`` without ``ts``."""
@@ -847,11 +896,13 @@ class _Collector:
             self._add_gpu(ev)
             return
         if cat not in CPU_CATS:
+            if isinstance(cat, str):
+                self.count_category(cat)
             return
         name = ev.get("name")
         if not isinstance(name, str):
             return
-        self.range_names[name] += 1
+        self.count_range(name, str(cat))
         section = self._section_of(name)
         step = step_number(name) is not None
         if section is None and not step and not (is_gloo_work(name) or is_descriptor(name)):
@@ -867,6 +918,7 @@ class _Collector:
         if step:
             self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad))
         if section is not None:
+            self.section_pids[str(ev.get("pid"))] += 1
             self.sections.append(Event(section, Kind.CPU, start, end, tid=tid, bad=bad))
             return
         if step:
@@ -885,14 +937,13 @@ class _Collector:
             self._no_ts(ev)
             return
         start, end, bad = times
-        stream = int_or_none(args.get("stream"))
-        if stream is None:
-            stream = int_or_none(ev.get("tid")) or 0
+        stream = stream_of(args, ev.get("tid"))
         corr = int_or_none(args.get("correlation"))
         corr = -1 if corr is None else corr
-        if ev.get("cat") == "kernel" and is_collective_kernel(name):
+        if ev.get("cat") in ("kernel", "Kernel") and is_collective_kernel(name):
             fields = comm_fields(name, args) if "Collective name" in args or "Seq" in args else {}
-            self.nccl.append((name, start, end, stream, corr, fields, bad))
+            device = args.get("device", ev.get("pid"))
+            self.nccl.append((name, start, end, stream, corr, fields, bad, str(device)))
             return
         self.add_gpu_event(name, start, end, stream, corr, bad)
 
@@ -908,17 +959,97 @@ class _Collector:
         self.gpu_stream.append(stream)
         self.gpu_name.append(nid)
 
+    @property
+    def gpu_events(self) -> int:
+        return len(self.gpu_start) + len(self.nccl) + len(self.bad_gpu)
+
+    def _dedupe(self, anomalies: Anomalies, rank: int | None) -> None:
+        """Drop exact duplicates (same name, times, thread or stream, correlation) of the kept events."""
+        dups: list[str] = []
+
+        def unique(items: list, key: Any, label: Any) -> list:
+            seen: set = set()
+            out = []
+            for it in items:
+                k = key(it)
+                if k in seen:
+                    dups.append(label(it))
+                    continue
+                seen.add(k)
+                out.append(it)
+            return out
+
+        def ev_key(e: Event) -> tuple:
+            return (e.name, e.start_ns, e.end_ns, e.tid, e.bad)
+
+        def ev_label(e: Event) -> str:
+            return f"{e.name!r} at ts {e.start_ns} ns (thread {e.tid})"
+
+        self.sections = unique(self.sections, ev_key, ev_label)
+        self.cpu = unique(self.cpu, ev_key, ev_label)
+        self.nccl = unique(
+            self.nccl,
+            lambda n: (n[0], n[1], n[2], n[3], n[4]),
+            lambda n: f"{n[0].split('(')[0]!r} at ts {n[1]} ns (stream {n[3]}, correlation {n[4]})",
+        )
+        if dups:
+            anomalies.add("duplicate_event", rank, dups[0], len(dups))
+
+    def _clock_offset(self, launch_of: Any, anomalies: Anomalies, rank: int | None) -> int:
+        """The offset (ns) that puts the runtime clock on the CPU ranges' clock (:func:`runtime_offset`), 0 if none."""
+        import numpy as np
+
+        if not self.nccl or not len(self.rt_corr):
+            return 0
+        launches, _ = launch_of(np.array([n[4] for n in self.nccl], dtype=np.int64))
+        known = [int(x) for x in launches if x >= 0]
+        descs = [e for e in self.cpu if is_named_descriptor(e.name)] or [e for e in self.cpu if e.name == PARAM_COMMS]
+        fit = runtime_offset(known, [(d.start_ns, d.end_ns) for d in descs])
+        if fit is None:
+            return 0
+        off = nearest_zero(*fit)
+        first = min(known)
+        d0 = min(descs, key=lambda d: d.start_ns)
+        anomalies.add(
+            "runtime_clock_offset",
+            rank,
+            f"the first collective launch (ts {first} ns) lies outside its {d0.name!r} "
+            f"[{d0.start_ns}, {d0.end_ns}] ns; "
+            f"every launch fits its descriptor with an offset of {fit[0]}..{fit[1]} ns: runtime events shifted by "
+            f"{off:+d} ns ({len(known)} collectives)",
+            len(self.rt_corr),
+        )
+        return off
+
     def events(self, base_ns: int, anomalies: Anomalies | None = None, rank: int | None = None) -> list[Event]:
-        """The kept events, shifted by ``base_ns`` (0 for absolute traces); anomalies recorded (:func:`read_trace`)."""
+        """The kept events, shifted by ``base_ns`` (0 for absolute traces); anomalies recorded (:func:`read_trace`).
+
+        Raises:
+            TraceError: section ranges of more than one process, or collective kernels of more than one
+                device, in the file (one trace per rank is expected).
+        """
         import numpy as np
 
         anomalies = anomalies if anomalies is not None else Anomalies()
+        if len(self.section_pids) > 1:
+            pids = ", ".join(f"pid {p} ({n} ranges)" for p, n in sorted(self.section_pids.items()))
+            raise TraceError(f"{self.path}: section ranges of {len(self.section_pids)} processes in one file ({pids}): "
+                             f"pnpscale reads one trace per rank; split the file by process")  # fmt: skip
+        devices = Counter(n[7] for n in self.nccl)
+        if len(devices) > 1:
+            devs = ", ".join(f"device {d} ({n} kernels)" for d, n in sorted(devices.items()))
+            raise TraceError(f"{self.path}: collective kernels of {len(devices)} devices in one file ({devs}): more "
+                             f"than one rank in one trace; pnpscale reads one trace per rank")  # fmt: skip
         if self.no_ts:
             anomalies.add("event_without_ts", rank, self.no_ts[0], len(self.no_ts))
+        if self.unknown_categories:
+            cats = ", ".join(f"{c!r} ({n})" for c, n in self.unknown_categories.most_common())
+            anomalies.add("unknown_category", rank, cats, sum(self.unknown_categories.values()))
+        self._dedupe(anomalies, rank)
         rt_corr = np.frombuffer(self.rt_corr, dtype=np.int64) if len(self.rt_corr) else np.zeros(0, np.int64)
         rt_start = np.frombuffer(self.rt_start, dtype=np.int64) if len(self.rt_start) else np.zeros(0, np.int64)
         order = np.argsort(rt_corr, kind="stable")
-        rt_corr, rt_start = rt_corr[order], rt_start[order]
+        rt_corr, rt_start = rt_corr[order], rt_start[order].copy()
         unknown = np.array(sorted(UNKNOWN_CORRELATIONS), dtype=np.int64)
 
         def launch_of(corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -932,26 +1063,31 @@ class _Collector:
             found = (idx < len(rt_corr)) & (rt_corr[idx_c] == corr) & known
             return np.where(found, rt_start[idx_c], -1), known & ~found
 
+        rt_start += self._clock_offset(launch_of, anomalies, rank)
+
         def shift(e: Event) -> Event:
             return replace(e, start_ns=e.start_ns + base_ns, end_ns=e.end_ns + base_ns)
 
         out = [shift(e) for e in self.sections]
         out += [shift(e) for e in merge_descriptors(self.cpu)]
         outside: list[str] = []
+        faults = self._faults(launch_of)
+        nccl_faults = faults[len(self.gpu_start) :]
         if self.nccl:
             launches, away = launch_of(np.array([n[4] for n in self.nccl], dtype=np.int64))
-            for (name, start, end, stream, corr, fields, bad), launch, gone in zip(
-                self.nccl, launches, away, strict=True
+            for (name, start, end, stream, corr, fields, bad, _), launch, gone, fault in zip(
+                self.nccl, launches, away, nccl_faults, strict=True
             ):
                 if gone:
                     outside.append(f"{name.split('(')[0]} at ts {start} ns, correlation {corr}")
                     continue
+                bad = bad or fault
                 out.append(
                     Event(
                         name,
                         Kind.GPU,
                         start + base_ns,
-                        end + base_ns,
+                        (start if bad else end) + base_ns,
                         tid=stream,
                         correlation=corr,
                         launch_ns=None if launch < 0 else int(launch) + base_ns,
@@ -963,15 +1099,70 @@ class _Collector:
             launch, gone = launch_of(np.array([e.correlation], dtype=np.int64))
             if not gone[0]:
                 out.append(shift(replace(e, launch_ns=None if launch[0] < 0 else int(launch[0]) + base_ns)))
-        out += self._gpu_representatives(launch_of, base_ns, outside, anomalies, rank)
+        out += self._gpu_representatives(launch_of, base_ns, outside, anomalies, rank, faults[: len(self.gpu_start)])
         if outside:
             anomalies.add("gpu_event_outside_window", rank, outside[0], len(outside))
+        if self.before_launch_count:
+            lead, example = self.before_launch
+            anomalies.add("gpu_before_launch", rank, f"up to {lead / 1000:g} us before its launch: {example}",
+                          self.before_launch_count)  # fmt: skip
+        return out
+
+    def _faults(self, launch_of: Any) -> list[str | None]:
+        """Why each device event (the other GPU events, then the collective kernels) is not physical
+        (:func:`pnpscale.analysis.gpu_checks.gpu_faults`), else ``None``."""
+        import numpy as np
+
+        n = len(self.gpu_start)
+        names = list(self.names)
+        start = np.concatenate([np.frombuffer(self.gpu_start, dtype=np.int64) if n else np.zeros(0, np.int64),
+                                np.array([x[1] for x in self.nccl], dtype=np.int64)])  # fmt: skip
+        end = np.concatenate([np.frombuffer(self.gpu_end, dtype=np.int64) if n else np.zeros(0, np.int64),
+                              np.array([x[2] for x in self.nccl], dtype=np.int64)])  # fmt: skip
+        stream = np.concatenate([np.frombuffer(self.gpu_stream, dtype=np.int64) if n else np.zeros(0, np.int64),
+                                 np.array([x[3] for x in self.nccl], dtype=np.int64)])  # fmt: skip
+        corr = np.concatenate([np.frombuffer(self.gpu_corr, dtype=np.int64) if n else np.zeros(0, np.int64),
+                               np.array([x[4] for x in self.nccl], dtype=np.int64)])  # fmt: skip
+        launch, away = launch_of(corr)
+        keep = ~away
+        codes = np.zeros(len(start), dtype=np.int8)
+        other = np.full(len(start), -1, dtype=np.int64)
+        idx = np.flatnonzero(keep)
+        c, o = gpu_faults(start[idx], end[idx], stream[idx], corr[idx], launch[idx])
+        codes[idx] = c
+        other[idx] = np.where(o >= 0, idx[np.maximum(o, 0)], -1)
+
+        def name(i: int) -> str:
+            return (names[self.gpu_name[i]] if i < n else self.nccl[i - n][0]).split("(")[0]
+
+        out: list[str | None] = [None] * len(start)
+        for i in np.flatnonzero(codes).tolist():
+            us = f"ts {start[i] / 1000:g} us"
+            if codes[i] == TS_UNSET:
+                out[i] = f"at {us}: an unset timestamp (ts <= 0, kineto#109), not a time"
+            elif codes[i] == BEFORE_LAUNCH:  # a GPU clock ahead of the CPU's: placement by launch still holds
+                lead = int(launch[i] - start[i])
+                if not self.before_launch or lead > self.before_launch[0]:
+                    self.before_launch[:2] = [lead, f"{name(i)!r} at {us}, correlation {corr[i]}"]
+                self.before_launch_count += 1
+            else:
+                j = int(other[i])
+                out[i] = (f"at {us} starts {(end[j] - start[i]) / 1000:g} us before {name(j)!r} ends on "
+                          f"stream {stream[i]}: work of one stream cannot overlap (kineto#990: GPU timestamps "
+                          f"wrong)")  # fmt: skip
         return out
 
     def _gpu_representatives(
-        self, launch_of: Any, base_ns: int, outside: list[str], anomalies: Anomalies, rank: int | None
+        self,
+        launch_of: Any,
+        base_ns: int,
+        outside: list[str],
+        anomalies: Anomalies,
+        rank: int | None,
+        faults: Sequence[str | None] = (),
     ) -> list[Event]:
-        """Per section range, the first-starting and last-ending GPU event launched inside it."""
+        """Per section range, the first-starting and last-ending GPU event launched inside it; and every
+        event with a fault (its iteration is then dropped)."""
         import numpy as np
 
         n = len(self.gpu_start)
@@ -989,10 +1180,22 @@ class _Collector:
         by_start = (launch < 0) & ~away
         if by_start.any():
             i = int(np.argmax(by_start))
+            why = (
+                "correlation 0 (unknown launch)"
+                if int(corr[i]) in UNKNOWN_CORRELATIONS
+                else (
+                    f"correlation {int(corr[i])}, and the trace holds no runtime event of a known category"
+                    + (
+                        f" (categories not read: {', '.join(self.unknown_categories)})"
+                        if self.unknown_categories
+                        else ""
+                    )
+                )
+            )
             anomalies.add(
                 "launch_unknown_by_start",
                 rank,
-                f"{names[self.gpu_name[i]]} at ts {int(start[i])} ns, correlation {int(corr[i])}",
+                f"{names[self.gpu_name[i]]} at ts {int(start[i])} ns, {why}",
                 int(by_start.sum()),
             )
         valid = np.flatnonzero(~away)
@@ -1007,15 +1210,18 @@ class _Collector:
                 idx = order[lo:hi]
                 keep.add(int(idx[np.argmin(start[idx])]))
                 keep.add(int(idx[np.argmax(end[idx])]))
+        bad = {i: f for i, f in enumerate(faults) if f is not None}
+        keep |= set(bad)
         return [
             Event(
                 names[self.gpu_name[i]],
                 Kind.GPU,
                 int(start[i]) + base_ns,
-                int(end[i]) + base_ns,
+                int(start[i] if i in bad else end[i]) + base_ns,
                 tid=int(self.gpu_stream[i]),
                 correlation=int(corr[i]),
                 launch_ns=None if launch[i] < 0 else int(launch[i]) + base_ns,
+                bad=bad.get(i),
             )
             for i in sorted(keep)
         ]
