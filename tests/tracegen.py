@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,7 +162,7 @@ def simulate(spec: Spec) -> Job:
     corr = {r: 1 for r in range(spec.world)}
     ext = {r: 1 for r in range(spec.world)}
     seq = {r: 0 for r in range(spec.world)}
-    now = 10_000 * u  # global time every rank leaves the previous barrier
+    now = 10_000_000  # global time every rank leaves the previous barrier (ns)
 
     def cpu(r: int, name: str, cat: str, start: int, end: int, tid: int = MAIN_TID, **args: Any) -> None:
         ev[r].append({"ph": "X", "cat": cat, "name": name, "pid": 100 + r, "tid": tid,
@@ -334,7 +334,7 @@ def trace_text(job: Job, rank: int, meta_after: bool = False, events: Sequence[d
                 e[key] = "\u0000" + us_text(v, spec.integer_ts)
         out.append(e)
     meta = job.meta[rank]
-    body = json.dumps(out, separators=(",", ":"))
+    body = "[\n  " + ",\n  ".join(json.dumps(e) for e in out) + "\n]"  # one event per line, as Kineto writes
     head = json.dumps(meta)[1:-1]
     text = (
         ("{" + '"traceEvents":' + body + "," + head + "}")
@@ -344,12 +344,20 @@ def trace_text(job: Job, rank: int, meta_after: bool = False, events: Sequence[d
     return _NUM.sub(r"\1", text)
 
 
-def write(job: Job, folder: Path, meta_after: bool = False) -> list[Path]:
-    """One ``rank<r>.json`` per rank in ``folder``."""
+def write(
+    job: Job,
+    folder: Path,
+    meta_after: bool = False,
+    events: dict[int, list[dict]] | None = None,
+    edit: Callable[[int, str], str] | None = None,
+) -> list[Path]:
+    """One ``rank<r>.json`` per rank in ``folder`` (``events`` in place of the job's; ``edit(rank, text)``
+    changes the text before it is written)."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for r in job.events:
         p = folder / f"rank{r}.json"
-        p.write_text(trace_text(job, r, meta_after))
+        text = trace_text(job, r, meta_after, None if events is None else events[r])
+        p.write_text(edit(r, text) if edit else text)
         paths.append(p)
     return paths

@@ -256,7 +256,13 @@ def analyze_traces(
         ranks, colls = frames([(rank_rows(r, recs, warmup), {}) for r, recs in sorted(aligned.items())])
         table = decompose(ranks, colls, world, on_negative_compute=lambda m: anomalies.add("negative_compute", None, m))
     except (SectionError, DecompositionError) as exc:
-        raise AnalyzeError(str(exc)) from exc
+        steps = [a for a in anomalies.records() if a["kind"] == "step_not_on_every_rank"]
+        hint = ""
+        if steps:
+            hint = (f"; note: iterations were matched by ProfilerStep number and the ranks' step numbers differ "
+                    f"(rank {steps[0]['rank']}: {steps[0]['example']}): a rank whose profiler counted from another "
+                    f"step pairs different iterations")  # fmt: skip
+        raise AnalyzeError(f"{exc}{hint}") from exc
     for inner, outer in nested.items():
         anomalies.add("nested_sections", None, f"{inner!r} inside {outer!r}")
     analysis = Analysis(ranks, colls, table, done, world, anomalies, nested)
@@ -377,12 +383,13 @@ def _rank_records(
             )
         anomalies.add("rank_overridden", t.rank, f"{t.path.name}: states rank {stated}, --rank {t.rank}")
     info = trace.info
-    if info.gpu_events == 0 and info.descriptors and (info.runtime_events or (info.backend or "gloo") != "gloo"):
+    if info.gpu_events == 0 and (info.runtime_events or (info.descriptors and (info.backend or "gloo") != "gloo")):
         raise AnalyzeError(
             f"rank {t.rank} ({t.path.name}): {info.descriptors} collective descriptor(s) (record_param_comms / "
-            f"nccl:*) and {info.runtime_events} runtime launch(es), but no GPU event: the profiler dropped every GPU "
-            f"record (kineto#996: a full CUPTI buffer, or a new profiler session per iteration), so transfer and "
-            f"wait cannot be measured (a live run refuses this too); fix: one profiler session for every iteration"
+            f"nccl:*) and {info.runtime_events} runtime call(s) (launches), but no GPU event: the profiler dropped "
+            f"every GPU record (kineto#996: a full CUPTI buffer, or a new profiler session per iteration), so "
+            f"transfer and wait cannot be measured (a live run refuses this too); fix: one profiler session for "
+            f"every iteration"
         )
     try:
         records = section_records(trace.events, list(sections), anomalies, t.rank, cpu_start=cpu_start)

@@ -178,6 +178,11 @@ def read_header(path: Path | str) -> TraceInfo:
     except (OSError, EOFError, ValueError, zlib.error) as exc:
         raise TraceError(f"{path}: cannot read trace: {_first_line(exc)}") from exc
     if not array_top and "traceEvents" not in meta and len(head) < _HEAD_MAX:
+        if not _valid_object(head.decode("utf-8", errors="replace")):
+            raise TraceError(
+                f"{path}: cannot read trace: the file ends at byte {len(head)} inside its JSON object, before any "
+                f"traceEvents list: truncated (or not JSON)"
+            )
         raise NotATraceError(f"{path}: no traceEvents list before the end of the file: not a Kineto trace")
     if array_top and not _array_of_objects(head):
         raise NotATraceError(f"{path}: a JSON array whose items are not event objects: not a trace")
@@ -232,8 +237,10 @@ def read_trace(
     except _JsonFailure as failure:
         tokens = _non_finite_tokens(path)
         if not tokens:
+            ends = any(m in failure.message for m in ("ncomplete", "premature EOF"))
+            cut = " (the file ends there: truncated?)" if ends else ""
             raise TraceError(f"{path}: cannot read trace: invalid JSON at or before byte {failure.offset}: "
-                             f"{failure.message}") from None  # fmt: skip
+                             f"{failure.message}{cut}") from None  # fmt: skip
         try:
             collector, meta, array_top, tail = _stream(path, pats, keep_all_gpu, repair=True)
         except _JsonFailure as again:
