@@ -52,6 +52,7 @@ from pnpscale.analysis.events import (
     rank_rows,
     section_records,
 )
+from pnpscale.analysis.kineto import GPU_CATS
 from pnpscale.analysis.metrics import DecompositionError, check_invariants, decompose, run_metrics, summarize
 from pnpscale.analysis.tables import frames, table_writers
 from pnpscale.analysis.traces import (
@@ -384,6 +385,14 @@ def _rank_records(
         anomalies.add("rank_overridden", t.rank, f"{t.path.name}: states rank {stated}, --rank {t.rank}")
     info = trace.info
     if info.gpu_events == 0 and (info.runtime_events or (info.descriptors and (info.backend or "gloo") != "gloo")):
+        if info.unknown_categories:
+            cats = ", ".join(f"{c!r} ({n})" for c, n in info.unknown_categories)
+            raise AnalyzeError(
+                f"rank {t.rank} ({t.path.name}): {info.descriptors} collective descriptor(s) and "
+                f"{info.runtime_events} runtime call(s), but no GPU event of a category pnpscale reads; the trace "
+                f"holds events of categories not read: {cats}: another device's kernels? (pnpscale reads "
+                f"{', '.join(sorted(GPU_CATS))})"
+            )
         raise AnalyzeError(
             f"rank {t.rank} ({t.path.name}): {info.descriptors} collective descriptor(s) (record_param_comms / "
             f"nccl:*) and {info.runtime_events} runtime call(s) (launches), but no GPU event: the profiler dropped "
@@ -649,8 +658,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if analysis.no_collectives:
         print(
             f"pnpscale.analyze: WARNING: {world}-rank job but no collective was found in any section "
-            "(no gloo:* range, no NCCL/RCCL kernel): transfer and wait are unknown, not zero; CommE and PE are "
-            "not given (n/a)",
+            "(no gloo:* range, no NCCL/RCCL kernel): transfer and wait are unknown (NaN, n/a), not zero; CommE and "
+            f"PE are not given (n/a); {no_collectives_text(analysis.traces, world)}",
             file=sys.stderr,
         )
     for line in summary_lines(doc["anomalies"]):
