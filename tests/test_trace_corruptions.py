@@ -344,3 +344,43 @@ def test_corruption_ends_in_the_numbers_a_refusal_or_a_named_anomaly(name: str) 
 
     prop()
     assert seen, f"{name}: no generated job could be corrupted"
+
+
+def test_untyped_kernels_issued_in_another_order_are_matched_by_descriptor_type_and_sequence(tmp_path):
+    """Generic kernels (no type in the name) of two process groups, issued in a different order on rank 1:
+    matched by (process group, Seq) of their descriptors, not by position."""
+    import pandas as pd
+
+    from pnpscale import layout
+    from tests.tracegen import Coll, Spec
+
+    plan = (((Coll("broadcast", 64, "Float", 3000), Coll("all_reduce", 4096, "Float", 9000)),),)
+    spec = Spec("nccl", 2, ("gradient",), plan, work=(((((5000, 4000, 3000),),)),) * 2,
+                kernels=((((1, 1, 1),),),) * 2, gap=(((0,),),) * 2, rank_skew_ns=(0, 777), gpu_lag_ns=(0, 0),
+                names="generic")  # fmt: skip
+    job = simulate(spec)
+    evs = copy.deepcopy(job.events)
+    for r in (0, 1):
+        descs = [e for e in evs[r] if e["name"] == "record_param_comms"]
+        ks = kernels(evs[r], nccl=True)
+        ranges = [e for e in evs[r] if e["name"].startswith("nccl:")]
+        for e in (descs[1], ks[1]["args"]):  # the all_reduce belongs to process group "1", its own sequence
+            (e["args"] if "args" in e else e).update({"Process Group Name": "1", "Seq": 0})
+        ks[1]["tid"] = ks[1]["args"]["stream"] = 21
+        if r == 1:  # rank 1 issued the all_reduce first: swap what each slot ran, keep the times
+            for a, b in ((descs[0]["args"], descs[1]["args"]), (ks[0]["args"], ks[1]["args"])):
+                for key in ("Collective name", "In msg nelems", "Out msg nelems", "Process Group Name", "Seq"):
+                    if key in a:
+                        a[key], b[key] = b[key], a[key]
+            ranges[0]["name"], ranges[1]["name"] = ranges[1]["name"], ranges[0]["name"]
+            ks[0]["tid"], ks[1]["tid"] = 21, 20
+            ks[0]["args"]["stream"], ks[1]["args"]["stream"] = 21, 20
+    write(job, tmp_path / "job", events=evs)
+    code, err, out = analyse(tmp_path / "job", spec.sections)
+    assert code == 0, err
+    c = pd.read_parquet(out / layout.COLLECTIVES).sort_values(["seq", "rank"])
+    assert c.groupby("seq")["collective"].nunique().max() == 1  # one type per matched collective
+    durations = {r: [k["dur"] for k in kernels(evs[r], nccl=True)] for r in (0, 1)}
+    by = {(row["rank"], row["collective"]): round(row["duration_s"] * 1e9) for _, row in c.iterrows()}
+    assert by[(0, "broadcast")] == durations[0][0] and by[(1, "broadcast")] == durations[1][1]
+    assert by[(0, "all_reduce")] == durations[0][1] and by[(1, "all_reduce")] == durations[1][0]

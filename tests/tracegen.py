@@ -186,7 +186,10 @@ def simulate(spec: Spec) -> Job:
             colls = spec.plan[i][s]
             key = (i, name)
             truth.colls[key] = colls
-            entry, cursor, first_gpu, launches = {}, {}, {}, {}
+            entry: dict[int, int] = {}
+            cursor: dict[int, int] = {}
+            first_gpu: dict[int, int] = {}
+            launches: dict[int, tuple[list[list[tuple[int, int]]], list[tuple[int, int]], int]] = {}
             for r in range(spec.world):
                 entry[r] = starts[r] + spec.gap[r][i][s]
                 t = entry[r] + u
@@ -202,7 +205,7 @@ def simulate(spec: Spec) -> Job:
                     plan.append(seg)
                     if k < len(colls):
                         c = colls[k]
-                        desc = {"Collective name": OPS[c.op][0], "In msg nelems": c.nelems,
+                        desc: dict[str, Any] = {"Collective name": OPS[c.op][0], "In msg nelems": c.nelems,
                                 "Out msg nelems": c.nelems * (spec.world if c.op == "all_gather" else 1),
                                 "dtype": c.dtype, "Group size": spec.world, "Process Group Name": "0",
                                 "Process Group Description": "default_pg", "Seq": seq[r],
@@ -225,11 +228,11 @@ def simulate(spec: Spec) -> Job:
                     w = spec.work[r][i][s][k]
                     if cuda:
                         seg = launches[r][0][k]
-                        for j, (at, c) in enumerate(seg):
+                        for j, (at, cid) in enumerate(seg):
                             begin = max(cursor[r], at + u)
                             dur = w // len(seg) + (w % len(seg) if j == len(seg) - 1 else 0)
                             gpu(r, "void at::native::vectorized_elementwise_kernel<4>", begin, begin + dur,
-                                COMPUTE_STREAM, c)  # fmt: skip
+                                COMPUTE_STREAM, cid)  # fmt: skip
                             first_gpu.setdefault(r, begin)
                             cursor[r] = begin + dur
                     else:
@@ -247,16 +250,17 @@ def simulate(spec: Spec) -> Job:
                 for r in range(spec.world):
                     if cuda:
                         corr_id = launches[r][1][k][1]
-                        desc = {"Collective name": OPS[c.op][0], "In msg nelems": c.nelems, "dtype": c.dtype,
-                                "Group size": spec.world, "Process Group Name": "0",
+                        kdesc: dict[str, Any] = {"Collective name": OPS[c.op][0], "In msg nelems": c.nelems,
+                                "dtype": c.dtype, "Group size": spec.world, "Process Group Name": "0",
                                 "Seq": seq[r] - len(colls) + k}  # fmt: skip
-                        gpu(r, _kernel_name(spec, c), arr[r], x, COMM_STREAM, corr_id, **desc)
+                        gpu(r, _kernel_name(spec, c), arr[r], x, COMM_STREAM, corr_id, **kdesc)
                         first_gpu.setdefault(r, arr[r])
                     else:
                         size = c.nelems
-                        cpu(r, "record_param_comms", "cpu_op", arr[r], arr[r] + u, **{
+                        gdesc: dict[str, Any] = {
                             "Collective name": OPS[c.op][0], "In msg nelems": size, "dtype": c.dtype,
-                            "Process Group Name": "0", "Seq": seq[r] - len(colls) + k})  # fmt: skip
+                            "Process Group Name": "0", "Seq": seq[r] - len(colls) + k}  # fmt: skip
+                        cpu(r, "record_param_comms", "cpu_op", arr[r], arr[r] + u, **gdesc)
                         cpu(r, "gloo:" + c.op, "user_annotation", arr[r], x, tid=GLOO_TID + r,
                             **{"Input Dims": [[size]], "Input type": [DTYPES[c.dtype][0]]})  # fmt: skip
                     cursor[r] = x
