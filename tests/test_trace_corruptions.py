@@ -123,7 +123,7 @@ def stream_overlap(job: Job, rng: random.Random) -> Corrupted:
         b["dur"] += b["ts"] - new_ts
         b["ts"] = new_ts
         b["tid"] = b["args"]["stream"] = COMPUTE_STREAM
-    return Corrupted(evs, named=frozenset({"non_physical_timing"}), refusals=("cannot overlap",),
+    return Corrupted(evs, named=frozenset({"non_physical_timing", "stream_overlap"}), refusals=("cannot overlap",),
                      applies=pair is not None)  # fmt: skip
 
 

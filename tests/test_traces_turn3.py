@@ -93,4 +93,4 @@ def test_kernels_overlapping_on_one_stream_are_refused_naming_them(tmp_path, cap
     code, _, err, o = run(tmp_path, "overlap", capsys)
     assert code == 1 and not o.exists()
     assert "rank 1 iteration 0 section 'gradient'" in err
-    assert "starts 10 us before 'void compute_kernel' ends on stream 7: work of one stream cannot overlap" in err
+    assert "starts 10 us before 'void compute_kernel' ends on stream 7: a collective cannot overlap work" in err

@@ -20,8 +20,10 @@ KINDS: dict[str, str] = {
     "CPU-side collective descriptors",
     "launch_unknown_by_start": "GPU event with correlation 0 (unknown launch): placed by its GPU start time; "
     "section assignment may be wrong",
-    "non_physical_timing": "event with a negative or missing duration, an unset timestamp (ts <= 0), or a start "
-    "before the previous work of its stream ends: its iteration dropped on every rank",
+    "non_physical_timing": "event with a negative or missing duration, an unset timestamp (ts <= 0), or a collective "
+    "kernel overlapping the work of its own stream: its iteration dropped on every rank",
+    "stream_overlap": "compute kernels that start before the previous one on their stream ends (programmatic "
+    "dependent launch, or wrong GPU timestamps): read as they are; the GPU span includes the overlap",
     "gpu_before_launch": "device events that start before their launch (the GPU clock runs ahead of the CPU's): "
     "placed by their launch; section time is the GPU span (pnpscale's own traces: from the CPU range start)",
     "unknown_category": "events of categories pnpscale does not read (another device's runtime or kernels?): "
