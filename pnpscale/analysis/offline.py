@@ -108,11 +108,13 @@ class Analysis:
     world_size: int
     anomalies: Anomalies
     nested: dict[str, str]
+    collectives_seen: bool = False
 
     @property
     def no_collectives(self) -> bool:
-        """A multi-rank job in which no collective was seen: transfer and wait are unknown, not zero."""
-        return self.world_size > 1 and self.collectives.empty
+        """A multi-rank job in which no collective was seen (also in iterations dropped later): transfer and
+        wait are unknown, not zero."""
+        return self.world_size > 1 and self.collectives.empty and not self.collectives_seen
 
 
 def rank_from_name(name: str) -> int | None:
@@ -250,6 +252,7 @@ def analyze_traces(
         anomalies.extend(found)
         records[t.rank] = recs
         done.append(RankedTrace(t.rank, t.path, t.source, info))
+    seen = any(s.collectives for recs in records.values() for s in recs)
     try:
         records = drop_bad_iterations(match_steps(records, anomalies), anomalies)
         nested = nested_sections(records)
@@ -266,7 +269,7 @@ def analyze_traces(
         raise AnalyzeError(f"{exc}{hint}") from exc
     for inner, outer in nested.items():
         anomalies.add("nested_sections", None, f"{inner!r} inside {outer!r}")
-    analysis = Analysis(ranks, colls, table, done, world, anomalies, nested)
+    analysis = Analysis(ranks, colls, table, done, world, anomalies, nested, seen)
     if analysis.no_collectives:
         anomalies.add("no_collectives", None, no_collectives_text(done, world))
     if len(done) == 1 and world > 1:

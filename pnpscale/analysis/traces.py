@@ -41,7 +41,14 @@ from typing import Any, BinaryIO
 
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.events import Event, Kind
-from pnpscale.analysis.gpu_checks import BEFORE_LAUNCH, TS_UNSET, gpu_faults, nearest_zero, runtime_offset
+from pnpscale.analysis.gpu_checks import (
+    BEFORE_LAUNCH,
+    STREAM_OVERLAP,
+    TS_UNSET,
+    gpu_faults,
+    nearest_zero,
+    runtime_offset,
+)
 from pnpscale.analysis.kineto import (
     CPU_CATS,
     GPU_CATS,
@@ -1147,27 +1154,30 @@ class _Collector:
             return (names[self.gpu_name[i]] if i < n else self.nccl[i - n][0]).split("(")[0]
 
         out: list[str | None] = [None] * len(start)
-        for i in np.flatnonzero(codes).tolist():
+        before = np.flatnonzero(codes == BEFORE_LAUNCH)  # a GPU clock ahead of the CPU's: placement by launch holds
+        if len(before):
+            i = int(before[np.argmax(launch[before] - start[before])])
+            self.before_launch = [int(launch[i] - start[i]), f"{name(i)!r} at ts {start[i] / 1000:g} us, "
+                                  f"correlation {corr[i]}"]  # fmt: skip
+            self.before_launch_count = len(before)
+        over = codes == STREAM_OVERLAP
+        index = np.arange(len(start))
+        soft = over & (index < n) & (other < n)  # compute kernels may overlap (programmatic dependent launch)
+        if soft.any():
+            i = int(np.argmax(soft))
+            j = int(other[i])
+            self.overlaps = [f"{name(i)!r} at ts {start[i] / 1000:g} us starts {(end[j] - start[i]) / 1000:g} us "
+                             f"before {name(j)!r} ends on stream {stream[i]}"]  # fmt: skip
+            self.overlap_count = int(soft.sum())
+        for i in np.flatnonzero((codes == TS_UNSET) | (over & ~soft)).tolist():
             us = f"ts {start[i] / 1000:g} us"
             if codes[i] == TS_UNSET:
                 out[i] = f"at {us}: an unset timestamp (ts <= 0, kineto#109), not a time"
-            elif codes[i] == BEFORE_LAUNCH:  # a GPU clock ahead of the CPU's: placement by launch still holds
-                lead = int(launch[i] - start[i])
-                if not self.before_launch or lead > self.before_launch[0]:
-                    self.before_launch[:2] = [lead, f"{name(i)!r} at {us}, correlation {corr[i]}"]
-                self.before_launch_count += 1
-            else:
+            else:  # a collective kernel's time would be wrong: its iteration is not physical
                 j = int(other[i])
-                text = f"at {us} starts {(end[j] - start[i]) / 1000:g} us before {name(j)!r} ends on stream {stream[i]}"
-                if i >= n or j >= n:  # a collective kernel's time would be wrong: its iteration is not physical
-                    out[i] = (
-                        f"{text}: a collective cannot overlap work of its own stream (kineto#990: GPU timestamps wrong)"
-                    )
-                elif not self.overlaps:  # compute kernels may overlap (programmatic dependent launch): read as they are
-                    self.overlaps.append(f"{name(i)!r} {text}")
-                    self.overlap_count += 1
-                else:
-                    self.overlap_count += 1
+                out[i] = (f"at {us} starts {(end[j] - start[i]) / 1000:g} us before {name(j)!r} ends on stream "
+                          f"{stream[i]}: a collective cannot overlap work of its own stream (kineto#990: GPU "
+                          f"timestamps wrong)")  # fmt: skip
         return out
 
     def _gpu_representatives(
