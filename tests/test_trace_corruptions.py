@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from pnpscale import columns as K
 from tests.test_trace_properties import PHASES, analyse, assert_decomposition, results, specs
-from tests.tracegen import BASE_NS, COMPUTE_STREAM, Job, simulate, write
+from tests.tracegen import ABSOLUTE_NS, BASE_NS, COMPUTE_STREAM, Job, simulate, write
 
 CORRUPTION = settings(max_examples=12, deadline=None, derandomize=True, database=None, phases=PHASES,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
@@ -70,6 +70,19 @@ def ts_unset(job: Job, rng: random.Random) -> Corrupted:
         k["ts"] = "\u0000" + rng.choice(["0", "0.000", f"-{BASE_NS // 1000}"])
         k["dur"] = 0
     return Corrupted(evs, named=frozenset({"non_physical_timing"}), refusals=("unset timestamp",),
+                     applies=k is not None)  # fmt: skip
+
+
+def ts_wrong_unit(job: Job, rng: random.Random) -> Corrupted:
+    """One kernel's ``ts`` written in ns instead of us (1000 times too large)."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    k = pick(rng, kernels(evs[r]))
+    if k is not None:
+        ns = k["ts"] + (0 if job.spec.time_base == "base" else ABSOLUTE_NS)
+        k["ts"] = "\u0000" + str(ns)  # ns written where us belong
+    return Corrupted(evs, named=frozenset({"non_physical_timing"}),
+                     refusals=("out of any clock's range", "outside the profiled window"),
                      applies=k is not None)  # fmt: skip
 
 
@@ -193,7 +206,7 @@ def two_processes(job: Job, rng: random.Random) -> Corrupted:
     evs = copy.deepcopy(job.events)
     r = rng.randrange(job.spec.world)
     other = [dict(e, pid=e["pid"] + 1000) for e in copy.deepcopy(job.events[(r + 1) % job.spec.world])
-             if e.get("ph") == "X" and e.get("cat") != "kernel"]  # fmt: skip
+             if e.get("ph") == "X" and e.get("cat") != "kernel" and isinstance(e["pid"], int)]  # fmt: skip
     evs[r] += other
     return Corrupted(evs, refusals=("processes in one file",))
 
@@ -282,6 +295,7 @@ def correlation_zero(job: Job, rng: random.Random) -> Corrupted:
 CORRUPTIONS: dict[str, tuple[Callable[[Job, random.Random], Corrupted], str | None]] = {
     "ts_unset": (ts_unset, "nccl"),
     "gpu_outside_window": (gpu_outside_window, "nccl"),
+    "ts_wrong_unit": (ts_wrong_unit, "nccl"),
     "runtime_clock": (runtime_clock, "nccl"),
     "gpu_clock_ahead": (gpu_clock_ahead, "nccl"),
     "stream_overlap": (stream_overlap, "nccl"),

@@ -300,6 +300,11 @@ def simulate(spec: Spec) -> Job:
             d["baseTimeNanoseconds"] = BASE_NS
         meta[r] = d
         ev[r].sort(key=lambda e: (e["ts"], -e["dur"]))
+        first, last = ev[r][0]["ts"], max(e["ts"] + e["dur"] for e in ev[r])
+        # Kineto's span of the profiled window (category Trace, on a "Spans" row)
+        ev[r].append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+                      "tid": "PyTorch Profiler", "ts": first - 1000, "dur": last - first + 2000,
+                      "args": {"Op count": 0}})  # fmt: skip
         ev[r].insert(0, {"ph": "M", "name": "process_name", "pid": 100 + r, "tid": 0, "args": {"name": "python"}})
     return Job(spec, ev, meta, truth)
 

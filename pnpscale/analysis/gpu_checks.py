@@ -6,6 +6,9 @@ A device event is not physical when (:func:`gpu_faults`):
   dur: 0``; a kernel "before the epoch" is one whose time was never converted);
 * it starts before the runtime call that launched it (same ``correlation``): work cannot run before it
   is issued, so either the event or the runtime clock is wrong;
+* it starts outside the profiled window (Kineto's ``PyTorch Profiler (N)`` span, category ``Trace``) by
+  more than :data:`WINDOW_SLACK_NS` (a timestamp in the wrong unit or never converted), when the trace
+  has that span;
 * it starts before the previous event on its stream ends: one stream runs its work in order (kernels of
   one CUDA-graph launch share a correlation id and may overlap: they are not compared).
 
@@ -23,22 +26,32 @@ from collections.abc import Sequence
 import numpy as np
 
 #: fault codes of :func:`gpu_faults`
-OK, TS_UNSET, BEFORE_LAUNCH, STREAM_OVERLAP = 0, 1, 2, 3
+OK, TS_UNSET, BEFORE_LAUNCH, STREAM_OVERLAP, OUTSIDE_WINDOW = 0, 1, 2, 3, 4
+#: how far a device event may start outside the profiler's span (work queued before it started, or
+#: flushed after it stopped): 1 s, far more than any real lag, far less than a timestamp in the wrong unit
+WINDOW_SLACK_NS = 10**9
 
 
 def gpu_faults(
-    start: np.ndarray, end: np.ndarray, stream: np.ndarray, corr: np.ndarray, launch: np.ndarray
+    start: np.ndarray,
+    end: np.ndarray,
+    stream: np.ndarray,
+    corr: np.ndarray,
+    launch: np.ndarray,
+    window: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fault code per device event and, for a stream overlap, the index of the event it overlaps.
 
     Args:
         start, end: ns as recorded (``ts`` relative to ``baseTimeNanoseconds`` when the trace has it);
             stream: stream id; corr: correlation id (``<= 0``: unknown); launch: launch start in ns on
-            the same clock, ``-1`` when unknown. All int64, one entry per event.
+            the same clock, ``-1`` when unknown. All int64, one entry per event. window: the profiler's
+            span ``(start, end)`` in ns on the same clock, when the trace has it.
 
     Returns:
         ``(codes, other)``: ``codes`` int8 (:data:`OK`, :data:`TS_UNSET`, :data:`BEFORE_LAUNCH`,
-        :data:`STREAM_OVERLAP`; the first that applies), ``other`` the index of the overlapped event
+        :data:`STREAM_OVERLAP`, :data:`OUTSIDE_WINDOW`; the first of unset, outside, before launch,
+        overlap), ``other`` the index of the overlapped event
         (``-1`` otherwise).
 
     >>> s, e = np.array([0, 10, 15, 30]), np.array([0, 20, 25, 40])
@@ -69,6 +82,10 @@ def gpu_faults(
     before = (launch >= 0) & (start < launch)
     codes[before] = BEFORE_LAUNCH
     other[before] = -1
+    if window is not None:
+        outside = (start < window[0] - WINDOW_SLACK_NS) | (start > window[1] + WINDOW_SLACK_NS)
+        codes[outside] = OUTSIDE_WINDOW
+        other[outside] = -1
     unset = start <= 0
     codes[unset] = TS_UNSET
     other[unset] = -1

@@ -43,8 +43,10 @@ from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.events import Event, Kind
 from pnpscale.analysis.gpu_checks import (
     BEFORE_LAUNCH,
+    OUTSIDE_WINDOW,
     STREAM_OVERLAP,
     TS_UNSET,
+    WINDOW_SLACK_NS,
     gpu_faults,
     nearest_zero,
     runtime_offset,
@@ -315,6 +317,8 @@ def _stream(
 # --- fast path: decode only the events that are needed ----------------------------------------
 
 _SCAN_CHUNK = 1 << 24
+#: timestamps beyond this many ns (about 73 years either side of the epoch) are not times
+_NS_RANGE = 1 << 61
 _STR = rb'"([^"\\]*(?:\\.[^"\\]*)*)"'
 _NUM = rb"(-?\d+(?:\.\d+)?)"
 
@@ -508,7 +512,7 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                             collector.count_range(text(cpu_name), cpu_cat.decode())
                         continue
                     if cat is None:
-                        if other is None or other in _CPU_B:  # no "cat" next, or a CPU range without "name" next
+                        if other is None or other in _CPU_B or other == b"Trace":  # the profiler's window: read
                             decode_run(data, s, e, index - 1, False)
                         else:
                             collector.count_category(text(other))
@@ -560,7 +564,7 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                     break
                 pending = data[stops[-1] :]
             collector.read = index
-    except (json.JSONDecodeError, UnicodeDecodeError, TraceError, OSError, EOFError, zlib.error) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, TraceError, OSError, EOFError, zlib.error, OverflowError) as exc:
         # the exact path reads the file again and names what is wrong
         raise _Fallback(_first_line(exc)) from exc
     return collector, meta, array_top, bytes(tail)
@@ -853,6 +857,7 @@ class _Collector:
         self.no_ts: list[str] = []
         self.before_launch: list = []  # [largest lead in ns, its event]
         self.before_launch_count = 0
+        self.window: tuple[int, int] | None = None  # Kineto's "PyTorch Profiler (N)" span: the profiled window
         self.overlaps: list[str] = []  # the first compute kernel overlapping the previous one on its stream
         self.overlap_count = 0
 
@@ -882,6 +887,9 @@ class _Collector:
         if ts is None or isinstance(ts, bool):
             return None
         start = _ns(ts)
+        if not -_NS_RANGE <= start <= _NS_RANGE:
+            raise TraceError(f"{self.path}: event #{self.read - 1} {ev.get('name')!r}: ts {ts} us is out of any "
+                             f"clock's range (a timestamp in the wrong unit, or corrupt)")  # fmt: skip
         dur = ev.get("dur")
         if dur is None or isinstance(dur, bool):
             return start, start, f"no dur (ts {ts} us)"
@@ -912,7 +920,11 @@ class _Collector:
             self._add_gpu(ev)
             return
         if cat not in CPU_CATS:
-            if isinstance(cat, str):
+            if cat == "Trace" and str(ev.get("name", "")).startswith("PyTorch Profiler"):
+                times = self._times(ev)
+                if times is not None and times[2] is None:
+                    self.window = (times[0], times[1])
+            elif isinstance(cat, str):
                 self.count_category(cat)
             return
         name = ev.get("name")
@@ -1146,7 +1158,7 @@ class _Collector:
         codes = np.zeros(len(start), dtype=np.int8)
         other = np.full(len(start), -1, dtype=np.int64)
         idx = np.flatnonzero(keep)
-        c, o = gpu_faults(start[idx], end[idx], stream[idx], corr[idx], launch[idx])
+        c, o = gpu_faults(start[idx], end[idx], stream[idx], corr[idx], launch[idx], self.window)
         codes[idx] = c
         other[idx] = np.where(o >= 0, idx[np.maximum(o, 0)], -1)
 
@@ -1169,10 +1181,15 @@ class _Collector:
             self.overlaps = [f"{name(i)!r} at ts {start[i] / 1000:g} us starts {(end[j] - start[i]) / 1000:g} us "
                              f"before {name(j)!r} ends on stream {stream[i]}"]  # fmt: skip
             self.overlap_count = int(soft.sum())
-        for i in np.flatnonzero((codes == TS_UNSET) | (over & ~soft)).tolist():
+        for i in np.flatnonzero((codes == TS_UNSET) | (codes == OUTSIDE_WINDOW) | (over & ~soft)).tolist():
             us = f"ts {start[i] / 1000:g} us"
             if codes[i] == TS_UNSET:
                 out[i] = f"at {us}: an unset timestamp (ts <= 0, kineto#109), not a time"
+            elif codes[i] == OUTSIDE_WINDOW and self.window is not None:
+                w0, w1 = self.window
+                out[i] = (f"at {us}: outside the profiled window ('PyTorch Profiler' span {w0 / 1000:g}.."
+                          f"{w1 / 1000:g} us, with {WINDOW_SLACK_NS // 10**9} s either side): a corrupt "
+                          f"timestamp")  # fmt: skip
             else:  # a collective kernel's time would be wrong: its iteration is not physical
                 j = int(other[i])
                 out[i] = (f"at {us} starts {(end[j] - start[i]) / 1000:g} us before {name(j)!r} ends on stream "
