@@ -76,6 +76,8 @@ def test_no_collective_warning_counts_descriptors_and_gpu_events_and_everything_
     assert "no collective was found in any section" in err
     assert "seen: 24 collective descriptor(s) (record_param_comms / nccl:* / xccl:*); 24 GPU event(s)" in err
     assert "the collectives' kernels are not in the trace or not recognised" in err
+    (unread,) = anomalies(o)["collective_kernel_unrecognised"][:1]
+    assert unread["example"] == "'void acme_allreduce_kernel<float>' (6)"
     s = pd.read_parquet(o / layout.SECTIONS)
     for col in (K.TRANSFER_S, K.WAIT_S, K.MAIN_TRANSFER_S, *K.WAIT_CAUSES):
         assert s[col].isna().all(), col  # unknown, never 0

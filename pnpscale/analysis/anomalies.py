@@ -24,6 +24,8 @@ KINDS: dict[str, str] = {
     "kernel overlapping the work of its own stream: its iteration dropped on every rank",
     "stream_overlap": "compute kernels that start before the previous one on their stream ends (programmatic "
     "dependent launch, or wrong GPU timestamps): read as they are; the GPU span includes the overlap",
+    "collective_kernel_unrecognised": "GPU kernels whose names speak of a collective but belong to no known "
+    "collective library: read as compute (add the family to pnpscale/analysis/kineto.py if they are collectives)",
     "gpu_before_launch": "device events that start before their launch (the GPU clock runs ahead of the CPU's): "
     "placed by their launch; section time is the GPU span (pnpscale's own traces: from the CPU range start)",
     "unknown_category": "events of categories pnpscale does not read (another device's runtime or kernels?): "

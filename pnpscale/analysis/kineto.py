@@ -35,11 +35,14 @@ CPU_CATS = frozenset({"cpu_op", "user_annotation", "Operator"})
 SKIP_CATS = frozenset({"gpu_user_annotation", "overhead", "python_function", "cuda_sync"})
 #: the other categories Kineto writes, read by nobody here and never reported as unknown (flows ``ac2g``,
 #: instants, counters, annotations on the device side, ``Trace`` spans of the profiler itself).
+#: Device-side categories that may carry work (``mtia_ccp_events``, ``collective_comm``, ``hpu_op``...) are
+#: not in it: they are counted and named as unknown.
 IGNORED_CATS = SKIP_CATS | frozenset({
     "ac2g", "fwdbwd", "Trace", "cpu_instant_event", "external_correlation", "cuda_event", "cuda_profiler_range",
-    "mtia_ccp_events", "mtia_insight", "mtia_counters", "xpu_sync", "xpu_scope_profiler", "hpu_op",
-    "collective_comm", "gpu_user_annotation", "python_function", "Python", "Memory", "memory",
+    "xpu_sync", "gpu_user_annotation", "python_function", "Python", "Memory", "memory",
 })  # fmt: skip
+#: words of a collective in a kernel name not in :data:`COLLECTIVE_KERNELS` (named, never taken as one)
+COLLECTIVE_WORDS = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all", re.IGNORECASE)
 #: correlation ids that mean "unknown" (ROCm tracers write 0 for every kernel; -1: absent).
 UNKNOWN_CORRELATIONS = frozenset({0, -1})
 

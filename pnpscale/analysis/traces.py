@@ -52,6 +52,7 @@ from pnpscale.analysis.gpu_checks import (
     runtime_offset,
 )
 from pnpscale.analysis.kineto import (
+    COLLECTIVE_WORDS,
     CPU_CATS,
     GPU_CATS,
     IGNORED_CATS,
@@ -535,6 +536,8 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                         if corr is not None:
                             collector.rt_corr.append(corr)
                             collector.rt_start.append(start)
+                            if start < 0:
+                                collector.rt_unset.append(corr)
                         continue
                     coll = collective.get((cat, rawname))
                     if coll is None:
@@ -776,6 +779,11 @@ def _info(path: Path, meta: Mapping[str, Any]) -> TraceInfo:
 # --- event selection -------------------------------------------------------------------------
 
 
+def ts_text(ev: Mapping[str, Any]) -> str:
+    """An event's ``ts`` as written (for messages)."""
+    return str(ev.get("ts"))
+
+
 def _ns(x: Any) -> int:
     """Microseconds (int, Decimal, float or str) -> integer nanoseconds, exactly for decimals."""
     if isinstance(x, int):
@@ -857,7 +865,9 @@ class _Collector:
         self.no_ts: list[str] = []
         self.before_launch: list = []  # [largest lead in ns, its event]
         self.before_launch_count = 0
+        self.rt_unset: list[int] = []  # correlations of runtime events with a negative ts
         self.window: tuple[int, int] | None = None  # Kineto's "PyTorch Profiler (N)" span: the profiled window
+        self.gpu_kernel_names_checked = False
         self.overlaps: list[str] = []  # the first compute kernel overlapping the previous one on its stream
         self.overlap_count = 0
 
@@ -915,6 +925,8 @@ class _Collector:
                     return
                 self.rt_corr.append(corr)
                 self.rt_start.append(times[0])
+                if times[0] < 0:
+                    self.rt_unset.append(corr)
             return
         if cat in GPU_CATS:
             self._add_gpu(ev)
@@ -942,6 +954,8 @@ class _Collector:
             self._no_ts(ev)
             return
         start, end, bad = times
+        if start < 0 and bad is None:
+            bad = f"a negative timestamp (ts {ts_text(ev)} us), not a time"
         tid = int_or_none(ev.get("tid")) or 0
         if step:
             self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad))
@@ -1132,6 +1146,13 @@ class _Collector:
             anomalies.add("gpu_event_outside_window", rank, outside[0], len(outside))
         if self.overlap_count:
             anomalies.add("stream_overlap", rank, self.overlaps[0], self.overlap_count)
+        if self.names and self.gpu_kernel_names_checked is False:
+            self.gpu_kernel_names_checked = True
+            counts = np.bincount(np.frombuffer(self.gpu_name, dtype=np.int64), minlength=len(self.names))
+            hits = [(name, int(counts[i])) for name, i in self.names.items() if COLLECTIVE_WORDS.search(name)]
+            if hits:
+                text = ", ".join(f"{n.split('(')[0]!r} ({c})" for n, c in hits[:5])
+                anomalies.add("collective_kernel_unrecognised", rank, text, sum(c for _, c in hits))
         if self.before_launch_count:
             lead, example = self.before_launch
             anomalies.add("gpu_before_launch", rank, f"up to {lead / 1000:g} us before its launch: {example}",
@@ -1161,6 +1182,7 @@ class _Collector:
         c, o = gpu_faults(start[idx], end[idx], stream[idx], corr[idx], launch[idx], self.window)
         codes[idx] = c
         other[idx] = np.where(o >= 0, idx[np.maximum(o, 0)], -1)
+        launch_unset = np.isin(corr, np.array(self.rt_unset, dtype=np.int64)) & keep if self.rt_unset else None
 
         def name(i: int) -> str:
             return (names[self.gpu_name[i]] if i < n else self.nccl[i - n][0]).split("(")[0]
@@ -1181,6 +1203,9 @@ class _Collector:
             self.overlaps = [f"{name(i)!r} at ts {start[i] / 1000:g} us starts {(end[j] - start[i]) / 1000:g} us "
                              f"before {name(j)!r} ends on stream {stream[i]}"]  # fmt: skip
             self.overlap_count = int(soft.sum())
+        if launch_unset is not None:
+            for i in np.flatnonzero(launch_unset).tolist():
+                out[i] = f"its launch (correlation {corr[i]}) has a negative timestamp: placement unknown"
         for i in np.flatnonzero((codes == TS_UNSET) | (codes == OUTSIDE_WINDOW) | (over & ~soft)).tolist():
             us = f"ts {start[i] / 1000:g} us"
             if codes[i] == TS_UNSET:
