@@ -867,7 +867,6 @@ class _Collector:
         self.before_launch_count = 0
         self.rt_unset: list[int] = []  # correlations of runtime events with a negative ts
         self.window: tuple[int, int] | None = None  # Kineto's "PyTorch Profiler (N)" span: the profiled window
-        self.gpu_kernel_names_checked = False
         self.overlaps: list[str] = []  # the first compute kernel overlapping the previous one on its stream
         self.overlap_count = 0
 
@@ -1146,8 +1145,7 @@ class _Collector:
             anomalies.add("gpu_event_outside_window", rank, outside[0], len(outside))
         if self.overlap_count:
             anomalies.add("stream_overlap", rank, self.overlaps[0], self.overlap_count)
-        if self.names and self.gpu_kernel_names_checked is False:
-            self.gpu_kernel_names_checked = True
+        if self.names:
             counts = np.bincount(np.frombuffer(self.gpu_name, dtype=np.int64), minlength=len(self.names))
             hits = [(name, int(counts[i])) for name, i in self.names.items() if COLLECTIVE_WORDS.search(name)]
             if hits:
