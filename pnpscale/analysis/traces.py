@@ -217,8 +217,14 @@ def read_trace(
     What is repaired or dropped is recorded in ``anomalies`` under ``rank``: bare ``inf``/``NaN``
     tokens (read as null), events without ``ts`` (dropped), GPU events whose correlation id has no
     runtime launch in a trace that has runtime events (outside the profiled window: dropped), other
-    GPU events with correlation 0 (unknown launch: placed by GPU start). Events with a negative or
-    missing ``dur`` are kept with ``Event.bad`` set and ``end == start``.
+    GPU events with correlation 0 (unknown launch: placed by GPU start), ``X`` events of categories not
+    read (``unknown_category``, counted per category), exact duplicates (``duplicate_event``), device
+    events starting before their launch (``gpu_before_launch``), compute kernels overlapping on their
+    stream (``stream_overlap``), runtime events on another clock than the CPU ranges
+    (``runtime_clock_offset``: shifted, see :mod:`pnpscale.analysis.gpu_checks`). Events with a negative
+    or missing ``dur``, device events with ``ts <= 0`` or outside the profiler's span, collective kernels
+    overlapping their stream's work, and CPU ranges with a negative ``ts`` are kept with ``Event.bad``
+    set and ``end == start`` (their iteration is dropped later).
 
     Args:
         path: ``.json`` or ``.json.gz`` Kineto trace.
@@ -233,8 +239,9 @@ def read_trace(
     Raises:
         NotATraceError: a JSON file without a ``traceEvents`` list.
         TraceError: unreadable file; invalid JSON (the message names the byte offset, and the token
-            when it is a bare non-finite number that could not be repaired); a section range
-            without ``ts``.
+            when it is a bare non-finite number that could not be repaired; "truncated" when the file
+            ends inside its JSON); a section range without ``ts``; a ``ts`` beyond any clock's range;
+            section ranges of several processes or collective kernels of several devices in one file.
     """
     path = Path(path)
     pats = dict(sections) if isinstance(sections, Mapping) else {s: s for s in sections}
