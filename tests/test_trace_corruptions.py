@@ -50,6 +50,11 @@ def kernels(evs: list[dict], nccl: bool | None = None) -> list[dict]:
     return [e for e in out if e["name"].startswith("nccl") == nccl]
 
 
+def device(evs: list[dict]) -> list[dict]:
+    """Every device event: kernels, memcpy, memset."""
+    return [e for e in evs if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+
+
 def runtime(evs: list[dict]) -> list[dict]:
     return [e for e in evs if e.get("cat") == "cuda_runtime"]
 
@@ -65,7 +70,7 @@ def ts_unset(job: Job, rng: random.Random) -> Corrupted:
     """kineto#109: one kernel written with ``ts: 0, dur: 0`` (or far before the trace's base time)."""
     evs = copy.deepcopy(job.events)
     r = rng.randrange(job.spec.world)
-    k = pick(rng, kernels(evs[r]))
+    k = pick(rng, device(evs[r]))
     if k is not None:
         k["ts"] = "\u0000" + rng.choice(["0", "0.000", f"-{BASE_NS // 1000}"])
         k["dur"] = 0
@@ -118,7 +123,7 @@ def gpu_clock_ahead(job: Job, rng: random.Random) -> Corrupted:
     evs = copy.deepcopy(job.events)
     r = rng.randrange(job.spec.world)
     delta = rng.randrange(1, 30_000) + job.spec.gpu_lag_ns[r]
-    for e in kernels(evs[r]):
+    for e in device(evs[r]):
         e["ts"] -= delta
     return Corrupted(evs, exact=True, allowed=frozenset({"gpu_before_launch"}))
 
@@ -150,9 +155,10 @@ def device_categories(job: Job, rng: random.Random) -> Corrupted:
     for r in evs:
         for e in runtime(evs[r]):
             e["cat"] = rt
-        for e in kernels(evs[r]):
+        for e in device(evs[r]):
             if old:
-                e["cat"], e["tid"] = "Kernel", f"stream {e['tid']}"
+                e["cat"] = {"kernel": "Kernel", "gpu_memcpy": "Memcpy", "gpu_memset": "Memset"}[e["cat"]]
+                e["tid"] = f"stream {e['tid']}"
             if sycl:
                 e["args"]["sycl queue"] = 64 + e["args"].pop("stream")
     return Corrupted(evs, exact=True)
@@ -197,7 +203,7 @@ def all_gpu_dropped(job: Job, rng: random.Random) -> Corrupted:
     """kineto#996: every GPU record of one rank dropped."""
     evs = copy.deepcopy(job.events)
     r = rng.randrange(job.spec.world)
-    evs[r] = [e for e in evs[r] if e.get("cat") != "kernel"]
+    evs[r] = [e for e in evs[r] if e not in device(evs[r])]
     return Corrupted(evs, refusals=("but no GPU event: the profiler dropped every GPU record",))
 
 

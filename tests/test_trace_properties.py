@@ -94,6 +94,7 @@ def specs(draw, backend: str | None = None, max_world: int = 8, max_iterations: 
         integer_ts=integer,
         steps=draw(st.booleans()),
         first_step=draw(st.integers(0, 50)),
+        memcpy=draw(st.booleans()),
     )
 
 

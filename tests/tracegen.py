@@ -80,6 +80,7 @@ class Spec:
         names: kernel names ``"dev"`` (NCCL >= 2.19), ``"old"`` (< 2.19) or ``"generic"``.
         time_base: ``"base"`` (``baseTimeNanoseconds``) or ``"absolute"``. integer_ts: integer microseconds.
         steps: ``ProfilerStep#N`` ranges around each iteration, N from ``first_step``.
+        memcpy: the first piece of each compute segment is a ``gpu_memcpy`` (``cudaMemcpyAsync``).
     """
 
     backend: str
@@ -96,6 +97,7 @@ class Spec:
     integer_ts: bool = False
     steps: bool = False
     first_step: int = 1
+    memcpy: bool = False
 
     @property
     def iterations(self) -> int:
@@ -168,9 +170,9 @@ def simulate(spec: Spec) -> Job:
         ev[r].append({"ph": "X", "cat": cat, "name": name, "pid": 100 + r, "tid": tid,
                       "ts": start + spec.rank_skew_ns[r], "dur": end - start, "args": args})  # fmt: skip
 
-    def gpu(r: int, name: str, start: int, end: int, stream: int, c: int, **args: Any) -> None:
+    def gpu(r: int, name: str, start: int, end: int, stream: int, c: int, cat: str = "kernel", **args: Any) -> None:
         t = start + spec.rank_skew_ns[r] + spec.gpu_lag_ns[r]
-        ev[r].append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": t, "dur": end - start,
+        ev[r].append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": t, "dur": end - start,
                       "args": {"External id": c, "device": 0, "stream": stream, "correlation": c, "grid": [1, 1, 1],
                                "block": [128, 1, 1], **args}})  # fmt: skip
 
@@ -197,9 +199,12 @@ def simulate(spec: Spec) -> Job:
                 coll_launch: list[tuple[int, int]] = []
                 for k in range(len(colls) + 1):
                     seg = []
-                    for _ in range(spec.kernels[r][i][s][k] if cuda else 0):
-                        cpu(r, "aten::mul", "cpu_op", t, t + 4 * u, **{"External id": ext[r]})
-                        seg.append((t + u, launch(r, t + u)))
+                    for j in range(spec.kernels[r][i][s][k] if cuda else 0):
+                        copy = spec.memcpy and j == 0
+                        cpu(
+                            r, "aten::copy_" if copy else "aten::mul", "cpu_op", t, t + 4 * u, **{"External id": ext[r]}
+                        )
+                        seg.append((t + u, launch(r, t + u, "cudaMemcpyAsync" if copy else "cudaLaunchKernel")))
                         ext[r] += 1
                         t += 5 * u
                     plan.append(seg)
@@ -231,8 +236,12 @@ def simulate(spec: Spec) -> Job:
                         for j, (at, cid) in enumerate(seg):
                             begin = max(cursor[r], at + u)
                             dur = w // len(seg) + (w % len(seg) if j == len(seg) - 1 else 0)
-                            gpu(r, "void at::native::vectorized_elementwise_kernel<4>", begin, begin + dur,
-                                COMPUTE_STREAM, cid)  # fmt: skip
+                            if spec.memcpy and j == 0:
+                                gpu(r, "Memcpy DtoD (Device -> Device)", begin, begin + dur, COMPUTE_STREAM, cid,
+                                    cat="gpu_memcpy", bytes=4096, **{"memory bandwidth (GB/s)": 512.0})  # fmt: skip
+                            else:
+                                gpu(r, "void at::native::vectorized_elementwise_kernel<4>", begin, begin + dur,
+                                    COMPUTE_STREAM, cid)  # fmt: skip
                             first_gpu.setdefault(r, begin)
                             cursor[r] = begin + dur
                     else:

@@ -50,8 +50,8 @@ def gpu_faults(
 
     Returns:
         ``(codes, other)``: ``codes`` int8 (:data:`OK`, :data:`TS_UNSET`, :data:`BEFORE_LAUNCH`,
-        :data:`STREAM_OVERLAP`, :data:`OUTSIDE_WINDOW`; the first of unset, outside, before launch,
-        overlap), ``other`` the index of the overlapped event
+        :data:`STREAM_OVERLAP`, :data:`OUTSIDE_WINDOW`; the first of unset, outside, overlap,
+        before launch), ``other`` the index of the overlapped event
         (``-1`` otherwise).
 
     >>> s, e = np.array([0, 10, 15, 30]), np.array([0, 20, 25, 40])
@@ -76,12 +76,11 @@ def gpu_faults(
     prev_corr[1:] = c[:-1]
     graph = (c == prev_corr) & (c > 0)
     overlap = same & (s < prev_end) & ~graph
-    hit = order[np.flatnonzero(overlap)]
-    codes[hit] = STREAM_OVERLAP
-    other[hit] = order[np.flatnonzero(overlap) - 1]
     before = (launch >= 0) & (start < launch)
     codes[before] = BEFORE_LAUNCH
-    other[before] = -1
+    hit = order[np.flatnonzero(overlap)]  # an overlap says more than a start before the launch
+    codes[hit] = STREAM_OVERLAP
+    other[hit] = order[np.flatnonzero(overlap) - 1]
     if window is not None:
         outside = (start < window[0] - WINDOW_SLACK_NS) | (start > window[1] + WINDOW_SLACK_NS)
         codes[outside] = OUTSIDE_WINDOW
