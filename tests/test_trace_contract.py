@@ -300,8 +300,8 @@ def test_section_not_found_lists_the_range_names_present(tmp_path, capsys):
     assert code == 1
     assert "section ranges found per name: forward=0" in err
     assert (
-        "the trace's most frequent range names: 'gradient' (2), 'record_param_comms' (2), 'nccl:all_reduce' (2), "
-        "'denoiser' (2)" in err
+        "the trace's user annotations: 'gradient' (2), 'nccl:all_reduce' (2), 'denoiser' (2); its most frequent "
+        "range names: 'gradient' (2), 'record_param_comms' (2), 'nccl:all_reduce' (2), 'denoiser' (2)" in err
     )
 
 

@@ -3,6 +3,7 @@
 * :mod:`~pnpscale.analysis.kineto`: the Kineto vocabulary (event categories, NCCL/gloo names, dtypes);
 * :mod:`~pnpscale.analysis.events`: plain events and their reduction to section records;
 * :mod:`~pnpscale.analysis.traces`: streaming reader of Kineto JSON traces (offline);
+* :mod:`~pnpscale.analysis.gpu_checks`: physical checks of device events and the runtime clock;
 * :mod:`~pnpscale.analysis.anomalies`: what an analysis dropped, assumed or repaired, per kind;
 * :mod:`~pnpscale.analysis.nccl_log`: NCCL debug logs -> topology and algorithm per collective;
 * :mod:`~pnpscale.analysis.overlap`: intervals: the time a rank is blocked on communication, unions of

@@ -20,7 +20,21 @@ KINDS: dict[str, str] = {
     "CPU-side collective descriptors",
     "launch_unknown_by_start": "GPU event with correlation 0 (unknown launch): placed by its GPU start time; "
     "section assignment may be wrong",
-    "non_physical_timing": "event with a negative or missing duration: its iteration dropped on every rank",
+    "non_physical_timing": "event with a negative or missing duration, an unset timestamp (ts <= 0), or a collective "
+    "kernel overlapping the work of its own stream: its iteration dropped on every rank",
+    "stream_overlap": "compute kernels that start before the previous one on their stream ends (programmatic "
+    "dependent launch, or wrong GPU timestamps): read as they are; the GPU span includes the overlap",
+    "collective_kernel_unrecognised": "GPU kernels whose names speak of a collective but belong to no known "
+    "collective library: read as compute (add the family to pnpscale/analysis/kineto.py if they are collectives)",
+    "gpu_before_launch": "device events that start before their launch (the GPU clock runs ahead of the CPU's): "
+    "placed by their launch; section time is the GPU span (pnpscale's own traces: from the CPU range start)",
+    "unknown_category": "events of categories pnpscale does not read (another device's runtime or kernels?): "
+    "not read; counted per category",
+    "duplicate_event": "the same event written twice (same name, times, thread or stream): one kept",
+    "runtime_clock_offset": "runtime events on another clock than the CPU ranges (collective launches outside "
+    "their descriptors): launches shifted by the offset that puts every one inside its descriptor",
+    "descriptors_without_any_kernel": "collective descriptors in a trace without any GPU event: the profiler "
+    "dropped every GPU record",
     "event_without_ts": "event without a timestamp: dropped",
     "non_finite_number": "bare inf/NaN token in the JSON: read as null",
     "non_trace_file": "JSON file without traceEvents in a trace folder: skipped",

@@ -56,12 +56,12 @@ from enum import StrEnum
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.kineto import (
     DTYPE_BYTES,
-    NCCL_PREFIX,
     PARAM_COMMS,
     collective_type,
     is_collective_kernel,
     is_descriptor,
     is_gloo_work,
+    is_named_descriptor,
     kernel_collective,
     payload_bytes,
     step_number,
@@ -653,7 +653,7 @@ def _place_unknown_launches(
     known = sorted(e.launch_ns for e in gpu if e.launch_ns is not None and is_collective_kernel(e.name))
     named: dict[int, list[int]] = defaultdict(list)  # tid -> starts of nccl:* ranges (sorted: events are)
     for d in descriptors:
-        if d.name.startswith(NCCL_PREFIX):
+        if is_named_descriptor(d.name):
             named[d.tid].append(d.start_ns)
     free = []
     for d in descriptors:
@@ -695,7 +695,7 @@ class _Window:
 
 def _descriptors_in(inside: list[Event]) -> list[Event]:
     """Collective descriptors of a range: ``nccl:*`` ranges if any, else param comms."""
-    named = [d for d in inside if d.name.startswith(NCCL_PREFIX)]
+    named = [d for d in inside if is_named_descriptor(d.name)]
     return named if named else [d for d in inside if d.name == PARAM_COMMS]
 
 

@@ -21,14 +21,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: Kineto categories (``cat`` in JSON, ``activity_type()`` live) of work that ran on a GPU stream.
-GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "concurrent_kernel"})
-#: runtime/driver calls on a CPU thread; their ``correlation`` links them to the GPU work they launched.
-RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
-#: CPU ranges: operators and ``record_function`` annotations (sections, ``nccl:*``, ``gloo:*``).
-CPU_CATS = frozenset({"cpu_op", "user_annotation"})
+#: Kineto categories (``cat`` in JSON, ``activity_type()`` live) of work that ran on a device stream or
+#: queue: CUDA/ROCm/XPU/MTIA/PrivateUse1 kernels all write ``kernel``; 2021's Kineto wrote ``Kernel``,
+#: ``Memcpy``, ``Memset`` (pytorch/kineto#109).
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "concurrent_kernel", "Kernel", "Memcpy", "Memset"})
+#: runtime/driver calls on a CPU thread; their ``correlation`` links them to the device work they launched
+#: (``libkineto/include/ActivityType.h``: ``cuda_runtime``, ``cuda_driver``, ``xpu_runtime``, ``xpu_driver``,
+#: ``mtia_runtime``, ``privateuse1_runtime``, ``privateuse1_driver``, ``glow_runtime``; 2021: ``Runtime``).
+RUNTIME_CATS = frozenset({
+    "cuda_runtime", "cuda_driver", "runtime", "driver", "Runtime",
+    "xpu_runtime", "xpu_driver", "mtia_runtime", "privateuse1_runtime", "privateuse1_driver", "glow_runtime",
+})  # fmt: skip
+#: CPU ranges: operators and ``record_function`` annotations (sections, ``nccl:*``, ``gloo:*``); 2021: ``Operator``.
+CPU_CATS = frozenset({"cpu_op", "user_annotation", "Operator"})
 #: live activities that are neither (GPU-side copies of annotations, profiler overhead...).
 SKIP_CATS = frozenset({"gpu_user_annotation", "overhead", "python_function", "cuda_sync"})
+#: the other categories Kineto writes, read by nobody here and never reported as unknown (flows ``ac2g``,
+#: instants, counters, annotations on the device side, ``Trace`` spans of the profiler itself).
+#: Device-side categories that may carry work (``mtia_ccp_events``, ``collective_comm``, ``hpu_op``...) are
+#: not in it: they are counted and named as unknown.
+IGNORED_CATS = SKIP_CATS | frozenset({
+    "ac2g", "fwdbwd", "Trace", "cpu_instant_event", "external_correlation", "cuda_event", "cuda_profiler_range",
+    "xpu_sync", "gpu_user_annotation", "python_function", "Python", "Memory", "memory",
+})  # fmt: skip
+#: words of a collective in a kernel name not in :data:`COLLECTIVE_KERNELS` (named, never taken as one)
+COLLECTIVE_WORDS = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all", re.IGNORECASE)
 #: correlation ids that mean "unknown" (ROCm tracers write 0 for every kernel; -1: absent).
 UNKNOWN_CORRELATIONS = frozenset({0, -1})
 
@@ -38,6 +55,9 @@ PARAM_COMMS = "record_param_comms"
 NOT_A_LAUNCH = frozenset({"wait"})
 GLOO_PREFIX = "gloo:"
 NCCL_PREFIX = "nccl:"
+#: ``record_function`` ranges of the device process groups around each collective: ``nccl:<op>``
+#: (ProcessGroupNCCL, also RCCL), ``xccl:<op>`` (ProcessGroupXCCL, oneCCL on XPU), ``hccl:<op>`` (HCCL).
+DESCRIPTOR_PREFIXES = ("nccl:", "xccl:", "hccl:")
 #: ``prof.step()`` ranges: ``ProfilerStep#N``.
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
@@ -124,8 +144,10 @@ COLLECTIVE_KERNELS: tuple[KernelFamily, ...] = (
     KernelFamily("nccl>=2.28 symmetric", re.compile(r"^ncclSymkDevKernel_[A-Z][A-Za-z]+"), True,
                  "ncclSymkDevKernel_ReduceScatter_LL_sum_f32(ncclSymkDevWorkArgs4K)"),
     KernelFamily("rccl msccl", re.compile(r"^mscclKernel_"), False, "mscclKernel_Sum_float_LL128(...)"),
+    KernelFamily("oneccl", re.compile(r"^oneccl_[a-z]+"), True, "oneccl_allreduce_base<float, 2, 16, 1, 1, 2>"),
+    KernelFamily("hccl", re.compile(r"^hcom_[A-Za-z]+"), True, "hcom_allReduce__123_0_1"),
 )  # fmt: skip
-_ANY_NCCL = re.compile(r"nccl", re.IGNORECASE)
+_ANY_NCCL = re.compile(r"nccl|oneccl|hccl|^hcom_", re.IGNORECASE)
 
 
 def kernel_family(name: str) -> KernelFamily | None:
@@ -170,9 +192,35 @@ def is_gloo_work(name: str) -> bool:
     return name.startswith(GLOO_PREFIX)
 
 
+def is_named_descriptor(name: str) -> bool:
+    """A process group's ``nccl:<op>`` / ``xccl:<op>`` / ``hccl:<op>`` range (:data:`DESCRIPTOR_PREFIXES`)."""
+    return name.startswith(DESCRIPTOR_PREFIXES)
+
+
 def is_descriptor(name: str) -> bool:
-    """CPU-side collective descriptor: an ``nccl:*`` range or ``record_param_comms``."""
-    return name.startswith(NCCL_PREFIX) or name == PARAM_COMMS
+    """CPU-side collective descriptor: an ``nccl:*``/``xccl:*``/``hccl:*`` range or ``record_param_comms``."""
+    return is_named_descriptor(name) or name == PARAM_COMMS
+
+
+_STREAM_TID = re.compile(r"^\s*stream\s+(\d+)", re.IGNORECASE)
+
+
+def stream_of(args: Mapping[str, Any], tid: Any) -> int:
+    """A device event's stream: ``args.stream`` (CUDA/ROCm), ``args["sycl queue"]`` (XPU), else the ``tid``
+    (an integer, or 2021's ``"stream 7"``); 0 when none says.
+
+    >>> stream_of({"stream": 7}, 7), stream_of({"sycl queue": 71}, 7), stream_of({}, "stream 20"), stream_of({}, "x")
+    (7, 71, 20, 0)
+    """
+    for key in ("stream", "sycl queue", "queue"):
+        v = int_or_none(args.get(key))
+        if v is not None:
+            return v
+    v = int_or_none(tid)
+    if v is not None:
+        return v
+    m = _STREAM_TID.match(tid) if isinstance(tid, str) else None
+    return int(m.group(1)) if m else 0
 
 
 def step_number(name: str) -> int | None:

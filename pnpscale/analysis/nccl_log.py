@@ -2,21 +2,35 @@
 
 Run NCCL with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING`` (one file per rank through
 ``NCCL_DEBUG_FILE``); rank 0 of each communicator prints the choices. Lines look like
-``host:pid:tid [dev] NCCL INFO <message>``; the parser looks at the message only. Formats read
-(as printed by NCCL 2.20 and later):
+``host:pid:tid [dev] NCCL INFO <message>``, possibly behind a launcher's prefix (Open MPI's
+``[1,15]<stdout>:``, ``srun --label``'s ``15: ``); the parser reads the message, and the host of the prefix
+for the node count. Formats read, NCCL 2.7 to 2.30 (the ``printf`` formats of ``src/enqueue.cc``,
+``src/init.cc``, ``src/graph/*.cc``, ``src/transport/*.cc``, ``src/scheduler/symmetric_sched.cc``,
+``src/ce_coll.cc`` of each version):
 
-* TUNING, NCCL 2.20-2.22: ``<bytes> Bytes -> Algo <n> proto <n> time <us>`` (no collective name);
-* TUNING, NCCL 2.23: ``<Coll>: <bytes> Bytes -> Algo <n> proto <n> time <us>``;
-* TUNING, NCCL >= 2.24: ``<Coll>: <bytes> Bytes -> Algo <NAME> proto <NAME> channel{Lo..Hi}={lo..hi}``;
+* TUNING, NCCL 2.20-2.22: ``%ld Bytes -> Algo %d proto %d time %f`` (no collective name);
+* TUNING, NCCL 2.23: ``%s: %ld Bytes -> Algo %d proto %d time %f``;
+* TUNING, NCCL >= 2.24: ``%s: %ld Bytes -> Algo %s proto %s channel{Lo..Hi}={%d..%d}``;
   algorithm ids 0 Tree, 1 Ring, 2 CollNetDirect, 3 CollNetChain, 4 NVLS, 5 NVLSTree, 6 PAT;
   protocol ids 0 LL, 1 LL128, 2 Simple;
-* INIT: ``NCCL version X.Y.Z``; ``comm 0x... rank R nRanks N nNodes M localRanks L ...`` (or
-  ``nranks``, and no ``nNodes`` before NCCL 2.20: the node count is then the number of distinct
-  host names in the line prefixes of the merged logs); ``C coll channels, ...`` (the channel count);
-  ring listings ``Channel cc/CC :  0 1 2 3`` (CC channels, when no ``coll channels`` line was seen);
-  connection lines ``Channel cc/k : 0[0] -> 1[1] via P2P/CUMEM/read`` (``k`` is a connection index,
-  never a channel count) give the transport of each connection: ``P2P`` (``CUMEM``, ``IPC``,
-  ``direct pointer``), ``SHM``, ``NET/IB``, ``NET/Socket``, with ``GDRDMA``;
+* TUNING, NCCL >= 2.27 symmetric kernels: ``%s [Symmetric]: %ld Bytes -> Kernel %s nchannels %d nthreads
+  %d[ nWorks %d]`` (algorithm ``symmetric``, the kernel in ``kernel``); NCCL >= 2.29 copy-engine
+  collectives: ``%s [Copy Engine]: %ld Bytes -> cudaMemcpy%s`` (``copy_engine``), NCCL 2.30 ``%s
+  [Hierarchical CE]: %ld Bytes -> RMA proxy + CE`` (``hierarchical_ce``);
+* a line that looks like a TUNING record (``Bytes ->``) but does not parse (cut, interleaved, ``Algo -1``)
+  never yields an algorithm: it is counted (``NcclLog.damaged``) and named by :func:`algorithm_for`;
+* COLL (``%s: opCount %lx sendbuff %p ... comm %p [nranks=%d] stream %p``): a collective call, never a
+  communicator;
+* INIT: ``NCCL version X.Y.Z``; ``comm %p rank %d nRanks %d nNodes %d localRanks %d ...`` (2.20+, printed
+  before the channels) or only ``comm %p rank %d nranks %d cudaDev %d ... - Init COMPLETE`` (before 2.19:
+  printed after them; without ``nNodes`` the node count is the number of distinct hosts of the merged
+  logs); ``%d coll channels, ...`` and ring listings ``Channel %02d/%02d : 0 1 2 3`` (the channel count,
+  given to the communicator that is open, else kept for the next communicator line); connection lines
+  give the transport of each connection: ``Channel %02d/%d : %d[%d] -> %d[%d] via P2P/CUMEM/read``
+  (>= 2.12; ``%d`` after ``/`` is a connection index, never a channel count), ``Channel %02d : %d[%lx]
+  -> %d[%lx] via P2P/IPC`` (2.7-2.11, and SHM's lines in every version), ``Ring %02d : %d -> %d [send]
+  via NET/IB/0/GDRDMA`` (before 2.7): ``P2P`` (``CUMEM``, ``IPC``, ``direct pointer``), ``SHM`` (also
+  2.7's ``direct shared memory``), ``NET/IB``, ``NET/Socket``, with ``GDRDMA``;
 * GRAPH: ``Pattern p, crossNic c, nChannels n, bw a/b, type NVL/PIX, ...``: ``NVL`` = NVLink.
 
 Two records written on one line (interleaved writes) are both read: a line is split at every
@@ -48,14 +62,25 @@ _TUNING = re.compile(
     r"(?:\s+time\s+(?P<time>[-+0-9.eE]+))?"
     r"(?:\s+channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?"
 )
+#: NCCL >= 2.27 symmetric kernels, >= 2.29 copy-engine collectives: ``%s [Kind]: %ld Bytes -> ...``
+_TUNING_SPECIAL = re.compile(
+    r"\b(?P<coll>[A-Za-z]+)\s+\[(?P<kind>Symmetric|Copy Engine|Hierarchical CE)\]:\s+(?P<bytes>\d+)\s+Bytes\s+->\s+"
+    r"(?:Kernel\s+(?P<kernel>\S+))?"
+)
+_LOOKS_TUNING = re.compile(r"\d\s+Bytes\s+->")
 _VERSION = re.compile(r"NCCL version (\d+(?:\.\d+)+)")
 _COMM = re.compile(r"\bcomm (0x[0-9a-fA-F]+)")
 _COMM_FIELDS = re.compile(r"\b(rank|nranks|nRanks|nNodes|localRanks)\s+(\d+)")
 _COLL_CHANNELS = re.compile(r"\b(\d+) coll channels")
 _RING_LISTING = re.compile(r"\bChannel \d+/(\d+)\s*:(?:\s+\d+)+\s*$")
-_CONNECTION = re.compile(r"\bChannel \d+/\d+\s*:\s*\d+\[[^\]]*\]\s*->\s*\d+\[[^\]]*\].*?\bvia\s+(\S+(?: pointer)?)")
+_CONNECTION = re.compile(
+    r"\b(?:Channel|Ring) \d+(?:/\d+)?\s*:\s*\d+(?:\[[^\]]*\])?\s*->\s*\d+(?:\[[^\]]*\])?.*?\bvia\s+"
+    r"(\S+(?: pointer| shared memory)?)"
+)
 _GRAPH_TYPE = re.compile(r"\bnChannels \d+,.*?\btype (\w+)/(\w+)")
 _RECORD_SPLIT = re.compile(r"NCCL (?:INFO|WARN) ")
+#: a launcher's prefix before NCCL's own: Open MPI ``[1,15]<stdout>:``, ``srun --label`` ``15: ``
+_LAUNCHER = re.compile(r"^\s*(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:\s+)")
 _HOST = re.compile(r"^\s*([^\s:]+):\d+:\d+ \[\d+\]")
 
 
@@ -66,19 +91,22 @@ class TuningRecord:
     Attributes:
         collective: pnpscale collective name, ``None`` when the line has none (NCCL 2.20-2.22).
         size_bytes: NCCL's message size in bytes (``count x type size``; for all_reduce the payload).
-        algorithm, protocol: lower-case names (``ring``, ``simple``).
+        algorithm, protocol: lower-case names (``ring``, ``simple``); ``symmetric``, ``copy_engine`` or
+            ``hierarchical_ce`` with protocol ``None`` for NCCL's symmetric-kernel and copy-engine records.
         time_us: NCCL's predicted time in microseconds (2.20-2.23), else ``None``.
         channels: ``(lo, hi)`` channel range (>= 2.24), else ``None``.
         line: 1-based line number in the log.
+        kernel: the symmetric kernel NCCL ran (``AllReduce_RSxLD_AGxST``), else ``None``.
     """
 
     collective: str | None
     size_bytes: int
     algorithm: str
-    protocol: str
+    protocol: str | None
     time_us: float | None = None
     channels: tuple[int, int] | None = None
     line: int = 0
+    kernel: str | None = None
 
 
 @dataclass(frozen=True)
@@ -102,9 +130,11 @@ def transport_kind(via: str) -> str:
     """Transport of a connection from the text after ``via``.
 
     >>> [transport_kind(v) for v in ("P2P/CUMEM/read", "P2P/IPC", "SHM/direct/direct", "NET/IB/1/GDRDMA",
-    ...                              "NET/Socket/0")]
-    ['P2P', 'P2P', 'SHM', 'NET/IB GDRDMA', 'NET/Socket']
+    ...                              "NET/Socket/0", "direct shared memory")]
+    ['P2P', 'P2P', 'SHM', 'NET/IB GDRDMA', 'NET/Socket', 'SHM']
     """
+    if via.endswith("shared memory"):
+        return "SHM"
     parts = via.split("/")
     kind = parts[0].upper()
     if kind == "NET" and len(parts) > 1:
@@ -121,6 +151,7 @@ class NcclLog:
         appearance; tuning: every TUNING record, in order. transports: (transport kind, number of
         connections), most frequent first (:func:`transport_kind`). link_types: GRAPH ``type``
         values (``NVL``, ``PIX``, ``SYS``...). hosts: host names of the line prefixes. lines: lines read.
+        damaged: lines that look like TUNING records but do not parse (never an algorithm).
     """
 
     version: str | None
@@ -130,6 +161,7 @@ class NcclLog:
     link_types: frozenset[str] = frozenset()
     hosts: frozenset[str] = frozenset()
     lines: int = 0
+    damaged: int = 0
 
     def transport_label(self, inter_node: bool) -> str | None:
         """How collectives travel, for route names: intra-node ``"NVLink P2P"``, ``"P2P"`` or ``"SHM"``;
@@ -186,31 +218,46 @@ def parse_tuning_line(line: str, number: int = 0) -> TuningRecord | None:
 
     >>> parse_tuning_line("h:1:2 [0] NCCL INFO 1048576 Bytes -> Algo 1 proto 2 time 36.5")
     TuningRecord(collective=None, size_bytes=1048576, algorithm='ring', protocol='simple', time_us=36.5, \
-channels=None, line=0)
+channels=None, line=0, kernel=None)
     >>> parse_tuning_line("NCCL INFO AllReduce: 64 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..1}").channels
     (0, 1)
+    >>> r = parse_tuning_line("AllReduce [Symmetric]: 4096 Bytes -> Kernel AllReduce_AGxLL_R nchannels 4 nthreads 512")
+    >>> (r.collective, r.algorithm, r.protocol, r.kernel)
+    ('all_reduce', 'symmetric', None, 'AllReduce_AGxLL_R')
     """
     m = _TUNING.search(line)
-    if not m:
+    if m:
+        coll = m.group("coll")
+        lo, hi = m.group("lo"), m.group("hi")
+        return TuningRecord(
+            collective=(collective_type(coll) or coll.lower()) if coll else None,
+            size_bytes=int(m.group("bytes")),
+            algorithm=_name(m.group("algo"), ALGORITHMS),
+            protocol=_name(m.group("proto"), PROTOCOLS),
+            time_us=float(m.group("time")) if m.group("time") else None,
+            channels=(int(lo), int(hi)) if lo is not None else None,
+            line=number,
+        )
+    m = _TUNING_SPECIAL.search(line)
+    if m is None:
         return None
     coll = m.group("coll")
-    lo, hi = m.group("lo"), m.group("hi")
     return TuningRecord(
-        collective=(collective_type(coll) or coll.lower()) if coll else None,
+        collective=collective_type(coll) or coll.lower(),
         size_bytes=int(m.group("bytes")),
-        algorithm=_name(m.group("algo"), ALGORITHMS),
-        protocol=_name(m.group("proto"), PROTOCOLS),
-        time_us=float(m.group("time")) if m.group("time") else None,
-        channels=(int(lo), int(hi)) if lo is not None else None,
+        algorithm=m.group("kind").lower().replace(" ", "_"),
+        protocol=None,
         line=number,
+        kernel=m.group("kernel"),
     )
 
 
 def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
     """Parse the lines of one NCCL log (INIT, GRAPH and TUNING subsystems; other lines ignored).
 
-    Channel counts (``C coll channels``, ``Channel cc/CC``) carry no communicator address: they are
-    given to the communicator named last before them.
+    Channel counts (``C coll channels``, ``Channel cc/CC``) carry no communicator address: they go to
+    the communicator that is open (named by a line other than ``Init COMPLETE``, which closes it),
+    else to the next communicator line (before NCCL 2.19 the only one, printed after the channels).
 
     Args:
         lines: the log's lines (a file object works).
@@ -222,12 +269,15 @@ def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
     comms: dict[str, dict[str, int | None]] = {}
     from_coll_line: set[str] = set()
     current: str | None = None
+    pending: dict[str, int] = {}  # channel counts seen while no communicator is open: "coll", "ring"
     tuning: list[TuningRecord] = []
     transports: Counter[str] = Counter()
     link_types: set[str] = set()
     hosts: set[str] = set()
+    damaged = 0
     number = 0
     for number, line in enumerate(lines, start=1):
+        line = _LAUNCHER.sub("", line, count=1)
         if m := _HOST.match(line):
             hosts.add(m.group(1))
         parts = _RECORD_SPLIT.split(line)
@@ -235,6 +285,9 @@ def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
             rec = parse_tuning_line(msg, number)
             if rec is not None:
                 tuning.append(rec)
+                continue
+            if _LOOKS_TUNING.search(msg):
+                damaged += 1
                 continue
             if version is None and (m := _VERSION.search(msg)):
                 version = m.group(1)
@@ -245,20 +298,32 @@ def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
             if m := _GRAPH_TYPE.search(msg):
                 link_types.update((m.group(1), m.group(2)))
                 continue
+            if "opCount" in msg:  # a collective call (COLL), which names its communicator
+                continue
             if m := _COMM.search(msg):
-                current = m.group(1)
-                fields = comms.setdefault(current, {})
+                comm = m.group(1)
+                fields = comms.setdefault(comm, {})
                 for key, value in _COMM_FIELDS.findall(msg):
                     key = {"nRanks": "nranks", "nNodes": "nnodes", "localRanks": "local_ranks"}.get(key, key)
                     fields[key] = int(value)
-                continue
-            if current is None:
+                if pending and fields.get("channels") is None:
+                    fields["channels"] = pending.get("coll", pending.get("ring"))
+                    if "coll" in pending:
+                        from_coll_line.add(comm)
+                pending = {}
+                current = None if "COMPLETE" in msg else comm
                 continue
             if m := _COLL_CHANNELS.search(msg):
-                comms[current]["channels"] = int(m.group(1))
-                from_coll_line.add(current)
-            elif (m := _RING_LISTING.search(msg)) and current not in from_coll_line:
-                comms[current]["channels"] = int(m.group(1))
+                if current is None:
+                    pending["coll"] = int(m.group(1))
+                else:
+                    comms[current]["channels"] = int(m.group(1))
+                    from_coll_line.add(current)
+            elif m := _RING_LISTING.search(msg):
+                if current is None:
+                    pending.setdefault("ring", int(m.group(1)))
+                elif current not in from_coll_line:
+                    comms[current]["channels"] = int(m.group(1))
     return NcclLog(
         version=version,
         communicators=tuple(Communicator(comm, **fields) for comm, fields in comms.items()),  # type: ignore[arg-type]
@@ -267,6 +332,7 @@ def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
         link_types=frozenset(link_types),
         hosts=frozenset(hosts),
         lines=number,
+        damaged=damaged,
     )
 
 
@@ -299,6 +365,7 @@ def merge_logs(logs: Sequence[NcclLog]) -> NcclLog:
         link_types=frozenset(t for log in logs for t in log.link_types),
         hosts=hosts,
         lines=sum(log.lines for log in logs),
+        damaged=sum(log.damaged for log in logs),
     )
 
 
@@ -328,10 +395,14 @@ def algorithm_for(log: NcclLog, collective: str, size_bytes: int) -> AlgorithmCh
             note = "the NCCL log is empty"
         elif v is not None and v[:2] < FIRST_TUNING_VERSION and not log.tuning:
             note = f"NCCL {log.version} does not log the per-collective algorithm at INFO level (2.20+ does)"
+        elif not log.tuning and log.damaged:
+            note = f"the NCCL log's {log.damaged} TUNING line(s) are damaged (cut or interleaved): no algorithm read"
         elif not log.tuning:
             note = "no TUNING lines in the NCCL log (NCCL_DEBUG_SUBSYS must include TUNING)"
         else:
             note = f"no TUNING line for {collective} of {size_bytes} bytes in the NCCL log"
+            if log.damaged:
+                note += f" ({log.damaged} damaged TUNING line(s) not read)"
         return AlgorithmChoice(None, None, 0, note)
     counts = Counter((r.algorithm, r.protocol) for r in hits)
     (algo, proto), _ = counts.most_common(1)[0]

@@ -48,6 +48,7 @@ from pnpscale.analysis.events import (
     rank_rows,
     section_records,
 )
+from pnpscale.analysis.kineto import GPU_CATS
 from pnpscale.analysis.metrics import DecompositionError, check_invariants, decompose, run_metrics, summarize
 from pnpscale.analysis.tables import frames, table_writers
 from pnpscale.analysis.traces import (
@@ -65,6 +66,8 @@ from pnpscale.core.record import RecordError, now_iso, read_record
 ANALYSIS_JSON = layout.ANALYSIS_JSON
 ANALYSIS_DIR = layout.ANALYSIS_DIR
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+#: sections columns that are unknown (NaN) when a multi-rank job shows no collective at all
+UNKNOWN_WHEN_NO_COLLECTIVE = (K.TRANSFER_S, K.WAIT_S, K.MAIN_TRANSFER_S, *K.WAIT_CAUSES)
 
 
 class AnalyzeError(PnpscaleError, ValueError):
@@ -102,11 +105,13 @@ class Analysis:
     world_size: int
     anomalies: Anomalies
     nested: dict[str, str]
+    collectives_seen: bool = False
 
     @property
     def no_collectives(self) -> bool:
-        """A multi-rank job in which no collective was seen: transfer and wait are unknown, not zero."""
-        return self.world_size > 1 and self.collectives.empty
+        """A multi-rank job in which no collective was seen (also in iterations dropped later): transfer and
+        wait are unknown, not zero."""
+        return self.world_size > 1 and self.collectives.empty and not self.collectives_seen
 
 
 def rank_from_name(name: str) -> int | None:
@@ -244,6 +249,7 @@ def analyze_traces(
         anomalies.extend(found)
         records[t.rank] = recs
         done.append(RankedTrace(t.rank, t.path, t.source, info))
+    seen = any(s.collectives for recs in records.values() for s in recs)
     try:
         records = drop_bad_iterations(match_steps(records, anomalies), anomalies)
         nested = nested_sections(records)
@@ -251,20 +257,75 @@ def analyze_traces(
         ranks, colls = frames([(rank_rows(r, recs, warmup), {}) for r, recs in sorted(aligned.items())])
         table = decompose(ranks, colls, world, on_negative_compute=lambda m: anomalies.add("negative_compute", None, m))
     except (SectionError, DecompositionError) as exc:
-        raise AnalyzeError(str(exc)) from exc
+        steps = [a for a in anomalies.records() if a["kind"] == "step_not_on_every_rank"]
+        hint = ""
+        if steps:
+            hint = (f"; note: iterations were matched by ProfilerStep number and the ranks' step numbers differ "
+                    f"(rank {steps[0]['rank']}: {steps[0]['example']}): a rank whose profiler counted from another "
+                    f"step pairs different iterations")  # fmt: skip
+        raise AnalyzeError(f"{exc}{hint}") from exc
     for inner, outer in nested.items():
         anomalies.add("nested_sections", None, f"{inner!r} inside {outer!r}")
-    analysis = Analysis(ranks, colls, table, done, world, anomalies, nested)
+    analysis = Analysis(ranks, colls, table, done, world, anomalies, nested, seen)
     if analysis.no_collectives:
-        anomalies.add(
-            "no_collectives",
-            None,
-            f"{len(done)} rank(s) of {world}, no gloo:* range or collective GPU kernel in any section "
-            f"(communication outside NCCL/gloo, e.g. NVSHMEM/DeepEP, or kernels not recorded)",
-        )
+        anomalies.add("no_collectives", None, no_collectives_text(done, world))
     if len(done) == 1 and world > 1:
         anomalies.add("transfer_includes_wait", done[0].rank, f"rank {done[0].rank} alone of {world}")
     return analysis
+
+
+def no_collectives_text(traces: Sequence[RankedTrace], world: int) -> str:
+    """What a multi-rank job without any collective holds: the descriptors and the events of unknown
+    categories seen (the usual causes), so that the warning names the cause.
+
+    >>> from pnpscale.analysis.traces import TraceInfo
+    >>> info = TraceInfo(Path("r0.json"), 0, 2, "nccl", None, descriptors=6, unknown_categories=(("Kernel", 12),))
+    >>> no_collectives_text([RankedTrace(0, Path("r0.json"), "distributedInfo", info)], 2)  # doctest: +ELLIPSIS
+    "1 rank(s) of 2, no gloo:* range or collective GPU kernel in any section; seen: 6 collective descriptor(s) ..."
+    """
+    descs = sum(t.info.descriptors for t in traces)
+    gpu = sum(t.info.gpu_events for t in traces)
+    cats: dict[str, int] = {}
+    for t in traces:
+        for c, n in t.info.unknown_categories:
+            cats[c] = cats.get(c, 0) + n
+    seen = [f"{descs} collective descriptor(s) (record_param_comms / nccl:* / xccl:*)", f"{gpu} GPU event(s)"]
+    if cats:
+        seen.append("events of categories not read: " + ", ".join(f"{c!r} ({n})" for c, n in sorted(cats.items())))
+    if descs and not gpu:
+        why = "the profiler dropped every GPU record"
+    elif descs:
+        why = "the collectives' kernels are not in the trace or not recognised (another device's kernels?)"
+    elif cats:
+        why = "the device events are of categories pnpscale does not read"
+    else:
+        why = "communication outside NCCL/gloo, e.g. NVSHMEM/DeepEP, or kernels not recorded"
+    return (f"{len(traces)} rank(s) of {world}, no gloo:* range or collective GPU kernel in any section; seen: "
+            f"{'; '.join(seen)}: {why}")  # fmt: skip
+
+
+def section_hint(missing: Sequence[str], info: TraceInfo) -> str:
+    """Where to look when section names are not found: the trace's user annotations (``record_function``
+    names) first, then its most frequent ranges, and ``NAME=PATTERN*`` when a range name starts with a
+    missing name (a step number or suffix after it).
+
+    >>> info = TraceInfo(Path("r.json"), 0, 1, None, None, range_names=(("aten::mm", 9), ("ProfilerStep#3", 1)),
+    ...                  user_annotations=(("ProfilerStep#3", 1),))
+    >>> section_hint(["ProfilerStep"], info)
+    "; the trace's user annotations: 'ProfilerStep#3' (1); its most frequent range names: 'aten::mm' (9), \
+'ProfilerStep#3' (1); a missing '*'? try --sections ProfilerStep=ProfilerStep*"
+    """
+    out = ""
+    if info.user_annotations:
+        out += "; the trace's user annotations: " + ", ".join(f"{n!r} ({c})" for n, c in info.user_annotations)
+    if info.range_names:
+        out += ("; its" if out else "; the trace's") + " most frequent range names: "
+        out += ", ".join(f"{n!r} ({c})" for n, c in info.range_names)
+    names = [n for n, _ in (*info.user_annotations, *info.range_names)]
+    for m in missing:
+        if any(n.startswith(m) and n != m for n in names) and "*" not in m:
+            out += f"; a missing '*'? try --sections {m}={m}*"
+    return out
 
 
 def default_jobs(n_traces: int) -> int:
@@ -322,13 +383,28 @@ def _rank_records(
                 f"from its {t.source}: pass --rank {t.path.name}=R to say which"
             )
         anomalies.add("rank_overridden", t.rank, f"{t.path.name}: states rank {stated}, --rank {t.rank}")
+    info = trace.info
+    if info.gpu_events == 0 and (info.runtime_events or (info.descriptors and (info.backend or "gloo") != "gloo")):
+        if info.unknown_categories:
+            cats = ", ".join(f"{c!r} ({n})" for c, n in info.unknown_categories)
+            raise AnalyzeError(
+                f"rank {t.rank} ({t.path.name}): {info.descriptors} collective descriptor(s) and "
+                f"{info.runtime_events} runtime call(s), but no GPU event of a category pnpscale reads; the trace "
+                f"holds events of categories not read: {cats}: another device's kernels? (pnpscale reads "
+                f"{', '.join(sorted(GPU_CATS))})"
+            )
+        raise AnalyzeError(
+            f"rank {t.rank} ({t.path.name}): {info.descriptors} collective descriptor(s) (record_param_comms / "
+            f"nccl:*) and {info.runtime_events} runtime call(s) (launches), but no GPU event: the profiler dropped "
+            f"every GPU record (kineto#996: a full CUPTI buffer, or a new profiler session per iteration), so "
+            f"transfer and wait cannot be measured (a live run refuses this too); fix: one profiler session for "
+            f"every iteration"
+        )
     try:
         records = section_records(trace.events, list(sections), anomalies, t.rank, cpu_start=cpu_start)
     except SectionError as exc:
-        hint = ""
-        if "=0" in str(exc) and trace.info.range_names:
-            names = ", ".join(f"{n!r} ({c})" for n, c in trace.info.range_names)
-            hint = f"; the trace's most frequent range names: {names}"
+        missing = [pat for name, pat in sections.items() if re.search(rf"[ ,:]{re.escape(name)}=0(?:,|\s|$)", str(exc))]
+        hint = section_hint(missing, info) if missing else ""
         raise AnalyzeError(f"rank {t.rank} ({t.path.name}): {exc}{hint}") from exc
     return records, trace.info, anomalies.records()
 
@@ -349,6 +425,9 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
     n = len(analysis.traces)
     try:
         check_invariants(analysis.ranks, analysis.sections)
+        if analysis.no_collectives:  # unknown, not zero: NaN in every table
+            analysis.sections.loc[:, list(UNKNOWN_WHEN_NO_COLLECTIVE)] = float("nan")
+            analysis.ranks.loc[:, K.COMM_S] = float("nan")
         metrics = run_metrics(analysis.sections, n, analysis.nested)
     except DecompositionError as exc:
         if "warm-up" in str(exc):
@@ -491,8 +570,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if analysis.no_collectives:
         print(
             f"pnpscale.analyze: WARNING: {world}-rank job but no collective was found in any section "
-            "(no gloo:* range, no NCCL/RCCL kernel): transfer and wait are unknown, not zero; CommE and PE are "
-            "not given (n/a)",
+            "(no gloo:* range, no NCCL/RCCL kernel): transfer and wait are unknown (NaN, n/a), not zero; CommE and "
+            f"PE are not given (n/a); {no_collectives_text(analysis.traces, world)}",
             file=sys.stderr,
         )
     for line in summary_lines(doc["anomalies"]):

@@ -41,9 +41,21 @@ from typing import Any, BinaryIO
 
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.events import Event, Kind
+from pnpscale.analysis.gpu_checks import (
+    BEFORE_LAUNCH,
+    OUTSIDE_WINDOW,
+    STREAM_OVERLAP,
+    TS_UNSET,
+    WINDOW_SLACK_NS,
+    gpu_faults,
+    nearest_zero,
+    runtime_offset,
+)
 from pnpscale.analysis.kineto import (
+    COLLECTIVE_WORDS,
     CPU_CATS,
     GPU_CATS,
+    IGNORED_CATS,
     NOT_A_LAUNCH,
     PARAM_COMMS,
     RUNTIME_CATS,
@@ -53,7 +65,9 @@ from pnpscale.analysis.kineto import (
     is_collective_kernel,
     is_descriptor,
     is_gloo_work,
+    is_named_descriptor,
     step_number,
+    stream_of,
 )
 from pnpscale.analysis.overlap import C10D_PREFIX, union
 from pnpscale.core.errors import PnpscaleError
@@ -88,7 +102,11 @@ class TraceInfo:
         base_ns: ``baseTimeNanoseconds`` when ``ts`` is relative to it, else ``None`` (absolute).
         events_read: events in the trace; events_kept: events returned.
         range_names: the 20 most frequent CPU range names with their counts (to help when a
-            section name is not found).
+            section name is not found); user_annotations: the 20 most frequent ``user_annotation``
+            (``record_function``) names.
+        gpu_events, runtime_events, descriptors: device events, runtime launches (with a correlation)
+            and collective descriptors (``record_param_comms``, ``nccl:*``...) in the trace.
+        unknown_categories: ``X`` events of categories not read, per category (most frequent first).
     """
 
     path: Path
@@ -100,6 +118,11 @@ class TraceInfo:
     events_read: int = 0
     events_kept: int = 0
     range_names: tuple[tuple[str, int], ...] = ()
+    user_annotations: tuple[tuple[str, int], ...] = ()
+    gpu_events: int = 0
+    runtime_events: int = 0
+    descriptors: int = 0
+    unknown_categories: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -167,6 +190,11 @@ def read_header(path: Path | str) -> TraceInfo:
     except (OSError, EOFError, ValueError, zlib.error) as exc:
         raise TraceError(f"{path}: cannot read trace: {_first_line(exc)}") from exc
     if not array_top and "traceEvents" not in meta and len(head) < _HEAD_MAX:
+        if not _valid_object(head.decode("utf-8", errors="replace")):
+            raise TraceError(
+                f"{path}: cannot read trace: the file ends at byte {len(head)} inside its JSON object, before any "
+                f"traceEvents list: truncated (or not JSON)"
+            )
         raise NotATraceError(f"{path}: no traceEvents list before the end of the file: not a Kineto trace")
     if array_top and not _array_of_objects(head):
         raise NotATraceError(f"{path}: a JSON array whose items are not event objects: not a trace")
@@ -191,8 +219,14 @@ def read_trace(
     What is repaired or dropped is recorded in ``anomalies`` under ``rank``: bare ``inf``/``NaN``
     tokens (read as null), events without ``ts`` (dropped), GPU events whose correlation id has no
     runtime launch in a trace that has runtime events (outside the profiled window: dropped), other
-    GPU events with correlation 0 (unknown launch: placed by GPU start). Events with a negative or
-    missing ``dur`` are kept with ``Event.bad`` set and ``end == start``.
+    GPU events with correlation 0 (unknown launch: placed by GPU start), ``X`` events of categories not
+    read (``unknown_category``, counted per category), exact duplicates (``duplicate_event``), device
+    events starting before their launch (``gpu_before_launch``), compute kernels overlapping on their
+    stream (``stream_overlap``), runtime events on another clock than the CPU ranges
+    (``runtime_clock_offset``: shifted, see :mod:`pnpscale.analysis.gpu_checks`). Events with a negative
+    or missing ``dur``, device events with ``ts <= 0`` or outside the profiler's span, collective kernels
+    overlapping their stream's work, and CPU ranges with a negative ``ts`` are kept with ``Event.bad``
+    set and ``end == start`` (their iteration is dropped later).
 
     Args:
         path: ``.json`` or ``.json.gz`` Kineto trace.
@@ -207,8 +241,9 @@ def read_trace(
     Raises:
         NotATraceError: a JSON file without a ``traceEvents`` list.
         TraceError: unreadable file; invalid JSON (the message names the byte offset, and the token
-            when it is a bare non-finite number that could not be repaired); a section range
-            without ``ts``.
+            when it is a bare non-finite number that could not be repaired; "truncated" when the file
+            ends inside its JSON); a section range without ``ts``; a ``ts`` beyond any clock's range;
+            section ranges of several processes or collective kernels of several devices in one file.
     """
     path = Path(path)
     pats = dict(sections) if isinstance(sections, Mapping) else {s: s for s in sections}
@@ -221,8 +256,10 @@ def read_trace(
     except _JsonFailure as failure:
         tokens = _non_finite_tokens(path)
         if not tokens:
+            ends = any(m in failure.message for m in ("ncomplete", "premature EOF"))
+            cut = " (the file ends there: truncated?)" if ends else ""
             raise TraceError(f"{path}: cannot read trace: invalid JSON at or before byte {failure.offset}: "
-                             f"{failure.message}") from None  # fmt: skip
+                             f"{failure.message}{cut}") from None  # fmt: skip
         try:
             collector, meta, array_top, tail = _stream(path, pats, keep_all_gpu, repair=True)
         except _JsonFailure as again:
@@ -244,6 +281,11 @@ def read_trace(
         events_read=collector.read,
         events_kept=len(events),
         range_names=tuple(collector.range_names.most_common(20)),
+        user_annotations=tuple(collector.user_annotations.most_common(20)),
+        gpu_events=collector.gpu_events,
+        runtime_events=len(collector.rt_corr),
+        descriptors=sum(1 for e in collector.cpu if is_descriptor(e.name)),
+        unknown_categories=tuple(collector.unknown_categories.most_common()),
     )
     return Trace(info, events)
 
@@ -285,14 +327,26 @@ def _stream(
 # --- fast path: decode only the events that are needed ----------------------------------------
 
 _SCAN_CHUNK = 1 << 24
+#: timestamps beyond this many ns (about 73 years either side of the epoch) are not times
+_NS_RANGE = 1 << 61
 _STR = rb'"([^"\\]*(?:\\.[^"\\]*)*)"'
 _NUM = rb"(-?\d+(?:\.\d+)?)"
+
+
+def _alternation(cats: frozenset[str]) -> bytes:
+    return b"|".join(re.escape(c).encode() for c in sorted(cats, key=lambda c: (-len(c), c)))
+
+
 #: an event's start: an object whose first key is ``"ph"`` (with unescaped quotes this never occurs inside a
 #: JSON string); then, when they follow in Kineto's order, ``ph, cat, name, pid, tid, ts, dur[, args]``
 _EVENT = re.compile(
-    rb'\{\s*"ph"\s*:(?:\s*"([^"\\]*)"(?:\s*,\s*"cat"\s*:\s*"(?:(cpu_op|user_annotation)"\s*,\s*"name"\s*:\s*'
+    rb'\{\s*"ph"\s*:(?:\s*"([^"\\]*)"(?:\s*,\s*"cat"\s*:\s*"(?:('
+    + _alternation(CPU_CATS)
+    + rb')"\s*,\s*"name"\s*:\s*'
     + _STR
-    + rb'|(cuda_runtime|cuda_driver|runtime|driver|kernel|gpu_memcpy|gpu_memset|concurrent_kernel)"'
+    + rb"|("
+    + _alternation(RUNTIME_CATS | GPU_CATS)
+    + rb')"'
     + rb'(?:\s*,\s*"name"\s*:\s*'
     + _STR
     + rb'\s*,\s*"pid"\s*:\s*(?:-?\d+|"[^"\\]*")\s*,\s*"tid"\s*:\s*(-?\d+)\s*,\s*"ts"\s*:\s*'
@@ -316,6 +370,7 @@ _ARRAY_END = re.compile(rb"\s*\]\s*")
 _CPU_B = frozenset(c.encode() for c in CPU_CATS)
 _RUNTIME_B = frozenset(c.encode() for c in RUNTIME_CATS)
 _GPU_B = frozenset(c.encode() for c in GPU_CATS)
+_KERNEL_B = (b"kernel", b"Kernel")
 
 
 class _Fallback(Exception):
@@ -481,11 +536,13 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                                 ots = _ns_text(op.group(2))
                                 collector.add_op(name, ots, ots + _ns_text(op.group(3)), int(op.group(1)))
                         else:
-                            collector.range_names[text(cpu_name)] += 1
+                            collector.count_range(text(cpu_name), cpu_cat.decode())
                         continue
                     if cat is None:
-                        if other is None or other in _CPU_B:  # no "cat" next, or a CPU range without "name" next
+                        if other is None or other in _CPU_B or other == b"Trace":  # the profiler's window: read
                             decode_run(data, s, e, index - 1, False)
+                        else:
+                            collector.count_category(text(other))
                         continue
                     is_rt = cat in _RUNTIME_B
                     if rawname is None or (not is_rt and dur[:1] == b"-"):
@@ -505,12 +562,16 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                         if corr is not None:
                             collector.rt_corr.append(corr)
                             collector.rt_start.append(start)
+                            if start < 0:
+                                collector.rt_unset.append(corr)
                         continue
                     coll = collective.get((cat, rawname))
                     if coll is None:
-                        coll = collective[cat, rawname] = cat == b"kernel" and is_collective_kernel(text(rawname))
+                        coll = collective[cat, rawname] = cat in _KERNEL_B and is_collective_kernel(text(rawname))
                     at = data.find(b'"stream"', body, e)
-                    if at >= 0:
+                    if at < 0 and data.find(b'queue"', body, e) >= 0:  # XPU: "sycl queue", read by stream_of
+                        coll = True
+                    elif at >= 0:
                         v = _INT_VALUE.match(data, at + 8)
                         if v is None or data.find(b'"stream"', at + 8, e) >= 0:
                             coll = True
@@ -532,7 +593,7 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                     break
                 pending = data[stops[-1] :]
             collector.read = index
-    except (json.JSONDecodeError, UnicodeDecodeError, TraceError, OSError, EOFError, zlib.error) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, TraceError, OSError, EOFError, zlib.error, OverflowError) as exc:
         # the exact path reads the file again and names what is wrong
         raise _Fallback(_first_line(exc)) from exc
     return collector, meta, array_top, bytes(tail)
@@ -744,6 +805,11 @@ def _info(path: Path, meta: Mapping[str, Any]) -> TraceInfo:
 # --- event selection -------------------------------------------------------------------------
 
 
+def ts_text(ev: Mapping[str, Any]) -> str:
+    """An event's ``ts`` as written (for messages)."""
+    return str(ev.get("ts"))
+
+
 def _ns(x: Any) -> int:
     """Microseconds (int, Decimal, float or str) -> integer nanoseconds, exactly for decimals."""
     if isinstance(x, int):
@@ -780,7 +846,7 @@ def merge_descriptors(events: Sequence[Event]) -> list[Event]:
     out = []
     for e in events:
         ws = wrappers.get(e.tid)
-        if ws and e.name.startswith("nccl:"):
+        if ws and is_named_descriptor(e.name):
             i = bisect.bisect_right(starts[e.tid], e.start_ns) - 1
             w = ws[i] if i >= 0 else None
             if w is not None and w.end_ns >= e.end_ns:
@@ -812,7 +878,7 @@ class _Collector:
         self.read = 0
         self.cpu: list[Event] = []  # collective CPU ranges and ProfilerStep ranges
         self.sections: list[Event] = []
-        self.nccl: list[tuple] = []  # (name, start, end, stream, corr, fields, bad)
+        self.nccl: list[tuple] = []  # (name, start, end, stream, corr, fields, bad, device)
         self.bad_gpu: list[Event] = []  # other GPU events with a non-physical duration (all kept)
         self.gpu_start, self.gpu_end, self.gpu_corr = array("q"), array("q"), array("q")
         self.gpu_stream, self.gpu_name = array("q"), array("q")
@@ -822,7 +888,16 @@ class _Collector:
         self.op_start, self.op_end, self.op_tid, self.op_name = array("q"), array("q"), array("q"), array("q")
         self.op_names: dict[str, int] = {}
         self.range_names: Counter[str] = Counter()
+        self.user_annotations: Counter[str] = Counter()
+        self.unknown_categories: Counter[str] = Counter()
+        self.section_pids: Counter[str] = Counter()
         self.no_ts: list[str] = []
+        self.before_launch: list = []  # [largest lead in ns, its event]
+        self.before_launch_count = 0
+        self.rt_unset: list[int] = []  # correlations of runtime events with a negative ts
+        self.window: tuple[int, int] | None = None  # Kineto's "PyTorch Profiler (N)" span: the profiled window
+        self.overlaps: list[str] = []  # the first compute kernel overlapping the previous one on its stream
+        self.overlap_count = 0
 
     def _section_of(self, name: str) -> str | None:
         hit = self.exact.get(name)
@@ -833,12 +908,26 @@ class _Collector:
                 return sec
         return None
 
+    def count_range(self, name: str, cat: str) -> None:
+        """A CPU range seen (for the names listed when a section is not found)."""
+        self.range_names[name] += 1
+        if cat == "user_annotation":
+            self.user_annotations[name] += 1
+
+    def count_category(self, cat: str) -> None:
+        """An ``X`` event of a category not read: counted when Kineto does not list it as ignorable."""
+        if cat not in IGNORED_CATS:
+            self.unknown_categories[cat] += 1
+
     def _times(self, ev: Mapping[str, Any]) -> tuple[int, int, str | None] | None:
         """(start, end, why the duration is not physical) in ns; ``None`` without ``ts``."""
         ts = ev.get("ts")
         if ts is None or isinstance(ts, bool):
             return None
         start = _ns(ts)
+        if not -_NS_RANGE <= start <= _NS_RANGE:
+            raise TraceError(f"{self.path}: event #{self.read - 1} {ev.get('name')!r}: ts {ts} us is out of any "
+                             f"clock's range (a timestamp in the wrong unit, or corrupt)")  # fmt: skip
         dur = ev.get("dur")
         if dur is None or isinstance(dur, bool):
             return start, start, f"no dur (ts {ts} us)"
@@ -864,16 +953,24 @@ class _Collector:
                     return
                 self.rt_corr.append(corr)
                 self.rt_start.append(times[0])
+                if times[0] < 0:
+                    self.rt_unset.append(corr)
             return
         if cat in GPU_CATS:
             self._add_gpu(ev)
             return
         if cat not in CPU_CATS:
+            if cat == "Trace" and str(ev.get("name", "")).startswith("PyTorch Profiler"):
+                times = self._times(ev)
+                if times is not None and times[2] is None:
+                    self.window = (times[0], times[1])
+            elif isinstance(cat, str):
+                self.count_category(cat)
             return
         name = ev.get("name")
         if not isinstance(name, str):
             return
-        self.range_names[name] += 1
+        self.count_range(name, str(cat))
         section = self._section_of(name)
         step = step_number(name) is not None
         if section is None and not step and not (is_gloo_work(name) or is_descriptor(name)):
@@ -889,10 +986,13 @@ class _Collector:
             self._no_ts(ev)
             return
         start, end, bad = times
+        if start < 0 and bad is None:
+            bad = f"a negative timestamp (ts {ts_text(ev)} us), not a time"
         tid = int_or_none(ev.get("tid")) or 0
         if step:
             self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad))
         if section is not None:
+            self.section_pids[str(ev.get("pid"))] += 1
             self.sections.append(Event(section, Kind.CPU, start, end, tid=tid, bad=bad))
             return
         if step:
@@ -944,14 +1044,13 @@ class _Collector:
             self._no_ts(ev)
             return
         start, end, bad = times
-        stream = int_or_none(args.get("stream"))
-        if stream is None:
-            stream = int_or_none(ev.get("tid")) or 0
+        stream = stream_of(args, ev.get("tid"))
         corr = int_or_none(args.get("correlation"))
         corr = -1 if corr is None else corr
-        if ev.get("cat") == "kernel" and is_collective_kernel(name):
+        if ev.get("cat") in ("kernel", "Kernel") and is_collective_kernel(name):
             fields = comm_fields(name, args) if "Collective name" in args or "Seq" in args else {}
-            self.nccl.append((name, start, end, stream, corr, fields, bad))
+            device = args.get("device", ev.get("pid"))
+            self.nccl.append((name, start, end, stream, corr, fields, bad, str(device)))
             return
         self.add_gpu_event(name, start, end, stream, corr, bad)
 
@@ -967,17 +1066,97 @@ class _Collector:
         self.gpu_stream.append(stream)
         self.gpu_name.append(nid)
 
+    @property
+    def gpu_events(self) -> int:
+        return len(self.gpu_start) + len(self.nccl) + len(self.bad_gpu)
+
+    def _dedupe(self, anomalies: Anomalies, rank: int | None) -> None:
+        """Drop exact duplicates (same name, times, thread or stream, correlation) of the kept events."""
+        dups: list[str] = []
+
+        def unique(items: list, key: Any, label: Any) -> list:
+            seen: set = set()
+            out = []
+            for it in items:
+                k = key(it)
+                if k in seen:
+                    dups.append(label(it))
+                    continue
+                seen.add(k)
+                out.append(it)
+            return out
+
+        def ev_key(e: Event) -> tuple:
+            return (e.name, e.start_ns, e.end_ns, e.tid, e.bad)
+
+        def ev_label(e: Event) -> str:
+            return f"{e.name!r} at ts {e.start_ns} ns (thread {e.tid})"
+
+        self.sections = unique(self.sections, ev_key, ev_label)
+        self.cpu = unique(self.cpu, ev_key, ev_label)
+        self.nccl = unique(
+            self.nccl,
+            lambda n: (n[0], n[1], n[2], n[3], n[4]),
+            lambda n: f"{n[0].split('(')[0]!r} at ts {n[1]} ns (stream {n[3]}, correlation {n[4]})",
+        )
+        if dups:
+            anomalies.add("duplicate_event", rank, dups[0], len(dups))
+
+    def _clock_offset(self, launch_of: Any, anomalies: Anomalies, rank: int | None) -> int:
+        """The offset (ns) that puts the runtime clock on the CPU ranges' clock (:func:`runtime_offset`), 0 if none."""
+        import numpy as np
+
+        if not self.nccl or not len(self.rt_corr):
+            return 0
+        launches, _ = launch_of(np.array([n[4] for n in self.nccl], dtype=np.int64))
+        known = [int(x) for x in launches if x >= 0]
+        descs = [e for e in self.cpu if is_named_descriptor(e.name)] or [e for e in self.cpu if e.name == PARAM_COMMS]
+        fit = runtime_offset(known, [(d.start_ns, d.end_ns) for d in descs])
+        if fit is None:
+            return 0
+        off = nearest_zero(*fit)
+        first = min(known)
+        d0 = min(descs, key=lambda d: d.start_ns)
+        anomalies.add(
+            "runtime_clock_offset",
+            rank,
+            f"the first collective launch (ts {first} ns) lies outside its {d0.name!r} "
+            f"[{d0.start_ns}, {d0.end_ns}] ns; "
+            f"every launch fits its descriptor with an offset of {fit[0]}..{fit[1]} ns: runtime events shifted by "
+            f"{off:+d} ns ({len(known)} collectives)",
+            len(self.rt_corr),
+        )
+        return off
+
     def events(self, base_ns: int, anomalies: Anomalies | None = None, rank: int | None = None) -> list[Event]:
-        """The kept events, shifted by ``base_ns`` (0 for absolute traces); anomalies recorded (:func:`read_trace`)."""
+        """The kept events, shifted by ``base_ns`` (0 for absolute traces); anomalies recorded (:func:`read_trace`).
+
+        Raises:
+            TraceError: section ranges of more than one process, or collective kernels of more than one
+                device, in the file (one trace per rank is expected).
+        """
         import numpy as np
 
         anomalies = anomalies if anomalies is not None else Anomalies()
+        if len(self.section_pids) > 1:
+            pids = ", ".join(f"pid {p} ({n} ranges)" for p, n in sorted(self.section_pids.items()))
+            raise TraceError(f"{self.path}: section ranges of {len(self.section_pids)} processes in one file ({pids}): "
+                             f"pnpscale reads one trace per rank; split the file by process")  # fmt: skip
+        devices = Counter(n[7] for n in self.nccl)
+        if len(devices) > 1:
+            devs = ", ".join(f"device {d} ({n} kernels)" for d, n in sorted(devices.items()))
+            raise TraceError(f"{self.path}: collective kernels of {len(devices)} devices in one file ({devs}): more "
+                             f"than one rank in one trace; pnpscale reads one trace per rank")  # fmt: skip
         if self.no_ts:
             anomalies.add("event_without_ts", rank, self.no_ts[0], len(self.no_ts))
+        if self.unknown_categories:
+            cats = ", ".join(f"{c!r} ({n})" for c, n in self.unknown_categories.most_common())
+            anomalies.add("unknown_category", rank, cats, sum(self.unknown_categories.values()))
+        self._dedupe(anomalies, rank)
         rt_corr = np.frombuffer(self.rt_corr, dtype=np.int64) if len(self.rt_corr) else np.zeros(0, np.int64)
         rt_start = np.frombuffer(self.rt_start, dtype=np.int64) if len(self.rt_start) else np.zeros(0, np.int64)
         order = np.argsort(rt_corr, kind="stable")
-        rt_corr, rt_start = rt_corr[order], rt_start[order]
+        rt_corr, rt_start = rt_corr[order], rt_start[order].copy()
         unknown = np.array(sorted(UNKNOWN_CORRELATIONS), dtype=np.int64)
 
         def launch_of(corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -991,6 +1170,8 @@ class _Collector:
             found = (idx < len(rt_corr)) & (rt_corr[idx_c] == corr) & known
             return np.where(found, rt_start[idx_c], -1), known & ~found
 
+        rt_start += self._clock_offset(launch_of, anomalies, rank)
+
         def shift(e: Event) -> Event:
             return replace(e, start_ns=e.start_ns + base_ns, end_ns=e.end_ns + base_ns)
 
@@ -998,20 +1179,23 @@ class _Collector:
         out += [shift(e) for e in merge_descriptors(self.cpu)]
         out += self._ops(base_ns)
         outside: list[str] = []
+        faults = self._faults(launch_of)
+        nccl_faults = faults[len(self.gpu_start) :]
         if self.nccl:
             launches, away = launch_of(np.array([n[4] for n in self.nccl], dtype=np.int64))
-            for (name, start, end, stream, corr, fields, bad), launch, gone in zip(
-                self.nccl, launches, away, strict=True
+            for (name, start, end, stream, corr, fields, bad, _), launch, gone, fault in zip(
+                self.nccl, launches, away, nccl_faults, strict=True
             ):
                 if gone:
                     outside.append(f"{name.split('(')[0]} at ts {start} ns, correlation {corr}")
                     continue
+                bad = bad or fault
                 out.append(
                     Event(
                         name,
                         Kind.GPU,
                         start + base_ns,
-                        end + base_ns,
+                        (start if bad else end) + base_ns,
                         tid=stream,
                         correlation=corr,
                         launch_ns=None if launch < 0 else int(launch) + base_ns,
@@ -1023,15 +1207,97 @@ class _Collector:
             launch, gone = launch_of(np.array([e.correlation], dtype=np.int64))
             if not gone[0]:
                 out.append(shift(replace(e, launch_ns=None if launch[0] < 0 else int(launch[0]) + base_ns)))
-        out += self._gpu_representatives(launch_of, base_ns, outside, anomalies, rank)
+        out += self._gpu_representatives(launch_of, base_ns, outside, anomalies, rank, faults[: len(self.gpu_start)])
         if outside:
             anomalies.add("gpu_event_outside_window", rank, outside[0], len(outside))
+        if self.overlap_count:
+            anomalies.add("stream_overlap", rank, self.overlaps[0], self.overlap_count)
+        if self.names:
+            counts = np.bincount(np.frombuffer(self.gpu_name, dtype=np.int64), minlength=len(self.names))
+            hits = [(name, int(counts[i])) for name, i in self.names.items() if COLLECTIVE_WORDS.search(name)]
+            if hits:
+                text = ", ".join(f"{n.split('(')[0]!r} ({c})" for n, c in hits[:5])
+                anomalies.add("collective_kernel_unrecognised", rank, text, sum(c for _, c in hits))
+        if self.before_launch_count:
+            lead, example = self.before_launch
+            anomalies.add("gpu_before_launch", rank, f"up to {lead / 1000:g} us before its launch: {example}",
+                          self.before_launch_count)  # fmt: skip
+        return out
+
+    def _faults(self, launch_of: Any) -> list[str | None]:
+        """Why each device event (the other GPU events, then the collective kernels) is not physical
+        (:func:`pnpscale.analysis.gpu_checks.gpu_faults`), else ``None``."""
+        import numpy as np
+
+        n = len(self.gpu_start)
+        names = list(self.names)
+        start = np.concatenate([np.frombuffer(self.gpu_start, dtype=np.int64) if n else np.zeros(0, np.int64),
+                                np.array([x[1] for x in self.nccl], dtype=np.int64)])  # fmt: skip
+        end = np.concatenate([np.frombuffer(self.gpu_end, dtype=np.int64) if n else np.zeros(0, np.int64),
+                              np.array([x[2] for x in self.nccl], dtype=np.int64)])  # fmt: skip
+        stream = np.concatenate([np.frombuffer(self.gpu_stream, dtype=np.int64) if n else np.zeros(0, np.int64),
+                                 np.array([x[3] for x in self.nccl], dtype=np.int64)])  # fmt: skip
+        corr = np.concatenate([np.frombuffer(self.gpu_corr, dtype=np.int64) if n else np.zeros(0, np.int64),
+                               np.array([x[4] for x in self.nccl], dtype=np.int64)])  # fmt: skip
+        launch, away = launch_of(corr)
+        keep = ~away
+        codes = np.zeros(len(start), dtype=np.int8)
+        other = np.full(len(start), -1, dtype=np.int64)
+        idx = np.flatnonzero(keep)
+        c, o = gpu_faults(start[idx], end[idx], stream[idx], corr[idx], launch[idx], self.window)
+        codes[idx] = c
+        other[idx] = np.where(o >= 0, idx[np.maximum(o, 0)], -1)
+        launch_unset = np.isin(corr, np.array(self.rt_unset, dtype=np.int64)) & keep if self.rt_unset else None
+
+        def name(i: int) -> str:
+            return (names[self.gpu_name[i]] if i < n else self.nccl[i - n][0]).split("(")[0]
+
+        out: list[str | None] = [None] * len(start)
+        before = np.flatnonzero(codes == BEFORE_LAUNCH)  # a GPU clock ahead of the CPU's: placement by launch holds
+        if len(before):
+            i = int(before[np.argmax(launch[before] - start[before])])
+            self.before_launch = [int(launch[i] - start[i]), f"{name(i)!r} at ts {start[i] / 1000:g} us, "
+                                  f"correlation {corr[i]}"]  # fmt: skip
+            self.before_launch_count = len(before)
+        over = codes == STREAM_OVERLAP
+        index = np.arange(len(start))
+        soft = over & (index < n) & (other < n)  # compute kernels may overlap (programmatic dependent launch)
+        if soft.any():
+            i = int(np.argmax(soft))
+            j = int(other[i])
+            self.overlaps = [f"{name(i)!r} at ts {start[i] / 1000:g} us starts {(end[j] - start[i]) / 1000:g} us "
+                             f"before {name(j)!r} ends on stream {stream[i]}"]  # fmt: skip
+            self.overlap_count = int(soft.sum())
+        if launch_unset is not None:
+            for i in np.flatnonzero(launch_unset).tolist():
+                out[i] = f"its launch (correlation {corr[i]}) has a negative timestamp: placement unknown"
+        for i in np.flatnonzero((codes == TS_UNSET) | (codes == OUTSIDE_WINDOW) | (over & ~soft)).tolist():
+            us = f"ts {start[i] / 1000:g} us"
+            if codes[i] == TS_UNSET:
+                out[i] = f"at {us}: an unset timestamp (ts <= 0, kineto#109), not a time"
+            elif codes[i] == OUTSIDE_WINDOW and self.window is not None:
+                w0, w1 = self.window
+                out[i] = (f"at {us}: outside the profiled window ('PyTorch Profiler' span {w0 / 1000:g}.."
+                          f"{w1 / 1000:g} us, with {WINDOW_SLACK_NS // 10**9} s either side): a corrupt "
+                          f"timestamp")  # fmt: skip
+            else:  # a collective kernel's time would be wrong: its iteration is not physical
+                j = int(other[i])
+                out[i] = (f"at {us} starts {(end[j] - start[i]) / 1000:g} us before {name(j)!r} ends on stream "
+                          f"{stream[i]}: a collective cannot overlap work of its own stream (kineto#990: GPU "
+                          f"timestamps wrong)")  # fmt: skip
         return out
 
     def _gpu_representatives(
-        self, launch_of: Any, base_ns: int, outside: list[str], anomalies: Anomalies, rank: int | None
+        self,
+        launch_of: Any,
+        base_ns: int,
+        outside: list[str],
+        anomalies: Anomalies,
+        rank: int | None,
+        faults: Sequence[str | None] = (),
     ) -> list[Event]:
-        """Per section range, the first-starting and last-ending GPU event launched inside it."""
+        """Per section range, the first-starting and last-ending GPU event launched inside it; and every
+        event with a fault (its iteration is then dropped)."""
         import numpy as np
 
         n = len(self.gpu_start)
@@ -1049,10 +1315,22 @@ class _Collector:
         by_start = (launch < 0) & ~away
         if by_start.any():
             i = int(np.argmax(by_start))
+            why = (
+                "correlation 0 (unknown launch)"
+                if int(corr[i]) in UNKNOWN_CORRELATIONS
+                else (
+                    f"correlation {int(corr[i])}, and the trace holds no runtime event of a known category"
+                    + (
+                        f" (categories not read: {', '.join(self.unknown_categories)})"
+                        if self.unknown_categories
+                        else ""
+                    )
+                )
+            )
             anomalies.add(
                 "launch_unknown_by_start",
                 rank,
-                f"{names[self.gpu_name[i]]} at ts {int(start[i])} ns, correlation {int(corr[i])}",
+                f"{names[self.gpu_name[i]]} at ts {int(start[i])} ns, {why}",
                 int(by_start.sum()),
             )
         valid = np.flatnonzero(~away)
@@ -1074,15 +1352,18 @@ class _Collector:
                 idx = order[lo:hi]
                 keep.add(int(idx[np.argmin(start[idx])]))
                 keep.add(int(idx[np.argmax(end[idx])]))
+        bad = {i: f for i, f in enumerate(faults) if f is not None}
+        keep |= set(bad)
         return [
             Event(
                 names[self.gpu_name[i]],
                 Kind.GPU,
                 int(start[i]) + base_ns,
-                int(end[i]) + base_ns,
+                int(start[i] if i in bad else end[i]) + base_ns,
                 tid=int(self.gpu_stream[i]),
                 correlation=int(corr[i]),
                 launch_ns=None if launch[i] < 0 else int(launch[i]) + base_ns,
+                bad=bad.get(i),
             )
             for i in sorted(keep)
         ]

@@ -1,0 +1,406 @@
+"""Corruptions with a contract: generated traces (tests/tracegen.py), corrupted on purpose, must end in the
+generator's numbers, a refusal naming the cause, or an anomaly that names it -- never exit 0 with a changed
+number and no word.
+
+Each corruption says what it may end in: ``exact`` (the generator's numbers, and only the anomalies it
+lists), else the generator's numbers, one of its named anomalies (a dropped iteration leaves the others
+exact), or a refusal whose message holds one of its phrases. The README's trace contract lists the same.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pnpscale import columns as K
+from tests.test_trace_properties import PHASES, analyse, assert_decomposition, results, specs
+from tests.tracegen import ABSOLUTE_NS, BASE_NS, COMPUTE_STREAM, Job, simulate, write
+
+CORRUPTION = settings(max_examples=12, deadline=None, derandomize=True, database=None, phases=PHASES,
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+
+
+@dataclass
+class Corrupted:
+    """A corrupted job: events per rank, where the metadata goes, a text edit; what it may end in."""
+
+    events: dict[int, list[dict]]
+    exact: bool = False
+    allowed: frozenset[str] = frozenset()  # anomalies an exact result may carry
+    named: frozenset[str] = frozenset()  # anomalies that name this corruption's cause
+    refusals: tuple[str, ...] = ()  # phrases a refusal names the cause with
+    meta_after: bool = False
+    edit: Callable[[int, str], str] | None = None
+    applies: bool = True  # False: nothing to corrupt in this job (the example is skipped)
+    extra: dict = field(default_factory=dict)
+
+
+def kernels(evs: list[dict], nccl: bool | None = None) -> list[dict]:
+    out = [e for e in evs if e.get("cat") == "kernel"]
+    if nccl is None:
+        return out
+    return [e for e in out if e["name"].startswith("nccl") == nccl]
+
+
+def device(evs: list[dict]) -> list[dict]:
+    """Every device event: kernels, memcpy, memset."""
+    return [e for e in evs if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+
+
+def runtime(evs: list[dict]) -> list[dict]:
+    return [e for e in evs if e.get("cat") == "cuda_runtime"]
+
+
+def pick(rng: random.Random, items: list):
+    return items[rng.randrange(len(items))] if items else None
+
+
+# --- the corruptions ---------------------------------------------------------------------------------
+
+
+def ts_unset(job: Job, rng: random.Random) -> Corrupted:
+    """kineto#109: one kernel written with ``ts: 0, dur: 0`` (or far before the trace's base time)."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    k = pick(rng, device(evs[r]))
+    if k is not None:
+        k["ts"] = "\u0000" + rng.choice(["0", "0.000", f"-{BASE_NS // 1000}"])
+        k["dur"] = 0
+    return Corrupted(evs, named=frozenset({"non_physical_timing"}), refusals=("unset timestamp",),
+                     applies=k is not None)  # fmt: skip
+
+
+def ts_wrong_unit(job: Job, rng: random.Random) -> Corrupted:
+    """One kernel's ``ts`` written in ns instead of us (1000 times too large)."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    k = pick(rng, kernels(evs[r]))
+    if k is not None:
+        ns = k["ts"] + (0 if job.spec.time_base == "base" else ABSOLUTE_NS)
+        k["ts"] = "\u0000" + str(ns)  # ns written where us belong
+    return Corrupted(evs, named=frozenset({"non_physical_timing"}),
+                     refusals=("out of any clock's range", "outside the profiled window"),
+                     applies=k is not None)  # fmt: skip
+
+
+def gpu_outside_window(job: Job, rng: random.Random) -> Corrupted:
+    """A kernel launched before the profiler started: its correlation has no runtime event."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    first = min(e["ts"] for e in evs[r] if isinstance(e.get("ts"), int))
+    evs[r].insert(1, {"ph": "X", "cat": "kernel", "name": "void early_kernel", "pid": 0, "tid": COMPUTE_STREAM,
+                      "ts": first - 5000, "dur": 1000, "args": {"device": 0, "stream": COMPUTE_STREAM,
+                                                                "correlation": 987654}})  # fmt: skip
+    return Corrupted(evs, exact=True, allowed=frozenset({"gpu_event_outside_window"}),
+                     applies=bool(kernels(evs[r])))  # fmt: skip
+
+
+def runtime_clock(job: Job, rng: random.Random) -> Corrupted:
+    """kineto#1082: the runtime events of one rank on another clock than its CPU ranges and kernels."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    delta = rng.choice([-1, 1]) * rng.randrange(1, 40_000)
+    for e in runtime(evs[r]):
+        e["ts"] += delta
+    # without a collective there is no descriptor to find the offset from: only a shift that puts kernels
+    # before their launch is seen then (README: trace contract)
+    has_coll = bool(kernels(evs[r], nccl=True))
+    return Corrupted(evs, named=frozenset({"runtime_clock_offset", "gpu_before_launch"}),
+                     refusals=("sections overlap", "non-physical"), extra={"delta": delta},
+                     applies=has_coll)  # fmt: skip
+
+
+def gpu_clock_ahead(job: Job, rng: random.Random) -> Corrupted:
+    """A GPU clock ahead of the CPU's: kernels start before their launch (the GPU span is unchanged)."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    delta = rng.randrange(1, 30_000) + job.spec.gpu_lag_ns[r]
+    for e in device(evs[r]):
+        e["ts"] -= delta
+    return Corrupted(evs, exact=True, allowed=frozenset({"gpu_before_launch"}))
+
+
+def stream_overlap(job: Job, rng: random.Random) -> Corrupted:
+    """kineto#990: a kernel moved onto the stream of the kernel before it, starting before that one ends."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    ks = sorted(kernels(evs[r]), key=lambda e: e["ts"])
+    pairs = [(a, b) for a, b in zip(ks, ks[1:], strict=False) if a["dur"] > 0 and a["args"]["stream"] == COMPUTE_STREAM]
+    pair = pick(rng, pairs)
+    if pair is not None:
+        a, b = pair
+        new_ts = a["ts"] + a["dur"] - rng.randrange(1, a["dur"] + 1)
+        b["dur"] += b["ts"] - new_ts
+        b["ts"] = new_ts
+        b["tid"] = b["args"]["stream"] = COMPUTE_STREAM
+    return Corrupted(evs, named=frozenset({"non_physical_timing", "stream_overlap"}), refusals=("cannot overlap",),
+                     applies=pair is not None)  # fmt: skip
+
+
+def device_categories(job: Job, rng: random.Random) -> Corrupted:
+    """Runtime categories of other devices (XPU, MTIA, PrivateUse1, 2021's Runtime); 2021's Kernel on
+    ``"stream N"`` threads; XPU kernels on a ``sycl queue``."""
+    evs = copy.deepcopy(job.events)
+    rt = rng.choice(["xpu_runtime", "mtia_runtime", "privateuse1_runtime", "Runtime", "cuda_driver"])
+    old = rng.random() < 0.5
+    sycl = not old and rng.random() < 0.5
+    for r in evs:
+        for e in runtime(evs[r]):
+            e["cat"] = rt
+        for e in device(evs[r]):
+            if old:
+                e["cat"] = {"kernel": "Kernel", "gpu_memcpy": "Memcpy", "gpu_memset": "Memset"}[e["cat"]]
+                e["tid"] = f"stream {e['tid']}"
+            if sycl:
+                e["args"]["sycl queue"] = 64 + e["args"].pop("stream")
+    return Corrupted(evs, exact=True)
+
+
+def ccl_names(job: Job, rng: random.Random) -> Corrupted:
+    """Collective kernels of oneCCL (with ``xccl:`` descriptors), HCCL (``hccl:``) or RCCL's MSCCL."""
+    evs = copy.deepcopy(job.events)
+    lib = rng.choice(["oneccl", "hccl", "msccl"])
+    names = {"oneccl": {"all_reduce": "oneccl_allreduce_base<float, 2, 16, 1, 1, 2>",
+                        "broadcast": "oneccl_broadcast<float>", "all_gather": "oneccl_allgather<float, 2>",
+                        "reduce_scatter": "oneccl_reduce_scatter<float>",
+                        "all_to_all": "oneccl_alltoall<float>"},
+             "hccl": {"all_reduce": "hcom_allReduce__101_0_1", "broadcast": "hcom_broadcast__7_0_1",
+                      "all_gather": "hcom_allGather__9_0_1", "reduce_scatter": "hcom_reduceScatter__3_0_1",
+                      "all_to_all": "hcom_alltoall__5_0_1"}}  # fmt: skip
+    prefix = {"oneccl": "xccl:", "hccl": "hccl:", "msccl": "nccl:"}[lib]
+    for r in evs:
+        for e in evs[r]:
+            if e.get("cat") == "user_annotation" and e["name"].startswith("nccl:"):
+                e["name"] = prefix + e["name"][5:]
+        for e in kernels(evs[r], nccl=True):
+            op = e["args"]["Collective name"]
+            op = {"allreduce": "all_reduce", "_allgather_base": "all_gather",
+                  "_reduce_scatter_base": "reduce_scatter"}.get(op, op)  # fmt: skip
+            e["name"] = "mscclKernel_Sum_float_LL128(...)" if lib == "msccl" else names[lib][op]
+    return Corrupted(evs, exact=True)
+
+
+def dropped_kernel(job: Job, rng: random.Random) -> Corrupted:
+    """A collective descriptor whose kernel was dropped (repeated profiler sessions)."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    k = pick(rng, kernels(evs[r], nccl=True))
+    if k is not None:
+        evs[r].remove(k)
+    return Corrupted(evs, named=frozenset({"collective_without_kernel"}),
+                     refusals=("without a GPU kernel", "no NCCL kernel recorded"), applies=k is not None)  # fmt: skip
+
+
+def all_gpu_dropped(job: Job, rng: random.Random) -> Corrupted:
+    """kineto#996: every GPU record of one rank dropped."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    evs[r] = [e for e in evs[r] if e not in device(evs[r])]
+    return Corrupted(evs, refusals=("but no GPU event: the profiler dropped every GPU record",))
+
+
+def two_processes(job: Job, rng: random.Random) -> Corrupted:
+    """A file that holds the events of two processes (two ranks merged into one file)."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    other = [dict(e, pid=e["pid"] + 1000) for e in copy.deepcopy(job.events[(r + 1) % job.spec.world])
+             if e.get("ph") == "X" and e.get("cat") != "kernel" and isinstance(e["pid"], int)]  # fmt: skip
+    evs[r] += other
+    return Corrupted(evs, refusals=("processes in one file",))
+
+
+def shuffled(job: Job, rng: random.Random) -> Corrupted:
+    """Events out of order."""
+    evs = copy.deepcopy(job.events)
+    for r in evs:
+        rng.shuffle(evs[r])
+    return Corrupted(evs, exact=True)
+
+
+def duplicated(job: Job, rng: random.Random) -> Corrupted:
+    """Events written twice."""
+    evs = copy.deepcopy(job.events)
+    for r in evs:
+        xs = [e for e in evs[r] if e.get("ph") == "X"]
+        for e in rng.sample(xs, min(len(xs), rng.randrange(1, 6))):
+            evs[r].insert(rng.randrange(len(evs[r]) + 1), copy.deepcopy(e))
+    return Corrupted(evs, exact=True, allowed=frozenset({"duplicate_event"}))
+
+
+def truncated(job: Job, rng: random.Random) -> Corrupted:
+    """A file cut short (the profiler or a copy died while writing)."""
+    r = rng.randrange(job.spec.world)
+    frac = rng.uniform(0.05, 0.98)
+
+    def edit(rank: int, text: str) -> str:
+        return text[: int(len(text) * frac)] if rank == r else text
+
+    return Corrupted(copy.deepcopy(job.events), edit=edit, refusals=("cannot read trace: the file ends", "truncated?"))
+
+
+def non_finite_token(job: Job, rng: random.Random) -> Corrupted:
+    """A bare ``inf`` / ``NaN`` in an operator's args (Kineto writes them; not JSON)."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    first = min(e["ts"] for e in evs[r] if isinstance(e.get("ts"), int))
+    evs[r].insert(1, {"ph": "X", "cat": "cpu_op", "name": "aten::fill_", "pid": 100 + r, "tid": 1001,
+                      "ts": first - 3000, "dur": 1000, "args": {"Concrete Inputs": ["", "@@INF@@"],
+                                                                "External id": 99999}})  # fmt: skip
+    token = rng.choice(["inf", "Infinity", "NaN", "-inf"])
+    return Corrupted(evs, exact=True, allowed=frozenset({"non_finite_number"}),
+                     edit=lambda rank, text: text.replace('"@@INF@@"', token))  # fmt: skip
+
+
+def negative_duration(job: Job, rng: random.Random) -> Corrupted:
+    """An event whose end was written as 0: a negative ``dur``."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    cands = kernels(evs[r]) or [e for e in evs[r] if str(e.get("name", "")).startswith("gloo:")]
+    e = pick(rng, cands)
+    if e is not None:
+        e["dur"] = -e["ts"] - rng.randrange(1, 10**6)
+    return Corrupted(evs, named=frozenset({"non_physical_timing"}), refusals=("non-physical",),
+                     applies=e is not None)  # fmt: skip
+
+
+def metadata_after(job: Job, rng: random.Random) -> Corrupted:
+    """``distributedInfo`` and ``baseTimeNanoseconds`` written after ``traceEvents``."""
+    return Corrupted(copy.deepcopy(job.events), exact=True, meta_after=True)
+
+
+def shifted_steps(job: Job, rng: random.Random) -> Corrupted:
+    """One rank's ``ProfilerStep#N`` numbered from another first step."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    shift = rng.randrange(1, 3)
+    for e in evs[r]:
+        if str(e.get("name", "")).startswith("ProfilerStep#"):
+            e["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + shift}"
+    return Corrupted(evs, named=frozenset({"step_not_on_every_rank"}),
+                     refusals=("no ProfilerStep number in common", "matched by ProfilerStep number"),
+                     applies=job.spec.steps and job.spec.world > 1)  # fmt: skip
+
+
+def correlation_zero(job: Job, rng: random.Random) -> Corrupted:
+    """ROCm: every collective kernel with correlation 0 (unknown launch)."""
+    evs = copy.deepcopy(job.events)
+    for r in evs:
+        for k in kernels(evs[r], nccl=True):
+            k["args"]["correlation"] = 0
+    return Corrupted(evs, exact=True, allowed=frozenset({"launch_unknown_paired"}))
+
+
+CORRUPTIONS: dict[str, tuple[Callable[[Job, random.Random], Corrupted], str | None]] = {
+    "ts_unset": (ts_unset, "nccl"),
+    "gpu_outside_window": (gpu_outside_window, "nccl"),
+    "ts_wrong_unit": (ts_wrong_unit, "nccl"),
+    "runtime_clock": (runtime_clock, "nccl"),
+    "gpu_clock_ahead": (gpu_clock_ahead, "nccl"),
+    "stream_overlap": (stream_overlap, "nccl"),
+    "device_categories": (device_categories, "nccl"),
+    "ccl_names": (ccl_names, "nccl"),
+    "dropped_kernel": (dropped_kernel, "nccl"),
+    "all_gpu_dropped": (all_gpu_dropped, "nccl"),
+    "two_processes": (two_processes, None),
+    "shuffled": (shuffled, None),
+    "duplicated": (duplicated, None),
+    "truncated": (truncated, None),
+    "non_finite_token": (non_finite_token, None),
+    "negative_duration": (negative_duration, None),
+    "metadata_after": (metadata_after, None),
+    "shifted_steps": (shifted_steps, None),
+    "correlation_zero": (correlation_zero, "nccl"),
+}
+
+
+def check_contract(job: Job, bad: Corrupted) -> str:
+    """Run the analysis on the corrupted job and check what it ended in; returns ``exact``, ``named`` or ``refused``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "job"
+        write(job, folder, meta_after=bad.meta_after, events=bad.events, edit=bad.edit)
+        code, err, out = analyse(folder, job.spec.sections)
+        if code != 0:
+            assert not bad.exact, f"refused a corruption that must be read exactly: {err}"
+            assert any(p in err for p in bad.refusals), f"refusal names no cause of this corruption: {err}"
+            return "refused"
+        table, anomalies = results(out)
+    kinds = {a["kind"] for a in anomalies}
+    no_coll = job.spec.world > 1 and not any(c for it in job.spec.plan for sec in it for c in sec)
+    if no_coll:
+        kinds.discard("no_collectives")
+        table = table.assign(**{K.TRANSFER_S: table[K.TRANSFER_S].fillna(0.0), K.WAIT_S: table[K.WAIT_S].fillna(0.0)})
+    if bad.exact:
+        assert kinds <= bad.allowed, kinds
+        assert_decomposition(job, table)
+        return "exact"
+    if kinds & bad.named:
+        if "non_physical_timing" in kinds & bad.named:  # the other iterations stay exact
+            assert_decomposition(job, table, iterations=set(table[K.ITERATION].astype(int)))
+        return "named"
+    assert_decomposition(job, table)  # no word: then the numbers must be the generator's
+    return "exact"
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPTIONS))
+def test_corruption_ends_in_the_numbers_a_refusal_or_a_named_anomaly(name: str) -> None:
+    corrupt, backend = CORRUPTIONS[name]
+    seen: list[str] = []
+
+    @CORRUPTION
+    @given(spec=specs(backend=backend, max_world=4), seed=st.integers(0, 2**32 - 1))
+    def prop(spec, seed):
+        job = simulate(spec)
+        bad = corrupt(job, random.Random(seed))
+        if bad.applies:
+            seen.append(check_contract(job, bad))
+
+    prop()
+    assert seen, f"{name}: no generated job could be corrupted"
+
+
+def test_untyped_kernels_issued_in_another_order_are_matched_by_descriptor_type_and_sequence(tmp_path):
+    """Generic kernels (no type in the name) of two process groups, issued in a different order on rank 1:
+    matched by (process group, Seq) of their descriptors, not by position."""
+    import pandas as pd
+
+    from pnpscale import layout
+    from tests.tracegen import Coll, Spec
+
+    plan = (((Coll("broadcast", 64, "Float", 3000), Coll("all_reduce", 4096, "Float", 9000)),),)
+    spec = Spec("nccl", 2, ("gradient",), plan, work=(((((5000, 4000, 3000),),)),) * 2,
+                kernels=((((1, 1, 1),),),) * 2, gap=(((0,),),) * 2, rank_skew_ns=(0, 777), gpu_lag_ns=(0, 0),
+                names="generic")  # fmt: skip
+    job = simulate(spec)
+    evs = copy.deepcopy(job.events)
+    for r in (0, 1):
+        descs = [e for e in evs[r] if e["name"] == "record_param_comms"]
+        ks = kernels(evs[r], nccl=True)
+        ranges = [e for e in evs[r] if e["name"].startswith("nccl:")]
+        for e in (descs[1], ks[1]["args"]):  # the all_reduce belongs to process group "1", its own sequence
+            (e["args"] if "args" in e else e).update({"Process Group Name": "1", "Seq": 0})
+        ks[1]["tid"] = ks[1]["args"]["stream"] = 21
+        if r == 1:  # rank 1 issued the all_reduce first: swap what each slot ran, keep the times
+            for a, b in ((descs[0]["args"], descs[1]["args"]), (ks[0]["args"], ks[1]["args"])):
+                for key in ("Collective name", "In msg nelems", "Out msg nelems", "Process Group Name", "Seq"):
+                    if key in a:
+                        a[key], b[key] = b[key], a[key]
+            ranges[0]["name"], ranges[1]["name"] = ranges[1]["name"], ranges[0]["name"]
+            ks[0]["tid"], ks[1]["tid"] = 21, 20
+            ks[0]["args"]["stream"], ks[1]["args"]["stream"] = 21, 20
+    write(job, tmp_path / "job", events=evs)
+    code, err, out = analyse(tmp_path / "job", spec.sections)
+    assert code == 0, err
+    c = pd.read_parquet(out / layout.COLLECTIVES).sort_values(["seq", "rank"])
+    assert c.groupby("seq")["collective"].nunique().max() == 1  # one type per matched collective
+    durations = {r: [k["dur"] for k in kernels(evs[r], nccl=True)] for r in (0, 1)}
+    by = {(row["rank"], row["collective"]): round(row["duration_s"] * 1e9) for _, row in c.iterrows()}
+    assert by[(0, "broadcast")] == durations[0][0] and by[(1, "broadcast")] == durations[1][1]
+    assert by[(0, "all_reduce")] == durations[0][1] and by[(1, "all_reduce")] == durations[1][0]

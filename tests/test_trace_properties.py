@@ -1,0 +1,147 @@
+"""Property: traces generated with a known decomposition are analysed to the nanosecond (tests/tracegen.py).
+
+Jobs of 1-8 ranks, CPU/gloo and CUDA/NCCL layouts, random sections, iterations, collectives (types,
+payloads, dtypes), stragglers, entry skews, clock offsets between ranks and between a rank's CPU and GPU,
+integer or 3-decimal timestamps, relative to ``baseTimeNanoseconds`` or absolute, optional
+``ProfilerStep#N`` ranges. The examples are bounded and derandomized so CI is quick and deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from pnpscale import columns as K
+from pnpscale import layout
+from pnpscale.analysis.offline import ANALYSIS_JSON, main
+from tests.tracegen import DTYPES, OPS, Coll, Job, Spec, expected, simulate, write
+
+SECTION_NAMES = ("gradient", "denoiser", "forward", "backward", "optimizer")
+#: no shrinking unless PNPSCALE_SHRINK=1: a failure on 2 cores would take minutes to shrink
+PHASES = tuple(Phase) if os.environ.get("PNPSCALE_SHRINK") == "1" else (Phase.explicit, Phase.generate)
+PROPERTY = settings(max_examples=40, deadline=None, derandomize=True, database=None, phases=PHASES,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+
+
+@st.composite
+def specs(draw, backend: str | None = None, max_world: int = 8, max_iterations: int = 3) -> Spec:
+    """A random job (see :class:`tests.tracegen.Spec`)."""
+    backend = backend or draw(st.sampled_from(["nccl", "gloo"]))
+    cuda = backend == "nccl"
+    world = draw(st.integers(1, max_world))
+    sections = tuple(draw(st.permutations(SECTION_NAMES))[: draw(st.integers(1, 3))])
+    iterations = draw(st.integers(1, max_iterations))
+    integer = draw(st.booleans())
+    u = 1000 if integer else 1
+
+    def dur(lo_us: int, hi_us: int) -> int:
+        return draw(st.integers(lo_us * 1000 // u, hi_us * 1000 // u)) * u
+
+    plan = tuple(
+        tuple(
+            tuple(
+                Coll(
+                    draw(st.sampled_from(sorted(OPS))),
+                    draw(st.integers(1, 1 << 22)),
+                    draw(st.sampled_from(sorted(DTYPES))),
+                    dur(1, 40),
+                )  # fmt: skip
+                for _ in range(draw(st.integers(0, 3)))
+            )
+            for _ in sections
+        )
+        for _ in range(iterations)
+    )
+    straggler = draw(st.integers(0, world - 1))
+    extra = dur(0, 80)
+    work, kernels, gap = [], [], []
+    for r in range(world):
+        wr, kr, gr = [], [], []
+        for i in range(iterations):
+            wi, ki, gi = [], [], []
+            for s in range(len(sections)):
+                segs = [dur(1 if (cuda and k == 0) else 0, 60) for k in range(len(plan[i][s]) + 1)]
+                if r == straggler:
+                    segs[draw(st.integers(0, len(segs) - 1))] += extra
+                wi.append(tuple(segs))
+                ki.append(tuple(0 if w == 0 else draw(st.integers(1, 3)) for w in segs))
+                gi.append(dur(0, 20))
+            wr.append(tuple(wi))
+            kr.append(tuple(ki))
+            gr.append(tuple(gi))
+        work.append(tuple(wr))
+        kernels.append(tuple(kr))
+        gap.append(tuple(gr))
+    return Spec(
+        backend=backend,
+        world=world,
+        sections=sections,
+        plan=plan,
+        work=tuple(work),
+        kernels=tuple(kernels),
+        gap=tuple(gap),
+        rank_skew_ns=tuple(dur(0, 5_000_000) for _ in range(world)),
+        gpu_lag_ns=tuple(dur(0, 2000) if cuda else 0 for _ in range(world)),
+        names=draw(st.sampled_from(["dev", "old", "generic"])),
+        time_base=draw(st.sampled_from(["base", "absolute"])),
+        integer_ts=integer,
+        steps=draw(st.booleans()),
+        first_step=draw(st.integers(0, 50)),
+        memcpy=draw(st.booleans()),
+    )
+
+
+def analyse(folder: Path, sections: tuple[str, ...]) -> tuple[int, str, Path]:
+    """``python -m pnpscale.analyze`` in this process: (exit code, stderr text, output folder)."""
+    import contextlib
+    import io
+
+    out = folder / "analysis"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main([str(folder), "--sections", ",".join(sections), "--out", str(out), "--jobs", "1"])
+    return code, err.getvalue(), out
+
+
+def results(out: Path) -> tuple[pd.DataFrame, list[dict]]:
+    return pd.read_parquet(out / layout.SECTIONS), json.loads((out / ANALYSIS_JSON).read_text())["anomalies"]
+
+
+def assert_decomposition(job: Job, table: pd.DataFrame, iterations: set[int] | None = None) -> None:
+    """Every row of ``table`` equals the generator's C, T, W to a nanosecond's fraction; no row missing."""
+    want = expected(job.truth)
+    got = {(int(r[K.ITERATION]), str(r[K.SECTION])): r for _, r in table.iterrows()}
+    keys = {k for k in want if iterations is None or k[0] in iterations}
+    assert set(got) == keys
+    for key in keys:
+        c, t, w = (v * 1e-9 for v in want[key])
+        row = got[key]
+        assert (row[K.COMPUTE_S], row[K.TRANSFER_S], row[K.WAIT_S]) == pytest.approx((c, t, w), abs=1e-12), key
+        assert row[K.N_COLLECTIVES] == len(job.truth.colls[key]), key
+
+
+@PROPERTY
+@given(spec=specs())
+def test_generated_traces_are_analysed_to_the_nanosecond(spec: Spec) -> None:
+    job = simulate(spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "job"
+        write(job, folder)
+        code, err, out = analyse(folder, spec.sections)
+        assert code == 0, err
+        table, anomalies = results(out)
+    no_collectives = spec.world > 1 and not any(c for it in spec.plan for sec in it for c in sec)
+    if no_collectives:  # transfer and wait unknown: NaN, never 0
+        assert [a["kind"] for a in anomalies] == ["no_collectives"]
+        assert table[K.TRANSFER_S].isna().all() and table[K.WAIT_S].isna().all()
+        table = table.assign(**{K.TRANSFER_S: 0.0, K.WAIT_S: 0.0})
+    else:
+        assert anomalies == []
+    assert_decomposition(job, table)
