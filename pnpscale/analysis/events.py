@@ -782,13 +782,13 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
 
 def _steps_text(steps: Sequence[int]) -> str:
     """``[1, 2, 3, 5]`` -> ``"#1-3, #5"``."""
-    parts: list[str] = []
+    parts: list[tuple[int, int]] = []
     for x in sorted(steps):
         if parts and parts[-1][1] == x - 1:
             parts[-1] = (parts[-1][0], x)
         else:
-            parts.append((x, x))  # type: ignore[arg-type]
-    return ", ".join(f"#{a}" if a == b else f"#{a}-{b}" for a, b in parts)  # type: ignore[misc]
+            parts.append((x, x))
+    return ", ".join(f"#{a}" if a == b else f"#{a}-{b}" for a, b in parts)
 
 
 def match_steps(
@@ -811,12 +811,14 @@ def match_steps(
     out = {r: list(recs) for r, recs in records.items()}
     if not out or not all(s.step is not None for recs in out.values() for s in recs):
         return out
-    steps = {r: sorted({s.step for s in recs}) for r, recs in out.items()}  # type: ignore[type-var]
+    steps: dict[int, list[int]] = {
+        r: sorted({int(s.step) for s in recs if s.step is not None}) for r, recs in out.items()
+    }
     common = set.intersection(*(set(v) for v in steps.values()))
     if not common:
         raise SectionError(
             "the ranks have no ProfilerStep number in common ("
-            + "; ".join(f"rank {r}: {_steps_text(v)}" for r, v in sorted(steps.items()))  # type: ignore[arg-type]
+            + "; ".join(f"rank {r}: {_steps_text(v)}" for r, v in sorted(steps.items()))
             + "): steps are matched by number, never by position"
         )
     for r, v in sorted(steps.items()):

@@ -326,7 +326,7 @@ def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
                     comms[current]["channels"] = int(m.group(1))
     return NcclLog(
         version=version,
-        communicators=tuple(Communicator(comm, **fields) for comm, fields in comms.items()),  # type: ignore[arg-type]
+        communicators=tuple(Communicator(comm, **fields) for comm, fields in comms.items()),
         tuning=tuple(tuning),
         transports=tuple(transports.most_common()),
         link_types=frozenset(link_types),

@@ -306,7 +306,7 @@ def parse_spans(text: object) -> list[Span] | None:
     >>> parse_spans("5-10,20-30"), parse_spans(""), parse_spans(None), parse_spans("-40-10")
     ([(5, 10), (20, 30)], [], None, [(-40, 10)])
     """
-    if text is None or (not isinstance(text, str) and pd.isna(text)):  # type: ignore[call-overload]
+    if text is None or (not isinstance(text, str) and pd.isna(text)):
         return None
     out = []
     for part in str(text).split(","):

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from decimal import ROUND_HALF_EVEN, Decimal
 from fnmatch import translate
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.events import Event, Kind
@@ -469,10 +469,10 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
             meta, head, array_top = _read_head(path, raw)
             if not array_top and "traceEvents" not in meta:
                 raise _Fallback("no traceEvents key")
-            at = _ARRAY_TOP.match(head) if array_top else _EVENTS_KEY.search(head)
-            if at is None:
+            opening = _ARRAY_TOP.match(head) if array_top else _EVENTS_KEY.search(head)
+            if opening is None:
                 raise _Fallback("no event array")
-            pending = bytes(head[at.end() :])
+            pending = bytes(head[opening.end() :])
             tail = bytearray(head[-_TAIL:])
             index = 0
             lead = True
@@ -652,7 +652,7 @@ def _open(path: Path) -> BinaryIO:
     try:
         with open(path, "rb") as f:
             magic = f.read(2)
-        return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")  # noqa: SIM115
+        return cast(BinaryIO, gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb"))  # noqa: SIM115
     except OSError as exc:
         raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
 
@@ -840,9 +840,9 @@ def merge_descriptors(events: Sequence[Event]) -> list[Event]:
     for e in events:
         if e.name == PARAM_COMMS:
             wrappers.setdefault(e.tid, []).append(e)
-    for ws in wrappers.values():
-        ws.sort(key=lambda e: e.start_ns)
-    starts = {tid: [w.start_ns for w in ws] for tid, ws in wrappers.items()}
+    for group in wrappers.values():
+        group.sort(key=lambda e: e.start_ns)
+    starts = {tid: [w.start_ns for w in group] for tid, group in wrappers.items()}
     out = []
     for e in events:
         ws = wrappers.get(e.tid)

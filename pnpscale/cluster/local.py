@@ -39,6 +39,8 @@ class RankFailed(PnpscaleError, RuntimeError):
         failures: every rank that failed by itself (not stopped by the agent) -> its error line.
     """
 
+    rank: int  # always known here
+
     def __init__(
         self, rank: int, message: str, log: Path | None = None, failures: dict[int, str] | None = None
     ) -> None:

@@ -107,7 +107,7 @@ class Solver(ABC):
         if not train:
             net.requires_grad_(False).eval()
         self.net = net
-        self.denoiser = tiled_denoiser(
+        self.denoiser: Any = tiled_denoiser(  # deepinv DistributedProcessing (or its all_gather twin)
             net,
             ctx,
             strategy,

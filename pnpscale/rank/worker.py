@@ -778,6 +778,7 @@ def _measure_and_report(
         beat(spec.warmup + spec.iterations - 1, "gather")
         gathered = group.gather((table, info))
         if rank == 0:
+            assert gathered is not None  # rank 0 holds every rank's tables
             beat(spec.warmup + spec.iterations - 1, "write", advance=False)
             from pnpscale.rank.commit import write_run
 
