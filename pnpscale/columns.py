@@ -32,6 +32,8 @@ Spread (pnpscale.analysis.spread): per point and section, per-iteration quantile
 ``_p50_s``, ``_p90_s`` (``lb_p10``... for ratios): SPREAD_COLUMNS, beside ``iterations`` (measured ones).
 """
 
+from typing import NamedTuple
+
 RANK = "rank"
 ITERATION = "iteration"
 SECTION = "section"
@@ -76,6 +78,60 @@ HIDDEN_SHARE = "hidden_share"
 BLOCKED_S = "blocked_s"
 BLOCKED_SPANS_NS = "blocked_spans_ns"
 KIND = "kind"
+
+# --- how each measure of the sections table aggregates (one registry: run.json, the summary, load) ---
+#: over iterations (and over the sections of the combined row ``all``): a time is summed; a ratio is
+#: recomputed from the sums (never averaged); a count or payload is the largest.
+SUM, RATIO = "sum", "ratio"
+
+
+class Measure(NamedTuple):
+    """One measure of a section: its column, unit, how it aggregates, and whether older folders lack it.
+
+    Attributes:
+        name: the column of ``sections.parquet`` and of the summary (per measured iteration there).
+        unit: ``"s"`` seconds, ``"1"`` a ratio.
+        over_iterations: :data:`SUM` (summed over the measured iterations; the summary and ``load`` show
+            the sum / iterations, ``run.json`` the sum under :func:`total_name`) or :data:`RATIO`
+            (recomputed from the sums, e.g. ``LB = ΣC / ΣC_max``).
+        over_sections: the same rule for the combined row ``all`` (over the top-level sections).
+        optional: absent in run folders written before it existed (NaN there, never 0).
+    """
+
+    name: str
+    unit: str
+    over_iterations: str
+    over_sections: str
+    optional: bool = False
+
+
+MEASURES: tuple[Measure, ...] = (
+    Measure(COMPUTE_S, "s", SUM, SUM),
+    Measure(COMPUTE_MAX_S, "s", SUM, SUM),
+    Measure(TRANSFER_S, "s", SUM, SUM),
+    Measure(WAIT_S, "s", SUM, SUM),
+    Measure(SECTION_S, "s", SUM, SUM),
+    *(Measure(c, "s", SUM, SUM, optional=True) for c in WAIT_CAUSES),
+    Measure(SECTION_MAX_S, "s", SUM, SUM, optional=True),
+    Measure(HIDDEN_S, "s", SUM, SUM, optional=True),
+    Measure(LB, "1", RATIO, RATIO),
+    Measure(COMM_E, "1", RATIO, RATIO),
+    Measure(PE, "1", RATIO, RATIO),
+    Measure(HIDDEN_SHARE, "1", RATIO, RATIO, optional=True),
+)
+#: the measures summed over iterations: required ones, then those older folders may lack.
+SUMMED = tuple(m.name for m in MEASURES if m.over_iterations == SUM and not m.optional)
+SUMMED_OPTIONAL = tuple(m.name for m in MEASURES if m.over_iterations == SUM and m.optional)
+
+
+def total_name(name: str) -> str:
+    """``run.json``'s name of a summed measure's total over the measured iterations: ``compute_total_s``.
+
+    >>> total_name("compute_s"), total_name("wait_late_start_s")
+    ('compute_total_s', 'wait_late_start_total_s')
+    """
+    return name.removesuffix("_s") + "_total_s"
+
 
 RANKS_COLUMNS = (
     RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES, GPU_SPAN_S,

@@ -228,7 +228,7 @@ def test_a_record_roundtrips_and_keeps_unknown_keys(tmp_path):
     with pytest.raises(RecordError, match=r"run\.json: invalid JSON"):
         read_record(tmp_path)
     (tmp_path / layout.RUN_JSON).write_text(json.dumps({"status": "complete", "schema_version": 99}))
-    with pytest.raises(RecordError, match="schema_version 99: this pnpscale reads 1..2"):
+    with pytest.raises(RecordError, match="schema_version 99: this pnpscale reads 1..3"):
         read_record(tmp_path)
 
 

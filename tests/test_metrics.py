@@ -163,3 +163,34 @@ def test_summary_needs_a_measured_iteration():
     sections = decompose(ranks_table([(0, 0, "g", 1.0, True)]), coll_table([]))
     with pytest.raises(DecompositionError, match="no measured iteration"):
         summarize(sections, gpus=1)
+
+
+def test_one_registry_of_measures_names_totals_and_per_iteration_values(tmp_path):
+    """pnpscale.columns.MEASURES decides, for every summed measure, the run.json total's name and the
+    per-iteration value of the summary / load (the wait parts and S_max included: they slipped before)."""
+    from pnpscale import layout
+    from pnpscale.rank.commit import write_run
+    from pnpscale.results.runs import load
+    from tests.test_report import spec as make_spec
+
+    gathered = []
+    for rank, (s, d) in enumerate([(1.0, 0.2), (1.5, 0.4)]):
+        rows = [{K.RANK: rank, K.ITERATION: it, K.SECTION: "g", K.WARMUP: it == 0, K.START_S: 2.0 * it,
+                 K.SECTION_S: s, K.COMM_S: d, K.N_COLLECTIVES: 1, K.PEAK_MEM_BYTES: 1} for it in range(4)]
+        colls = [{K.RANK: rank, K.ITERATION: it, K.SECTION: "g", K.SEQ: 0, K.COLLECTIVE: "all_reduce",
+                  K.START_S: 2.0 * it + s - d, K.DURATION_S: d, K.PAYLOAD_BYTES: 8} for it in range(4)]
+        info = {"host": "h", "device": "cpu", "threads": 1, "local_operators": [rank], "local_tiles": 1,
+                "num_tiles": 2, "solver": {"weights_sha256": "x"}}  # fmt: skip
+        gathered.append(({"ranks": rows, "collectives": colls}, info))
+    run_dir = tmp_path / layout.point_subdir("2d", "inference", 2)
+    doc = write_run(run_dir, make_spec("2d", "inference", 2), gathered, backend="gloo", timings={})
+    section = doc["metrics"]["sections"]["g"]
+    summed = [m.name for m in K.MEASURES if m.over_iterations == K.SUM]
+    for name in summed:
+        assert K.total_name(name) in section and name not in section, name
+    assert section["iterations"] == 3 and section[K.total_name(K.SECTION_MAX_S)] == pytest.approx(3 * 1.5)
+    row = load(str(tmp_path)).set_index(K.SECTION).loc["g"]
+    assert row[K.SECTION_MAX_S] == pytest.approx(1.5) and row[K.SECTION_S] == pytest.approx(1.25)
+    for name in summed:  # every summed measure is per measured iteration in the table (NaN where unknown)
+        total = section[K.total_name(name)]
+        assert (pd.isna(row[name]) and total is None) or row[name] == pytest.approx(total / 3), name

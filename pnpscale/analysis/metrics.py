@@ -372,10 +372,9 @@ def summarize(sections: pd.DataFrame, gpus: int, nested: Mapping[str, str] | Non
     if m.empty:
         raise DecompositionError("no measured iteration (all rows are warm-up)")
     n_it = m[K.ITERATION].nunique()
-    cols = [K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S]
-    # absent in run folders older than the wait split, S_max and hidden time
-    extra = [c for c in (*K.WAIT_CAUSES, K.SECTION_MAX_S, K.HIDDEN_S) if c in m.columns]
-    per = m.groupby(K.SECTION, sort=False)[cols + extra].sum(min_count=1)
+    # the summed measures (pnpscale.columns.MEASURES); the optional ones are absent in older run folders
+    cols = [*K.SUMMED, *(c for c in K.SUMMED_OPTIONAL if c in m.columns)]
+    per = m.groupby(K.SECTION, sort=False)[cols].sum(min_count=1)
     per.loc["all"] = per.drop(index=[s for s in (nested or {}) if s in per.index]).sum(skipna=False)
     elapsed = per[K.SECTION_MAX_S] if K.SECTION_MAX_S in per else per[K.SECTION_S]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -397,18 +396,18 @@ def run_metrics(sections: pd.DataFrame, gpus: int, nested: Mapping[str, str] | N
 
     Returns:
         ``{"lb", "comm_e", "pe", "gpu_seconds_per_iteration", "iterations", "sections": {name:
-        {...}}}`` with floats (NaN rendered as ``None``). Per section, the time sums over the
-        measured iterations carry ``_total_s`` names (``compute_total_s``, ``compute_max_total_s``,
-        ``transfer_total_s``, ``wait_total_s``, ``section_total_s``), never the per-iteration names
-        of the tables.
+        {...}}}`` with floats (NaN rendered as ``None``). Per section, the sums over the measured
+        iterations of every summed measure (:data:`pnpscale.columns.MEASURES`) carry their
+        :func:`pnpscale.columns.total_name` (``compute_total_s``, ``wait_late_start_total_s``,
+        ``hidden_total_s``...), never the per-iteration names of the tables.
     """
     summ = summarize(sections, gpus, nested).set_index(K.SECTION)
 
-    totals = {K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, K.SECTION_MAX_S, K.HIDDEN_S}
+    totals = {*K.SUMMED, *K.SUMMED_OPTIONAL}  # sums over iterations: run.json names them *_total_s
 
     def clean(row: pd.Series) -> dict[str, Any]:
         return {
-            (k.removesuffix("_s") + "_total_s" if k in totals else k): (
+            (K.total_name(k) if k in totals else k): (
                 None if pd.isna(v) else (int(v) if k == "iterations" else float(v))
             )
             for k, v in row.items()

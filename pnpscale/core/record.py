@@ -15,6 +15,9 @@ Schema history:
   ``wait_total_s``, ``section_total_s`` (seconds summed over ``iterations`` measured iterations);
   ``started_at`` added; later, ``pid`` and ``host`` (optional: the process that supervises the
   point, so that a ``running`` record whose process is gone is reported as failed).
+* 3: every summed measure of :data:`pnpscale.columns.MEASURES` is a total under its
+  :func:`pnpscale.columns.total_name` (schema 2 kept the wait parts' totals under the per-iteration names
+  ``wait_late_start_s``...); older records are upgraded on reading.
 """
 
 from __future__ import annotations
@@ -31,15 +34,7 @@ from typing import Any
 from pnpscale import layout
 from pnpscale.core.errors import PnpscaleError
 
-SCHEMA_VERSION = 2
-#: metrics.sections keys renamed from schema 1 (totals had per-iteration names).
-_V1_TOTALS = {
-    "compute_s": "compute_total_s",
-    "compute_max_s": "compute_max_total_s",
-    "transfer_s": "transfer_total_s",
-    "wait_s": "wait_total_s",
-    "section_s": "section_total_s",
-}
+SCHEMA_VERSION = 3
 
 
 class RecordError(PnpscaleError, ValueError):
@@ -147,8 +142,8 @@ class RunRecord:
         version = data.pop("schema_version", 1)
         if not isinstance(version, int) or version > SCHEMA_VERSION:
             raise RecordError(f"schema_version {version!r}: this pnpscale reads 1..{SCHEMA_VERSION}")
-        if version == 1:
-            data = _upgrade_v1(data)
+        if version < 3:
+            data = _upgrade_totals(data)
         if not isinstance(data.get("status"), str):
             raise RecordError("no status")
         names = {f.name for f in dataclasses.fields(cls)} - {"extra", "schema_version"}
@@ -263,12 +258,17 @@ def check_nested(data: dict[str, Any]) -> None:
                 raise RecordError(f"{path} is {value!r}: {entries} for gpus={gpus}, must have one per rank")
 
 
-def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+def _upgrade_totals(data: dict[str, Any]) -> dict[str, Any]:
+    """Schemas 1 and 2 kept some sums over iterations under the tables' per-iteration names: rename every
+    summed measure's key (:data:`pnpscale.columns.MEASURES`) to its :func:`pnpscale.columns.total_name`."""
+    from pnpscale import columns as K
+
+    summed = {*K.SUMMED, *K.SUMMED_OPTIONAL}
     metrics = data.get("metrics")
     if isinstance(metrics, dict) and isinstance(metrics.get("sections"), dict):
         metrics = dict(metrics)
         metrics["sections"] = {
-            name: {_V1_TOTALS.get(k, k): v for k, v in sec.items()} if isinstance(sec, dict) else sec
+            name: {(K.total_name(k) if k in summed else k): v for k, v in sec.items()} if isinstance(sec, dict) else sec
             for name, sec in metrics["sections"].items()
         }
         data["metrics"] = metrics

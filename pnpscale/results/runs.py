@@ -423,7 +423,7 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | 
             unreadable[str(run_dir)] = f"unreadable: {text}"
             continue
         n_it = summ["iterations"].iloc[0]
-        for c in (K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, *K.WAIT_CAUSES, K.HIDDEN_S):
+        for c in (*K.SUMMED, *K.SUMMED_OPTIONAL):  # sums over iterations -> per measured iteration
             if c not in summ:  # a run folder written before the wait split (or hidden time): NaN, never 0
                 summ[c] = float("nan")
             summ[c] = summ[c] / n_it
