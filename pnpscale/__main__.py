@@ -45,7 +45,7 @@ def main() -> None:
         raise SystemExit(stop.error.exit_code) from None
     except KeyboardInterrupt as exc:
         stop_ = signals.as_interrupted(exc)
-        print(f"pnpscale: {stop_}; the run folder of the point that was running says so", file=sys.stderr)
+        print(f"pnpscale: {stop_}; a point that was running is recorded as failed in its run folder", file=sys.stderr)
         raise SystemExit(signals.exit_code(exc)) from None
 
 

@@ -155,10 +155,14 @@ def test_cli_rank_errors(tmp_path, capsys):
     )
     code, _, err = run_main(job / "rank0.json", job / "rank0.json", "--sections", SECTIONS, capsys=capsys)
     assert code == 1 and "rank 0 appears in 2 traces: rank0.json, rank0.json" in err
+    # refused input, before any trace is read: exit 2 as every command's (an InputError's)
     code, _, err = run_main(tmp_path / "nowhere", "--sections", SECTIONS, capsys=capsys)
-    assert code == 1 and "nowhere: no such file or folder" in err
+    assert code == 2 and "nowhere: no such file or folder" in err
     code, _, err = run_main(job, "--sections", SECTIONS, "--rank", "rank0.json=x", capsys=capsys)
-    assert code == 1 and "expected FILE=RANK" in err
+    assert code == 2 and "expected FILE=RANK" in err
+    for bad in (("--warmup", "-3"), ("--jobs", "0")):
+        code, _, err = run_main(job, "--sections", SECTIONS, *bad, capsys=capsys)
+        assert code == 2 and err.startswith(f"pnpscale.analyze: error: {bad[0]} {bad[1]}: must be >= "), err
 
 
 # --- the real traces -----------------------------------------------------------------------------

@@ -60,7 +60,7 @@ from pnpscale.analysis.traces import (
     read_header,
     read_trace,
 )
-from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.errors import InputError, PnpscaleError
 from pnpscale.core.record import RecordError, now_iso, read_record
 
 ANALYSIS_JSON = layout.ANALYSIS_JSON
@@ -532,16 +532,27 @@ def _default_warmup(paths: Sequence[Path]) -> tuple[int, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit status (0 ok, 1 analysis error; 2 usage error by argparse)."""
+    """Run the command; returns the exit status: 0 ok; 2 refused input before any trace is read (a bad
+    option value, a trace folder that does not exist; argparse's own usage errors too); 1 an analysis error."""
     args = _parser().parse_args(argv)
-    try:
+    try:  # the command line: refused input, nothing read yet
         sections = parse_sections(args.sections)
         if args.warmup is not None and args.warmup < 0:
             raise AnalyzeError(f"--warmup {args.warmup}: must be >= 0")
+        if args.jobs is not None and args.jobs < 1:
+            raise AnalyzeError(f"--jobs {args.jobs}: must be >= 1 (processes reading traces)")
+        explicit = _explicit_ranks(args.rank)
         paths = [_traces_of_run(Path(p)) for p in args.paths]
+        missing = [p for p in paths if not p.exists()]
+        if missing:
+            raise AnalyzeError(f"{missing[0]}: no such file or folder")
+    except (AnalyzeError, TraceError, ValueError, OSError) as exc:
+        print(f"pnpscale.analyze: error: {exc}", file=sys.stderr)
+        return InputError.exit_code
+    try:
         anomalies = Anomalies()
         headers = _headers(paths, anomalies)
-        traces, world = assign_ranks(headers, _explicit_ranks(args.rank), args.partial)
+        traces, world = assign_ranks(headers, explicit, args.partial)
         warmup, warmup_from = (args.warmup, "--warmup") if args.warmup is not None else _default_warmup(paths)
         out = args.out or ((paths[0] if paths[0].is_dir() else paths[0].parent) / ANALYSIS_DIR)
         own = _pnpscale_run(paths)  # its sections start with the GPU idle: S_r from the CPU range start

@@ -542,7 +542,8 @@ def _fit_compute(s: pd.DataFrame, units: tuple[str, ...], m: int, t: int, sigma:
             bad = [f"{nm} (fit {100 * e:+.0f} %)" for nm, e in zip(names, rel, strict=True) if abs(e) > tolerance]
             raise ProjectionError(
                 f"{label} {section}: no non-negative fixed + per-unit compute fits the measured points within "
-                f"{100 * tolerance:g} % (they fall faster than 1/N: the best fit needs a negative term): "
+                f"{100 * tolerance:g} % (the best fit needs a negative term: the compute falls faster than "
+                "1/N, or grows as ranks are added, e.g. CPU ranks sharing cores): "
                 + "; ".join(bad)
             )
         if not coef.any():

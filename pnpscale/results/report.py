@@ -94,7 +94,7 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         for name, write in files.items():
             write(stage / name)
         projected = project_sweep(view, stage)
-        if projected:
+        if (stage / layout.PROJECTION_PNG).exists():  # drawn only when something was projected
             charts.append(layout.PROJECTION_PNG)
         timeline = timeline_chart(view, stage)
         charts += [layout.TIMELINE_PNG] if (stage / layout.TIMELINE_PNG).exists() else []
