@@ -567,8 +567,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if analysis.no_collectives:
         summ[[K.COMM_E, K.PE]] = float("nan")
     cols = ["section", "iterations", K.COMPUTE_S, K.TRANSFER_S, K.WAIT_S, K.HIDDEN_S, K.LB, K.COMM_E, K.PE]
+    for c in (*K.SUMMED, *K.SUMMED_OPTIONAL):  # printed per measured iteration, as the tables' names say
+        if c in summ:
+            summ[c] = summ[c] / summ["iterations"]
     print(
-        f"pnpscale.analyze: {len(traces)} of {world} ranks, warm-up {warmup} ({warmup_from}) -> {out}\n"
+        f"pnpscale.analyze: {len(traces)} of {world} ranks, warm-up {warmup} ({warmup_from}) -> {out}; "
+        "seconds per measured iteration\n"
         + summ[cols].to_string(index=False, float_format=lambda v: f"{v:.6g}", na_rep="n/a")
     )
     if analysis.nested:
