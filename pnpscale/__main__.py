@@ -42,6 +42,7 @@ def main() -> None:
             raise SystemExit(2) from None
         register_schema()
         _hydra_main()
+        signals.check()  # a stop whose exception Python swallowed (a weakref callback) still ends as a stop
     except KeyboardInterrupt as exc:
         stop = signals.as_interrupted(exc)
         print(f"pnpscale: {stop}; the run folder of the point that was running says so", file=sys.stderr)

@@ -138,15 +138,21 @@ def test_1_sigint_between_points_records_reports_and_prints_the_resume_command(t
 
 
 @pytest.mark.slow
-def test_1_sigterm_in_the_first_moments_of_a_point_records_it_terminated(tmp_path):
+@pytest.mark.parametrize("delay_s", [0.0, 3.0])
+def test_1_sigterm_in_the_first_moments_of_a_point_records_it_terminated(tmp_path, delay_s):
+    """Right away, and 3 s in (the forkserver starting, ranks being handed over): exit 143, the point
+    recorded terminated, no traceback after the last line (a rank that could not start because the
+    launcher was gone used to print one: :mod:`pnpscale.rank.forkserver`)."""
     run_dir = tmp_path / "run"
     proc = _cli("gpus=2", *TINY_2D, f"output.root={tmp_path}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     lines: list[str] = []
     _read_until(proc, "2 rank(s), run folder", lines)
+    time.sleep(delay_s)
     os.kill(proc.pid, signal.SIGTERM)
-    out = "".join(lines) + proc.communicate(timeout=240)[0]
+    out = "".join(lines) + proc.communicate(timeout=240)[0]  # until every process holding the pipe is gone
     assert proc.returncode == 143, out
     assert _no_survivor(proc.pid)
+    assert "Traceback" not in out and "Error" not in out.split("pnpscale: terminated (SIGTERM)")[-1], out
     run = read_run(run_dir)
     assert run["status"] == "failed" and run["error"].startswith("terminated (SIGTERM)"), run["error"]
     assert not any((run_dir / t).exists() for t in layout.TABLES)
@@ -172,6 +178,72 @@ def test_1_sigterm_while_the_report_is_written_leaves_the_previous_report(tmp_pa
     assert (report / layout.SUMMARY).read_bytes() == before[layout.SUMMARY]
     assert (report / layout.REPORT_README).read_bytes() == before[layout.REPORT_README]
     assert read_run(next(p.parent for p in sweep.glob("**/run.json")))["status"] == "complete"
+
+
+def test_1_a_stop_swallowed_in_a_weakref_callback_is_raised_at_the_next_checkpoint(tmp_path):
+    """A handler's exception raised inside a weakref callback is only "ignored" by Python: it is kept
+    (silently) and raised again before a report is published and at the end of a command."""
+    import weakref
+
+    from pnpscale.sweep import signals
+
+    class Obj:
+        pass
+
+    def callback(ref):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the handler runs here, inside the callback
+
+    hook = sys.unraisablehook
+    try:
+        with signals.preserved():
+            signals.install()
+            obj = Obj()
+            ref = weakref.ref(obj, callback)
+            del obj  # the callback runs, and its Interrupted is swallowed by Python
+            assert ref() is None and isinstance(signals.received(), signals.Interrupted)
+            dest = tmp_path / "report"
+            with pytest.raises(signals.Interrupted):
+                layout.commit_files(dest, {"a.txt": lambda p: p.write_text("new")})
+            assert not dest.exists()  # nothing published, no folder left
+            with pytest.raises(signals.Interrupted, match=r"interrupted \(SIGINT\)"):
+                signals.check()
+    finally:
+        signals._received.clear()
+        sys.unraisablehook = hook
+
+
+@pytest.mark.slow
+def test_1_sigint_while_the_report_is_written_is_never_swallowed(tmp_path):
+    """``python -m pnpscale.report`` stopped by SIGINT at several moments (its imports, the charts, the
+    renames): exit 130 every time with one line, no traceback, no "Exception ignored"; the previous
+    report complete and untouched, or the new one complete."""
+    sweep = tmp_path / "sweep"
+    for g in (1, 2):
+        fake_run(sweep / layout.point_subdir("2d", "inference", g), "2d", "inference", {"gradient": [(1.0, 0.1)] * g})
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.run([sys.executable, "-m", "pnpscale.report", str(sweep)], env=env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    report = sweep / layout.REPORT_DIR
+    stopped = 0
+    for delay in (0.3, 1.0, 1.8, 2.6, 3.4):
+        proc = subprocess.Popen([sys.executable, "-m", "pnpscale.report", str(sweep)], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        time.sleep(delay)
+        if proc.poll() is not None:  # done before the signal: nothing to check at this delay
+            proc.communicate()
+            continue
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        stopped += 1
+        assert proc.returncode == 130, (delay, proc.returncode, err)
+        assert "Traceback" not in err and "Exception ignored" not in err, (delay, err)
+        assert len(err.strip().splitlines()) == 1 and "interrupted (SIGINT)" in err, (delay, err)
+        assert not list(report.glob(f"{layout.STAGING_PREFIX}*"))
+        assert {layout.SUMMARY, layout.REPORT_README} <= {p.name for p in report.iterdir()}
+        pd.read_parquet(report / layout.SUMMARY)  # whole, never half-written
+    assert stopped >= 2, "the report finished before every signal: nothing was tested"
 
 
 # ---------------------------------------------------------------------------------- 2. locks

@@ -113,10 +113,14 @@ class PnpscaleBasicLauncher(BasicLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.hydra_context is not None and self.config is not None
         validate_points(self.hydra_context.config_loader, self.config, job_overrides, check_local)
+        from pnpscale.sweep.signals import check
+
         rets: list[JobReturn] = []
         try:
             for idx, overrides in enumerate(job_overrides):
+                check()  # a stop signal whose exception was swallowed: no further point
                 rets.append(self._run_point(initial_job_idx + idx, overrides))
+            check()
         except KeyboardInterrupt as exc:
             from pnpscale.sweep.signals import as_interrupted
 

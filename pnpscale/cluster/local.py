@@ -308,7 +308,10 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
 
 #: modules every rank imports, loaded once by the forkserver that forks the ranks; the server lives as
 #: long as this process, so the points of a sweep after the first start without importing them again
-RANK_PRELOAD = ("torch", "torch.distributed", "deepinv", "pnpscale.rank.worker", "pnpscale.rank.solver")
+#: (``pnpscale.rank.forkserver`` keeps a rank that cannot start because the launcher is gone silent)
+RANK_PRELOAD = (
+    "torch", "torch.distributed", "deepinv", "pnpscale.rank.worker", "pnpscale.rank.solver", "pnpscale.rank.forkserver",
+)  # fmt: skip
 
 
 def rank_start_method() -> str:
