@@ -812,3 +812,25 @@ def test_8_a_local_point_that_does_not_fit_is_refused_before_anything_starts(mon
         LocalCluster().check({}, dataclasses.replace(spec("2d", "inference", 4), backend="auto"), 2)
     fits = int(msg.split("gpus<=")[1].split()[0])
     LocalCluster().check({}, spec("2d", "inference", fits), 0)
+
+
+@pytest.mark.slow
+def test_8_the_footprint_is_measured_on_forked_ranks_and_the_design_card_fits(tmp_path, monkeypatch):
+    """The footprint comes from a real 2-rank point started the launcher's way (private pages per rank,
+    shared pages once), not from a standalone process (0.40 GB per rank here): the design card's 64-rank
+    2D point fits in the ~22 GB a 24 GB machine has available."""
+    from pnpscale.cluster import resources
+    from pnpscale.cluster.local import rank_start_method
+    from pnpscale.sweep.cli import compose_config
+    from pnpscale.sweep.config import resolve_spec
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # measured now, in a fresh process
+    footprint = resources.rank_footprint()
+    assert footprint is not None
+    per_rank, once = footprint
+    kept = json.loads((tmp_path / "pnpscale" / layout.RANK_FOOTPRINT).read_text())
+    assert kept["start_method"] == rank_start_method() and kept["per_rank_bytes"] == per_rank
+    assert 0 < per_rank < 150 * 10**6 < once, footprint  # forked ranks share torch and deepinv
+    spec64 = resolve_spec(compose_config(["gpus=64", "problem=2d"]), cuda_available=False)
+    assert resources.memory_refusal(64, footprint, resources.problem_bytes(spec64), 22 * 10**9) is None
+    assert resources.rank_footprint(measure=False) == footprint  # kept: measured once

@@ -122,9 +122,10 @@ class PnpscaleBasicLauncher(BasicLauncher):
                 rets.append(self._run_point(initial_job_idx + idx, overrides))
             check()
         except KeyboardInterrupt as exc:
-            from pnpscale.sweep.signals import as_interrupted
+            from pnpscale.sweep.signals import acknowledge, as_interrupted
 
             stop = as_interrupted(exc)
+            acknowledge()  # handled here: the report of what completed may be published
             log.error("%s: the remaining sweep points were not run", stop)
             try:
                 finish_sweep(self.config, rets)

@@ -76,8 +76,14 @@ def received() -> Interrupted | None:
     return Interrupted(_received[0]) if _received else None
 
 
+def acknowledge() -> None:
+    """The stop received so far is being handled (its exception caught: the launcher writes the report
+    of what completed): :func:`check` raises only for a signal received after this."""
+    _received.clear()
+
+
 def check() -> None:
-    """Raise the stop signal received since :func:`install`, if any.
+    """Raise the stop signal received since :func:`install` (or :func:`acknowledge`), if any.
 
     A signal handler's exception is raised wherever the main thread is; inside a weakref callback or a
     finaliser Python only prints "Exception ignored" and goes on, so a Ctrl-C could be lost (a report
