@@ -177,8 +177,8 @@ class LocalCluster(Cluster):
         """Refuse a point this machine cannot hold: ``dist.backend=nccl`` without a CUDA device, more
         local ranks than CUDA devices on a CUDA machine (unless gloo is asked for, or a structure check
         on a shared GPU: ``dist.backend=nccl`` with ``NCCL_MULTI_RANK_GPU_ENABLE=1``), or more memory
-        than is available
-        (:func:`pnpscale.cluster.resources.check_memory`: an estimate, made before anything starts).
+        than is available (:func:`pnpscale.cluster.resources.check_memory`: an estimate, made before
+        anything starts).
 
         Raises:
             ConfigError: one line naming the estimate, the limit and the way out.

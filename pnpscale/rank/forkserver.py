@@ -16,19 +16,13 @@ import sys
 import time
 from typing import Any
 
+from pnpscale.rank.worker import PARENT_PID_ENV, _parent_of
+
 #: The launching process: the local launcher exports its pid (``PNPSCALE_PARENT_PID``, set while the
 #: server starts); the server's parent otherwise (it may be gone by the time this is imported).
-LAUNCHER_PID = int(os.environ.get("PNPSCALE_PARENT_PID") or os.getppid())
+LAUNCHER_PID = int(os.environ.get(PARENT_PID_ENV) or os.getppid())
 #: How long a failing rank waits for its launcher to finish exiting before it prints its traceback.
 ORPHAN_GRACE_S = 2.0
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def launcher_gone(server_pid: int, launcher_pid: int = LAUNCHER_PID) -> bool:
