@@ -757,7 +757,7 @@ def test_6_a_killed_rank_is_blamed_on_itself(tmp_path):
 @pytest.mark.slow
 def test_6_a_stopped_rank_is_named_within_the_timeout_and_stopped(tmp_path):
     """A rank stopped by SIGSTOP under ``dist.timeout_s=5``: named within seconds of the timeout (the elastic
-    agent's SIGTERM cannot end a stopped process: it SIGKILLs it after 2 s, not 30), nothing survives."""
+    agent's SIGTERM cannot end a stopped process: it is continued once a rank failed), nothing survives."""
     run_dir = tmp_path / "run"
     proc = _cli("gpus=2", *SLOW_2D, "dist.timeout_s=5", f"output.root={tmp_path}", f"hydra.run.dir={run_dir}",
                 cwd=tmp_path)  # fmt: skip
@@ -769,7 +769,8 @@ def test_6_a_stopped_rank_is_named_within_the_timeout_and_stopped(tmp_path):
     assert proc.returncode == 1, out
     assert _no_survivor(proc.pid)
     run = read_run(run_dir)
-    assert run["status"] == "failed" and run["error"].startswith("rank 1 did not arrive within dist.timeout_s=5 s")
+    assert run["status"] == "failed", run["status"]
+    assert "rank 1 did not arrive within dist.timeout_s=5 s" in run["error"].splitlines()[0], run["error"]
     assert elapsed < 5 + 12, f"named after {elapsed:.1f} s"
 
 

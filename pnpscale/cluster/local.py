@@ -162,9 +162,67 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-#: Seconds the elastic agent waits after its SIGTERM before it SIGKILLs a rank (its default, 30 s, is
-#: what a rank that cannot act on SIGTERM, e.g. stopped by SIGSTOP, added to a failure's report).
+#: Seconds the elastic agent waits after its SIGTERM before it SIGKILLs a rank when the launcher is
+#: stopped (elastic's default: 30 s; it keeps 30 s when a rank failed: see :func:`_resume_stopped_ranks`).
 RANK_SHUTDOWN_TIMEOUT_S = 2
+#: How often :func:`_resume_stopped_ranks` looks for a failed rank, seconds.
+STOPPED_POLL_S = 0.25
+
+
+def _rank_pids(log_dir: Path) -> list[int]:
+    """The pids of this launcher's ranks, from their heartbeats in ``log_dir`` (a rank forked by the
+    launcher's forkserver, or by the launcher itself; stale heartbeats of other processes are skipped)."""
+    from pnpscale.rank.worker import _parent_of
+
+    me, out = os.getpid(), []
+    for f in log_dir.glob("rank*.progress"):
+        try:
+            pid = int(json.loads(f.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        parent = _parent_of(pid)
+        if parent == me or (parent is not None and _parent_of(parent) == me):
+            out.append(pid)
+    return out
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+@contextmanager
+def _resume_stopped_ranks(log_dir: Path) -> Iterator[None]:
+    """Once a rank failed (an ``error.json`` in ``log_dir``), send SIGCONT to every rank stopped by
+    SIGSTOP (or a terminal's SIGTSTP): the elastic agent stops the others with SIGTERM, which a stopped
+    process only receives when it continues, so the agent waited its 30 s before its SIGKILL (a rank
+    stopped under ``dist.timeout_s=5`` was named after 36 s). A background thread, for the block."""
+    import signal
+    import threading
+
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(STOPPED_POLL_S):
+            if not any(log_dir.glob("**/error.json")):
+                continue
+            for pid in _rank_pids(log_dir):
+                if _stopped(pid):
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except OSError:
+                        pass
+
+    thread = threading.Thread(target=watch, name="pnpscale-resume-stopped-ranks", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
 
 
 class LocalCluster(Cluster):
@@ -286,7 +344,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         PARENT_PID_ENV: str(os.getpid()),
     }
     try:  # the rank's error is re-raised below, once: torch's own log lines about it are held back
-        with _quiet(QUIET_LOGGERS), _environ(**env), preserved():
+        with _quiet(QUIET_LOGGERS), _environ(**env), preserved(), _resume_stopped_ranks(log_dir):
             return elastic_launch(launch_cfg, in_environment)(dict(os.environ), env, entrypoint, *args)
     except ChildFailedError as exc:
         # elastic reports the first rank seen to exit; the others' error files may name the cause
