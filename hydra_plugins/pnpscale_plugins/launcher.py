@@ -209,6 +209,11 @@ def finish_sweep(config: DictConfig, rets: Sequence[JobReturn]) -> None:
         except NoRunsError as exc:
             log.warning("no report: %s", exc)
         except Exception as exc:  # noqa: BLE001 - any report failure: one line, exit 1, runs intact
+            from pnpscale.sweep.signals import received
+
+            stop = received()
+            if stop is not None:  # a Ctrl-C a library turned into another error: a stop, not a failure
+                raise stop from None
             msg = f"report not written ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); " \
                   f"the run folders are intact: python -m pnpscale.report {sweep_dir}"  # fmt: skip
             log.error(msg)

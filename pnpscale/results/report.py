@@ -503,6 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pnpscale.report: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - any failure: one line, non-zero, previous report intact
+        stop = signals.stop_behind(exc)
+        if stop is not None:  # a Ctrl-C a library turned into another error
+            print(f"pnpscale.report: {stop}: report not written, the previous one is intact", file=sys.stderr)
+            return stop.exit_code
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(f"pnpscale.report: error: report not written ({type(exc).__name__}: {first})", file=sys.stderr)
         return 1

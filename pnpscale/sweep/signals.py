@@ -111,6 +111,13 @@ def as_interrupted(exc: BaseException) -> Interrupted | None:
     return None
 
 
+def stop_behind(exc: BaseException) -> Interrupted | None:
+    """The stop behind ``exc``: :func:`as_interrupted`, else a stop signal received since :func:`install`
+    (:func:`received`) whose exception a library turned into another error (matplotlib raising
+    ``ValueError: Invalid bounding box`` for a Ctrl-C while it draws), else ``None``."""
+    return as_interrupted(exc) or received()
+
+
 def exit_code(exc: BaseException) -> int:
     """The exit status for a stop: ``128 + signum`` (130 for a plain ``KeyboardInterrupt``)."""
     stop = as_interrupted(exc)

@@ -87,7 +87,7 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
 
     from pnpscale.sweep.point import complete_run
     from pnpscale.sweep.record import read_record, release_space, reserve_space, start_record, write_record
-    from pnpscale.sweep.signals import as_interrupted, deferred
+    from pnpscale.sweep.signals import deferred, stop_behind
 
     spec = point.spec
     # the resume rule again, now that the folder is locked: another process may have completed it
@@ -107,7 +107,7 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
             write_record(point.run_dir, start_record(spec, config).set(pid=os.getpid(), host=socket.gethostname()))
         backend.run(spec, point.run_dir, config)
     except BaseException as exc:
-        stop = as_interrupted(exc)
+        stop = stop_behind(exc)
         if stop is not None:
             _record_failure(point, config, f"{stop}: the ranks were stopped")
             _log_single_run_resume(point)
