@@ -186,20 +186,27 @@ def _rank_pids(log_dir: Path) -> list[int]:
     return out
 
 
-def _stopped(pid: int) -> bool:
+def _stopped_with_sigterm_pending(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state ``T``) with a SIGTERM waiting (``/proc/<pid>/status``'s
+    ``ShdPnd``/``SigPnd``): the agent asked it to end, and it cannot until it continues."""
+    import signal
+
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        pending = int(fields["ShdPnd"].strip(), 16) | int(fields["SigPnd"].strip(), 16)
+        return fields["State"].split()[0] in ("T", "t") and bool(pending & (1 << (signal.SIGTERM - 1)))
+    except (OSError, KeyError, ValueError, IndexError):
         return False
 
 
 @contextmanager
 def _resume_stopped_ranks(log_dir: Path) -> Iterator[None]:
     """Once a rank failed (an ``error.json`` in ``log_dir``), send SIGCONT to every rank stopped by
-    SIGSTOP (or a terminal's SIGTSTP): the elastic agent stops the others with SIGTERM, which a stopped
-    process only receives when it continues, so the agent waited its 30 s before its SIGKILL (a rank
-    stopped under ``dist.timeout_s=5`` was named after 36 s). A background thread, for the block."""
+    SIGSTOP (or a terminal's SIGTSTP) that the elastic agent's SIGTERM waits for: a stopped process only
+    receives it when it continues, so the agent waited its 30 s before its SIGKILL (a rank stopped under
+    ``dist.timeout_s=5`` was named after 36 s). Only then: continued earlier, the rank would time out in
+    its own collective and no longer look like the one that did not arrive. A background thread."""
     import signal
     import threading
 
@@ -210,7 +217,7 @@ def _resume_stopped_ranks(log_dir: Path) -> Iterator[None]:
             if not any(log_dir.glob("**/error.json")):
                 continue
             for pid in _rank_pids(log_dir):
-                if _stopped(pid):
+                if _stopped_with_sigterm_pending(pid):  # not before: a continued rank would time out too
                     try:
                         os.kill(pid, signal.SIGCONT)
                     except OSError:
