@@ -39,6 +39,7 @@ def main() -> None:
             raise SystemExit(exc.exit_code) from None
         register_schema()
         _hydra_main()
+        signals.check()  # a stop whose exception Python swallowed (a weakref callback) still ends as a stop
     except Abort as stop:  # a launcher or sweeper refused the sweep (or could not write it), under Hydra
         for line in report_lines(stop.error):
             print(line, file=sys.stderr)

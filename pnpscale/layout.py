@@ -236,7 +236,7 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
     removals) run with SIGINT/SIGTERM/SIGHUP held back (:func:`pnpscale.core.signals.deferred`), so
     a signal never leaves a mix of old and new files.
     """
-    from pnpscale.core.signals import deferred
+    from pnpscale.core.signals import check, deferred
 
     created = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
@@ -246,6 +246,7 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
         try:
             build(stage)
             names = sorted(p.name for p in stage.iterdir() if p.is_file())
+            check()  # a stop signal swallowed while building (a weakref callback): publish nothing
             with deferred():
                 for name in names:
                     os.replace(stage / name, dest / name)

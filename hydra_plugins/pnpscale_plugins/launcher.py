@@ -116,14 +116,19 @@ class PnpscaleBasicLauncher(BasicLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.hydra_context is not None and self.config is not None
         validate_points(self.hydra_context.config_loader, self.config, job_overrides, check_local)
+        from pnpscale.core.signals import check
+
         rets: list[JobReturn] = []
         try:
             for idx, overrides in enumerate(job_overrides):
+                check()  # a stop signal whose exception was swallowed: no further point
                 rets.append(self._run_point(initial_job_idx + idx, overrides))
+            check()
         except KeyboardInterrupt as exc:
-            from pnpscale.core.signals import as_interrupted
+            from pnpscale.core.signals import acknowledge, as_interrupted
 
             stop = as_interrupted(exc)
+            acknowledge()  # handled here: the report of what completed may be published
             log.error("%s: the remaining sweep points were not run", stop)
             try:
                 finish_sweep(self.config, rets)
@@ -207,6 +212,11 @@ def finish_sweep(config: DictConfig, rets: Sequence[JobReturn]) -> None:
         except NoRunsError as exc:
             log.warning("no report: %s", exc)
         except Exception as exc:  # noqa: BLE001 - any report failure: one line, exit 1, runs intact
+            from pnpscale.core.signals import received
+
+            stop = received()
+            if stop is not None:  # a Ctrl-C a library turned into another error: a stop, not a failure
+                raise stop from None
             msg = f"report not written ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); " \
                   f"the run folders are intact: python -m pnpscale.report {sweep_dir}"  # fmt: skip
             log.error(msg)

@@ -171,9 +171,74 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-#: Seconds the elastic agent waits after its SIGTERM before it SIGKILLs a rank (its default, 30 s, is
-#: what a rank that cannot act on SIGTERM, e.g. stopped by SIGSTOP, added to a failure's report).
+#: Seconds the elastic agent waits after its SIGTERM before it SIGKILLs a rank when the launcher is
+#: stopped (elastic's default: 30 s; it keeps 30 s when a rank failed: see :func:`_resume_stopped_ranks`).
 RANK_SHUTDOWN_TIMEOUT_S = 2
+#: How often :func:`_resume_stopped_ranks` looks for a failed rank, seconds.
+STOPPED_POLL_S = 0.25
+
+
+def _rank_pids(log_dir: Path) -> list[int]:
+    """The pids of this launcher's ranks, from their heartbeats in ``log_dir`` (a rank forked by the
+    launcher's forkserver, or by the launcher itself; stale heartbeats of other processes are skipped)."""
+    from pnpscale.rank.worker import _parent_of
+
+    me, out = os.getpid(), []
+    for f in log_dir.glob("rank*.progress"):
+        try:
+            pid = int(json.loads(f.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        parent = _parent_of(pid)
+        if parent == me or (parent is not None and _parent_of(parent) == me):
+            out.append(pid)
+    return out
+
+
+def _stopped_with_sigterm_pending(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state ``T``) with a SIGTERM waiting (``/proc/<pid>/status``'s
+    ``ShdPnd``/``SigPnd``): the agent asked it to end, and it cannot until it continues."""
+    import signal
+
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        pending = int(fields["ShdPnd"].strip(), 16) | int(fields["SigPnd"].strip(), 16)
+        return fields["State"].split()[0] in ("T", "t") and bool(pending & (1 << (signal.SIGTERM - 1)))
+    except (OSError, KeyError, ValueError, IndexError):
+        return False
+
+
+@contextmanager
+def _resume_stopped_ranks(log_dir: Path) -> Iterator[None]:
+    """Once a rank failed (an ``error.json`` in ``log_dir``), send SIGCONT to every rank stopped by
+    SIGSTOP (or a terminal's SIGTSTP) that the elastic agent's SIGTERM waits for: a stopped process only
+    receives it when it continues, so the agent waited its 30 s before its SIGKILL (a rank stopped under
+    ``dist.timeout_s=5`` was named after 36 s). Only then: continued earlier, the rank would time out in
+    its own collective and no longer look like the one that did not arrive. A background thread."""
+    import signal
+    import threading
+
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(STOPPED_POLL_S):
+            if not any(log_dir.glob("**/error.json")):
+                continue
+            for pid in _rank_pids(log_dir):
+                if _stopped_with_sigterm_pending(pid):  # not before: a continued rank would time out too
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except OSError:
+                        pass
+
+    thread = threading.Thread(target=watch, name="pnpscale-resume-stopped-ranks", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
 
 
 class LocalCluster(Cluster):
@@ -307,7 +372,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         **kineto_config_env(os.environ),
     }
     try:  # the rank's error is re-raised below, once: torch's own log lines about it are held back
-        with _quiet(QUIET_LOGGERS), _environ(**env), preserved():
+        with _quiet(QUIET_LOGGERS), _environ(**env), preserved(), _resume_stopped_ranks(log_dir):
             return elastic_launch(launch_cfg, in_environment)(dict(os.environ), env, entrypoint, *args)
     except ChildFailedError as exc:
         # elastic reports the first rank seen to exit; the others' error files may name the cause
@@ -335,10 +400,12 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
 #: ``torch.cuda.is_available()``, and on a GPU machine ``mem_get_info`` on every GPU): each rank
 #: imports it itself, after its GPU binding (0.13 s with these preloaded). Checked by
 #: ``tests/test_gpu_path.py`` (a fork after importing these is not a bad fork) and by every rank
-#: (:func:`pnpscale.rank.worker.refuse_bad_fork`).
+#: (:func:`pnpscale.rank.worker.refuse_bad_fork`). ``pnpscale.rank.forkserver`` keeps a rank that cannot start
+#: because the launcher is gone silent.
 RANK_PRELOAD = (
     "torch", "torch.distributed", "torchvision", "h5py", "requests", "natsort", "tqdm", "pandas", "pyarrow",
     "pnpscale.rank.worker", "pnpscale.rank.solver", "pnpscale.rank.profiling", "pnpscale.core.record",
+    "pnpscale.rank.forkserver",
 )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ never lands between two renames; it is delivered as soon as the block ends.
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -45,14 +46,56 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(f"{_VERB.get(sig, 'stopped')} ({sig.name})")
 
 
+#: The stop signals received since :func:`install` (a handler's exception can be swallowed: see :func:`check`).
+_received: list[int] = []
+
+
 def _raise(signum: int, frame: Any) -> None:
+    _received.append(int(signum))
     raise Interrupted(signum)
 
 
+def _unraisable(info: Any) -> None:
+    """``sys.unraisablehook``: an :class:`Interrupted` raised where Python cannot propagate it (a weakref
+    callback, a finaliser) is silent here; :func:`check` raises it again at the next checkpoint."""
+    if isinstance(info.exc_value, KeyboardInterrupt):
+        return
+    sys.__unraisablehook__(info)
+
+
 def install() -> None:
-    """Make every stop signal raise :class:`Interrupted` in the main thread."""
+    """Make every stop signal raise :class:`Interrupted` in the main thread, and remember it (:func:`check`)."""
+    _received.clear()
+    sys.unraisablehook = _unraisable
     for sig in STOP_SIGNALS:
         signal.signal(sig, _raise)
+
+
+def received() -> Interrupted | None:
+    """The first stop signal received since :func:`install`, as an :class:`Interrupted`, else ``None``."""
+    return Interrupted(_received[0]) if _received else None
+
+
+def acknowledge() -> None:
+    """The stop received so far is being handled (its exception caught: the launcher writes the report
+    of what completed): :func:`check` raises only for a signal received after this."""
+    _received.clear()
+
+
+def check() -> None:
+    """Raise the stop signal received since :func:`install` (or :func:`acknowledge`), if any.
+
+    A signal handler's exception is raised wherever the main thread is; inside a weakref callback or a
+    finaliser Python only prints "Exception ignored" and goes on, so a Ctrl-C could be lost (a report
+    published, exit 0). The places that must not go on after a stop call this: before a report's
+    renames, before each sweep point, at the end of a command.
+
+    Raises:
+        Interrupted: a stop signal arrived.
+    """
+    stop = received()
+    if stop is not None:
+        raise stop
 
 
 def as_interrupted(exc: BaseException) -> Interrupted | None:
@@ -66,6 +109,13 @@ def as_interrupted(exc: BaseException) -> Interrupted | None:
     if type(exc).__name__ == "SignalException" and sigval is not None:
         return Interrupted(int(sigval))
     return None
+
+
+def stop_behind(exc: BaseException) -> Interrupted | None:
+    """The stop behind ``exc``: :func:`as_interrupted`, else a stop signal received since :func:`install`
+    (:func:`received`) whose exception a library turned into another error (matplotlib raising
+    ``ValueError: Invalid bounding box`` for a Ctrl-C while it draws), else ``None``."""
+    return as_interrupted(exc) or received()
 
 
 def exit_code(exc: BaseException) -> int:

@@ -6,6 +6,7 @@
 * :mod:`~pnpscale.rank.denoiser`: the tiled DRUNet and its all_reduce / all_gather reconciliation;
 * :mod:`~pnpscale.rank.profiling`: the torch.profiler session and its events;
 * :mod:`~pnpscale.rank.worker`: a rank's main (process group, iterations, sections, report to rank 0);
+* :mod:`~pnpscale.rank.forkserver`: what a forked rank does when its launcher is gone before it starts;
 * :mod:`~pnpscale.rank.commit`: rank 0's last step: decompose and write the run folder;
 * :mod:`~pnpscale.rank.assignment`: who holds which operator and tile (pure).
 """

@@ -561,9 +561,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pnpscale.report: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - any failure: one line, non-zero, previous report intact
+        stop = signals.stop_behind(exc)
+        if stop is not None:  # a Ctrl-C a library turned into another error
+            print(f"pnpscale.report: {stop}: report not written, the previous one is intact", file=sys.stderr)
+            return stop.exit_code
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(f"pnpscale.report: error: report not written ({type(exc).__name__}: {first})", file=sys.stderr)
         return 1
+    stop = signals.received()  # a stop whose exception Python swallowed after the report was published
+    if stop is not None:
+        print(f"pnpscale.report: {stop}: after the report was written: {out}", file=sys.stderr)
+        return stop.exit_code
     print(f"report: {out}")
     if args.strict and unreadable:
         print(f"pnpscale.report: error: {len(unreadable)} point(s) unreadable (--strict)", file=sys.stderr)

@@ -144,7 +144,7 @@ def discover(root: str | Path) -> pd.DataFrame:
             run = read_record(d).to_dict()
             status = run["status"]
             error = (run.get("error") or "").splitlines()[0] if run.get("error") else None
-            fields = _record_fields(run, d)
+            fields = _record_fields(run)
         except RecordError as exc:
             run, fields = {}, {}
             if (d / layout.RUN_JSON).exists():
@@ -184,7 +184,7 @@ def discover(root: str | Path) -> pd.DataFrame:
     return df
 
 
-def _record_fields(run: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def _record_fields(run: dict[str, Any]) -> dict[str, Any]:
     """The fields :func:`discover` takes from a record's ``spec`` and ``assignment`` (their shapes are
     checked by the record's schema, :func:`pnpscale.core.record.check_nested`)."""
     spec = run.get("spec") or {}

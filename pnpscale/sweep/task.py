@@ -88,7 +88,7 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
     import socket
 
     from pnpscale.core.record import read_record, release_space, reserve_space, start_record, write_record
-    from pnpscale.core.signals import as_interrupted, deferred
+    from pnpscale.core.signals import deferred, stop_behind
     from pnpscale.sweep.point import complete_run
 
     spec = point.spec
@@ -109,7 +109,7 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
             write_record(point.run_dir, start_record(spec, config).set(pid=os.getpid(), host=socket.gethostname()))
         backend.run(spec, point.run_dir, config)
     except BaseException as exc:
-        stop = as_interrupted(exc)
+        stop = stop_behind(exc)
         if stop is not None:
             _record_failure(point, config, f"{stop}: the ranks were stopped")
             _log_single_run_resume(point)
