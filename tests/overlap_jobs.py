@@ -110,6 +110,7 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
         sharded = FullyShardedDataParallel(mlp, device_id=torch.device("cpu"))
         batch = torch.rand(8, 256)
     payload = torch.ones(1 << 20)  # 4 MB
+    big = torch.ones(1 << 22)  # 16 MB: the last rank's blocking all_reduce well above wake-up latencies
     other = torch.ones(1 << 20)
     dist.barrier()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -140,8 +141,8 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
             elif job == "imbalanced":
                 with clock.section("work", it):  # no collective: rank 1 works 60 ms longer
                     _compute(m, 0.04 + (0.06 if rank == 1 else 0.0))
-                with clock.section("sync", it):  # a blocking all_reduce, its wait timed by the job
-                    clock.wait(clock.issue(dist.all_reduce, payload))
+                with clock.section("sync", it):  # a blocking all_reduce (16 MB), its wait timed by the job
+                    clock.wait(clock.issue(dist.all_reduce, big))
             dist.barrier()
             prof.step()
     Path(out, "traces").mkdir(parents=True, exist_ok=True)
