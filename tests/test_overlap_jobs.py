@@ -33,7 +33,6 @@ def _analyse(tmp: Path, job: str, sections: str) -> tuple[pd.DataFrame, pd.DataF
     assert code == 0, f"{job}: the analysis refused the job"
     ranks = pd.read_parquet(out / "analysis" / "ranks.parquet")
     truth = pd.DataFrame(overlap_jobs.truth(out))
-    truth["blocked_s"] = truth[["asleep_s", "wait_s"]].max(axis=1)
     m = ranks.merge(truth, on=[K.RANK, K.ITERATION, K.SECTION], how="inner", validate="one_to_one")
     assert len(m) == len(ranks)
     m = m[~m[K.WARMUP]]
