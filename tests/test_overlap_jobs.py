@@ -93,7 +93,12 @@ def test_collective_free_imbalanced_section(tmp_path):
     wall = g.loc["work", "wall_s"]
     assert work["lb"] == pytest.approx(wall.mean() / wall.max(), abs=0.1)
     _comm_e_at_most_1(doc)
-    _agree(g)
+    _agree(g.loc[["work"]])
+    # the blocking all_reduce after it: never more than the job's own blocked time; the last rank to arrive
+    # (a section of ~20 ms) can lose the wake-up latency after the collective's end (invisible in the trace;
+    # 5 ms per iteration was seen when the machine was loaded)
+    assert (g.loc["sync", "share"] <= g.loc["sync", "truth"] + POINTS).all()
+    assert g.loc[("sync", 0), "share"] == pytest.approx(g.loc[("sync", 0), "truth"], abs=POINTS)
 
 
 def test_fsdp_reduce_scatter_is_typed_from_its_c10d_call(tmp_path):
