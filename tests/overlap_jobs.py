@@ -149,10 +149,10 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
                     clock.wait(work)
             elif job == "concurrent":
                 with clock.section("overlap", it):
+                    if rank == 1:
+                        _compute(m, 0.06)  # rank 0 waits for rank 1 on both collectives, in flight together
                     w1 = clock.issue(dist.all_reduce, payload)
                     w2 = clock.issue(dist.all_reduce, other)
-                    if rank == 1:
-                        _compute(m, 0.06)  # rank 0 waits for rank 1 on both collectives
                     clock.wait(w1)
                     clock.wait(w2)
             elif job == "fsdp":
