@@ -4,9 +4,12 @@ Each job profiles a few iterations with ``torch.profiler`` (one session, ``prof.
 exports one Kineto trace per rank, and writes ``truth/rank<r>.json``: per section occurrence, the time
 the calling thread was blocked on communication as the job measures it itself
 
-* ``wait_s``: ``time.perf_counter`` around each explicit collective call and its ``Work.wait()``, and
+* ``wait_s``: ``time.perf_counter`` around each collective call (explicit ones, and DDP's through a comm
+  hook equal to its default) and each ``Work.wait()``,
 * ``asleep_s``: wall time minus on-CPU and run-queue time of the calling thread, from
   ``/proc/thread-self/schedstat`` at the section's entry and exit (a thread blocked in a collective sleeps),
+* ``blocked_s``: ``wait_s`` plus the time asleep outside those calls (DDP's reducer waits for its buckets in
+  C++, untimed),
 
 plus the section's wall time ``wall_s``. Run as ``python -m tests.overlap_jobs JOB OUT``.
 """
@@ -31,11 +34,14 @@ def _schedstat() -> tuple[int, int]:
 
 
 class Clock:
-    """Per section occurrence: wall, asleep (schedstat) and explicit wait() time of the calling thread."""
+    """Per section occurrence of the calling thread: wall time, asleep time (schedstat), time inside the
+    collective calls and waits it timed (``wait_s``), and ``blocked_s`` = that time plus the time it slept
+    outside them: what the rank spent in communication by its own clock."""
 
     def __init__(self) -> None:
         self.rows: list[dict] = []
         self._wait = 0.0
+        self._wait_asleep = 0.0
 
     def section(self, name: str, iteration: int):
         import contextlib
@@ -44,7 +50,7 @@ class Clock:
 
         @contextlib.contextmanager
         def cm():
-            self._wait = 0.0
+            self._wait = self._wait_asleep = 0.0
             cpu0, rq0 = _schedstat()
             t0 = time.perf_counter()
             with record_function(name):
@@ -53,22 +59,35 @@ class Clock:
             cpu1, rq1 = _schedstat()
             wall = t1 - t0
             asleep = wall - (cpu1 - cpu0) * 1e-9 - (rq1 - rq0) * 1e-9
-            self.rows.append({"section": name, "iteration": iteration, "wall_s": wall,
-                              "asleep_s": max(asleep, 0.0), "wait_s": self._wait})  # fmt: skip
+            blocked = max(asleep, 0.0) - self._wait_asleep + self._wait
+            self.rows.append({"section": name, "iteration": iteration, "wall_s": wall, "asleep_s": max(asleep, 0.0),
+                              "wait_s": self._wait, "blocked_s": min(max(blocked, self._wait), wall)})  # fmt: skip
 
         return cm()
 
+    def _timed(self, fn):
+        cpu0, rq0 = _schedstat()
+        t = time.perf_counter()
+        out = fn()
+        wall = time.perf_counter() - t
+        cpu1, rq1 = _schedstat()
+        self._wait += wall
+        self._wait_asleep += max(0.0, wall - (cpu1 - cpu0) * 1e-9 - (rq1 - rq0) * 1e-9)
+        return out
+
     def issue(self, call, *args, **kwargs):
         """Call a collective (``async_op=True``), timing the call: time in it is communication too."""
-        t = time.perf_counter()
-        work = call(*args, async_op=True, **kwargs)
-        self._wait += time.perf_counter() - t
-        return work
+        return self._timed(lambda: call(*args, async_op=True, **kwargs))
 
     def wait(self, work) -> None:
-        t = time.perf_counter()
-        work.wait()
-        self._wait += time.perf_counter() - t
+        self._timed(work.wait)
+
+    def ddp_hook(self, state, bucket):
+        """DDP's default all_reduce comm hook (average of the bucket), its collective call timed."""
+        import torch.distributed as dist
+
+        buf = bucket.buffer().div_(dist.get_world_size())
+        return self.issue(dist.all_reduce, buf).get_future().then(lambda f: f.value()[0])
 
 
 def _compute(x, seconds: float):
@@ -100,6 +119,7 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
         # resnet18's 45 MB of gradients in DDP's buckets: the default 25 MB ones ("ddp_default"), or at most
         # 8 MB ("ddp": 4 all_reduces per backward)
         model = torch.nn.parallel.DistributedDataParallel(net, **({"bucket_cap_mb": 8} if job == "ddp" else {}))
+        model.register_comm_hook(None, clock.ddp_hook)  # DDP's default hook, its calls timed by the job
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         data = torch.rand(4, 3, 32, 32)
         target = torch.randint(0, 10, (4,))
@@ -110,6 +130,7 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
         sharded = FullyShardedDataParallel(mlp, device_id=torch.device("cpu"))
         batch = torch.rand(8, 256)
     payload = torch.ones(1 << 20)  # 4 MB
+    big = torch.ones(1 << 22)  # 16 MB: the last rank's blocking all_reduce well above wake-up latencies
     other = torch.ones(1 << 20)
     dist.barrier()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -128,10 +149,10 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
                     clock.wait(work)
             elif job == "concurrent":
                 with clock.section("overlap", it):
+                    if rank == 1:
+                        _compute(m, 0.06)  # rank 0 waits for rank 1 on both collectives, in flight together
                     w1 = clock.issue(dist.all_reduce, payload)
                     w2 = clock.issue(dist.all_reduce, other)
-                    if rank == 1:
-                        _compute(m, 0.06)  # rank 0 waits for rank 1 on both collectives
                     clock.wait(w1)
                     clock.wait(w2)
             elif job == "fsdp":
@@ -140,8 +161,8 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
             elif job == "imbalanced":
                 with clock.section("work", it):  # no collective: rank 1 works 60 ms longer
                     _compute(m, 0.04 + (0.06 if rank == 1 else 0.0))
-                with clock.section("sync", it):  # a blocking all_reduce, its wait timed by the job
-                    clock.wait(clock.issue(dist.all_reduce, payload))
+                with clock.section("sync", it):  # a blocking all_reduce (16 MB), its wait timed by the job
+                    clock.wait(clock.issue(dist.all_reduce, big))
             dist.barrier()
             prof.step()
     Path(out, "traces").mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,9 @@ Tolerance: the communication share of each rank x section (summed over the measu
 10 points of the blocked share the job measured itself. The machine these run on is shared and loaded: a
 thread preempted while a collective is in flight looks blocked in the trace (no operator runs) but is in
 the run queue for schedstat; the jobs use 60-80 ms of compute against collectives of a few ms to keep the
-signal well above that.
+signal well above that. The job's clock also counts what the trace cannot see: the wake-up latency after a
+collective ends until ``wait()`` returns (milliseconds when the machine is loaded); short blocking sections
+(the last rank's, a few ms) are made longer (16 MB) to keep it small beside them.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ def _analyse(tmp: Path, job: str, sections: str) -> tuple[pd.DataFrame, pd.DataF
     assert code == 0, f"{job}: the analysis refused the job"
     ranks = pd.read_parquet(out / "analysis" / "ranks.parquet")
     truth = pd.DataFrame(overlap_jobs.truth(out))
-    truth["blocked_s"] = truth[["asleep_s", "wait_s"]].max(axis=1)
     m = ranks.merge(truth, on=[K.RANK, K.ITERATION, K.SECTION], how="inner", validate="one_to_one")
     assert len(m) == len(ranks)
     m = m[~m[K.WARMUP]]
@@ -92,7 +93,12 @@ def test_collective_free_imbalanced_section(tmp_path):
     wall = g.loc["work", "wall_s"]
     assert work["lb"] == pytest.approx(wall.mean() / wall.max(), abs=0.1)
     _comm_e_at_most_1(doc)
-    _agree(g)
+    _agree(g.loc[["work"]])
+    # the blocking all_reduce after it: never more than the job's own blocked time; the last rank to arrive
+    # (a section of ~20 ms) can lose the wake-up latency after the collective's end (invisible in the trace;
+    # 5 ms per iteration was seen when the machine was loaded)
+    assert (g.loc["sync", "share"] <= g.loc["sync", "truth"] + POINTS).all()
+    assert g.loc[("sync", 0), "share"] == pytest.approx(g.loc[("sync", 0), "truth"], abs=POINTS)
 
 
 def test_fsdp_reduce_scatter_is_typed_from_its_c10d_call(tmp_path):

@@ -59,7 +59,8 @@ def check_invariants(ranks: pd.DataFrame, sections: pd.DataFrame) -> None:
 
     With ``tol = 1e-9 s + 1e-9 x S`` (:data:`INVARIANT_ABS_S`, :data:`INVARIANT_REL`):
 
-    * per rank row (``ranks``): ``S_r >= 0``, ``sum_c D_rc >= 0`` and ``sum_c D_rc <= S_r + tol``;
+    * per rank row (``ranks``): ``S_r >= 0``, ``sum_c b_rc >= 0`` and ``sum_c b_rc <= S_r + tol`` (COMM_S: the
+      time blocked on the collectives, :mod:`pnpscale.analysis.overlap`);
     * per section row (``sections``): ``T, W, C >= -tol`` and ``|C + T + W - mean_r S_r| <= tol``.
 
     Args:
@@ -77,9 +78,8 @@ def check_invariants(ranks: pd.DataFrame, sections: pd.DataFrame) -> None:
         row = ranks[bad].iloc[0]
         raise InvariantError(
             f"iteration {row[K.ITERATION]} section {row[K.SECTION]!r} rank {row[K.RANK]}: collectives take "
-            f"{row[K.COMM_S]:.9g} s of a {row[K.SECTION_S]:.9g} s section (need 0 <= sum D_rc <= S_r; they "
-            f"overlap each other on several threads/streams, or run past the section): compute would be "
-            f"negative, nothing written"
+            f"{row[K.COMM_S]:.9g} s of a {row[K.SECTION_S]:.9g} s section (need 0 <= sum_c b_rc <= S_r, the time "
+            f"blocked on them; they run past the section): compute would be negative, nothing written"
         )
     m = sections[K.SECTION_S].astype("float64")
     tol = INVARIANT_ABS_S + INVARIANT_REL * m.abs()
@@ -170,8 +170,10 @@ def decompose(
         ranks: one row per rank x iteration x section with RANK, ITERATION, SECTION, WARMUP,
             SECTION_S (seconds).
         collectives: one row per rank x iteration x section x collective with RANK, ITERATION,
-            SECTION, SEQ, COLLECTIVE, DURATION_S (seconds), PAYLOAD_BYTES, and optionally MAIN.
-            May be empty (one rank: no collectives).
+            SECTION, SEQ, COLLECTIVE, DURATION_S (seconds), PAYLOAD_BYTES, and optionally MAIN and
+            BLOCKED_SPANS_NS (the blocked time, :func:`pnpscale.analysis.overlap.split_blocked`; absent or NA:
+            blocked throughout, the study's rule). May be empty (one rank: no collectives). The ranks' optional
+            HIDDEN_S gives the section's HIDDEN_S (mean over ranks; 0 without it).
         world_size: the job's world size for the WORLD_SIZE column (default: the ranks present; a
             partial analysis passes the job's).
         on_negative_compute: called with the message when a rank's collectives last longer than
