@@ -271,7 +271,11 @@ def test_a_problem_added_through_the_registry_runs_end_to_end(tmp_path):
     main = colls[colls[K.MAIN]]
     assert set(main[K.PAYLOAD_BYTES]) == {1 * 32 * 32 * 4}  # one channel, 32x32, float32
     bad = run_cli("problem=nope", root=tmp_path, env=env)
-    assert bad.returncode == 2 and "problem=nope: allowed values: 2d, 3d" in bad.stderr
+    from pnpscale.sweep.cli import group_options
+
+    allowed = ", ".join(group_options("problem", [conf]))  # the registry: the group's options, toy included
+    assert bad.returncode == 2 and f"problem=nope: allowed values: {allowed}" in bad.stderr, bad.stderr
+    assert "toy" in allowed
 
 
 @pytest.mark.slow

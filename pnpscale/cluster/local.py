@@ -289,7 +289,7 @@ class LocalCluster(Cluster):
         launch_local(spec, run_dir, config)
 
 
-def launch_local(spec: Any, run_dir: Path, config: dict[str, Any] | None = None) -> None:
+def launch_local(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None = None) -> None:
     """Run ``spec.gpus`` ranks of :func:`pnpscale.rank.worker.rank_main` here and wait for them.
 
     Per-rank stdout/stderr go to ``run_dir/logs/``; rank 0's stdout is also shown on the console;

@@ -26,7 +26,10 @@ measurement: run.json holds what was measured.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pnpscale.core.config import RunSpec
 
 #: Copies of the full signal each CPU rank holds (iterate, gradient, all_reduce buffer, denoised
 #: image, measurements and slack for temporaries).
@@ -92,7 +95,7 @@ def drunet_weight_bytes(nc: list[int], nb: int, channels: int, dims: int) -> int
     return 4 * params
 
 
-def problem_bytes(spec: Any) -> int:
+def problem_bytes(spec: RunSpec) -> int:
     """Bytes of the problem's tensors on one CPU rank (see the module doc for the rule)."""
     from pnpscale.rank.problems import make_problem
 
@@ -133,7 +136,7 @@ def memory_refusal(gpus: int, footprint: tuple[int, int], per_rank_data: int, av
     )
 
 
-def check_memory(spec: Any, cuda_devices: int, footprint: tuple[int, int] | None) -> str | None:
+def check_memory(spec: RunSpec, cuda_devices: int, footprint: tuple[int, int] | None) -> str | None:
     """:func:`memory_refusal` for a local point on this machine; ``None`` when it fits or cannot be estimated.
 
     Args:

@@ -29,9 +29,12 @@ import platform
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pnpscale import layout
+
+if TYPE_CHECKING:
+    from pnpscale.core.config import RunSpec
 from pnpscale.core.errors import PnpscaleError
 
 SCHEMA_VERSION = 3
@@ -373,7 +376,7 @@ def peak_memory(ranks: Any, devices: list[str], reserved: list[int | None] | Non
     return out
 
 
-def start_record(spec: Any, config: dict[str, Any] | None) -> RunRecord:
+def start_record(spec: RunSpec, config: dict[str, Any] | None) -> RunRecord:
     """The record of a point about to start (status ``running``): what is known before any rank runs."""
     return RunRecord(
         status=layout.STATUS_RUNNING,
@@ -497,7 +500,7 @@ def overwrite_record(run_dir: Path, record: RunRecord, full: OSError) -> None:
 
 
 def write_failure(
-    run_dir: Path, spec: Any, config: dict[str, Any] | None, exc: BaseException | str, **extra: Any
+    run_dir: Path, spec: RunSpec, config: dict[str, Any] | None, exc: BaseException | str, **extra: Any
 ) -> None:
     """Record a failed run: ``run.json`` with status ``failed`` and the error; no tables.
 

@@ -7,7 +7,7 @@ The tables are staged and renamed together (:func:`pnpscale.layout.commit_files`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pnpscale import layout
 from pnpscale.analysis.anomalies import Anomalies
@@ -24,8 +24,11 @@ from pnpscale.core.record import (
     write_record,
 )
 
+if TYPE_CHECKING:
+    from pnpscale.core.config import RunSpec
 
-def image_bytes(spec: Any) -> int:
+
+def image_bytes(spec: RunSpec) -> int:
     """Bytes of the reconstructed signal (the problem class's :meth:`~pnpscale.rank.problems.Problem.signal_bytes`)."""
     from pnpscale.rank.problems import make_problem
 
@@ -35,7 +38,7 @@ def image_bytes(spec: Any) -> int:
 
 def write_run(
     run_dir: Path,
-    spec: Any,
+    spec: RunSpec,
     gathered: list[tuple[dict[str, list[Any]], dict[str, Any]]],
     *,
     backend: str,

@@ -17,12 +17,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pnpscale import layout
 from pnpscale.core.errors import PnpscaleError
+
+if TYPE_CHECKING:
+    from pnpscale.core.config import RunSpec
 
 LAUNCH_T0_ENV = "PNPSCALE_LAUNCH_T0"
 #: Set by the local launcher to its pid: each rank asks the kernel to kill it when that process dies.
@@ -720,7 +723,7 @@ def rank_main(
 
 
 def _measure_and_report(
-    spec: Any,
+    spec: RunSpec,
     run_dir: Path,
     group: Group,
     threads: int,
@@ -829,7 +832,7 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _inject(spec: Any, rank: int, section: str, measured: bool, device: Any) -> None:
+def _inject(spec: RunSpec, rank: int, section: str, measured: bool, device: Any) -> None:
     inj = spec.inject
     if inj["rank"] != rank or inj["section"] not in (None, section):
         return
@@ -903,7 +906,7 @@ def busy_wait(seconds: float, device: Any) -> None:
 
 
 def _run_iterations(
-    spec: Any, solver: Any, device: Any, group: Group, beat: Heartbeat | None = None
+    spec: RunSpec, solver: Any, device: Any, group: Group, beat: Heartbeat | None = None
 ) -> tuple[dict[tuple[int, str], int], Any, list[tuple[str, int | None]], int | None]:
     """Profiled iterations: (peak bytes per (iteration, section), profiler, collective calls in order,
     the highest CUDA ``max_memory_reserved`` of a section in bytes: ``None`` on CPU)."""

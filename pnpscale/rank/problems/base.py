@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from pnpscale.core.config import ConfigError
+from pnpscale.core.config import ConfigError, RunSpec
 from pnpscale.core.plugins import resolve_impl
 
 
@@ -65,7 +65,7 @@ class Problem:
     #: dtype of the reconstructed signal: sets the payload of the image-sized collectives.
     signal_dtype: ClassVar[torch.dtype] = torch.float32
 
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
 
     @property
@@ -134,7 +134,7 @@ def problem_class(impl: str) -> type[Problem]:
     return resolve_impl("problem.impl", impl, Problem)
 
 
-def make_problem(spec: Any) -> Problem:
+def make_problem(spec: RunSpec) -> Problem:
     """The problem object of a run spec (``spec.problem_impl``)."""
     return problem_class(spec.problem_impl)(spec)
 
