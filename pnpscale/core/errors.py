@@ -78,7 +78,7 @@ class Abort(BaseException):  # noqa: N818 - a carrier, not an error of its own
 
 
 def report_lines(error: BaseException) -> list[str]:
-    """The ``pnpscale: error: ...`` lines a command prints for ``error`` (one per line of its message).
+    r"""The ``pnpscale: error: ...`` lines a command prints for ``error`` (one per line of its message).
 
     >>> report_lines(InputError("a\nb"))
     ['pnpscale: error: a', 'pnpscale: error: b']
