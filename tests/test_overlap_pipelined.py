@@ -19,8 +19,10 @@ def _strategy(shape, patch, overlap):
     return TilingStrategy(shape, tiling_dims=tuple(range(-dims, 0)), patch_size=patch, overlap=overlap)
 
 
-@pytest.mark.parametrize(("shape", "patch", "overlap"), [((1, 3, 20, 20), 8, 4), ((1, 3, 32, 32), 8, 4),
-                                                         ((1, 1, 12, 12, 12), 8, 4), ((1, 2, 19, 17), 5, 2)])  # fmt: skip
+_SHAPES = [((1, 3, 20, 20), 8, 4), ((1, 3, 32, 32), 8, 4), ((1, 1, 12, 12, 12), 8, 4), ((1, 2, 19, 17), 5, 2)]
+
+
+@pytest.mark.parametrize(("shape", "patch", "overlap"), _SHAPES)
 def test_windows_equal_deepinvs_padded_slices(shape, patch, overlap):
     """Every tile's window cut from a band segment = deepinv's reflect-padded slice; bands tile the rows."""
     x = torch.randn(shape)
@@ -69,7 +71,7 @@ def _rank_body(rank: int, world: int, out_dir: str) -> None:
                 den = tiled_denoiser(net, ctx, _strategy(shape, patch, 4), collective="all_reduce", max_batch_size=2)
                 step = PipelinedStep(den, chunks) if overlap == "pipelined" else None
 
-                def run(x, step=step, den=den, rank=rank):
+                def run(x, step=step, den=den, rank=rank, weights=weights):
                     g_local = weights[rank] * x
                     if step is None:
                         return den(x - 0.5 * ctx.all_reduce(g_local), 0.05)

@@ -235,7 +235,10 @@ VARIANT_KEYS = ("denoiser_collective", "num_operators", "overlap", "overlap_chun
 
 
 def variant_parts(
-    denoiser_collective: Any = "all_reduce", num_operators: Any = None, overlap: Any = "none", overlap_chunks: Any = None
+    denoiser_collective: Any = "all_reduce",
+    num_operators: Any = None,
+    overlap: Any = "none",
+    overlap_chunks: Any = None,
 ) -> list[str]:
     """A point's variant: ``key=value`` for each :data:`VARIANT_KEYS` key that differs from its default
     (``num_operators`` and ``overlap_chunks`` when set explicitly, not ``null``).
@@ -269,7 +272,10 @@ def cfg_variant(cfg: Any) -> str:
 
 
 def variant_subdir(
-    denoiser_collective: Any = "all_reduce", num_operators: Any = None, overlap: Any = "none", overlap_chunks: Any = None
+    denoiser_collective: Any = "all_reduce",
+    num_operators: Any = None,
+    overlap: Any = "none",
+    overlap_chunks: Any = None,
 ) -> str:
     """The run folder's variant part: ``""`` for the defaults, else ``/key=value`` per non-default key.
 

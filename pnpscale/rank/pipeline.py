@@ -112,7 +112,7 @@ def reflect_index(lo: int, hi: int, pad: int, size: int) -> torch.Tensor:
 
 
 def window_rows(strategy: Any, tile: int) -> tuple[int, int]:
-    """Signal rows ``[lo, hi)`` (first tiled dimension) that tile ``tile``'s window reads, border reflection included."""
+    """Signal rows ``[lo, hi)`` (first tiled dimension) that tile ``tile``'s window reads (border reflection in)."""
     meta = strategy._metadata
     dim = _row_dim(meta)
     g = strategy._global_slices[tile][dim]
@@ -296,7 +296,10 @@ class PipelinedStep:
             den._init_shape_and_strategy(x.shape)
             den.current_shape = x.shape
         ctx = den.ctx
-        params = [p for p in den.processor.parameters() if p.requires_grad] if isinstance(den.processor, torch.nn.Module) else []
+        processor = den.processor
+        params = (
+            [p for p in processor.parameters() if p.requires_grad] if isinstance(processor, torch.nn.Module) else []
+        )
         grad_on = torch.is_grad_enabled()
         z: dict[int, torch.Tensor] = {}
 
@@ -321,9 +324,7 @@ class PipelinedStep:
         out_pending = Pending()
         bands = []
         for k, (lo, hi) in enumerate(self.bounds):
-            band = torch.zeros(
-                (*x.shape[:dim], hi - lo, *x.shape[dim + 1 :]), device=x.device, dtype=x.dtype
-            )
+            band = torch.zeros((*x.shape[:dim], hi - lo, *x.shape[dim + 1 :]), device=x.device, dtype=x.dtype)
             tiles = by_chunk[k]
             for start in range(0, len(tiles), batch):
                 group = tiles[start : start + batch]
