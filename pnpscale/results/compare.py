@@ -10,7 +10,8 @@ order (``all_reduce`` before ``all_gather``, problems and operator counts sorted
 
 Per series and GPU count (:func:`comparison`, seconds per measured iteration summed over
 sections): section time, transfer (exposed: blocked after the last rank arrived), wait, hidden (collective time
-overlapped by compute, outside the section time) and the hidden share ``H / (H + T + W)``, LB, CommE, scaled cost (GPU-seconds relative to the
+overlapped by compute, outside the section time) and the hidden share ``H / (H + T + W)``, LB, CommE,
+scaled cost (GPU-seconds relative to the
 series' own smallest GPU count) and bytes per GPU (the main collectives under the ring model,
 :func:`pnpscale.results.transfer.main_bytes_per_gpu`), with section time, transfer and bytes
 relative to the baseline series at the same GPU count, and whether the difference lies within the
