@@ -32,8 +32,6 @@ from typing import Any
 #: image, measurements and slack for temporaries).
 SIGNAL_COPIES = 6
 GB = 1e9
-
-
 def smaps_rollup(pid: int | str = "self") -> dict[str, int]:
     """``/proc/<pid>/smaps_rollup`` in bytes (``Rss``, ``Pss``, ``Private_Clean``, ``Anonymous``...).
 

@@ -32,6 +32,7 @@ def image_bytes(spec: Any) -> int:
     return make_problem(spec).signal_bytes()
 
 
+
 def write_run(
     run_dir: Path,
     spec: Any,
