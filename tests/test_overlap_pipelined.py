@@ -121,3 +121,47 @@ def test_pipelined_equals_blocking(pipelined, world, dims):
     first = pipelined[world][0][(dims, "pipelined", None)]
     for rank_results in pipelined[world][1:]:
         assert torch.equal(rank_results[(dims, "pipelined", None)][0], first[0])
+
+
+@pytest.mark.slow
+def test_cli_pipelined_gives_the_blocking_image_and_the_report_compares_them(tmp_path):
+    """``python -m pnpscale -m gpus=2 mode=inference,training solver.overlap=none,pipelined``: the same image (and
+    training's losses and weight-gradient norms) to 1e-6; the band chunks are issued in the denoiser section; the
+    report compares exposed transfer and hidden time side by side."""
+    import json
+
+    import pandas as pd
+
+    from tests.helpers import TINY_2D, read_run, run_cli, run_dirs
+
+    proc = run_cli(
+        "-m", "gpus=2", "mode=inference,training", "solver.overlap=none,pipelined", *TINY_2D,
+        "output.save_reconstruction=true", root=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {(read_run(d)["mode"], read_run(d)["spec"]["overlap"]): d for d in run_dirs(tmp_path)}
+    assert set(runs) == {(m, o) for m in ("inference", "training") for o in ("none", "pipelined")}
+    for mode in ("inference", "training"):
+        base, pipe = runs[(mode, "none")], runs[(mode, "pipelined")]
+        assert "overlap=pipelined" in str(pipe) and "overlap=" not in str(base)
+        a, b = torch.load(pipe / "reconstruction.pt"), torch.load(base / "reconstruction.pt")
+        assert _rel(a, b) <= 1e-6, mode
+        if mode == "training":
+            for key in ("losses", "grad_norms"):
+                got, want = torch.tensor(read_run(pipe)["solver"][key]), torch.tensor(read_run(base)["solver"][key])
+                assert _rel(got, want) <= 1e-6, key
+    colls = pd.read_parquet(runs[("inference", "pipelined")] / "collectives.parquet")
+    per = colls[(colls["rank"] == 0) & (colls["iteration"] == 1)]
+    image = 3 * 32 * 32 * 4
+    den = per[(per["section"] == "denoiser") & (per["collective"] == "all_reduce")]
+    assert len(den) == 2 * 4 and den["payload_bytes"].sum() == 2 * image  # 4 tile rows: 4 gradient + 4 output bands
+    grad = per[per["section"] == "gradient"]
+    assert (grad["payload_bytes"] < image).all()  # the gradient section keeps only deepinv's small collectives
+    report = next((tmp_path / "outputs").glob("*/report"))
+    readme = (report / "README.md").read_text()
+    assert "## Side by side: overlap" in readme and "hidden s" in readme and "exposed transfer s" in readme
+    cmp = pd.read_parquet(report / "compare.parquet")
+    assert {"hidden_s", "hidden_share", "transfer_s"} <= set(cmp.columns)
+    inf = cmp[(cmp["mode"] == "inference")].set_index("series")
+    assert inf.loc["2d overlap=none", "hidden_s"] == 0  # blocking: nothing in flight while computing
+    assert json.loads((runs[("inference", "pipelined")] / "run.json").read_text())["spec"]["overlap_chunks"] is None
