@@ -155,6 +155,7 @@ def test_cli_pipelined_gives_the_blocking_image_and_the_report_compares_them(tmp
     image = 3 * 32 * 32 * 4
     den = per[(per["section"] == "denoiser") & (per["collective"] == "all_reduce")]
     assert len(den) == 2 * 4 and den["payload_bytes"].sum() == 2 * image  # 4 tile rows: 4 gradient + 4 output bands
+    assert den["main"].all()  # the bands carry the image together
     grad = per[per["section"] == "gradient"]
     assert (grad["payload_bytes"] < image).all()  # the gradient section keeps only deepinv's small collectives
     report = next((tmp_path / "outputs").glob("*/report"))
