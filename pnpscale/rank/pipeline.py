@@ -127,7 +127,25 @@ def _pad_of(meta: dict, dim: int) -> int:
     return int(meta["global_padding"][(ndim - 1 - dim) * 2])
 
 
-def window(strategy: Any, tile: int, segment: torch.Tensor, row0: int) -> torch.Tensor:
+def window_indices(strategy: Any, tile: int) -> list[tuple[int, torch.Tensor]]:
+    """``(dim, signal indices)`` per tiled dimension of tile ``tile``'s reflect-padded window."""
+    meta = strategy._metadata
+    ndim = len(meta["img_size"])
+    out = []
+    for d in meta["tiling_dims"]:
+        dim = d + ndim if d < 0 else d
+        g = strategy._global_slices[tile][dim]
+        out.append((dim, reflect_index(int(g.start), int(g.stop), _pad_of(meta, dim), int(meta["img_size"][dim]))))
+    return out
+
+
+def window(
+    strategy: Any,
+    tile: int,
+    segment: torch.Tensor,
+    row0: int,
+    indices: list[tuple[int, torch.Tensor]] | None = None,
+) -> torch.Tensor:
     """Tile ``tile``'s padded window, cut from ``segment`` (the signal's rows ``row0..``, all other dims whole).
 
     Equal to deepinv's ``F.pad(x, global_padding, mode="reflect")[global_slices[tile]]`` (same pixels, an
@@ -138,18 +156,15 @@ def window(strategy: Any, tile: int, segment: torch.Tensor, row0: int) -> torch.
         tile: global tile index.
         segment: ``x[..., row0:row0 + n, ...]`` along the first tiled dimension, covering :func:`window_rows`.
         row0: the first row of ``segment``.
+        indices: :func:`window_indices` of the tile, when already computed.
 
     Returns:
         ``(B, C, *window_shape)``.
     """
-    meta = strategy._metadata
-    ndim = len(meta["img_size"])
+    row_dim = _row_dim(strategy._metadata)
     out = segment
-    for d in meta["tiling_dims"]:
-        dim = d + ndim if d < 0 else d
-        g = strategy._global_slices[tile][dim]
-        idx = reflect_index(int(g.start), int(g.stop), _pad_of(meta, dim), int(meta["img_size"][dim]))
-        if dim == _row_dim(meta):
+    for dim, idx in indices if indices is not None else window_indices(strategy, tile):
+        if dim == row_dim:
             idx = idx - row0
         out = out.index_select(dim, idx.to(segment.device))
     return out
@@ -270,6 +285,9 @@ class PipelinedStep:
         self.dim = _row_dim(meta)
         self.bounds = chunk_bounds(band_bounds(self.strategy), chunks)
         self.group = None
+        n = self.strategy.get_num_patches()
+        self.rows = [window_rows(self.strategy, i) for i in range(n)]  # per tile, computed once
+        self.indices = [window_indices(self.strategy, i) for i in range(n)]
 
     def issue_gradient(self, g_local: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Pending]:
         """Start the K chunks' sums over ranks of the local gradient ``g_local`` (``(B, C, *spatial)``)."""
@@ -328,12 +346,12 @@ class PipelinedStep:
             tiles = by_chunk[k]
             for start in range(0, len(tiles), batch):
                 group = tiles[start : start + batch]
-                rows = [window_rows(strat, i) for i in group]
+                rows = [self.rows[i] for i in group]
                 need = [c for c, (clo, chi) in enumerate(self.bounds)
                         if clo < max(r[1] for r in rows) and chi > min(r[0] for r in rows)]  # fmt: skip
                 segment = torch.cat([z_chunk(c) for c in need], dim=dim) if len(need) > 1 else z_chunk(need[0])
                 row0 = self.bounds[need[0]][0]
-                windows = torch.cat([window(strat, i, segment, row0) for i in group], dim=0)
+                windows = torch.cat([window(strat, i, segment, row0, self.indices[i]) for i in group], dim=0)
                 result = self._process(windows, sigma, grad_on)
                 per = windows.shape[0] // len(group)
                 for j, i in enumerate(group):
