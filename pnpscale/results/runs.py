@@ -221,6 +221,9 @@ def variants(runs: pd.DataFrame) -> pd.Series:
     ...                    "num_operators": [8, 8, 16]})
     >>> variants(df).tolist()
     ['denoiser_collective=all_reduce', 'denoiser_collective=all_gather', '']
+    >>> variants(pd.DataFrame({"problem": "2d", "mode": "inference", "overlap": ["none", "pipelined", "pipelined"],
+    ...                        "overlap_chunks": [pd.NA, 2, 4]})).tolist()
+    ['overlap=none', 'overlap=pipelined overlap_chunks=2', 'overlap=pipelined overlap_chunks=4']
     """
     from pnpscale.core.config import VARIANT_KEYS
 
@@ -231,6 +234,7 @@ def variants(runs: pd.DataFrame) -> pd.Series:
         counts = runs.groupby(["problem", "mode"])[key].transform(lambda s: s.dropna().nunique())
         varied = counts > 1
         part = key + "=" + runs[key].astype(str)
+        varied = varied & runs[key].notna()  # a key the run does not set (overlap_chunks without pipelined)
         label = label.where(~varied, (label + " " + part).str.strip())
     return label
 
