@@ -264,6 +264,10 @@ def test_stored_sweeps_compose_and_expand():
             "config", overrides=["sweeps=remedy_overlap", "solver.overlap=pipelined"], return_hydra_config=True
         )
         assert str(cfg.hydra.sweep.subdir) == f"problem=2d/mode=inference/overlap=pipelined/gpus={cfg.gpus}"
+        cfg = compose(
+            "config", overrides=["solver.overlap=pipelined", "solver.overlap_chunks=2"], return_hydra_config=True
+        )
+        assert str(cfg.hydra.sweep.subdir) == "problem=2d/mode=inference/overlap=pipelined/overlap_chunks=2/gpus=1"
 
 
 def test_stored_sweep_prints_with_cfg_job():
