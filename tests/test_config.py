@@ -54,6 +54,15 @@ def test_explicit_size_overrides_every_preset(composer):
         (["dist.backend=mpi"], "dist.backend=mpi", "auto, gloo, nccl"),
         (["inject.rank=3", "gpus=2"], "inject.rank=3", "0..1"),
         (["inject.section=forward"], "inject.section=forward", "gradient, denoiser"),
+        (["solver.overlap=async"], "solver.overlap=async", "none, pipelined"),
+        (["solver.overlap_chunks=2"], "solver.overlap_chunks=2", "needs solver.overlap=pipelined"),
+        (["solver.overlap=pipelined", "solver.overlap_chunks=0"], "solver.overlap_chunks=0", ">= 1, or null"),
+        (["solver.overlap=pipelined", "solver.overlap_chunks=9", "scale=small"], "solver.overlap_chunks=9", "1..8"),
+        (
+            ["solver.overlap=pipelined", "solver.denoiser_collective=all_gather"],
+            "solver.overlap=pipelined",
+            "needs solver.denoiser_collective=all_reduce",
+        ),
     ],
 )
 def test_value_errors_are_one_line_naming_key_and_allowed(composer, overrides, key, allowed):
@@ -79,6 +88,7 @@ def test_unknown_key_fails_at_compose_time(composer):
         (["problem.imagesize=3"], "did you mean problem.image_size"),
         (["+gpus=2"], "drop the leading '+'"),
         (["iterations=-1"], "iterations=-1: must be an integer >= 1"),
+        (["solver.overlap=blocking"], "solver.overlap=blocking: allowed values: none, pipelined"),
         (["gpus=abc"], "gpus=abc: must be an integer in 1..64"),
     ],
 )
@@ -188,3 +198,23 @@ def test_only_the_problems_that_decimate_need_a_factor(composer):
     unset = dataclasses.replace(spec, sizes={**spec.sizes, "factor": None})
     with pytest.raises(ConfigError, match=r"^problem.factor=null: SuperResolution2D decimates"):
         make_problem(unset).check()
+
+
+def test_overlap_is_a_variant_with_its_own_folder(composer):
+    """``solver.overlap`` / ``overlap_chunks`` reach the spec and the run folder; the defaults keep the old digest."""
+    from pnpscale.core.config import cfg_variant
+
+    spec = resolve_spec(composer("solver.overlap=pipelined", "solver.overlap_chunks=4"), cuda_available=False)
+    assert (spec.overlap, spec.overlap_chunks) == ("pipelined", 4)
+    assert cfg_variant(composer("solver.overlap=pipelined", "solver.overlap_chunks=4")) == (
+        "overlap=pipelined overlap_chunks=4"
+    )
+    assert cfg_variant(composer()) == ""
+    plain = resolve_spec(composer(), cuda_available=False)
+    import hashlib
+    import json
+
+    before = {k: v for k, v in plain.to_dict().items() if k not in ("overlap", "overlap_chunks")}
+    digest = hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert plain.fingerprint() == digest  # a run recorded before the keys existed still resumes
+    assert plain.fingerprint() != spec.fingerprint()

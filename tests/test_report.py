@@ -244,6 +244,7 @@ def test_stored_sweeps_compose_and_expand():
         "comm_training_3d": ("3d", "training", 4, 1, "4,8,16,32,64"),
         "comm_inference_ct": ("ct", "inference", 64, None, "1,2,4,8,16,32,64"),
         "remedy_denoiser_collective": ("2d", "inference", 8, None, "1,2,4,8,16,32,64"),
+        "remedy_overlap": ("2d", "inference", 8, None, "1,2,4,8,16,32,64"),
     }
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for name, (problem, mode, ops, unroll, gpus) in expected.items():
@@ -257,6 +258,16 @@ def test_stored_sweeps_compose_and_expand():
             assert small.scale == "small"
         cfg = compose("config", overrides=["sweeps=remedy_denoiser_collective"], return_hydra_config=True)
         assert str(cfg.hydra.sweeper.params["solver.denoiser_collective"]) == "all_reduce,all_gather"
+        cfg = compose("config", overrides=["sweeps=remedy_overlap"], return_hydra_config=True)
+        assert str(cfg.hydra.sweeper.params["solver.overlap"]) == "none,pipelined"
+        cfg = compose(
+            "config", overrides=["sweeps=remedy_overlap", "solver.overlap=pipelined"], return_hydra_config=True
+        )
+        assert str(cfg.hydra.sweep.subdir) == f"problem=2d/mode=inference/overlap=pipelined/gpus={cfg.gpus}"
+        cfg = compose(
+            "config", overrides=["solver.overlap=pipelined", "solver.overlap_chunks=2"], return_hydra_config=True
+        )
+        assert str(cfg.hydra.sweep.subdir) == "problem=2d/mode=inference/overlap=pipelined/overlap_chunks=2/gpus=1"
 
 
 def test_stored_sweep_prints_with_cfg_job():

@@ -106,6 +106,43 @@ def check_invariants(ranks: pd.DataFrame, sections: pd.DataFrame) -> None:
 GATHERING = ("all_gather", "reduce_scatter")
 
 
+def band_runs(payloads: list[float], image_bytes: float) -> list[bool]:
+    """Which of a section's all_reduce payloads (in ``seq`` order) are row bands of the image: runs of
+    consecutive payloads, each smaller than the image, that add up to exactly ``image_bytes``.
+
+    >>> band_runs([8, 1024, 3072, 2048, 2048, 4], 4096)
+    [False, True, True, True, True, False]
+    >>> band_runs([1024, 1024], 4096)
+    [False, False]
+    """
+    flags = [False] * len(payloads)
+    i = 0
+    while i < len(payloads):
+        total, j = 0.0, i
+        while j < len(payloads) and 0 < payloads[j] < image_bytes and total < image_bytes:
+            total += payloads[j]
+            j += 1
+        if j - i > 1 and total == image_bytes:
+            flags[i:j] = [True] * (j - i)
+            i = j
+        else:
+            i += 1
+    return flags
+
+
+def _banded(collectives: pd.DataFrame, per_seq: pd.Series, image_bytes: float) -> pd.Series:
+    """Rows whose all_reduce is one band of a banded image exchange (:func:`band_runs`), per iteration x section."""
+    out = pd.Series(False, index=collectives.index)
+    is_ar = collectives[K.COLLECTIVE].astype(str) == "all_reduce"
+    rows = collectives[is_ar].assign(_p=per_seq[is_ar])
+    for _, grp in rows.groupby([K.ITERATION, K.SECTION]):
+        seqs = grp.groupby(K.SEQ)["_p"].first().sort_index()
+        flagged = {q for q, f in zip(seqs.index, band_runs(seqs.tolist(), image_bytes), strict=True) if f}
+        if flagged:
+            out.loc[grp.index[grp[K.SEQ].isin(flagged)]] = True
+    return out
+
+
 def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_size: int | None = None) -> pd.Series:
     """Flag the main collectives of each section: those carrying the image.
 
@@ -118,8 +155,10 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
     those with the section's largest payload. An all_reduce (or broadcast) carries the image when
     its payload equals ``image_bytes``; an all_gather or reduce_scatter records one rank's buffer
     (the cores of its tiles, padded to the longest rank's), so it carries the image when
-    ``payload × world_size >= image_bytes`` and ``payload <= 2 × image_bytes``. Payloads are taken as
-    the maximum across ranks for each ``seq``, so every rank flags the same ``seq``.
+    ``payload × world_size >= image_bytes`` and ``payload <= 2 × image_bytes``. With
+    ``solver.overlap=pipelined`` the image travels in row bands: consecutive all_reduces (by ``seq``)
+    whose payloads add up to exactly ``image_bytes`` carry it together (:func:`band_runs`). Payloads are
+    taken as the maximum across ranks for each ``seq``, so every rank flags the same ``seq``.
 
     Args:
         collectives: rows of ``collectives.parquet`` (ITERATION, SECTION, SEQ, RANK, PAYLOAD_BYTES,
@@ -137,6 +176,10 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
     >>> g = c.assign(collective=["broadcast", "all_reduce", "all_gather"], payload_bytes=[8, 4096, 1100])
     >>> mark_main(g, image_bytes=4096, world_size=4).tolist()  # 4 x 1100 >= 4096: the gather carries the image
     [False, True, True]
+    >>> b = pd.DataFrame({"rank": 0, "iteration": 0, "section": "s", "seq": [0, 1, 2, 3],
+    ...                   "collective": "all_reduce", "payload_bytes": [8, 1024, 3072, 16]})  # two bands
+    >>> mark_main(b, image_bytes=4096).tolist()
+    [False, True, True, False]
     """
     if collectives.empty:
         return pd.Series([], dtype=bool, index=collectives.index)
@@ -153,6 +196,8 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
             gathering = collectives[K.COLLECTIVE].isin(GATHERING).fillna(False).astype(bool)
             share = (per_seq * n >= float(image_bytes)) & (per_seq <= 2.0 * float(image_bytes))
             image = image | (gathering & share)
+        if K.COLLECTIVE in collectives:
+            image = image | _banded(collectives, per_seq, float(image_bytes))
         has_image = image.groupby(section_keys).transform("any")
         is_main = is_main.where(~has_image, image)
     return is_main.astype(bool)

@@ -33,6 +33,11 @@ BACKENDS = ("auto", "gloo", "nccl")
 #: rank sums a zero image holding its tile cores, ring ``2·P·(n−1)/n`` bytes per GPU) or ``all_gather``
 #: (every rank gathers only the cores, ``P·(n−1)/n``; see :mod:`pnpscale.rank.denoiser`).
 DENOISER_COLLECTIVES = ("all_reduce", "all_gather")
+#: How the gradient's image-sized all_reduce meets the denoiser (``solver.overlap``): ``none`` (deepinv's: the
+#: gradient section ends in one blocking all_reduce, then the denoiser starts) or ``pipelined`` (the all_reduce
+#: split into row bands of the tiling, issued asynchronously; each tile starts when the bands its window reads
+#: have arrived, and the denoiser's reconciliation is issued band by band; see :mod:`pnpscale.rank.pipeline`).
+OVERLAPS = ("none", "pipelined")
 #: DRUNet downsamples three times by 2: tile windows must be a multiple of this.
 WINDOW_MULTIPLE = 8
 
@@ -150,10 +155,15 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 class SolverConfig:
     """How the distributed solver communicates (config node ``solver``).
 
-    ``denoiser_collective``: one of :data:`DENOISER_COLLECTIVES`.
+    ``denoiser_collective``: one of :data:`DENOISER_COLLECTIVES`; ``overlap``: one of :data:`OVERLAPS`;
+    ``overlap_chunks``: with ``overlap=pipelined``, the number of row bands (slabs in 3D) the exchanges are
+    split into, ``1..`` the tiling's tile rows (``null``: one per tile row; ``1``: one piece, the blocking
+    exchange issued through the pipelined code, nothing to overlap).
     """
 
     denoiser_collective: str = "all_reduce"
+    overlap: str = "none"
+    overlap_chunks: int | None = None
 
 
 @dataclass
@@ -221,30 +231,52 @@ def register_schema() -> None:
 
 #: Keys that make a run a *variant* of its (problem, mode, gpus) point: a sweep may vary them, and the
 #: report compares the values side by side (``pnpscale.results.compare``).
-VARIANT_KEYS = ("denoiser_collective", "num_operators")
+VARIANT_KEYS = ("denoiser_collective", "num_operators", "overlap", "overlap_chunks")
 
 
-def variant_parts(denoiser_collective: Any = "all_reduce", num_operators: Any = None) -> list[str]:
+def variant_parts(
+    denoiser_collective: Any = "all_reduce",
+    num_operators: Any = None,
+    overlap: Any = "none",
+    overlap_chunks: Any = None,
+) -> list[str]:
     """A point's variant: ``key=value`` for each :data:`VARIANT_KEYS` key that differs from its default
-    (``num_operators`` when set explicitly, not ``null`` from the scale preset).
+    (``num_operators`` and ``overlap_chunks`` when set explicitly, not ``null``).
 
-    >>> variant_parts(), variant_parts("all_gather", 2)
-    ([], ['denoiser_collective=all_gather', 'num_operators=2'])
+    >>> variant_parts(), variant_parts("all_gather", 2), variant_parts(overlap="pipelined", overlap_chunks=4)
+    ([], ['denoiser_collective=all_gather', 'num_operators=2'], ['overlap=pipelined', 'overlap_chunks=4'])
     """
     parts = []
     if denoiser_collective not in (None, "all_reduce"):
         parts.append(f"denoiser_collective={denoiser_collective}")
     if num_operators is not None:
         parts.append(f"num_operators={num_operators}")
+    if overlap not in (None, "none"):
+        parts.append(f"overlap={overlap}")
+    if overlap_chunks is not None:
+        parts.append(f"overlap_chunks={overlap_chunks}")
     return parts
 
 
 def cfg_variant(cfg: Any) -> str:
     """The variant of a composed config's point (:func:`variant_parts`, space-separated)."""
-    return " ".join(variant_parts(cfg["solver"]["denoiser_collective"], cfg["problem"]["num_operators"]))
+    solver = cfg["solver"]
+    return " ".join(
+        variant_parts(
+            solver["denoiser_collective"],
+            cfg["problem"]["num_operators"],
+            solver.get("overlap", "none"),
+            solver.get("overlap_chunks"),
+        )
+    )
 
 
-def variant_subdir(denoiser_collective: Any = "all_reduce", num_operators: Any = None) -> str:
+def variant_subdir(
+    denoiser_collective: Any = "all_reduce",
+    num_operators: Any = None,
+    overlap: Any = "none",
+    overlap_chunks: Any = None,
+) -> str:
     """The run folder's variant part: ``""`` for the defaults, else ``/key=value`` per non-default key.
 
     Used as ``problem=.../mode=...${pnpscale_variant:...}/gpus=...`` in ``conf/config.yaml``, so the
@@ -254,8 +286,10 @@ def variant_subdir(denoiser_collective: Any = "all_reduce", num_operators: Any =
 
     >>> variant_subdir("all_reduce", None), variant_subdir("all_gather", None), variant_subdir("all_reduce", 2)
     ('', '/denoiser_collective=all_gather', '/num_operators=2')
+    >>> variant_subdir("all_reduce", None, "pipelined")
+    '/overlap=pipelined'
     """
-    return "".join("/" + p for p in variant_parts(denoiser_collective, num_operators))
+    return "".join("/" + p for p in variant_parts(denoiser_collective, num_operators, overlap, overlap_chunks))
 
 
 # --------------------------------------------------------------------------------------
@@ -304,6 +338,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": _int_in(0),
     "dist.backend": _one_of(BACKENDS),
     "solver.denoiser_collective": _one_of(DENOISER_COLLECTIVES),
+    "solver.overlap": _one_of(OVERLAPS),
+    "solver.overlap_chunks": (lambda v: v is None or _int_in(1)[0](v), "must be an integer >= 1, or null"),
     "dist.timeout_s": _positive_float(),
     "inject.delay_s": _non_negative_float(),
     "dist.threads_per_rank": (lambda v: v is None or _int_in(1)[0](v), "must be an integer >= 1, or null"),
@@ -417,6 +453,54 @@ def validate(cfg: Any, cuda_available: bool | None = None) -> None:
         raise ConfigError(what, inj["delay_s"] or inj["fail"], f"needs inject.rank (a rank in 0..{cfg['gpus'] - 1})")
     if inj["delay_s"] and inj["section"] is None:
         raise ConfigError("inject.delay_s", inj["delay_s"], "needs inject.section: " + ", ".join(sections))
+    _validate_overlap(cfg, cuda_available)
+
+
+def tile_rows(image_size: int, patch_size: int, overlap: int) -> int:
+    """Tile rows (2D) or slabs (3D) of deepinv's ``tiling_splitting_strategy`` along one dimension.
+
+    Windows of ``patch_size + 2·overlap`` start every ``patch_size`` pixels of the signal padded by ``overlap``
+    on both sides; the last one is moved to end at the padded edge (deepinv 0.5,
+    ``deepinv/distributed/strategies/utils.py``).
+
+    >>> tile_rows(32, 8, 4), tile_rows(20, 16, 4), tile_rows(8192, 1016, 4)
+    (4, 2, 9)
+    """
+    window, padded = patch_size + 2 * overlap, image_size + 2 * overlap
+    starts = [0]
+    while starts[-1] + window < padded:
+        starts.append(starts[-1] + patch_size)
+    starts[-1] = padded - window
+    return len(set(starts))
+
+
+def _validate_overlap(cfg: Any, cuda_available: bool | None) -> None:
+    """``solver.overlap`` / ``overlap_chunks`` against each other, the denoiser's collective, the mode and the
+    tiling (the tile rows of every candidate scale preset)."""
+    solver = cfg["solver"]
+    overlap, chunks = solver.get("overlap", "none"), solver.get("overlap_chunks")
+    if overlap == "none":
+        if chunks is not None:
+            raise ConfigError("solver.overlap_chunks", chunks, "needs solver.overlap=pipelined (or null)")
+        return
+    if solver["denoiser_collective"] != "all_reduce":
+        raise ConfigError(
+            "solver.overlap",
+            overlap,
+            "needs solver.denoiser_collective=all_reduce (a pipelined all_gather is not built)",
+        )
+    if chunks is None:
+        return
+    for scale in _candidate_scales(cfg["scale"], cuda_available):
+        sizes = resolve_sizes(cfg, scale)
+        rows = tile_rows(sizes["image_size"], sizes["patch_size"], sizes["overlap"])
+        if chunks > rows:
+            raise ConfigError(
+                "solver.overlap_chunks",
+                chunks,
+                f"must be an integer in 1..{rows} (the tile rows of image_size={sizes['image_size']}, "
+                f"patch_size={sizes['patch_size']}, overlap={sizes['overlap']}; scale={scale}), or null",
+            )
 
 
 def _validate_sizes(cfg: Any, scale: str) -> None:
@@ -531,13 +615,18 @@ class RunSpec:
     inject: dict[str, Any]
     save_reconstruction: bool
     denoiser_collective: str = "all_reduce"
+    overlap: str = "none"
+    overlap_chunks: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def fingerprint(self) -> str:
         """Hex digest identifying the measurement (same point + same sizes = same digest)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        d = self.to_dict()
+        if d["overlap"] == "none" and d["overlap_chunks"] is None:  # runs recorded before these keys: same digest
+            del d["overlap"], d["overlap_chunks"]
+        blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -581,6 +670,8 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
         inject=dict(cfg["inject"]),
         save_reconstruction=bool(cfg["output"]["save_reconstruction"]),
         denoiser_collective=str(cfg["solver"]["denoiser_collective"]),
+        overlap=str(cfg["solver"].get("overlap", "none")),
+        overlap_chunks=cfg["solver"].get("overlap_chunks"),
     )
 
 

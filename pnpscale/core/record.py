@@ -188,7 +188,7 @@ _JSON_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "an 
 #: ``str[]``, ``object[]``. ``None`` is allowed for each (an older record without it).
 NESTED_TYPES: dict[str, str] = {
     "spec.sizes": "object", "spec.sizes.num_operators": "int", "spec.linestyle": "str",
-    "spec.denoiser_collective": "str",
+    "spec.denoiser_collective": "str", "spec.overlap": "str", "spec.overlap_chunks": "int",
     "assignment.operators_per_rank": "int[]", "assignment.tiles_per_rank": "int[]", "assignment.num_tiles": "int",
     "metrics.sections": "object", "metrics.iterations": "int",
     "peak_memory.bytes_per_rank": "int?[]", "slurm.nodes": "int",

@@ -4,6 +4,8 @@
 * :mod:`~pnpscale.rank.solver`: deepinv's distributed PnP solver (the :class:`~pnpscale.rank.solver.Solver`
   base and the inference and training modes);
 * :mod:`~pnpscale.rank.denoiser`: the tiled DRUNet and its all_reduce / all_gather reconciliation;
+* :mod:`~pnpscale.rank.pipeline`: ``solver.overlap=pipelined``, the gradient's all_reduce and the denoiser
+  overlapped band by band (async chunks, autograd-aware);
 * :mod:`~pnpscale.rank.profiling`: the torch.profiler session and its events;
 * :mod:`~pnpscale.rank.worker`: a rank's main (process group, iterations, sections, report to rank 0);
 * :mod:`~pnpscale.rank.forkserver`: what a forked rank does when its launcher is gone before it starts;

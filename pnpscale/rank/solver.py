@@ -16,6 +16,10 @@ Training (one step = two sections, see :class:`TrainingSolver`)::
     backward:  loss.backward() (autograd-aware collectives, denoiser weight-gradient all_reduce)
 
 The optimizer step runs outside the sections.
+
+With ``solver.overlap=pipelined`` (:mod:`pnpscale.rank.pipeline`) the gradient section computes each rank's
+local sum only; the gradient's all_reduce, split into row bands and issued asynchronously, opens the denoiser
+section, whose tiles start as the bands they read arrive and whose reconciliation is issued band by band.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch
 from pnpscale.core.config import ConfigError, RunSpec
 from pnpscale.core.plugins import resolve_impl
 from pnpscale.rank.denoiser import tiled_denoiser
+from pnpscale.rank.pipeline import PipelinedStep
 from pnpscale.rank.problems import ProblemData, make_problem, measurements
 
 Section = tuple[str, Callable[[], None]]
@@ -115,6 +120,11 @@ class Solver(ABC):
             max_batch_size=spec.sizes["max_batch_size"],
         )
         self.num_tiles = strategy.get_num_patches()
+        self.pipeline: PipelinedStep | None = None
+        if spec.overlap == "pipelined":
+            if spec.denoiser_collective != "all_reduce":
+                raise ConfigError("solver.overlap", spec.overlap, "needs solver.denoiser_collective=all_reduce")
+            self.pipeline = PipelinedStep(self.denoiser, spec.overlap_chunks)
         self.gamma = spec.stepsize / self.problem.lipschitz
         self.sigma = float(spec.denoiser_sigma)
 
@@ -148,14 +158,24 @@ class InferenceSolver(Solver):
         super().__init__(spec, ctx, train=False)
         with torch.no_grad():
             self.x = self.backprojection()
+        self.g_local: torch.Tensor | None = None
 
     def _gradient(self) -> None:
         with torch.no_grad():
+            if self.pipeline is not None:  # the local sum only: its all_reduce opens the denoiser section
+                self.g_local = self.fidelity.grad(self.x, self.y, self.physics, gather=False)
+                return
             g = self.fidelity.grad(self.x, self.y, self.physics)
             self.x = self.x - self.gamma * g
 
     def _denoise(self) -> None:
         with torch.no_grad():
+            if self.pipeline is not None:
+                assert self.g_local is not None
+                chunks, pending = self.pipeline.issue_gradient(self.g_local)
+                self.x = self.pipeline.denoise(self.x, self.gamma, chunks, pending, self.sigma)
+                self.g_local = None
+                return
             self.x = self.denoiser(self.x, self.sigma)
 
     def sections(self) -> list[Section]:
@@ -209,6 +229,11 @@ class TrainingSolver(Solver):
         gamma = self.log_gamma.exp()
         x = self.x0
         for _ in range(self.unroll):
+            if self.pipeline is not None:
+                g_local = self.fidelity.grad(x, self.y, self.physics, gather=False)
+                chunks, pending = self.pipeline.issue_gradient(g_local)
+                x = self.pipeline.denoise(x, gamma, chunks, pending, self.sigma)
+                continue
             g = self.fidelity.grad(x, self.y, self.physics)
             x = self.denoiser(x - gamma * g, self.sigma)
         self.x = x

@@ -1,5 +1,6 @@
-"""The remedies side by side: when a sweep varies ``problem``, ``solver.denoiser_collective`` or
-``problem.num_operators``, one row per (mode, value, GPU count) with what each value costs.
+"""The remedies side by side: when a sweep varies ``problem``, ``solver.denoiser_collective``,
+``problem.num_operators``, ``solver.overlap`` or ``solver.overlap_chunks``, one row per (mode, value, GPU count)
+with what each value costs.
 
 Keys that vary (:func:`varied_keys`): ``problem`` when a mode's runs hold several problems; a
 variant key (:data:`pnpscale.core.config.VARIANT_KEYS`) when it takes several values among the
@@ -8,7 +9,9 @@ variant (``2d``, ``2d denoiser_collective=all_gather``, ``ct``); the first serie
 order (``all_reduce`` before ``all_gather``, problems and operator counts sorted) is the baseline.
 
 Per series and GPU count (:func:`comparison`, seconds per measured iteration summed over
-sections): section time, transfer, wait, LB, CommE, scaled cost (GPU-seconds relative to the
+sections): section time, transfer (exposed: blocked after the last rank arrived), wait, hidden (collective time
+overlapped by compute, outside the section time) and the hidden share ``H / (H + T + W)``, LB, CommE,
+scaled cost (GPU-seconds relative to the
 series' own smallest GPU count) and bytes per GPU (the main collectives under the ring model,
 :func:`pnpscale.results.transfer.main_bytes_per_gpu`), with section time, transfer and bytes
 relative to the baseline series at the same GPU count, and whether the difference lies within the
@@ -34,8 +37,10 @@ COMPARE = layout.COMPARE
 #: Report columns -> (label, format) of the comparison's markdown.
 _SHOW = {
     K.SECTION_S: ("section s", ".4g"),
-    K.TRANSFER_S: ("transfer s", ".4g"),
+    K.TRANSFER_S: ("exposed transfer s", ".4g"),
     K.WAIT_S: ("wait s", ".4g"),
+    K.HIDDEN_S: ("hidden s", ".4g"),
+    K.HIDDEN_SHARE: ("hidden share", ".2f"),
     K.LB: ("LB", ".3f"),
     K.COMM_E: ("CommE", ".3f"),
     K.SCALED_COST: ("scaled cost", ".3f"),
@@ -43,7 +48,8 @@ _SHOW = {
 
 
 def varied_keys(table: pd.DataFrame) -> list[str]:
-    """The compared keys that vary in ``table`` (``problem``, ``denoiser_collective``, ``num_operators``).
+    """The compared keys that vary in ``table`` (``problem``, ``denoiser_collective``, ``num_operators``, ``overlap``,
+    ``overlap_chunks``).
 
     >>> t = pd.DataFrame({"problem": ["2d", "ct"], "mode": "inference", "variant": ""})
     >>> varied_keys(t)
@@ -62,10 +68,13 @@ def varied_keys(table: pd.DataFrame) -> list[str]:
 
 
 def _order(series: pd.Series) -> list[str]:
-    """Series in baseline-first order: all_reduce before all_gather, else sorted (numbers numerically)."""
+    """Series in baseline-first order: all_reduce before all_gather, overlap=none before pipelined, else sorted
+    (numbers numerically)."""
 
     def key(label: str) -> tuple:
-        parts = label.replace("denoiser_collective=all_reduce", "denoiser_collective=0").split()
+        for default in ("denoiser_collective=all_reduce", "overlap=none"):
+            label = label.replace(default, default.split("=")[0] + "=0")
+        parts = label.split()
         return tuple((0, int(p.split("=")[1])) if p.split("=")[-1].isdigit() else (1, p) for p in parts)
 
     return sorted(dict.fromkeys(series), key=key)
@@ -156,7 +165,8 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame | None:
             with np.errstate(divide="ignore", invalid="ignore"):
                 grp[ratio] = np.where(ref > 0, grp[col].astype("float64") / ref, np.nan)
         grp[K.VARIED] = ", ".join(varied)
-        for col in (K.ITERATIONS, K.spread_column(K.SECTION_S, 10), K.spread_column(K.SECTION_S, 90)):
+        for col in (K.ITERATIONS, K.spread_column(K.SECTION_S, 10), K.spread_column(K.SECTION_S, 90), K.HIDDEN_S,
+                    K.HIDDEN_SHARE):  # fmt: skip
             if col not in grp:  # a table built before the spread was kept
                 grp[col] = np.nan
                 base[col] = np.nan
@@ -193,11 +203,14 @@ def savings(cmp: pd.DataFrame) -> list[str]:
             text = (
                 f"{mode}, {n} GPUs: `{series}` takes {a[K.SECTION_S]:.4g} s per iteration vs {b[K.SECTION_S]:.4g} s "
                 f"for `{order[0]}` ({diff}); "
-                f"transfer {a[K.TRANSFER_S]:.4g} s vs {b[K.TRANSFER_S]:.4g} s"
+                f"exposed transfer {a[K.TRANSFER_S]:.4g} s vs {b[K.TRANSFER_S]:.4g} s"
             )
             if pd.notna(a[K.BYTES_PER_GPU]) and pd.notna(b[K.BYTES_PER_GPU]) and b[K.BYTES_PER_GPU] > 0:
                 text += f"; bytes per GPU {a[K.BYTES_PER_GPU] / b[K.BYTES_PER_GPU]:.2f}x"
-            text += f"; wait {a[K.WAIT_S]:.4g} s vs {b[K.WAIT_S]:.4g} s; LB {a[K.LB]:.3f} vs {b[K.LB]:.3f}."
+            text += f"; wait {a[K.WAIT_S]:.4g} s vs {b[K.WAIT_S]:.4g} s"
+            if pd.notna(a.get(K.HIDDEN_S)) and pd.notna(b.get(K.HIDDEN_S)) and (a[K.HIDDEN_S] > 0 or b[K.HIDDEN_S] > 0):
+                text += f"; hidden {a[K.HIDDEN_S]:.4g} s vs {b[K.HIDDEN_S]:.4g} s"
+            text += f"; LB {a[K.LB]:.3f} vs {b[K.LB]:.3f}."
             lines.append(text)
     return lines
 
@@ -233,7 +246,9 @@ def markdown(cmp: pd.DataFrame) -> list[str]:
         "",
         f"![{COMPARE_PNG}]({COMPARE_PNG})",
         "",
-        "Seconds per measured iteration summed over sections; scaled cost relative to each series' own smallest "
+        "Seconds per measured iteration summed over sections; exposed transfer = blocked after the last rank "
+        "arrived, hidden = collective time overlapped by compute (not in the section time), hidden share = "
+        "hidden / (hidden + transfer + wait); scaled cost relative to each series' own smallest "
         "GPU count; bytes per GPU = the main (image-carrying) collectives under the ring model "
         "(all_reduce `2·P·(n−1)/n`, all_gather `S·(n−1)/n` with `S` = ranks × per-rank buffer); "
         "`vs base` = ratio to the first series at the same GPU count; the last column says whether the "
@@ -270,7 +285,7 @@ def plot_comparison(cmp: pd.DataFrame) -> Figure:
     time with its p10–p90 band over the measured iterations (what :func:`noise_verdict` compares)."""
 
     metrics = [*_SHOW.items(), (K.BYTES_PER_GPU, ("bytes per GPU", ""))]
-    fig, axes = figure(2, 4, (18, 8))
+    fig, axes = figure(2, 5, (22, 8))
     flat = axes.ravel()
     all_gpus = sorted({int(g) for g in cmp[K.GPUS]})
     keys = list(dict.fromkeys(zip(cmp[K.MODE], cmp[K.SERIES], strict=True)))
@@ -289,7 +304,7 @@ def plot_comparison(cmp: pd.DataFrame) -> Figure:
                 ax.fill_between(all_gpus, band[lo], band[hi], color=f"C{i % 10}", alpha=0.18, lw=0)
                 ax.vlines(all_gpus, band[lo], band[hi], color=f"C{i % 10}", alpha=0.45, lw=3)
         log2_x(ax, all_gpus)
-        if col in (K.LB, K.COMM_E):
+        if col in (K.LB, K.COMM_E, K.HIDDEN_SHARE):
             ax.set_ylim(0, 1.05)
         if col == K.BYTES_PER_GPU and (cmp[col] > 0).any():
             ax.set_yscale("log")

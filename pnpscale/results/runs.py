@@ -26,7 +26,7 @@ from pnpscale.core.record import RecordError, read_record
 from pnpscale.results.summary import scaled_cost
 
 POINT = ["problem", "mode", "gpus"]
-_HIVE = re.compile(r"^(problem|mode|gpus|denoiser_collective|num_operators)=(.+)$")
+_HIVE = re.compile(r"^(problem|mode|gpus|denoiser_collective|num_operators|overlap|overlap_chunks)=(.+)$")
 #: Columns of :func:`load`, besides the per-section metrics of :func:`pnpscale.analysis.metrics.summarize`.
 RUN_COLUMNS = [
     "run_dir",
@@ -40,6 +40,8 @@ RUN_COLUMNS = [
     "num_tiles",
     "variant",
     "denoiser_collective",
+    "overlap",
+    "overlap_chunks",
 ]
 #: Metric columns of :func:`load` (NaN for failed points; present even when no run completed).
 METRIC_COLUMNS = [
@@ -52,12 +54,12 @@ METRIC_COLUMNS = [
 #: Text columns of :func:`load`: pandas' ``str`` dtype (NaN where unknown), whatever their source.
 TEXT_COLUMNS = [
     "problem", "mode", K.SECTION, "status", "error", "run_dir", "scale", "backend", "linestyle", "variant",
-    "denoiser_collective",
+    "denoiser_collective", "overlap",
 ]  # fmt: skip
 #: Integer counts of :func:`load`: ``Int64`` (NA for failed points or counts a run did not record).
 COUNT_COLUMNS = [
     "iterations", K.N_MAIN, K.MAIN_PAYLOAD_BYTES, K.OTHER_PAYLOAD_BYTES, "nodes", "world_size", "num_operators",
-    "num_tiles",
+    "num_tiles", "overlap_chunks",
 ]  # fmt: skip
 
 
@@ -155,6 +157,8 @@ def discover(root: str | Path) -> pd.DataFrame:
         variant = fields.get("variant") or {
             "denoiser_collective": point.get("denoiser_collective", "all_reduce"),
             "num_operators": int(point["num_operators"]) if str(point.get("num_operators", "")).isdigit() else pd.NA,
+            "overlap": point.get("overlap", "none"),
+            "overlap_chunks": int(point["overlap_chunks"]) if str(point.get("overlap_chunks", "")).isdigit() else pd.NA,
         }
         row = {
             "problem": run.get("problem", point.get("problem")),
@@ -199,7 +203,13 @@ def _variant_fields(spec: dict[str, Any]) -> dict[str, Any]:
     """A run's values of the variant keys, from its ``run.json`` spec (defaults for older records)."""
     ops = (spec.get("sizes") or {}).get("num_operators")
     collective = spec.get("denoiser_collective") or "all_reduce"
-    return {"denoiser_collective": collective, "num_operators": ops if ops is not None else pd.NA}
+    chunks = spec.get("overlap_chunks")
+    return {
+        "denoiser_collective": collective,
+        "num_operators": ops if ops is not None else pd.NA,
+        "overlap": spec.get("overlap") or "none",
+        "overlap_chunks": chunks if chunks is not None else pd.NA,
+    }
 
 
 def variants(runs: pd.DataFrame) -> pd.Series:
@@ -211,6 +221,9 @@ def variants(runs: pd.DataFrame) -> pd.Series:
     ...                    "num_operators": [8, 8, 16]})
     >>> variants(df).tolist()
     ['denoiser_collective=all_reduce', 'denoiser_collective=all_gather', '']
+    >>> variants(pd.DataFrame({"problem": "2d", "mode": "inference", "overlap": ["none", "pipelined", "pipelined"],
+    ...                        "overlap_chunks": [pd.NA, 2, 4]})).tolist()
+    ['overlap=none', 'overlap=pipelined overlap_chunks=2', 'overlap=pipelined overlap_chunks=4']
     """
     from pnpscale.core.config import VARIANT_KEYS
 
@@ -221,6 +234,7 @@ def variants(runs: pd.DataFrame) -> pd.Series:
         counts = runs.groupby(["problem", "mode"])[key].transform(lambda s: s.dropna().nunique())
         varied = counts > 1
         part = key + "=" + runs[key].astype(str)
+        varied = varied & runs[key].notna()  # a key the run does not set (overlap_chunks without pipelined)
         label = label.where(~varied, (label + " " + part).str.strip())
     return label
 
