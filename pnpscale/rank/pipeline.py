@@ -80,7 +80,7 @@ def chunk_bounds(bands: Sequence[tuple[int, int]], chunks: int | None) -> list[t
         ValueError: ``chunks`` outside ``1..len(bands)``.
 
     >>> chunk_bounds([(0, 8), (8, 16), (16, 24), (24, 32)], 3), chunk_bounds([(0, 8), (8, 16)], None)
-    ([(0, 16), (16, 24), (24, 32)], [(0, 8), (8, 16)])
+    ([(0, 8), (8, 24), (24, 32)], [(0, 8), (8, 16)])
     """
     n = len(bands) if chunks is None else int(chunks)
     if not 1 <= n <= len(bands):
