@@ -89,3 +89,22 @@ def gloo_rank(rank: int, world: int, port: int) -> Iterator[None]:
         os.environ.update(hidden)
         if world > 1:
             dist.destroy_process_group()
+
+
+def rank_results(rank_fn, tmp_path_factory, worlds=(1, 2, 3, 4, 5)) -> dict:
+    """Run ``rank_fn(rank, world, port, out_dir)`` on every world size of ``worlds`` (fork-started gloo
+    ranks; each rank saves ``rank<r>.pt`` into ``out_dir``) and load the results: world size -> [rank 0, ...]."""
+    import torch
+    import torch.multiprocessing as mp
+
+    out = {}
+    for world in worlds:
+        d = tmp_path_factory.mktemp(f"w{world}")
+        mp.start_processes(rank_fn, args=(world, free_port(), str(d)), nprocs=world, start_method="fork")
+        out[world] = [torch.load(d / f"rank{r}.pt") for r in range(world)]
+    return out
+
+
+def rel_error(a, b) -> float:
+    """``|a - b| / |b|`` (Frobenius norms) of two tensors."""
+    return float((a - b).norm() / b.norm())

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pnpscale.rank.denoiser import core_slices, gather_layout, place_cores
-from tests.helpers import free_port, gloo_rank
+from tests.helpers import gloo_rank, rank_results, rel_error
 
 
 def _strategy(shape, patch, overlap):
@@ -69,21 +69,10 @@ def _rank_body(rank: int, out_dir: str) -> None:
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
-
-
 @pytest.fixture(scope="module")
 def gathered(tmp_path_factory):
     """Each world size's rank results (fork-started gloo ranks), keyed by world size."""
-    import torch.multiprocessing as mp
-
-    out = {}
-    for world in (1, 2, 3, 4, 5):
-        d = tmp_path_factory.mktemp(f"w{world}")
-        mp.start_processes(_rank, args=(world, free_port(), str(d)), nprocs=world, start_method="fork")
-        out[world] = [torch.load(d / f"rank{r}.pt") for r in range(world)]
-    return out
+    return rank_results(_rank, tmp_path_factory)
 
 
 @pytest.mark.slow
@@ -93,9 +82,9 @@ def test_all_gather_equals_all_reduce(gathered, world, dims):
     """Inference image, training image and weight gradients: all_gather == all_reduce to 1e-6 on every rank,
     and both equal the single-process result (5 ranks: one rank holds no 2D tile and sends only padding)."""
     single = gathered[1][0][(dims, "all_reduce")]
-    for rank_results in gathered[world]:
-        ar, ag = rank_results[(dims, "all_reduce")], rank_results[(dims, "all_gather")]
+    for mine in gathered[world]:
+        ar, ag = mine[(dims, "all_reduce")], mine[(dims, "all_gather")]
         for k, what in enumerate(("inference image", "training image", "weight gradients")):
-            assert _rel(ag[k], ar[k]) <= 1e-6, (world, dims, what)
-            assert _rel(ag[k], single[k]) <= 1e-5, (world, dims, what, "vs one process")
+            assert rel_error(ag[k], ar[k]) <= 1e-6, (world, dims, what)
+            assert rel_error(ag[k], single[k]) <= 1e-5, (world, dims, what, "vs one process")
         assert ag[2].abs().sum() > 0  # the gradients are not trivially zero

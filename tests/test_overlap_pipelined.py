@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pnpscale.rank.pipeline import band_bounds, chunk_bounds, reflect_index, window, window_rows
-from tests.helpers import free_port, gloo_rank
+from tests.helpers import gloo_rank, rank_results, rel_error
 
 
 def _strategy(shape, patch, overlap):
@@ -88,21 +88,10 @@ def _rank_body(rank: int, world: int, out_dir: str) -> None:
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
-
-
 @pytest.fixture(scope="module")
 def pipelined(tmp_path_factory):
     """Each world size's rank results (fork-started gloo ranks), keyed by world size."""
-    import torch.multiprocessing as mp
-
-    out = {}
-    for world in (1, 2, 3, 4, 5):
-        d = tmp_path_factory.mktemp(f"w{world}")
-        mp.start_processes(_rank, args=(world, free_port(), str(d)), nprocs=world, start_method="fork")
-        out[world] = [torch.load(d / f"rank{r}.pt") for r in range(world)]
-    return out
+    return rank_results(_rank, tmp_path_factory)
 
 
 @pytest.mark.slow
@@ -111,16 +100,16 @@ def pipelined(tmp_path_factory):
 def test_pipelined_equals_blocking(pipelined, world, dims):
     """Inference image, training image, weight gradients and input gradient: pipelined (one chunk per tile row,
     one chunk, two chunks) == the blocking path to 1e-6 on every rank, identical across ranks."""
-    for rank_results in pipelined[world]:
-        base = rank_results[(dims, "none", None)]
+    for mine in pipelined[world]:
+        base = mine[(dims, "none", None)]
         for chunks in (None, 1, 2):
-            got = rank_results[(dims, "pipelined", chunks)]
+            got = mine[(dims, "pipelined", chunks)]
             for k, what in enumerate(("inference image", "training image", "weight gradients", "input gradient")):
-                assert _rel(got[k], base[k]) <= 1e-6, (world, dims, chunks, what)
+                assert rel_error(got[k], base[k]) <= 1e-6, (world, dims, chunks, what)
         assert base[2].abs().sum() > 0 and base[3].abs().sum() > 0
     first = pipelined[world][0][(dims, "pipelined", None)]
-    for rank_results in pipelined[world][1:]:
-        assert torch.equal(rank_results[(dims, "pipelined", None)][0], first[0])
+    for mine in pipelined[world][1:]:
+        assert torch.equal(mine[(dims, "pipelined", None)][0], first[0])
 
 
 @pytest.mark.slow
@@ -145,11 +134,11 @@ def test_cli_pipelined_gives_the_blocking_image_and_the_report_compares_them(tmp
         base, pipe = runs[(mode, "none")], runs[(mode, "pipelined")]
         assert "overlap=pipelined" in str(pipe) and "overlap=" not in str(base)
         a, b = torch.load(pipe / "reconstruction.pt"), torch.load(base / "reconstruction.pt")
-        assert _rel(a, b) <= 1e-6, mode
+        assert rel_error(a, b) <= 1e-6, mode
         if mode == "training":
             for key in ("losses", "grad_norms"):
                 got, want = torch.tensor(read_run(pipe)["solver"][key]), torch.tensor(read_run(base)["solver"][key])
-                assert _rel(got, want) <= 1e-6, key
+                assert rel_error(got, want) <= 1e-6, key
     colls = pd.read_parquet(runs[("inference", "pipelined")] / "collectives.parquet")
     per = colls[(colls["rank"] == 0) & (colls["iteration"] == 1)]
     image = 3 * 32 * 32 * 4
