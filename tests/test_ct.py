@@ -122,7 +122,7 @@ def test_angle_blocks_keep_the_gradient_balanced_where_two_operators_cannot(tmp_
     for overrides in (ct, [*two_d, "problem.num_operators=2"]):
         proc = run_cli(*common, *overrides, root=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    lb, assigned = {}, {}
+    lb, assigned, operators, busy = {}, {}, {}, {}
     for d in run_dirs(tmp_path):
         run = read_run(d)
         lb[run["problem"]] = run["metrics"]["sections"]["gradient"]["lb"]
@@ -130,9 +130,15 @@ def test_angle_blocks_keep_the_gradient_balanced_where_two_operators_cannot(tmp_
         g = ranks[(ranks[K.SECTION] == "gradient") & ~ranks[K.WARMUP]]
         per_rank = (g[K.SECTION_S] - g[K.COMM_S]).groupby(g[K.RANK]).mean()
         assigned[run["problem"]] = float(per_rank.mean() / per_rank.max())
+        operators[run["problem"]] = run["assignment"]["operators_per_rank"]
+        busy[run["problem"]] = per_rank.sort_index().tolist()
     enough_cores = len(os.sched_getaffinity(0)) >= 4
     assert assigned["ct"] >= 0.85, (assigned, lb)
+    assert operators["2d"] == [1, 1, 0, 0] and operators["ct"] == [4, 4, 4, 4], operators
+    # 2d, per rank: the two ranks with an operator compute longer than the two without, whatever the load
+    assert min(busy["2d"][:2]) > max(busy["2d"][2:]), busy
     # 2d: per iteration, the two ranks without an operator idle; their per-rank means are not used here
-    # (on shared cores the idle ranks' scheduling delays land in their compute and smooth the means)
-    assert 0.35 <= lb["2d"] <= 0.7, (assigned, lb)
+    # (on shared cores the idle ranks' scheduling delays land in their compute and smooth the means: a CI
+    # run on 2 loaded cores read 0.706, so the study's 0.5 is only required with a core per rank)
+    assert 0.35 <= lb["2d"] <= (0.7 if enough_cores else 0.85), (assigned, lb)
     assert lb["ct"] >= (0.9 if enough_cores else lb["2d"] + 0.1), (lb, f"{len(os.sched_getaffinity(0))} cores")
