@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale.results import projection_model as pm
+from pnpscale.results import projection_base as pb
 from pnpscale.results.jitter import expected_max, expected_max_normal, nonnegative_lstsq
 from pnpscale.results.projection import (
     Options,
@@ -319,7 +319,7 @@ def test_cpu_ranks_past_the_cores_are_not_fitted_nor_projected():
 
 
 def test_cpu_cores_default_to_this_machine(monkeypatch):
-    monkeypatch.setattr(pm, "local_cores", lambda: 3)
+    monkeypatch.setattr(pb, "local_cores", lambda: 3)
     model = fit(sweep([1, 2, 3, 4], backend="gloo", gpus_per_node=None))
     assert model.cores == 3 and model.fitted_gpus == [1, 2, 3]
     assert "this machine's 3 core(s)" in " ".join(model.assumptions)
@@ -331,7 +331,7 @@ def test_the_report_on_cpu_runs_says_it_does_not_project_past_the_cores(tmp_path
     from pnpscale.results.report import write_report
     from tests.test_compare import write_collective_sweep
 
-    monkeypatch.setattr(pm, "local_cores", lambda: 2)
+    monkeypatch.setattr(pb, "local_cores", lambda: 2)
     out = write_report(write_collective_sweep(tmp_path / "sweep"), echo=lambda _: None)
     readme = (out / layout.REPORT_README).read_text()
     assert "not projected: GPU counts 8, 16, 32, 64 are past the 2 cores the CPU ranks share" in readme
@@ -361,7 +361,7 @@ def test_a_table_with_two_rows_per_point_is_refused_not_merged():
 @pytest.fixture
 def many_cores(monkeypatch):
     """The fake runs are gloo runs of up to 4 ranks: give them the cores they had."""
-    monkeypatch.setattr(pm, "local_cores", lambda: 64)
+    monkeypatch.setattr(pb, "local_cores", lambda: 64)
 
 
 def _snapshot(folder):
