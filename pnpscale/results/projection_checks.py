@@ -132,3 +132,12 @@ def misses(validation: pd.DataFrame, tolerance: float) -> pd.DataFrame:
     v = validation[(validation["kind"] == RESIDUAL) & (validation[K.SECTION] == ALL)
                    & validation["metric"].isin(HEADLINE)]  # fmt: skip
     return v[v[K.REL_ERROR].abs() > tolerance]
+
+
+def loo_misses(validation: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    """Rows of :func:`leave_one_out` (section ``all``, :data:`HEADLINE` metrics) off by more than ``tolerance``;
+    a transfer taken from the held-out point's own rate (its ``note`` says so) is no prediction and left out."""
+    v = validation[(validation["kind"] == LOO) & (validation[K.SECTION] == ALL)
+                   & validation["metric"].isin(HEADLINE)]  # fmt: skip
+    own = (v["metric"] == K.TRANSFER_S) & (v["note"].astype(str) != "")
+    return v[~own & (v[K.REL_ERROR].abs() > tolerance)]

@@ -85,17 +85,18 @@ from pnpscale.results.projection_base import (
     parse_algorithms,
     parse_rates,
 )
-from pnpscale.results.projection_checks import leave_one_out, misses, residuals
+from pnpscale.results.projection_checks import leave_one_out, loo_misses, misses, residuals
 from pnpscale.results.projection_eval import check_possible, evaluate, findings, measured_rows
 from pnpscale.results.projection_fit import fit
+from pnpscale.results.projection_overlap import OverlapProjection, overlap_projections
 from pnpscale.results.projection_routes import algorithm_at, rate_at
 
 __all__ = [
     "ALGORITHMS", "ALL", "GROUP", "HEADLINE", "INTRA", "LOO", "RESIDUAL", "RING", "ROUTE_ALIASES", "TREE",
-    "VALIDATED", "Model", "Options", "Projection", "ProjectionError", "SectionModel", "algorithm_at",
-    "algorithm_notes", "check_possible", "evaluate", "findings", "fit", "intra_route", "leave_one_out",
-    "local_cores", "measured_rows", "misses", "option_notes", "parse_algorithms", "parse_rates", "project",
-    "rate_at", "residuals",
+    "VALIDATED", "Model", "Options", "OverlapProjection", "Projection", "ProjectionError", "SectionModel",
+    "algorithm_at", "algorithm_notes", "check_possible", "evaluate", "findings", "fit", "intra_route",
+    "leave_one_out", "local_cores", "loo_misses", "measured_rows", "misses", "option_notes", "parse_algorithms",
+    "parse_rates", "project", "rate_at", "residuals",
 ]  # fmt: skip
 
 
@@ -112,6 +113,10 @@ class Projection:
         notes: (problem, mode) -> what became of the given options and of the GPU counts asked
             (a ``--rate`` or ``--algorithm`` not used and why, GPU counts refused).
         tolerance: the residual tolerance (relative).
+        overlap: (pipelined series, mode) -> its exposed transfer projected from the blocking series
+            (:mod:`pnpscale.results.projection_overlap`).
+        overlap_notes: one line per pipelined series not projected (and why), or one line saying the
+            sweep has no pipelined series.
     """
 
     table: pd.DataFrame
@@ -121,6 +126,8 @@ class Projection:
     skipped: dict[tuple[str, str], str]
     notes: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     tolerance: float = 0.10
+    overlap: dict[tuple[str, str], OverlapProjection] = field(default_factory=dict)
+    overlap_notes: list[str] = field(default_factory=list)
 
 
 def algorithm_notes(model: Model, table: pd.DataFrame) -> list[str]:
@@ -177,6 +184,7 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
     """
     pts = _points(table, unique=False)  # each (problem, mode) is checked by fit
     frames, vals, found, assumed, skipped, notes = [], [], {}, {}, {}, {}
+    models: dict[tuple[str, str], Model] = {}
     for (problem, mode), rows in pts.groupby(GROUP, sort=True):
         key = (str(problem), str(mode))
         measured = sorted({int(g) for g in rows[K.GPUS]})
@@ -201,6 +209,7 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
         except ProjectionError as exc:
             skipped[key] = str(exc)
             continue
+        models[key] = model
         frames += [measured_rows(rows, model), proj]
         vals.append(checks)
         assumed[key] = model.assumptions + algorithm_notes(model, proj)
@@ -211,4 +220,6 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
     cols = list(K.PROJECTION_COLUMNS)
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
     val = pd.concat(vals, ignore_index=True) if vals else pd.DataFrame(columns=list(K.VALIDATION_COLUMNS))
-    return Projection(out, val, found, assumed, skipped, notes, options.tolerance)
+    searched = {k: int(f["searched_up_to"]) for k, f in found.items()}
+    overlap, overlap_notes = overlap_projections(pts, models, searched, skipped, sorted(set(gpus)))
+    return Projection(out, val, found, assumed, skipped, notes, options.tolerance, overlap, overlap_notes)
