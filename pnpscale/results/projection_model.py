@@ -44,10 +44,15 @@ seconds per measured iteration), optionally with an ``algorithm`` column (the on
 * **CPU ranks** (backend gloo) share the machine's cores (``devices``, default: this machine's):
   points with more ranks than cores time-share them (compute and transfer), which the model does not
   describe, so they are not fitted and N past the cores is not projected (said).
+* **pipelined overlap** (``solver.overlap=pipelined`` beside ``none`` in one sweep): the pipelined series'
+  exposed transfer from the blocking series' model and the measured hidden share held from the largest
+  measured multi-GPU count, hidden at most the critical-path compute, and both crossovers
+  (:mod:`pnpscale.results.projection_overlap`); a sweep without a pipelined series says so in one line.
 
 Checks: :func:`residuals` (the fit at its own points), :func:`leave_one_out` (each measured N predicted
 from the others, with its own nodes and algorithm); the headline is the largest measured N predicted
-from the smaller ones, its worst error over time, transfer, wait and PE.
+from the smaller ones, its worst error over time, transfer, wait and PE; every residual and every
+leave-one-out error beyond the tolerance is listed (:func:`misses`, :func:`loo_misses`).
 
 Units: seconds per iteration, bytes, GB/s = 1e9 B/s. Sources: the study "Communication under the hood:
 transfer vs wait" (metrics, byte formulas, routes), nccl-tests' PERFORMANCE.md (bytes per GPU).
