@@ -12,8 +12,9 @@
   assembly over a table (``project``), made of :mod:`~pnpscale.results.projection_base` (options, the model's
   types, work per rank, the measured points), :mod:`~pnpscale.results.projection_fit` (compute, jitter, wait),
   :mod:`~pnpscale.results.projection_routes` (algorithm per node count, routes, rates),
-  :mod:`~pnpscale.results.projection_eval` (the numbers at any N, no impossible number, findings) and
-  :mod:`~pnpscale.results.projection_checks` (residuals, leave-one-out);
+  :mod:`~pnpscale.results.projection_eval` (the numbers at any N, no impossible number, findings),
+  :mod:`~pnpscale.results.projection_checks` (residuals, leave-one-out) and
+  :mod:`~pnpscale.results.projection_overlap` (the pipelined series from the blocking one and its hidden share);
 * :mod:`~pnpscale.results.jitter`: the expected maximum of N ranks' compute, non-negative least squares;
 * :mod:`~pnpscale.results.projection`: the projection's files, chart and command (``python -m pnpscale.project``);
 * :mod:`~pnpscale.results.report`: ``<sweep>/report/`` (``python -m pnpscale.report``).
