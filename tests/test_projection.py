@@ -575,3 +575,19 @@ def test_command_prints_both_crossovers(overlap_sweep, tmp_path, capsys, many_co
     assert "### Pipelined overlap: 2d overlap=pipelined inference (projected from 2d overlap=none)" in out
     assert "blocking N = 8, pipelined N = 16" in out and NO_PIPELINED not in out
     assert "pipelined exposed transfer at its measured points (projected vs measured): N=2 0.675 s" in out
+
+
+def test_a_large_leave_one_out_error_is_a_warning_line_and_a_missing_one_is_said():
+    """2D training on 1, 2, 4: every rank holds the same share of operators and tiles, so 8 (half the ranks
+    without an operator) is mispredicted; the report says so in bold, not only in the headline and table."""
+    from pnpscale.results.projection import loo_misses
+
+    p = project(sweep([1, 2, 4, 8], key=("2d", "training")), [64], Options(rates={"inter-node ring": 10.5}))
+    far = loo_misses(p.validation, 0.10)
+    wait8 = far[(far[K.GPUS] == 8) & (far["metric"] == K.WAIT_S)]
+    assert len(wait8) == 1 and wait8[K.REL_ERROR].iloc[0] > 1.0  # several times the measured wait
+    assert not far[(far[K.GPUS] == 8) & (far["metric"] == K.TRANSFER_S)].any().any()  # its own rate: no prediction
+    lines = [line for line in markdown(p) if line.startswith("- **leave-one-out misses by more than 10 %**")]
+    assert len(lines) == 1 and "N=8 from 1,2,4: wait +" in lines[0]
+    two = markdown(project(sweep([1, 2]), [8]))
+    assert "- leave-one-out: not made: 2 measured GPU count(s) (1, 2); each held-out N needs 2 others to fit on" in two

@@ -124,8 +124,7 @@ def markdown(p: Projection) -> list[str]:
                 f"- **leave-one-out misses by more than {100 * p.tolerance:g} %**: "
                 + "; ".join(f"N={int(r[K.GPUS])} from {r['fitted_on']}: {_NAMES[r['metric']]} {_pct(r[K.REL_ERROR])}"
                             for _, r in far.iterrows())
-                + ": the model fitted on the smaller points does not carry to these; expect errors of that size "
-                "past the measured points"
+                + ": fitted without them, the model misses them; expect errors of that size past the measured points"
             )  # fmt: skip
         bad = misses(v, p.tolerance)
         if bad.empty:
