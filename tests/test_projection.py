@@ -336,6 +336,9 @@ def test_the_report_on_cpu_runs_says_it_does_not_project_past_the_cores(tmp_path
     readme = (out / layout.REPORT_README).read_text()
     assert "not projected: GPU counts 8, 16, 32, 64 are past the 2 cores the CPU ranks share" in readme
     assert "least time per iteration" not in readme and not (out / layout.PROJECTION).exists()
+    from pnpscale.results.projection_overlap import NO_PIPELINED
+
+    assert readme.count(NO_PIPELINED) == 1  # nothing projected: the overlap's line is still there
 
 
 def test_too_few_points_or_unknown_assignment_are_refused():

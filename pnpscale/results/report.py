@@ -224,7 +224,8 @@ def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
         return []
     p = project(with_algorithms(done), default_targets(int(done["gpus"].max())), Options(), min_points=3)
     if not p.findings:
-        return ["## Projection", "", *(f"- {k[0]} {k[1]}: not projected: {v}" for k, v in p.skipped.items()), ""]
+        skipped = [f"- {k[0]} {k[1]}: not projected: {v}" for k, v in p.skipped.items()]
+        return ["## Projection", "", *skipped, *(f"- {n}" for n in p.overlap_notes), ""]
     lines = write_files(p, out)
     return readme_section(lines, "Written by the report (default options)")
 
