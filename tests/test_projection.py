@@ -404,6 +404,7 @@ def test_command_projects_each_variant_of_a_sweep(tmp_path, capsys, many_cores):
         assert sorted(set(measured[K.GPUS])) == [1, 2, 4] and not measured.duplicated([K.GPUS, K.SECTION]).any()
     val = pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION_VALIDATION)
     assert sorted(set(val[K.PROBLEM])) == series and set(val["kind"]) == {"residual", "leave-one-out"}
+    assert pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION_OVERLAP).empty  # written, no row
 
 
 def test_command_on_cpu_runs_refuses_past_the_cores(tmp_path, capsys):
@@ -578,6 +579,11 @@ def test_command_prints_both_crossovers(overlap_sweep, tmp_path, capsys, many_co
     assert "### Pipelined overlap: 2d overlap=pipelined inference (projected from 2d overlap=none)" in out
     assert "blocking N = 8, pipelined N = 16" in out and NO_PIPELINED not in out
     assert "pipelined exposed transfer at its measured points (projected vs measured): N=2 0.675 s" in out
+    from pnpscale import layout
+
+    rows = pd.read_parquet(tmp_path / "out" / layout.PROJECTION_OVERLAP)
+    assert list(rows.columns) == list(K.PROJECTION_OVERLAP_COLUMNS) and set(rows[K.GPUS]) == {1, 2, 4, 8, 16, 64}
+    assert set(rows[K.PROBLEM]) == {"2d overlap=pipelined"} and set(rows[K.BLOCKING_SERIES]) == {"2d overlap=none"}
 
 
 def test_a_large_leave_one_out_error_is_a_warning_line_and_a_missing_one_is_said():

@@ -35,6 +35,7 @@ from pnpscale.results.projection_model import (
     project,
     residuals,
 )
+from pnpscale.results.projection_overlap import frame as overlap_frame
 from pnpscale.results.projection_overlap import markdown as overlap_markdown
 
 __all__ = [
@@ -244,8 +245,9 @@ README_HEADING = "## Projection"
 
 
 def write_files(p: Projection, dest: Any) -> list[str]:
-    """Write projection.parquet, projection_validation.parquet, projection.png and projection.md into
-    ``dest`` as they are (a staging folder: :func:`write` and the report commit them together).
+    """Write projection.parquet, projection_validation.parquet, projection_overlap.parquet (no row without a
+    pipelined series), projection.png and projection.md into ``dest`` as they are (a staging folder:
+    :func:`write` and the report commit them together).
 
     Returns:
         the markdown lines (also in projection.md).
@@ -259,6 +261,7 @@ def write_files(p: Projection, dest: Any) -> list[str]:
     save(plot(p), dest / layout.PROJECTION_PNG)
     p.table.to_parquet(dest / layout.PROJECTION, index=False)
     p.validation.to_parquet(dest / layout.PROJECTION_VALIDATION, index=False)
+    overlap_frame(p.overlap).to_parquet(dest / layout.PROJECTION_OVERLAP, index=False)  # always: never stale
     lines = markdown(p)
     (dest / layout.PROJECTION_MD).write_text("\n".join(["# pnpscale projection", "", *lines]))
     return lines
@@ -270,7 +273,8 @@ def readme_section(lines: Sequence[str], made_by: str) -> list[str]:
         f"{README_HEADING} past the measured GPU counts",
         "",
         f"{made_by}. `projection.png`, `projection.parquet` (measured and projected rows), "
-        "`projection_validation.parquet` (leave-one-out); other GPU counts, rates or nodes: "
+        "`projection_validation.parquet` (residuals, leave-one-out), `projection_overlap.parquet` (the pipelined "
+        "overlap); other GPU counts, rates or nodes: "
         "`python -m pnpscale.project <sweep dir> --gpus ...`.",
         "",
         *lines,

@@ -276,6 +276,15 @@ def overlap_projections(
     return out, (lines if found else [NO_PIPELINED])
 
 
+def frame(overlap: Mapping[tuple[str, str], OverlapProjection]) -> pd.DataFrame:
+    """Every :class:`OverlapProjection`'s table in one frame (:data:`pnpscale.columns.PROJECTION_OVERLAP_COLUMNS`;
+    no row without a pipelined series)."""
+    cols = list(K.PROJECTION_OVERLAP_COLUMNS)
+    parts = [o.table.assign(**{K.PROBLEM: o.pipelined, K.MODE: o.mode, K.BLOCKING_SERIES: o.blocking})[cols]
+             for _, o in sorted(overlap.items())]  # fmt: skip
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
 def markdown(o: OverlapProjection, tolerance: float) -> list[str]:
     """README lines of one :class:`OverlapProjection`: the crossovers, the check at the measured points
     (a miss beyond ``tolerance`` said in bold), the table, the assumptions."""
