@@ -30,7 +30,14 @@ and its time at the smallest N; the transfer sets each section's payload at the 
 beyond the jitter is the operators' imbalance (per_op); fixed and per_tile from the compute at the
 smallest N and at 64 (fixed >= 0; where that cannot hold, per_tile from the 64-GPU compute).
 
-    python benchmarks/projection_study.py [--iterations 200]
+The pipelined overlap (``solver.overlap=pipelined``) is a what-if here: the study did not measure it, so
+its hidden share is a parameter (``--hidden-share``), not a measurement. For the study's 2D inference, the
+exposed transfer of the pipelined variant is projected from the blocking model (fitted from <= 8 and <= 16
+GPUs) as :mod:`pnpscale.results.projection_overlap` does with a measured share (hidden = min(h x transfer,
+critical-path compute)), and the crossover N (exposed transfer > critical-path compute) of both variants is
+searched over 1..``--up-to``.
+
+    python benchmarks/projection_study.py [--iterations 200] [--hidden-share 0.25,0.5,0.75,1] [--up-to 2048]
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ import pandas as pd
 from pnpscale import columns as K
 from pnpscale.rank.assignment import round_robin
 from pnpscale.results.jitter import expected_max_normal
-from pnpscale.results.projection_model import ALL, RING, Options, evaluate, fit, leave_one_out
+from pnpscale.results.projection_model import ALL, RING, Options, evaluate, fit, leave_one_out, loo_misses, residuals
+from pnpscale.results.projection_overlap import crossover, grid
 
 GPUS_PER_NODE = 4
 RATES = {"intra2": 40e9, "intra4": 119e9, "tree": 17e9, "ring": 10.5e9}  # bytes/s, the study's table
@@ -314,10 +322,12 @@ def _fmt(v: float | tuple[float, float]) -> str:
     return f"{v[0]:.4g}–{v[1]:.4g}" if isinstance(v, tuple) else f"{v:.4g}"
 
 
-def run(iterations: int = 200) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run(iterations: int = 200, shares: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0),
+        search_up_to: int = 2048) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:  # fmt: skip
     """(table of every study figure: study, generator, projected from <= 8 and <= 16 GPUs, errors;
-    leave-one-out headline per fit)."""
-    rows, heads = [], []
+    the checks per fit: leave-one-out headline and worst residual; 2D inference's pipelined what-if per
+    hidden share: exposed transfer at 64 and the crossovers; warning lines: leave-one-out errors > 10 %)."""
+    rows, heads, overlap, warnings = [], [], [], []
     for name, cfg in configs().items():
         gen = sweep(cfg, iterations)
         base = gen[gen[K.GPUS] == gen[K.GPUS].min()]
@@ -331,6 +341,32 @@ def run(iterations: int = 200) -> tuple[pd.DataFrame, pd.DataFrame]:
             p = evaluate(model, [64])
             proj[up_to] = figures(p, base)
             loo = leave_one_out(pts, options, model)
+            res = residuals(pts, model)
+            res = res[(res[K.SECTION] == ALL) & res["metric"].isin([K.SECTION_S, K.TRANSFER_S, K.WAIT_S, K.PE])]
+            worst_res = res.loc[res[K.REL_ERROR].abs().idxmax()]
+            far = loo_misses(loo, 0.10)
+            if not far.empty:
+                warnings.append(f"{name} from <= {up_to}: leave-one-out misses by more than 10 %: " + "; ".join(
+                    f"N={int(r[K.GPUS])} from {r['fitted_on']} {r['metric']} {100 * r[K.REL_ERROR]:+.0f} %"
+                    for _, r in far.iterrows()))  # fmt: skip
+            if loo.empty:
+                fitted = ", ".join(map(str, model.fitted_gpus))
+                warnings.append(f"{name} from <= {up_to}: leave-one-out not made: fitted on {fitted} only "
+                                "(each held-out N needs 2 others)")  # fmt: skip
+            if name == "2d inference":
+                search = evaluate(model, range(1, search_up_to + 1))
+                a = search[search[K.SECTION] == ALL]
+                blocking = crossover(a[K.GPUS], a[K.TRANSFER_S], a[K.COMPUTE_MAX_S]) or f"none <= {search_up_to}"
+                for share in shares:
+                    g = grid(model, range(1, search_up_to + 1), share)
+                    at64 = g[g[K.GPUS] == 64].iloc[0]
+                    piped = crossover(g[K.GPUS], g[K.PIPELINED_TRANSFER_S], g[K.COMPUTE_MAX_S])
+                    overlap.append({"fitted on": f"<= {up_to}", "hidden share (what-if)": share,
+                                    "compute_max at 64 s": at64[K.COMPUTE_MAX_S],
+                                    "blocking transfer at 64 s": at64[K.TRANSFER_S],
+                                    "pipelined exposed transfer at 64 s": at64[K.PIPELINED_TRANSFER_S],
+                                    "blocking crossover N": blocking,
+                                    "pipelined crossover N": piped or f"none <= {search_up_to}"})  # fmt: skip
             h = loo[loo["headline"] & (loo[K.SECTION] == ALL) & loo["metric"].isin(
                 [K.SECTION_S, K.TRANSFER_S, K.WAIT_S, K.PE])]  # fmt: skip
             if not h.empty and h["note"].iloc[0]:  # its own rate: its transfer is no prediction
@@ -340,7 +376,10 @@ def run(iterations: int = 200) -> tuple[pd.DataFrame, pd.DataFrame]:
                           "held out": int(worst[K.GPUS]) if worst is not None else None,
                           "worst metric": worst["metric"] if worst is not None else None,
                           "error %": 100 * worst[K.REL_ERROR] if worst is not None else math.nan,
-                          "note": h["note"].iloc[0] if not h.empty else ""})  # fmt: skip
+                          "worst residual": f"{worst_res['metric']} at {int(worst_res[K.GPUS])}",
+                          "residual %": 100 * worst_res[K.REL_ERROR],
+                          "note": h["note"].iloc[0] if not h.empty else
+                          "no leave-one-out: 2 fitted GPU counts"})  # fmt: skip
         for fig_name, study in STUDY[name].items():
             rows.append({
                 "configuration": name, "figure": fig_name, "study": _fmt(study),
@@ -349,7 +388,7 @@ def run(iterations: int = 200) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "<= 16 vs study %": 100 * _err(proj[16][fig_name], study),
                 "<= 8 vs generator %": 100 * (proj[8][fig_name] / truth[fig_name] - 1),
             })  # fmt: skip
-    return pd.DataFrame(rows), pd.DataFrame(heads)
+    return pd.DataFrame(rows), pd.DataFrame(heads), pd.DataFrame(overlap), warnings
 
 
 def criteria(table: pd.DataFrame) -> list[str]:
@@ -371,8 +410,14 @@ def criteria(table: pd.DataFrame) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=200, help="simulated iterations per point (jitter)")
+    p.add_argument("--hidden-share", default="0.25,0.5,0.75,1",
+                   help="what-if hidden shares of the pipelined overlap, comma-separated in [0, 1] (not measured)")
+    p.add_argument("--up-to", type=int, default=2048, help="largest N searched for the crossovers")
     a = p.parse_args()
-    table, heads = run(a.iterations)
+    shares = tuple(float(x) for x in a.hidden_share.split(","))
+    if not all(0 <= s <= 1 for s in shares):
+        p.error(f"--hidden-share={a.hidden_share}: each share must be in [0, 1]")
+    table, heads, overlap, warnings = run(a.iterations, shares, a.up_to)
     print("Synthetic sweep from the study's numbers (not measured); 64-GPU figures, study vs projected:\n")
     shown = table.copy()
     for c in [c for c in shown if c.endswith("%")]:
@@ -382,6 +427,12 @@ def main() -> None:
     print("\n".join(criteria(table)))
     print("\nLeave-one-out headline (largest fitted N from the smaller ones), worst of time/transfer/wait/PE:\n")
     print(heads.to_markdown(index=False, floatfmt=".3g"))
+    print()
+    print("\n".join(f"WARNING: {w}" for w in warnings) or "no leave-one-out error above 10 %")
+    print("\n2D inference, pipelined overlap: a what-if (the study measured no hidden share); exposed transfer "
+          "= blocking transfer - min(h x transfer, compute_max); crossover = least N with (exposed) transfer > "
+          "compute_max:\n")
+    print(overlap.to_markdown(index=False, floatfmt=".4g"))
 
 
 if __name__ == "__main__":

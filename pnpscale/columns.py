@@ -223,6 +223,18 @@ PROJECTION_COLUMNS = (
     PROBLEM, MODE, GPUS, NODES, SECTION, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S, LB, COMM_E, PE,
     GPU_SECONDS, SCALED_COST, ROUTE, RATE_GBPS, ALGORITHM, ALGORITHM_SOURCE, MEASURED,
 )  # fmt: skip
+#: the pipelined variant projected from the blocking one (pnpscale.results.projection_overlap), section ``all``
+#: per N: the blocking model's COMPUTE_MAX_S and TRANSFER_S, the pipelined exposed transfer and hidden time (s)
+#: under the held HIDDEN_SHARE.
+PIPELINED_TRANSFER_S = "pipelined_transfer_s"
+PIPELINED_HIDDEN_S = "pipelined_hidden_s"
+OVERLAP_PROJECTION_COLUMNS = (
+    GPUS, NODES, COMPUTE_MAX_S, TRANSFER_S, PIPELINED_TRANSFER_S, PIPELINED_HIDDEN_S, HIDDEN_SHARE,
+)  # fmt: skip
+#: report/projection_overlap.parquet: the rows above per pipelined series (PROBLEM, the series label) and the
+#: blocking series it was projected from.
+BLOCKING_SERIES = "blocking_series"
+PROJECTION_OVERLAP_COLUMNS = (PROBLEM, MODE, BLOCKING_SERIES, *OVERLAP_PROJECTION_COLUMNS)
 #: checks of the projection: one row per kind ("residual": the fit at its own points; "leave-one-out":
 #: each measured N predicted without it) x N x section x metric; ``note`` says why a row has no numbers.
 VALIDATION_COLUMNS = (

@@ -49,6 +49,7 @@ PROJECTION = "projection.parquet"
 PROJECTION_VALIDATION = "projection_validation.parquet"
 PROJECTION_PNG = "projection.png"
 PROJECTION_MD = "projection.md"
+PROJECTION_OVERLAP = "projection_overlap.parquet"  # the pipelined series projected from the blocking one
 LOCK = ".pnpscale.lock"  # pnpscale.core.lock: the holder (pid, host, start) as JSON
 RESERVE = ".pnpscale.reserve"  # pnpscale.core.record.reserve_space
 STAGING_PREFIX = ".staging-"  # commit_files' staging folders (never read as results)

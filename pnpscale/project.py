@@ -2,7 +2,8 @@
 [--algorithm NODES=ALGO ...] [--pe-min 0.8] [--devices D] [--tolerance 0.1] [--fit-gpus 1,2,4] [--out DIR]``:
 project a sweep's scaling curve past the measured GPU counts.
 
-The command only; the model lives in :mod:`pnpscale.results.projection_model`, the files in
+The command only; the model lives in :mod:`pnpscale.results.projection_model` (and the ``projection_*`` modules
+it assembles), the files in
 :mod:`pnpscale.results.projection`.
 """
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale.results import projection_model as pm
+from pnpscale.results import projection_base as pb
 from pnpscale.results.jitter import expected_max, expected_max_normal, nonnegative_lstsq
 from pnpscale.results.projection import (
     Options,
@@ -319,7 +319,7 @@ def test_cpu_ranks_past_the_cores_are_not_fitted_nor_projected():
 
 
 def test_cpu_cores_default_to_this_machine(monkeypatch):
-    monkeypatch.setattr(pm, "local_cores", lambda: 3)
+    monkeypatch.setattr(pb, "local_cores", lambda: 3)
     model = fit(sweep([1, 2, 3, 4], backend="gloo", gpus_per_node=None))
     assert model.cores == 3 and model.fitted_gpus == [1, 2, 3]
     assert "this machine's 3 core(s)" in " ".join(model.assumptions)
@@ -331,11 +331,14 @@ def test_the_report_on_cpu_runs_says_it_does_not_project_past_the_cores(tmp_path
     from pnpscale.results.report import write_report
     from tests.test_compare import write_collective_sweep
 
-    monkeypatch.setattr(pm, "local_cores", lambda: 2)
+    monkeypatch.setattr(pb, "local_cores", lambda: 2)
     out = write_report(write_collective_sweep(tmp_path / "sweep"), echo=lambda _: None)
     readme = (out / layout.REPORT_README).read_text()
     assert "not projected: GPU counts 8, 16, 32, 64 are past the 2 cores the CPU ranks share" in readme
     assert "least time per iteration" not in readme and not (out / layout.PROJECTION).exists()
+    from pnpscale.results.projection_overlap import NO_PIPELINED
+
+    assert readme.count(NO_PIPELINED) == 1  # nothing projected: the overlap's line is still there
 
 
 def test_too_few_points_or_unknown_assignment_are_refused():
@@ -361,7 +364,7 @@ def test_a_table_with_two_rows_per_point_is_refused_not_merged():
 @pytest.fixture
 def many_cores(monkeypatch):
     """The fake runs are gloo runs of up to 4 ranks: give them the cores they had."""
-    monkeypatch.setattr(pm, "local_cores", lambda: 64)
+    monkeypatch.setattr(pb, "local_cores", lambda: 64)
 
 
 def _snapshot(folder):
@@ -391,6 +394,9 @@ def test_command_projects_each_variant_of_a_sweep(tmp_path, capsys, many_cores):
     series = ["2d denoiser_collective=all_gather", "2d denoiser_collective=all_reduce"]
     assert all(f"### Projection: {s} inference" in out for s in series)
     assert "--rate inter-node ring=10.5: not used" in captured.err  # single-node sweep: said, not ignored
+    from pnpscale.results.projection_overlap import NO_PIPELINED
+
+    assert out.count(NO_PIPELINED) == 1 and "### Pipelined overlap" not in out  # no pipelined series: one line
     table = pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION)
     assert sorted(set(table[K.PROBLEM])) == series
     for s in series:  # one measured row per (GPU count, section) of each series, never two merged
@@ -398,6 +404,7 @@ def test_command_projects_each_variant_of_a_sweep(tmp_path, capsys, many_cores):
         assert sorted(set(measured[K.GPUS])) == [1, 2, 4] and not measured.duplicated([K.GPUS, K.SECTION]).any()
     val = pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION_VALIDATION)
     assert sorted(set(val[K.PROBLEM])) == series and set(val["kind"]) == {"residual", "leave-one-out"}
+    assert pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION_OVERLAP).empty  # written, no row
 
 
 def test_command_on_cpu_runs_refuses_past_the_cores(tmp_path, capsys):
@@ -457,3 +464,139 @@ def test_one_gpu_count_writes_nothing(tmp_path, capsys):
     assert main([str(root)]) == 2
     assert "nothing could be projected" in capsys.readouterr().err
     assert not (root / layout.REPORT_DIR).exists()
+
+
+# --- the pipelined overlap projected from the blocking variant with the measured hidden share ---------------
+
+
+def test_pipelined_transfer_and_crossover_by_hand():
+    from pnpscale.results.projection_overlap import crossover, held_share, hidden_shares, pipelined_transfer
+
+    gpus, t, c = [1, 2, 4, 8, 16], [0.0, 0.2, 0.3, 0.35, 0.4], [4.0, 2.0, 1.0, 0.5, 0.25]
+    assert crossover(gpus, t, c) == 16  # 0.4 > 0.25; at 8: 0.35 < 0.5
+    exposed, hidden = pipelined_transfer(t, c, 0.5)
+    assert exposed.tolist() == pytest.approx([0.0, 0.1, 0.15, 0.175, 0.2]) and crossover(gpus, exposed, c) is None
+    exposed, _ = pipelined_transfer(t, c, 0.2)
+    assert exposed[-1] == pytest.approx(0.32) and crossover(gpus, exposed, c) == 16
+    # the hidden part never exceeds the compute it hides behind: 0.9 x 0.4 = 0.36 > 0.1
+    exposed, hidden = pipelined_transfer([0.4], [0.1], 0.9)
+    assert hidden[0] == pytest.approx(0.1) and exposed[0] == pytest.approx(0.3)
+    with pytest.raises(ProjectionError, match="must be in"):
+        pipelined_transfer([0.4], [0.1], 1.5)
+    rows = pd.DataFrame({K.GPUS: [2, 2, 4, 4, 8, 8], K.SECTION: ["gradient", "denoiser"] * 3,
+                         K.HIDDEN_S: [0.0, 0.45, 0.0, 0.225, math.nan, math.nan], K.TRANSFER_S: [0.275, 0.4] * 3,
+                         K.WAIT_S: 0.0})  # fmt: skip
+    shares = hidden_shares(rows)
+    assert shares[K.HIDDEN_SHARE].tolist()[:2] == pytest.approx([0.4, 0.25]) and pd.isna(shares[K.HIDDEN_SHARE].iloc[2])
+    assert held_share(shares) == (0.25, 4)  # the largest N with a share (8 has none)
+    assert held_share(shares, cores=2) == (0.4, 2)
+    with pytest.raises(ProjectionError, match="no measured multi-GPU point with a hidden share"):
+        held_share(shares[shares[K.GPUS] == 8])
+
+
+#: per section (compute s of rank r, collective s, hidden s) of the overlap sweep below, at N = 1, 2, 4 ranks:
+#: gradient 0.2 + 0.1 x operators (8), denoiser 0.2 + 0.175 x tiles (16); blocking transfer 0.4 + 0.5,
+#: pipelined exposed 0.275 + 0.4 with the denoiser hiding 0.45 (N=2) and 0.225 (N=4): hidden share 0.4, 0.25.
+OVERLAP_TIMES = {
+    "none": {"gradient": (0.4, 0.0), "denoiser": (0.5, 0.0)},
+    "pipelined": {"gradient": (0.275, 0.0), "denoiser": (0.4, {2: 0.45, 4: 0.225})},
+}
+
+
+def write_overlap_sweep(root):
+    """Run folders (the project's own writer) of ``gpus=1,2,4 solver.overlap=none,pipelined``, equal ranks.
+
+    Known answer of the blocking model (one node, a rate per GPU count, the 4-GPU rate beyond): critical-path
+    compute ``0.4 + 0.1·ceil(8/N) + 0.175·ceil(16/N)``, transfer ``1.2·(N−1)/N``: first above at N = 8
+    (0.85 < 1.05; at 7: 1.125 > 1.029). Pipelined with the share 0.25 held from N = 4: ``0.9·(N−1)/N``,
+    first above at N = 16 (0.675 < 0.844; at 15: 0.85 > 0.84).
+    """
+    from pnpscale import layout
+    from pnpscale.rank.commit import write_run
+    from tests.test_report import spec
+
+    for overlap, sections in OVERLAP_TIMES.items():
+        for g in (1, 2, 4):
+            ranks_out = []
+            for rank in range(g):
+                rows, colls = [], []
+                for it in (0, 1):
+                    for name, (d, hidden) in sections.items():
+                        per = (8, 0.1) if name == "gradient" else (16, 0.175)
+                        compute = 0.2 + per[1] * len(range(rank, per[0], g))
+                        d = d if g > 1 else 0.0
+                        h = hidden.get(g, 0.0) if isinstance(hidden, dict) else hidden
+                        rows.append({K.RANK: rank, K.ITERATION: it, K.SECTION: name, K.WARMUP: it == 0, K.START_S: 0.0,
+                                     K.SECTION_S: compute + d, K.COMM_S: d, K.N_COLLECTIVES: int(g > 1),
+                                     K.PEAK_MEM_BYTES: 1, K.HIDDEN_S: h})  # fmt: skip
+                        if g > 1:
+                            colls.append({K.RANK: rank, K.ITERATION: it, K.SECTION: name, K.SEQ: 0,
+                                          K.COLLECTIVE: "all_reduce", K.DURATION_S: d,
+                                          K.PAYLOAD_BYTES: 3 * 32 * 32 * 4})  # fmt: skip
+                info = {"host": "h", "device": "cpu", "threads": 1, "local_operators": list(range(rank, 8, g)),
+                        "local_tiles": len(range(rank, 16, g)), "num_tiles": 16,
+                        "solver": {"weights_sha256": "x"}}  # fmt: skip
+                ranks_out.append(({"ranks": rows, "collectives": colls}, info))
+            variant = "overlap=pipelined" if overlap == "pipelined" else ""
+            write_run(root / layout.point_subdir("2d", "inference", g, variant),
+                      spec("2d", "inference", g, overlap=overlap), ranks_out, backend="gloo", timings={})  # fmt: skip
+    return root
+
+
+@pytest.fixture(scope="module")
+def overlap_sweep(tmp_path_factory):
+    return write_overlap_sweep(tmp_path_factory.mktemp("overlap") / "sweep")
+
+
+def test_pipelined_variant_projected_with_the_held_hidden_share(overlap_sweep, many_cores):
+    from pnpscale.results.projection import with_algorithms
+    from pnpscale.results.runs import build_table
+
+    table = build_table(overlap_sweep, echo=lambda _: None)
+    p = project(with_algorithms(table[table["status"] == "complete"]), [16, 64])
+    o = p.overlap[("2d overlap=pipelined", "inference")]
+    assert (o.blocking, o.share_gpus) == ("2d overlap=none", 4) and o.share == pytest.approx(0.25)
+    assert o.shares.set_index(K.GPUS)[K.HIDDEN_SHARE].to_dict() == pytest.approx({2: 0.4, 4: 0.25})
+    assert (o.crossover_blocking, o.crossover_pipelined, o.searched_up_to) == (8, 16, 64)
+    assert o.crossover_blocking == p.findings[("2d overlap=none", "inference")]["crossover_gpus"]  # one definition
+    t = o.table.set_index(K.GPUS)
+    assert t.loc[2, K.TRANSFER_S] == pytest.approx(0.9) and t.loc[2, K.PIPELINED_TRANSFER_S] == pytest.approx(0.675)
+    for n in (4, 16, 64):  # the 4-GPU rate from 4 on
+        assert t.loc[n, K.TRANSFER_S] == pytest.approx(1.2 * (n - 1) / n)
+        assert t.loc[n, K.PIPELINED_TRANSFER_S] == pytest.approx(0.9 * (n - 1) / n)
+    assert o.checks[K.REL_ERROR].abs().max() < 1e-9  # the measured exposed transfer at 2 and 4 is 0.675 s
+    assert list(o.table.columns) == list(K.OVERLAP_PROJECTION_COLUMNS) and not p.overlap_notes
+    text = "\n".join(markdown(p))
+    assert "blocking N = 8, pipelined N = 16 (hidden share 0.25, measured at N=4, held)" in text
+
+
+def test_command_prints_both_crossovers(overlap_sweep, tmp_path, capsys, many_cores):
+    from pnpscale.results.projection import main
+    from pnpscale.results.projection_overlap import NO_PIPELINED
+
+    assert main([str(overlap_sweep), "--gpus", "16,64", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "### Pipelined overlap: 2d overlap=pipelined inference (projected from 2d overlap=none)" in out
+    assert "blocking N = 8, pipelined N = 16" in out and NO_PIPELINED not in out
+    assert "pipelined exposed transfer at its measured points (projected vs measured): N=2 0.675 s" in out
+    from pnpscale import layout
+
+    rows = pd.read_parquet(tmp_path / "out" / layout.PROJECTION_OVERLAP)
+    assert list(rows.columns) == list(K.PROJECTION_OVERLAP_COLUMNS) and set(rows[K.GPUS]) == {1, 2, 4, 8, 16, 64}
+    assert set(rows[K.PROBLEM]) == {"2d overlap=pipelined"} and set(rows[K.BLOCKING_SERIES]) == {"2d overlap=none"}
+
+
+def test_a_large_leave_one_out_error_is_a_warning_line_and_a_missing_one_is_said():
+    """2D training on 1, 2, 4: every rank holds the same share of operators and tiles, so 8 (half the ranks
+    without an operator) is mispredicted; the report says so in bold, not only in the headline and table."""
+    from pnpscale.results.projection import loo_misses
+
+    p = project(sweep([1, 2, 4, 8], key=("2d", "training")), [64], Options(rates={"inter-node ring": 10.5}))
+    far = loo_misses(p.validation, 0.10)
+    wait8 = far[(far[K.GPUS] == 8) & (far["metric"] == K.WAIT_S)]
+    assert len(wait8) == 1 and wait8[K.REL_ERROR].iloc[0] > 1.0  # several times the measured wait
+    assert not far[(far[K.GPUS] == 8) & (far["metric"] == K.TRANSFER_S)].any().any()  # its own rate: no prediction
+    lines = [line for line in markdown(p) if line.startswith("- **leave-one-out misses by more than 10 %**")]
+    assert len(lines) == 1 and "N=8 from 1,2,4: wait +" in lines[0]
+    two = markdown(project(sweep([1, 2]), [8]))
+    assert "- leave-one-out: not made: 2 measured GPU count(s) (1, 2); each held-out N needs 2 others to fit on" in two

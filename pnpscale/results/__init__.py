@@ -8,8 +8,13 @@
 * :mod:`~pnpscale.results.charts`: the study's charts (matplotlib Figures, no pyplot);
 * :mod:`~pnpscale.results.compare`: the varied keys (remedies) side by side, within or beyond the noise;
 * :mod:`~pnpscale.results.timeline`: ``timeline.png``, one median iteration per rank;
-* :mod:`~pnpscale.results.projection_model`: the model fitted on the measured points, evaluated past them,
-  and checked (no impossible number);
+* :mod:`~pnpscale.results.projection_model`: the projection's model (stated in its docstring) and its
+  assembly over a table (``project``), made of :mod:`~pnpscale.results.projection_base` (options, the model's
+  types, work per rank, the measured points), :mod:`~pnpscale.results.projection_fit` (compute, jitter, wait),
+  :mod:`~pnpscale.results.projection_routes` (algorithm per node count, routes, rates),
+  :mod:`~pnpscale.results.projection_eval` (the numbers at any N, no impossible number, findings),
+  :mod:`~pnpscale.results.projection_checks` (residuals, leave-one-out) and
+  :mod:`~pnpscale.results.projection_overlap` (the pipelined series from the blocking one and its hidden share);
 * :mod:`~pnpscale.results.jitter`: the expected maximum of N ranks' compute, non-negative least squares;
 * :mod:`~pnpscale.results.projection`: the projection's files, chart and command (``python -m pnpscale.project``);
 * :mod:`~pnpscale.results.report`: ``<sweep>/report/`` (``python -m pnpscale.report``).

@@ -27,6 +27,7 @@ from pnpscale.results.projection_model import (
     findings,
     fit,
     leave_one_out,
+    loo_misses,
     measured_rows,
     misses,
     parse_algorithms,
@@ -34,6 +35,8 @@ from pnpscale.results.projection_model import (
     project,
     residuals,
 )
+from pnpscale.results.projection_overlap import frame as overlap_frame
+from pnpscale.results.projection_overlap import markdown as overlap_markdown
 
 __all__ = [
     "Model", "Options", "Projection", "ProjectionError", "evaluate", "findings", "fit", "leave_one_out",
@@ -112,6 +115,18 @@ def markdown(p: Projection) -> list[str]:
                          + (f"; {h['note']}" if h["note"] else ""))  # fmt: skip
         for _, r in v[(v["kind"] == LOO) & (v["note"] != "") & (v["metric"] == "")].iterrows():
             lines.append(f"- left out {int(r[K.GPUS])}: not predicted: {r['note']}")
+        if not (v["kind"] == LOO).any():
+            fitted = sorted({int(n) for n in v.loc[v["kind"] == RESIDUAL, K.GPUS]})
+            lines.append(f"- leave-one-out: not made: {len(fitted)} measured GPU count(s) "
+                         f"({', '.join(map(str, fitted))}); each held-out N needs 2 others to fit on")  # fmt: skip
+        far = loo_misses(v, p.tolerance)
+        if not far.empty:
+            lines.append(
+                f"- **leave-one-out misses by more than {100 * p.tolerance:g} %**: "
+                + "; ".join(f"N={int(r[K.GPUS])} from {r['fitted_on']}: {_NAMES[r['metric']]} {_pct(r[K.REL_ERROR])}"
+                            for _, r in far.iterrows())
+                + ": fitted without them, the model misses them; expect errors of that size past the measured points"
+            )  # fmt: skip
         bad = misses(v, p.tolerance)
         if bad.empty:
             lines.append(f"- the fit is within {100 * p.tolerance:g} % of its own points (time, transfer, wait, PE)")
@@ -134,6 +149,9 @@ def markdown(p: Projection) -> list[str]:
             lines += ["Relative error (%) at the measured points, section `all`: *fit* = the model fitted on every "
                       "point, *left out* = fitted without that N (leave-one-out):", "", *table]  # fmt: skip
         lines += ["Assumptions:", ""] + [f"- {s}" for s in p.assumptions[key]] + [""]
+    for key in sorted(p.overlap):
+        lines += overlap_markdown(p.overlap[key], p.tolerance)
+    lines += [f"- {n}" for n in p.overlap_notes] + ([""] if p.overlap_notes else [])
     return lines
 
 
@@ -227,8 +245,9 @@ README_HEADING = "## Projection"
 
 
 def write_files(p: Projection, dest: Any) -> list[str]:
-    """Write projection.parquet, projection_validation.parquet, projection.png and projection.md into
-    ``dest`` as they are (a staging folder: :func:`write` and the report commit them together).
+    """Write projection.parquet, projection_validation.parquet, projection_overlap.parquet (no row without a
+    pipelined series), projection.png and projection.md into ``dest`` as they are (a staging folder:
+    :func:`write` and the report commit them together).
 
     Returns:
         the markdown lines (also in projection.md).
@@ -242,6 +261,7 @@ def write_files(p: Projection, dest: Any) -> list[str]:
     save(plot(p), dest / layout.PROJECTION_PNG)
     p.table.to_parquet(dest / layout.PROJECTION, index=False)
     p.validation.to_parquet(dest / layout.PROJECTION_VALIDATION, index=False)
+    overlap_frame(p.overlap).to_parquet(dest / layout.PROJECTION_OVERLAP, index=False)  # always: never stale
     lines = markdown(p)
     (dest / layout.PROJECTION_MD).write_text("\n".join(["# pnpscale projection", "", *lines]))
     return lines
@@ -253,7 +273,8 @@ def readme_section(lines: Sequence[str], made_by: str) -> list[str]:
         f"{README_HEADING} past the measured GPU counts",
         "",
         f"{made_by}. `projection.png`, `projection.parquet` (measured and projected rows), "
-        "`projection_validation.parquet` (leave-one-out); other GPU counts, rates or nodes: "
+        "`projection_validation.parquet` (residuals, leave-one-out), `projection_overlap.parquet` (the pipelined "
+        "overlap); other GPU counts, rates or nodes: "
         "`python -m pnpscale.project <sweep dir> --gpus ...`.",
         "",
         *lines,

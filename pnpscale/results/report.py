@@ -48,6 +48,7 @@ WAIT_RANKS = layout.WAIT_RANKS
 REPORT_FILES = (
     SUMMARY, README, TRANSFER, RATES, TRANSFER_PNG, WAIT_RANKS,
     layout.PROJECTION, layout.PROJECTION_VALIDATION, layout.PROJECTION_PNG, layout.PROJECTION_MD,
+    layout.PROJECTION_OVERLAP,
     layout.COMPARE, "compare.png", layout.TIMELINE_PNG,
 )  # fmt: skip
 
@@ -224,7 +225,8 @@ def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
         return []
     p = project(with_algorithms(done), default_targets(int(done["gpus"].max())), Options(), min_points=3)
     if not p.findings:
-        return ["## Projection", "", *(f"- {k[0]} {k[1]}: not projected: {v}" for k, v in p.skipped.items()), ""]
+        skipped = [f"- {k[0]} {k[1]}: not projected: {v}" for k, v in p.skipped.items()]
+        return ["## Projection", "", *skipped, *(f"- {n}" for n in p.overlap_notes), ""]
     lines = write_files(p, out)
     return readme_section(lines, "Written by the report (default options)")
 

@@ -1,0 +1,292 @@
+"""The projection's vocabulary: options, the fitted model's types, each rank's work, the measured points.
+
+Shared by the parts of the projection (:mod:`pnpscale.results.projection_model` states the model):
+the route and algorithm names and their parsing (``--rate``, ``--algorithm``), :class:`Options`,
+:class:`Model` and :class:`SectionModel`, deepinv's round-robin work per rank and its critical path
+under jitter, bytes per GPU, and the complete per-section rows a fit reads. Pure functions.
+
+Units: seconds per iteration, bytes, GB/s = 1e9 B/s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pnpscale import columns as K
+from pnpscale.core.errors import InputError
+from pnpscale.rank.assignment import round_robin
+from pnpscale.results.jitter import expected_max
+from pnpscale.results.transfer import bytes_per_gpu, route_label
+
+ALL = "all"
+GROUP = [K.PROBLEM, K.MODE]
+INTRA = "intra-node"
+RING = "inter-node ring"
+TREE = "inter-node tree"
+ROUTE_ALIASES = {"intra": INTRA, "intra-node": INTRA, "ring": RING, "inter-node ring": RING, "tree": TREE,
+                 "inter-node tree": TREE}  # fmt: skip
+ALGORITHMS = ("ring", "tree")
+#: metrics compared by :func:`residuals` and :func:`leave_one_out`.
+VALIDATED = (K.SECTION_S, K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.LB, K.COMM_E, K.PE)
+#: the headline's metrics: its error is the worst of these (section ``all``).
+HEADLINE = (K.SECTION_S, K.TRANSFER_S, K.WAIT_S, K.PE)
+RESIDUAL = "residual"
+LOO = "leave-one-out"
+_EPS = 1e-9
+
+
+class ProjectionError(InputError, ValueError):
+    """A projection that cannot be made honestly (too few points, unknown assignment or rate, a fit)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """Projection settings.
+
+    Attributes:
+        gpus_per_node: GPUs per node for ``nodes = ceil(N / gpus_per_node)``; None: from the measured
+            multi-node runs (``gpus / nodes`` at the largest), else every N on one node.
+        rates: route -> GB/s (1e9 B/s) given by the user (:func:`parse_rates`): ``intra-node`` (every
+            one-node GPU count), ``intra-node, g GPUs``, ``inter-node ring``, ``inter-node tree``.
+        algorithms: node count -> all_reduce algorithm (``ring``/``tree``) given by the user.
+        pe_min: PE threshold of the "largest N" finding.
+        devices: the cores CPU ranks share (None: this machine's for gloo sweeps; GPU sweeps: a device
+            per rank). Points with more ranks than devices are not fitted, N past them not projected.
+        tolerance: relative error above which the fit is said to miss its own points (and a fit that
+            needs negative compute is refused).
+    """
+
+    gpus_per_node: int | None = None
+    rates: Mapping[str, float] = field(default_factory=dict)
+    algorithms: Mapping[int, str] = field(default_factory=dict)
+    pe_min: float = 0.8
+    devices: int | None = None
+    tolerance: float = 0.10
+
+
+def intra_route(gpus: int) -> str:
+    """The route of an all_reduce on one node with ``gpus`` GPUs (:func:`pnpscale.results.transfer.route_label`).
+
+    >>> intra_route(4)
+    'intra-node, 4 GPUs'
+    """
+    return route_label(gpus, 1, "ring")
+
+
+def parse_rates(items: Iterable[str]) -> dict[str, float]:
+    """``ROUTE=GBps`` strings -> ``{route: GB/s}``; ``intra:G`` names the one-node route of G GPUs.
+
+    Raises:
+        ProjectionError: an unknown route or a rate that is not a positive number.
+
+    >>> parse_rates(["intra=40", "intra:4=119", "tree=17", "inter-node ring=10.5"])
+    {'intra-node': 40.0, 'intra-node, 4 GPUs': 119.0, 'inter-node tree': 17.0, 'inter-node ring': 10.5}
+    """
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        name, _, count = key.strip().lower().partition(":")
+        route = ROUTE_ALIASES.get(name.strip())
+        if route == INTRA and count:
+            route = intra_route(int(count)) if count.strip().isdigit() and int(count) >= 2 else None
+        elif count:
+            route = None
+        if route is None:
+            raise ProjectionError(
+                f"--rate {item}: route must be intra, intra:G (G >= 2 GPUs on one node), tree or ring"
+            )
+        try:
+            rate = float(value)
+        except ValueError:
+            rate = math.nan
+        if not rate > 0 or not math.isfinite(rate):
+            raise ProjectionError(f"--rate {item}: the rate must be a positive number of GB/s")
+        out[route] = rate
+    return out
+
+
+def parse_algorithms(items: Iterable[str]) -> dict[int, str]:
+    """``NODES=ALGO`` strings -> ``{nodes: algorithm}``.
+
+    Raises:
+        ProjectionError: NODES not an integer >= 2 (one node is modelled as a ring: the tree's byte
+            model counts inter-node bytes), or ALGO not ring/tree.
+
+    >>> parse_algorithms(["2=tree", "4=RING"])
+    {2: 'tree', 4: 'ring'}
+    """
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        algo = value.strip().lower()
+        if not key.strip().isdigit() or int(key) < 2:
+            raise ProjectionError(f"--algorithm {item}: NODES must be an integer >= 2 (one node: ring bytes)")
+        if algo not in ALGORITHMS:
+            raise ProjectionError(f"--algorithm {item}: ALGO must be ring or tree (the byte models pnpscale has)")
+        out[int(key)] = algo
+    return out
+
+
+def local_cores() -> int:
+    """The cores this process may run on (the default ``devices`` of a CPU sweep)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class SectionModel:
+    """Fitted model of one section (see module doc); seconds, bytes."""
+
+    section: str
+    units: tuple[str, ...]
+    coef: np.ndarray  # a, then one coefficient per unit (all >= 0)
+    latency_s: float
+    payload_bytes: float
+    sigma: float  # jitter: relative spread of one rank's compute
+    excess: float  # ψ: wait beyond C_max − C, per e(N)·C_max
+
+
+@dataclass
+class Model:
+    """Fitted model of one (problem, mode)."""
+
+    problem: str
+    mode: str
+    num_operators: int
+    num_tiles: int
+    gpus_per_node: int | None
+    logged: dict[tuple[int, str], str]  # (nodes, section) -> algorithm NCCL logged
+    given_algorithms: dict[int, str]
+    rates: dict[str, float]  # route -> GB/s
+    rate_sources: dict[str, str]
+    sections: list[SectionModel]
+    baseline_gpus: int
+    baseline_s: float
+    measured_gpus: list[int]
+    fitted_gpus: list[int]
+    assumptions: list[str]
+    cores: int | None = None  # CPU ranks: projection refused past this many ranks
+    tolerance: float = 0.10
+    fit_routes: set[str] = field(default_factory=set)
+
+
+# --- work and its features ---------------------------------------------------------------------
+
+
+def _counts(total: int, n: int) -> np.ndarray:
+    return np.array([len(x) for x in round_robin(total, n)], dtype=float)
+
+
+def _work(units: Sequence[str], m: int, t: int, n: int) -> np.ndarray:
+    """Per rank work features (rank x unit), ``combined`` = ops/M + tiles/T."""
+    cols = []
+    for u in units:
+        if u == "operators":
+            cols.append(_counts(m, n))
+        elif u == "tiles":
+            cols.append(_counts(t, n))
+        else:  # combined
+            cols.append(_counts(m, n) / m + _counts(t, n) / t)
+    return np.column_stack(cols)
+
+
+def _balanced(units: Sequence[str], m: int, t: int, n: int) -> bool:
+    w = _work(units, m, t, n)
+    return bool(n > 1 and np.allclose(w, w[0]))
+
+
+def _n_top(w: np.ndarray, coef: np.ndarray | None = None) -> int:
+    """Ranks holding the most work: rank 0's work vector (round-robin: the most of every unit), on the
+    units whose coefficient is not 0."""
+    cols = np.arange(w.shape[1]) if coef is None else np.flatnonzero(coef[1:] > 0)
+    if len(cols) == 0:
+        return w.shape[0]
+    return int(np.all(np.isclose(w[:, cols], w[0, cols]), axis=1).sum())
+
+
+def _cmax(mu: np.ndarray, sigma: float) -> float:
+    """``E[max_r μ_r·(1 + σ·Z_r)]``, ranks grouped by equal work."""
+    groups, counts = np.unique(np.round(mu, 15), return_counts=True)
+    return expected_max(groups, counts, sigma)
+
+
+def _compute(sm: SectionModel, m: int, t: int, n: int) -> tuple[float, float]:
+    """(C, C_max) at N: the mean of ``μ_r`` and ``E[max_r μ_r·(1 + σ·Z_r)]``."""
+    mu = sm.coef[0] + _work(sm.units, m, t, n) @ sm.coef[1:]
+    return float(mu.mean()), _cmax(mu, sm.sigma)
+
+
+def _nodes(n: int, gpus_per_node: int | None) -> int:
+    return 1 if gpus_per_node is None else max(1, math.ceil(n / gpus_per_node))
+
+
+def _bytes(payload: float, n: int, nodes: int, algo: str) -> float:
+    if n <= 1:
+        return 0.0
+    return bytes_per_gpu("all_reduce", payload, n, nodes, algo if nodes > 1 else "ring")
+
+
+def _points(rows: pd.DataFrame, unique: bool = True) -> pd.DataFrame:
+    """The complete per-section rows, each variant folded into PROBLEM (one series per (problem, variant):
+    :func:`pnpscale.results.plotting.labelled`).
+
+    Raises:
+        ProjectionError: a needed column is missing, or (``unique``) two rows share a (problem, mode,
+            GPU count, section): a fit would mix two measurements of one point.
+    """
+    from pnpscale.results.plotting import labelled
+
+    need = [K.GPUS, K.SECTION, K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S]
+    missing = [c for c in need if c not in rows]
+    if missing:
+        raise ProjectionError(f"summary table lacks column(s) {', '.join(missing)}")
+    if "status" in rows:
+        rows = rows[rows["status"] == "complete"]
+    rows = labelled(rows[rows[K.SECTION] != ALL])
+    if unique:
+        keys = [c for c in GROUP if c in rows] + [K.GPUS, K.SECTION]
+        dup = rows[rows.duplicated(keys, keep=False)]
+        if not dup.empty:
+            first = dup.iloc[0]
+            where = " ".join(f"{k}={first[k]}" for k in keys)
+            raise ProjectionError(
+                f"{len(dup)} rows share {where} (and maybe other points): one measurement per point is needed "
+                "(rows of several sweeps or variants not told apart)"
+            )
+    return rows
+
+
+def _row_nodes(r: Mapping[str, Any] | pd.Series, gpn: int | None) -> int:
+    v = r[K.NODES] if K.NODES in r else None
+    return int(v) if v is not None and pd.notna(v) else _nodes(int(r[K.GPUS]), gpn)
+
+
+def _row_algorithm(r: Mapping[str, Any] | pd.Series) -> str | None:
+    v = r[K.ALGORITHM] if K.ALGORITHM in r else None
+    return str(v).lower() if v is not None and pd.notna(v) else None
+
+
+def _label(pts: pd.DataFrame) -> tuple[str, str, str]:
+    keys = pts[GROUP].drop_duplicates() if set(GROUP) <= set(pts) else pd.DataFrame([{K.PROBLEM: "", K.MODE: ""}])
+    if len(keys) != 1:
+        raise ProjectionError(f"fit takes one (problem, mode), got {len(keys)}")
+    problem, mode = str(keys.iloc[0][K.PROBLEM]), str(keys.iloc[0][K.MODE])
+    return problem, mode, f"{problem} {mode}".strip()
+
+
+def _cpu_cores(pts: pd.DataFrame, options: Options) -> tuple[int | None, str | None]:
+    cpu = "backend" in pts and (pts["backend"].astype(str).str.lower() == "gloo").any()
+    if options.devices is not None:
+        return options.devices, f"--devices {options.devices}"
+    if cpu:
+        return local_cores(), f"CPU ranks (gloo) on this machine's {local_cores()} core(s) (give --devices D otherwise)"
+    return None, None

@@ -1,0 +1,143 @@
+"""The projection's checks: the fit at its own points (residuals) and leave-one-out (pure functions).
+
+:func:`residuals` evaluates the fit at each measured point with that point's own nodes and NCCL-logged
+algorithm; :func:`leave_one_out` fits without each measured N and predicts it the same way; :func:`misses`
+picks the residuals beyond a tolerance. Rows: :data:`pnpscale.columns.VALIDATION_COLUMNS`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import pandas as pd
+
+from pnpscale import columns as K
+from pnpscale.results.projection_base import (
+    ALL,
+    HEADLINE,
+    LOO,
+    RESIDUAL,
+    VALIDATED,
+    Model,
+    Options,
+    ProjectionError,
+    _points,
+    _row_algorithm,
+    _row_nodes,
+)
+from pnpscale.results.projection_eval import evaluate, measured_rows
+from pnpscale.results.projection_fit import fit
+from pnpscale.results.projection_routes import _obs_route, rate_at
+
+
+def _own(pts: pd.DataFrame, n: int, gpn: int | None) -> dict[int, tuple[int, dict[str, str]]]:
+    """A measured point's own nodes and NCCL-logged algorithm per section."""
+    g = pts[pts[K.GPUS] == n]
+    algos = {str(r[K.SECTION]): a for _, r in g.iterrows() if (a := _row_algorithm(r)) is not None}
+    return {n: (_row_nodes(g.iloc[0], gpn), algos)}
+
+
+def _compare(kind: str, model: Model, pts: pd.DataFrame, n: int, fitted_on: Sequence[int], headline: bool,
+             past_cores: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    pred = evaluate(model, [n], _own(pts, n, model.gpus_per_node), past_cores=past_cores).set_index(K.SECTION)
+    meas = measured_rows(pts[pts[K.GPUS] == n], model).set_index(K.SECTION)
+    out = []
+    for section in pred.index:
+        if section not in meas.index:
+            continue
+        for metric in VALIDATED:
+            mv, pv = float(meas.loc[section, metric]), float(pred.loc[section, metric])
+            out.append({
+                K.PROBLEM: model.problem, K.MODE: model.mode, "kind": kind, K.GPUS: n,
+                "fitted_on": ",".join(map(str, fitted_on)), K.SECTION: section, "metric": metric,
+                "measured_value": mv, "projected_value": pv,
+                K.REL_ERROR: pv / mv - 1.0 if mv and math.isfinite(mv) else math.nan,
+                "headline": headline, "note": "",
+            })  # fmt: skip
+    return out
+
+
+def _failed(kind: str, model: Model, n: int, fitted_on: Sequence[int], why: str) -> dict[str, Any]:
+    return {K.PROBLEM: model.problem, K.MODE: model.mode, "kind": kind, K.GPUS: n,
+            "fitted_on": ",".join(map(str, fitted_on)), K.SECTION: ALL, "metric": "", "measured_value": math.nan,
+            "projected_value": math.nan, K.REL_ERROR: math.nan, "headline": False, "note": why}  # fmt: skip
+
+
+def residuals(rows: pd.DataFrame, model: Model) -> pd.DataFrame:
+    """The fit at its own measured points (each with its own nodes and algorithm): one row per N x
+    section x metric of :data:`VALIDATED`, ``kind`` = ``residual`` (points past a CPU sweep's cores,
+    not fitted, are compared too and say so in ``note``)."""
+    pts = _points(rows)
+    out = []
+    for n in sorted({int(g) for g in pts[K.GPUS]}):
+        try:
+            rows_n = _compare(RESIDUAL, model, pts, n, model.fitted_gpus, False, past_cores=True)
+        except ProjectionError as exc:
+            out.append(_failed(RESIDUAL, model, n, model.fitted_gpus, str(exc)))
+            continue
+        if n not in model.fitted_gpus:
+            for r in rows_n:
+                r["note"] = "not fitted: more ranks than cores"
+        out += rows_n
+    return pd.DataFrame(out, columns=list(K.VALIDATION_COLUMNS))
+
+
+def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model | None = None) -> pd.DataFrame:
+    """Fit without each fitted N (keeping at least 2 others) and predict it with its own nodes and
+    NCCL-logged algorithm (``gpus_per_node`` and the options of the full fit).
+
+    Returns:
+        One row per held-out N x section (and ``all``) x metric of :data:`VALIDATED`, ``kind`` =
+        ``leave-one-out``; ``headline`` True for the largest fitted N (predicted from the smaller
+        ones). A held-out N that cannot be predicted (no rate for its route without it) is one row with
+        the reason in ``note``.
+    """
+    pts = _points(rows)
+    full = model or fit(pts, options)
+    gpus = full.fitted_gpus
+    opts = replace(options, gpus_per_node=full.gpus_per_node, devices=full.cores)
+    out = []
+    for held in gpus:
+        rest_gpus = [g for g in gpus if g != held]
+        if len(rest_gpus) < 2:
+            continue
+        try:
+            sub = fit(pts[pts[K.GPUS].isin(rest_gpus)], opts)
+            own = _own(pts, held, full.gpus_per_node)[held]
+            lacking = sorted({
+                route for sm in sub.sections
+                if rate_at(sub, held, route := _obs_route(sub, held, own[0], sm.section,
+                                                          own[1].get(sm.section))[0])[0] is None
+            } if held > 1 else set())  # fmt: skip
+            note = ""
+            if lacking:  # no other point takes its route: its own rate, and its transfer is no prediction
+                sub = fit(pts[pts[K.GPUS].isin(rest_gpus)],
+                          replace(opts, rates={**opts.rates, **{r: full.rates[r] for r in lacking}}))  # fmt: skip
+                note = (f"rate of {', '.join(lacking)} from this point itself (no other point takes that route): "
+                        "its transfer is not a prediction")  # fmt: skip
+            rows_n = _compare(LOO, sub, pts, held, rest_gpus, held == gpus[-1])
+            for r in rows_n:
+                r["note"] = note
+            out += rows_n
+        except (ProjectionError, KeyError) as exc:
+            out.append(_failed(LOO, full, held, rest_gpus, str(exc)))
+    return pd.DataFrame(out, columns=list(K.VALIDATION_COLUMNS))
+
+
+def misses(validation: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    """Rows of :func:`residuals` (section ``all``, :data:`HEADLINE` metrics) off by more than ``tolerance``."""
+    v = validation[(validation["kind"] == RESIDUAL) & (validation[K.SECTION] == ALL)
+                   & validation["metric"].isin(HEADLINE)]  # fmt: skip
+    return v[v[K.REL_ERROR].abs() > tolerance]
+
+
+def loo_misses(validation: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    """Rows of :func:`leave_one_out` (section ``all``, :data:`HEADLINE` metrics) off by more than ``tolerance``;
+    a transfer taken from the held-out point's own rate (its ``note`` says so) is no prediction and left out."""
+    v = validation[(validation["kind"] == LOO) & (validation[K.SECTION] == ALL)
+                   & validation["metric"].isin(HEADLINE)]  # fmt: skip
+    own = (v["metric"] == K.TRANSFER_S) & (v["note"].astype(str) != "")
+    return v[~own & (v[K.REL_ERROR].abs() > tolerance)]

@@ -1,0 +1,192 @@
+"""The projection's evaluation: the model's numbers at any N, the measured rows beside them, the findings.
+
+:func:`evaluate` gives per N and section C, C_max, T, W, S and LB, CommE, PE (POP), GPU-seconds and scaled
+cost, and refuses an impossible number (:func:`check_possible`); :func:`measured_rows` puts the measured
+points in the same columns; :func:`findings` searches 1..N for the crossover, the fastest N and the largest
+N with PE >= a threshold. Pure functions; seconds per iteration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pnpscale import columns as K
+from pnpscale.results.jitter import expected_max_normal
+from pnpscale.results.projection_base import (
+    _EPS,
+    ALL,
+    INTRA,
+    Model,
+    ProjectionError,
+    _bytes,
+    _compute,
+    _nodes,
+    _points,
+    _row_algorithm,
+    _row_nodes,
+)
+from pnpscale.results.projection_routes import _obs_route, rate_at
+from pnpscale.results.transfer import GB
+
+
+def evaluate(
+    model: Model,
+    gpus: Iterable[int],
+    at: Mapping[int, tuple[int, Mapping[str, str]]] | None = None,
+    past_cores: bool = False,
+) -> pd.DataFrame:
+    """The model's numbers at each N: one row per N x section plus section ``all``.
+
+    Args:
+        model: :func:`fit`'s output. gpus: GPU counts.
+        at: N -> (nodes, {section: algorithm}) to use instead of the model's (a measured point's own
+            nodes and NCCL-logged algorithms: :func:`leave_one_out`, :func:`residuals`).
+        past_cores: evaluate N past a CPU sweep's cores too (only to compare with a measured point).
+
+    Returns:
+        Columns :data:`pnpscale.columns.PROJECTION_COLUMNS` with MEASURED False (seconds per iteration).
+
+    Raises:
+        ProjectionError: a route at some N with neither a measured nor a given rate; N past the cores
+            of CPU ranks; an impossible number (a bug: C, T, W < 0 or LB, CommE, PE > 1).
+    """
+    rows = []
+    m, t = model.num_operators, model.num_tiles
+    for n in sorted({int(g) for g in gpus}):
+        if n < 1:
+            raise ProjectionError(f"gpus={n}: must be >= 1")
+        if model.cores is not None and n > model.cores and not past_cores:
+            raise ProjectionError(f"{model.problem} {model.mode} gpus={n}: more ranks than the {model.cores} cores "
+                                  "they share: time-sharing is not modelled")  # fmt: skip
+        nodes, algos = (at or {}).get(n, (_nodes(n, model.gpus_per_node), {}))
+        per = []
+        for sm in model.sections:
+            c, cmax = _compute(sm, m, t, n)
+            route, algo, source = "", "", ""
+            rate: float | None = math.nan
+            if n == 1:
+                tr = wait = 0.0
+            else:
+                route, algo, source = _obs_route(model, n, nodes, sm.section, algos.get(sm.section))
+                rate, _ = rate_at(model, n, route)
+                if rate is None:
+                    raise ProjectionError(
+                        f"{model.problem} {model.mode} gpus={n}: no rate for route {route!r} (measured routes: "
+                        f"{', '.join(sorted(model.rates)) or 'none'}); give --rate "
+                        f"{'intra:' + str(n) if route.startswith(INTRA) else route.split()[-1]}=GBps"
+                    )
+                tr = sm.latency_s + _bytes(sm.payload_bytes, n, nodes, algo) / (rate * GB)
+                wait = (cmax - c) + sm.excess * expected_max_normal(n) * cmax
+            per.append((sm.section, c, cmax, tr, wait, route, rate, algo, source))
+        sums = np.sum([p[1:5] for p in per], axis=0)
+        for section, c, cmax, tr, wait, route, rate, algo, source in [*per, (ALL, *sums, "", math.nan, "", "")]:
+            rows.append(_row(model, n, nodes, section, c, cmax, tr, wait, route, rate, algo, source))
+    out = pd.DataFrame(rows, columns=list(K.PROJECTION_COLUMNS))
+    check_possible(out)
+    return out
+
+
+def _row(model: Model, n: int, nodes: int, section: str, c: float, cmax: float, tr: float, wait: float,
+         route: str, rate: float | None, algo: str = "", source: str = "",
+         smax: float | None = None) -> dict[str, Any]:  # fmt: skip
+    s = c + tr + wait
+    smax = s if smax is None or not math.isfinite(smax) else smax
+    return {
+        K.PROBLEM: model.problem,
+        K.MODE: model.mode,
+        K.GPUS: n,
+        K.NODES: nodes,
+        K.SECTION: section,
+        K.COMPUTE_S: c,
+        K.COMPUTE_MAX_S: cmax,
+        K.TRANSFER_S: tr,
+        K.WAIT_S: wait,
+        K.SECTION_S: s,
+        K.LB: c / cmax if cmax else math.nan,
+        K.COMM_E: cmax / smax if smax else math.nan,
+        K.PE: c / smax if smax else math.nan,
+        K.GPU_SECONDS: n * s,
+        K.SCALED_COST: n * s / (model.baseline_gpus * model.baseline_s) if model.baseline_s else math.nan,
+        K.ROUTE: route,
+        K.RATE_GBPS: rate if route else math.nan,
+        K.ALGORITHM: algo,
+        K.ALGORITHM_SOURCE: source,
+        K.MEASURED: False,
+    }
+
+
+def check_possible(table: pd.DataFrame) -> None:
+    """Refuse an impossible projected number: a negative time, LB, CommE or PE above 1.
+
+    Raises:
+        ProjectionError: naming the first offending row and column.
+    """
+    for col, bad in (
+        (K.COMPUTE_S, table[K.COMPUTE_S] < -_EPS),
+        (K.COMPUTE_MAX_S, table[K.COMPUTE_MAX_S] < table[K.COMPUTE_S] - _EPS),
+        (K.TRANSFER_S, table[K.TRANSFER_S] < -_EPS),
+        (K.WAIT_S, table[K.WAIT_S] < -_EPS),
+        (K.SECTION_S, table[K.SECTION_S] < -_EPS),
+        (K.LB, table[K.LB] > 1 + _EPS),
+        (K.COMM_E, table[K.COMM_E] > 1 + _EPS),
+        (K.PE, table[K.PE] > 1 + _EPS),
+    ):
+        if bad.any():
+            r = table[bad].iloc[0]
+            raise ProjectionError(
+                f"impossible projected {col} = {r[col]:.4g} at gpus={r[K.GPUS]} section {r[K.SECTION]}"
+            )
+
+
+def measured_rows(rows: pd.DataFrame, model: Model) -> pd.DataFrame:
+    """The measured points in the projection's columns (MEASURED True), section rows and ``all``;
+    CommE and PE use the slowest rank's section time SECTION_MAX_S when the table has it."""
+    pts = _points(rows)
+    out = []
+    for n, g in pts.groupby(K.GPUS):
+        nodes = _row_nodes(g.iloc[0], model.gpus_per_node)
+        cols = [K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S]
+        smax = g[K.SECTION_MAX_S] if K.SECTION_MAX_S in g else pd.Series(math.nan, index=g.index)
+        for (_, r), sm in zip(g.iterrows(), smax, strict=True):
+            algo = _row_algorithm(r) or ""
+            out.append((r[K.SECTION], *(float(r[c]) for c in cols), int(n), nodes, algo, float(sm)))
+        total_max = float(smax.sum()) if smax.notna().all() else math.nan
+        out.append((ALL, *g[cols].sum().tolist(), int(n), nodes, "", total_max))
+    df = pd.DataFrame(
+        [_row(model, n, nodes, s, c, cm, tr, w, "", None, a, "NCCL log" if a else "", smx)
+         for s, c, cm, tr, w, n, nodes, a, smx in out],
+        columns=list(K.PROJECTION_COLUMNS),
+    )  # fmt: skip
+    df[K.MEASURED] = True
+    return df
+
+
+def findings(model: Model, up_to: int, pe_min: float) -> dict[str, Any]:
+    """Crossover, fastest N and largest N with PE >= ``pe_min``, over every integer N in 1..``up_to``
+    (capped at a CPU sweep's cores).
+
+    Returns:
+        ``{"crossover_gpus": N or None, "crossover_by_section": {section: N or None}, "fastest_gpus",
+        "fastest_s", "pe_min", "largest_gpus_pe", "searched_up_to"}``.
+    """
+    up_to = min(up_to, model.cores) if model.cores is not None else up_to
+    grid = evaluate(model, range(1, up_to + 1))
+    out: dict[str, Any] = {"searched_up_to": up_to, "pe_min": pe_min, "crossover_by_section": {}}
+    for section, g in grid.groupby(K.SECTION, sort=False):
+        over = g[(g[K.GPUS] > 1) & (g[K.TRANSFER_S] > g[K.COMPUTE_MAX_S])]
+        first = int(over[K.GPUS].min()) if not over.empty else None
+        if section == ALL:
+            out["crossover_gpus"] = first
+        else:
+            out["crossover_by_section"][section] = first
+    a = grid[grid[K.SECTION] == ALL]
+    best = a.loc[a[K.SECTION_S].idxmin()]
+    out["fastest_gpus"], out["fastest_s"] = int(best[K.GPUS]), float(best[K.SECTION_S])
+    ok = a[a[K.PE] >= pe_min]
+    out["largest_gpus_pe"] = int(ok[K.GPUS].max()) if not ok.empty else None
+    return out
