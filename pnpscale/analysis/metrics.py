@@ -408,7 +408,11 @@ def _check_matched(collectives: pd.DataFrame, w: int) -> None:
 
 
 def _main_info(collectives: pd.DataFrame, dmin: pd.Series) -> pd.DataFrame:
-    """Per iteration x section: main collective type, payload, count and transfer; other payload."""
+    """Per iteration x section: main collective type, payload, count and transfer; other payload.
+
+    The type is the main collectives' one, or their distinct types joined by ``+`` in issue order
+    (``all_to_all+all_gather``: the windowed gradient), for which no single byte model holds (the transfer
+    table then says so instead of applying the first type's model to the whole transfer)."""
     main = collectives[K.MAIN].astype(bool) if K.MAIN in collectives else mark_main(collectives)
     first_rank = collectives[K.RANK].min()
     rows = collectives[collectives[K.RANK] == first_rank].assign(_main=main)
@@ -419,7 +423,7 @@ def _main_info(collectives: pd.DataFrame, dmin: pd.Series) -> pd.DataFrame:
     other = rows[~rows["_main"]].groupby(_KEY)[K.PAYLOAD_BYTES].sum(min_count=1)
     out = pd.DataFrame(
         {
-            K.MAIN_COLLECTIVE: g[K.COLLECTIVE].first(),
+            K.MAIN_COLLECTIVE: g[K.COLLECTIVE].agg(lambda s: "+".join(dict.fromkeys(s.astype(str)))),
             K.MAIN_PAYLOAD_BYTES: g[K.PAYLOAD_BYTES].max(),
             K.N_MAIN: g.size(),
             K.MAIN_TRANSFER_S: g[K.MAIN_TRANSFER_S].sum(),
