@@ -132,3 +132,40 @@ def test_reduce_scatter_equals_all_reduce(scattered, world, dims):
     first = scattered[world][0][(dims, "all_reduce", "all_to_all")]
     for mine in scattered[world][1:]:
         assert rel_error(mine[(dims, "all_reduce", "all_to_all")][0], first[0]) <= 1e-6
+
+
+@pytest.mark.slow
+def test_cli_reduce_scatter_gives_the_blocking_image_and_logs_its_bytes(tmp_path):
+    """``python -m pnpscale -m gpus=2 mode=inference,training solver.gradient_collective=all_reduce,reduce_scatter``:
+    the same image (and training's losses and weight-gradient norms) to 1e-6 with deepinv's real data fidelity; the
+    gradient section issues the blocks (all_to_all on gloo) and the boundaries' all_gather, both with their payload
+    and flagged main, and the bytes per GPU are the model's."""
+    import pandas as pd
+
+    from pnpscale.rank.gradient import window_layout
+    from tests.helpers import TINY_2D, read_run, run_cli, run_dirs
+
+    proc = run_cli(
+        "-m", "gpus=2", "mode=inference,training", "solver.gradient_collective=all_reduce,reduce_scatter", *TINY_2D,
+        "output.save_reconstruction=true", "report=false", root=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {(read_run(d)["mode"], read_run(d)["spec"]["gradient_collective"]): d for d in run_dirs(tmp_path)}
+    assert set(runs) == {(m, g) for m in ("inference", "training") for g in ("all_reduce", "reduce_scatter")}
+    for mode in ("inference", "training"):
+        base, rs = runs[(mode, "all_reduce")], runs[(mode, "reduce_scatter")]
+        assert "gradient_collective=reduce_scatter" in str(rs) and "gradient_collective=" not in str(base)
+        a, b = torch.load(rs / "reconstruction.pt"), torch.load(base / "reconstruction.pt")
+        assert rel_error(a, b) <= 1e-6, mode
+        assert not read_run(rs).get("anomalies"), read_run(rs)["anomalies"]  # every payload matched its range
+        if mode == "training":
+            for key in ("losses", "grad_norms"):
+                got, want = torch.tensor(read_run(rs)["solver"][key]), torch.tensor(read_run(base)["solver"][key])
+                assert rel_error(got, want) <= 1e-6, key
+    colls = pd.read_parquet(runs[("inference", "reduce_scatter")] / "collectives.parquet")
+    per = colls[(colls["rank"] == 0) & (colls["iteration"] == 1) & (colls["section"] == "gradient")]
+    main = per[per["main"]]
+    lay = window_layout(_strategy((1, 3, 32, 32), 8, 4), 2)
+    assert main["collective"].tolist() == ["all_to_all", "all_gather"]
+    assert main["payload_bytes"].tolist() == [2 * 3 * lay.block * 4, 3 * lay.halo * 4]
+    assert (per[~per["main"]]["payload_bytes"] < 3 * 32 * 32 * 4).all()  # deepinv's small collectives
