@@ -54,16 +54,22 @@ def test_layout_owns_every_pixel_once_and_holds_every_read_pixel(shape, patch, o
         assert lay.halo == 0
 
 
+def test_layout_without_overlap_has_no_boundaries():
+    lay = window_layout(_strategy((1, 3, 24, 24), 8, 0), 3)
+    assert lay.halo == 0 and not lay.read_by_other.any() and sum(len(o) for o in lay.owned) == 24 * 24
+
+
 def test_layout_refuses_padding_as_large_as_the_signal():
     with pytest.raises(ValueError, match="problem.overlap=12: must be < the signal's size 12"):
         window_layout(_strategy((1, 1, 12, 12), 4, 12), 2)
 
 
-#: (denoiser reconciliation, reduce-scatter form; None = the blocking all_reduce) per dims: every form in 2D,
-#: the all_reduce denoiser's in 3D (the 3D DRUNet is the slow part)
+#: (denoiser reconciliation, reduce-scatter form (None = the blocking all_reduce), tile overlap) per dims: every
+#: form in 2D, and overlap 0 (no boundaries: no all_gather); the all_reduce denoiser's in 3D (the slow part)
 _VARIANTS = {
-    2: [(c, s) for c in ("all_reduce", "all_gather") for s in (None, "reduce_scatter", "all_to_all")],
-    3: [("all_reduce", s) for s in (None, "reduce_scatter", "all_to_all")],
+    2: [(c, s, 4) for c in ("all_reduce", "all_gather") for s in (None, "reduce_scatter", "all_to_all")]
+    + [("all_reduce", None, 0), ("all_reduce", "all_to_all", 0)],
+    3: [("all_reduce", s, 4) for s in (None, "reduce_scatter", "all_to_all")],
 }
 
 
@@ -87,10 +93,10 @@ def _rank_body(rank: int, world: int, out_dir: str) -> None:
             x0 = torch.rand(shape, generator=g)
             target = torch.rand(shape, generator=g)
             weights = torch.rand((world, *shape), generator=g)  # rank r's local gradient: weights[r] * x
-            for collective, scatter in _VARIANTS[dims]:
+            for collective, scatter, overlap in _VARIANTS[dims]:
                 torch.manual_seed(0)
                 net = DRUNet(shape[1], shape[1], nc=(4, 8, 8, 8), nb=1, pretrained=None, device="cpu", dim=dims)
-                strategy = _strategy(shape, patch, 4)
+                strategy = _strategy(shape, patch, overlap)
                 den = tiled_denoiser(net, ctx, strategy, collective=collective, max_batch_size=2)
                 windowed = WindowedGradient(strategy, scatter) if scatter is not None else None
 
@@ -105,7 +111,7 @@ def _rank_body(rank: int, world: int, out_dir: str) -> None:
                 out = run(run(x))  # training: two unrolled steps, gradients through the exchange
                 ((out - target) ** 2).mean().backward()
                 grads = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
-                results[(dims, collective, scatter)] = (inference, out.detach(), grads, x.grad.clone())
+                results[(dims, collective, scatter, overlap)] = (inference, out.detach(), grads, x.grad.clone())
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -122,16 +128,16 @@ def test_reduce_scatter_equals_all_reduce(scattered, world, dims):
     """Inference image, training image, weight gradients and input gradient: the windowed exchange (reduce_scatter,
     all_to_all) == the blocking all_reduce to 1e-6 on every rank, with either denoiser reconciliation; ranks agree."""
     for mine in scattered[world]:
-        for collective, scatter in _VARIANTS[dims]:
-            base = mine[(dims, collective, None)]
+        for collective, scatter, overlap in _VARIANTS[dims]:
+            base = mine[(dims, collective, None, overlap)]
             if scatter is not None:
-                got = mine[(dims, collective, scatter)]
+                got = mine[(dims, collective, scatter, overlap)]
                 for k, what in enumerate(("inference image", "training image", "weight gradients", "input gradient")):
-                    assert rel_error(got[k], base[k]) <= 1e-6, (world, dims, collective, scatter, what)
+                    assert rel_error(got[k], base[k]) <= 1e-6, (world, dims, collective, scatter, overlap, what)
             assert base[2].abs().sum() > 0 and base[3].abs().sum() > 0
-    first = scattered[world][0][(dims, "all_reduce", "all_to_all")]
+    first = scattered[world][0][(dims, "all_reduce", "all_to_all", 4)]
     for mine in scattered[world][1:]:
-        assert rel_error(mine[(dims, "all_reduce", "all_to_all")][0], first[0]) <= 1e-6
+        assert rel_error(mine[(dims, "all_reduce", "all_to_all", 4)][0], first[0]) <= 1e-6
 
 
 @pytest.mark.slow

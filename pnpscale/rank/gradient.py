@@ -38,7 +38,7 @@ backward's bytes are the blocking path's). Every rank runs the node, so the back
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -81,6 +81,21 @@ class WindowLayout:
     def known(self, rank: int) -> torch.Tensor:
         """Boolean mask (spatial shape) of ``M_r = O_r ∪ ⋃_{q≠r} B_q``: where rank ``rank`` holds the sum."""
         return (self.owner == rank) | self.read_by_other
+
+    def to(self, device: torch.device | str) -> WindowLayout:
+        """The same layout with its index tensors on ``device`` (moved once, not at every exchange)."""
+
+        def move(ts: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            return tuple(t.to(device) for t in ts)
+
+        return replace(
+            self,
+            owned=move(self.owned),
+            boundary=move(self.boundary),
+            boundary_pos=move(self.boundary_pos),
+            owner=self.owner.to(device),
+            read_by_other=self.read_by_other.to(device),
+        )
 
 
 def window_layout(strategy: Any, world: int) -> WindowLayout:
@@ -193,17 +208,18 @@ def windowed_sum(
         received = torch.empty_like(blocks)
         dist.all_to_all_single(received, blocks, group=group)
         reduced = received.sum(0)
-    halo = flat.new_zeros((1, bc, layout.halo))
-    pos = layout.boundary_pos[rank].to(flat.device)
-    halo[0, :, : len(pos)] = reduced.index_select(1, pos)
-    gathered = flat.new_empty((n, bc, layout.halo))
-    dist.all_gather_into_tensor(gathered, halo, group=group)
     out = torch.zeros_like(flat)
-    own = layout.owned[rank]
-    out[:, own.to(flat.device)] = reduced[:, : len(own)]
-    for q, idx in enumerate(layout.boundary):
-        if q != rank:
-            out[:, idx.to(flat.device)] = gathered[q, :, : len(idx)]
+    own = layout.owned[rank].to(flat.device)
+    out[:, own] = reduced[:, : len(own)]
+    if layout.halo:  # no rank reads another's pixels (overlap 0): every rank skips the all_gather alike
+        halo = flat.new_zeros((1, bc, layout.halo))
+        pos = layout.boundary_pos[rank].to(flat.device)
+        halo[0, :, : len(pos)] = reduced.index_select(1, pos)
+        gathered = flat.new_empty((n, bc, layout.halo))
+        dist.all_gather_into_tensor(gathered, halo, group=group)
+        for q, idx in enumerate(layout.boundary):
+            if q != rank:
+                out[:, idx.to(flat.device)] = gathered[q, :, : len(idx)]
     return out.reshape(g_local.shape)
 
 
@@ -245,8 +261,13 @@ class WindowedGradient:
         self.layout = window_layout(strategy, world)
         self.scatter = scatter if scatter is not None else (pick_scatter(group) if self.active else "reduce_scatter")
 
+    def _on(self, device: torch.device) -> WindowLayout:
+        if self.layout.owner.device != device:
+            self.layout = self.layout.to(device)
+        return self.layout
+
     def __call__(self, g_local: torch.Tensor) -> torch.Tensor:
         """``Σ_ranks g`` on this rank's windows (``g_local``: ``(B, C, *spatial)``; zeros where no window reads)."""
         if not self.active:
             return g_local
-        return WindowedSum.apply(g_local, self.layout, self.rank, self.scatter, self.group)
+        return WindowedSum.apply(g_local, self._on(g_local.device), self.rank, self.scatter, self.group)
