@@ -27,9 +27,12 @@ reflect-padded signal, and both reconciliations (``all_reduce``, ``all_gather``)
 rank. Each value of ``g`` a window reads is the same sum as in the blocking path, so results equal it to
 rounding (the summation order differs).
 
-Bytes per GPU against the blocking all_reduce's ``2·P·(n−1)/n``: ``(P + H)·(n−1)/n`` with ``H = n·max|B_q|``
-the gathered boundaries: half when the overlap is thin against the tiles (the study's 8192² image, 1016-pixel
-tiles, 4-pixel overlap), less with thick overlaps (the small preset's 32-pixel tiles and 8-pixel overlap).
+Bytes per GPU against the blocking all_reduce's ``2·P·(n−1)/n``: ``(S + H)·(n−1)/n`` with ``S ≈ P`` (the blocks)
+and ``H = n·max|B_q|`` (the gathered boundaries, times channels and bytes per value). Round-robin tiles put each
+tile's left and right neighbours on other ranks, so ``H`` grows with the overlap against the tile: ``0.25·P`` at
+the study's tiling (256-pixel tiles, 32-pixel overlap) up to 32 ranks, ``0.43·P`` at 64 (0.62x and 0.72x the
+all_reduce's bytes); ``0.44–0.75·P`` at the small preset's (32 and 8). The all_gather gives every boundary to
+every rank: sending each rank only the pieces its windows read would come closer to half; not built.
 
 Training: the exchange is one ``torch.autograd.Function`` (:class:`WindowedSum`); ``g_r = M_r ⊙ Σ_q g_q`` is
 linear, its adjoint sums ``M_r ⊙ ∂L/∂g_r`` over ranks: one blocking image-sized all_reduce in backward (the
