@@ -449,8 +449,10 @@ def validate(cfg: Any, cuda_available: bool | None = None) -> None:
             ``gpus`` outside 1..64, an unknown ``problem``/``mode``/``scale``/``dist.backend``, a
             negative iteration count, a tile window ``patch_size + 2*overlap`` that is not a
             multiple of 8, a tile larger than the image, ``unroll`` < 1 in training, an
-            ``inject.rank`` outside ``0..gpus-1``, an ``inject.section`` the mode lacks, or an
-            injection missing the rank (or, for a delay, the section) it applies to.
+            ``inject.rank`` outside ``0..gpus-1``, an ``inject.section`` the mode lacks, an
+            injection missing the rank (or, for a delay, the section) it applies to, or an unsupported
+            ``solver`` combination (``overlap_chunks`` without ``pipelined``, ``pipelined`` with the all_gather
+            denoiser or with ``gradient_collective=reduce_scatter``).
     """
     for key in RULES:
         check_value(key, _get(cfg, key))
