@@ -457,29 +457,3 @@ def test_one_gpu_count_writes_nothing(tmp_path, capsys):
     assert main([str(root)]) == 2
     assert "nothing could be projected" in capsys.readouterr().err
     assert not (root / layout.REPORT_DIR).exists()
-
-
-def test_pipelined_series_projects_its_hidden_share_against_the_blocking_crossover():
-    """A sweep with ``solver.overlap=none,pipelined``: the pipelined series' measured hidden share (at its largest
-    N) scales the blocking series' projected transfer, and the note gives both crossovers (transfer > critical-path
-    compute) and the exposed transfer at the largest N searched, as computed by hand from the blocking model."""
-    h = 0.6
-    block = sweep([1, 2, 4, 8, 16]).assign(variant="overlap=none", hidden_s=0.0)
-    block[K.TRANSFER_S] *= 6000  # a transfer that crosses the compute within 64 GPUs (a 6000x slower network)
-    block[K.SECTION_S] = block[K.COMPUTE_S] + block[K.TRANSFER_S] + block[K.WAIT_S]
-    pipe = block.assign(variant="overlap=pipelined")
-    pipe[K.HIDDEN_S] = h * pipe[K.TRANSFER_S]
-    pipe[K.TRANSFER_S] = (1 - h) * pipe[K.TRANSFER_S]
-    pipe[K.SECTION_S] = pipe[K.COMPUTE_S] + pipe[K.TRANSFER_S] + pipe[K.WAIT_S]
-    p = project(pd.concat([block, pipe], ignore_index=True), [32, 64])
-    key = ("2d overlap=pipelined", "inference")
-    (line,) = [n for n in p.notes[key] if n.startswith("overlap:")]
-    assert line.startswith("overlap: hidden share 0.60 measured at N=16")
-    want = pm.overlap_crossover(fit(block.assign(problem="2d overlap=none")), h, 64)
-    assert want["blocking"] is not None and want["pipelined"] is not None and want["pipelined"] > want["blocking"]
-    assert f"crossover (transfer > critical-path compute) is N = {want['pipelined']} vs N = {want['blocking']}" in line
-    assert want["transfer_pipelined_s"] == pytest.approx((1 - h) * want["transfer_blocking_s"])
-    assert f"at N=64 exposed transfer {want['transfer_pipelined_s']:.4g} s" in line
-    assert not [n for n in p.notes.get(("2d overlap=none", "inference"), []) if n.startswith("overlap:")]
-    with pytest.raises(ValueError, match="hidden share 1.0: must be in"):
-        pm.overlap_crossover(fit(block), 1.0, 8)

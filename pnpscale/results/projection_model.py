@@ -822,107 +822,6 @@ def findings(model: Model, up_to: int, pe_min: float) -> dict[str, Any]:
     return out
 
 
-def hidden_share(rows: pd.DataFrame) -> tuple[float, int] | None:
-    """The measured share of a series' collective time that compute hid, at its largest multi-GPU count.
-
-    ``h = ΣH / (ΣH + ΣT)`` over the series' sections at that count (HIDDEN_S: collective time overlapped by
-    compute; TRANSFER_S: exposed transfer; seconds per iteration; wait is not transfer and is left out).
-
-    Returns:
-        ``(h, N)``; None without a multi-GPU point, without HIDDEN_S, or without collective time there.
-
-    >>> rows = pd.DataFrame({"gpus": [1, 4, 4], "section": ["s", "s", "t"], "hidden_s": [0.0, 0.3, 0.0],
-    ...                      "transfer_s": [0.0, 0.1, 0.0]})  # 0.3 hidden, 0.1 exposed
-    >>> round(hidden_share(rows)[0], 12), hidden_share(rows)[1]
-    (0.75, 4)
-    """
-    if K.HIDDEN_S not in rows:
-        return None
-    multi = rows[rows[K.GPUS] > 1]
-    if multi.empty:
-        return None
-    n = int(multi[K.GPUS].max())
-    at = multi[multi[K.GPUS] == n]
-    h, t = float(at[K.HIDDEN_S].astype(float).sum()), float(at[K.TRANSFER_S].astype(float).sum())
-    if not (np.isfinite(h) and np.isfinite(t)) or h + t <= 0:
-        return None
-    return h / (h + t), n
-
-
-def overlap_crossover(blocking: Model, share: float, up_to: int) -> dict[str, Any]:
-    """The blocking series' projected transfer with a share ``share`` of it hidden (``solver.overlap=pipelined``).
-
-    Model: the pipelined iteration exposes ``(1 − share)·T_b(N)`` of the blocking one's transfer ``T_b(N)``
-    (section ``all``), with the same critical-path compute ``C_max(N)``: the measured hidden share is assumed to
-    hold at every N. Crossover: the first N > 1 in 1..``up_to`` (capped at a CPU sweep's cores) where the
-    transfer exceeds ``C_max`` (as :func:`findings`).
-
-    Args:
-        blocking: the fitted model of the blocking series (``overlap=none``).
-        share: hidden share in [0, 1) (:func:`hidden_share` of the pipelined series).
-        up_to: largest N searched.
-
-    Returns:
-        ``{"blocking": N or None, "pipelined": N or None, "searched_up_to", "gpus": the largest N searched,
-        "transfer_blocking_s", "transfer_pipelined_s", "compute_max_s"}`` (seconds per iteration at ``gpus``).
-
-    Raises:
-        ValueError: ``share`` outside [0, 1).
-    """
-    if not 0.0 <= share < 1.0:
-        raise ValueError(f"hidden share {share}: must be in [0, 1)")
-    up_to = min(up_to, blocking.cores) if blocking.cores is not None else up_to
-    grid = evaluate(blocking, range(1, up_to + 1))
-    a = grid[grid[K.SECTION] == ALL].sort_values(K.GPUS)
-    gpus = a[K.GPUS].to_numpy(int)
-    t = a[K.TRANSFER_S].to_numpy(float)
-    c = a[K.COMPUTE_MAX_S].to_numpy(float)
-
-    def first(transfer: np.ndarray) -> int | None:
-        over = np.flatnonzero((gpus > 1) & (transfer > c))
-        return int(gpus[over[0]]) if len(over) else None
-
-    return {
-        "blocking": first(t), "pipelined": first((1.0 - share) * t), "searched_up_to": up_to, "gpus": int(gpus[-1]),
-        "transfer_blocking_s": float(t[-1]), "transfer_pipelined_s": float((1.0 - share) * t[-1]),
-        "compute_max_s": float(c[-1]),
-    }  # fmt: skip
-
-
-def overlap_notes(found: Mapping[tuple[str, str], Any], models: Mapping[tuple[str, str], Model],
-                  pts: pd.DataFrame) -> dict[tuple[str, str], list[str]]:  # fmt: skip
-    """For each projected ``... overlap=pipelined`` series whose ``... overlap=none`` twin was projected too: one
-    line with its measured hidden share and the two crossovers (:func:`overlap_crossover`)."""
-    out: dict[tuple[str, str], list[str]] = {}
-    for key in found:
-        label, mode = key
-        if "overlap=pipelined" not in label.split():
-            continue
-        twin = (label.replace("overlap=pipelined", "overlap=none"), mode)
-        if twin not in models:
-            continue
-        got = hidden_share(pts[(pts[K.PROBLEM] == label) & (pts[K.MODE] == mode)])
-        if got is None:
-            out[key] = [f"overlap: no hidden time measured for {label}: no crossover compared with {twin[0]}"]
-            continue
-        share, n = got
-        if share >= 1.0:
-            out[key] = [f"overlap: all of {label}'s collective time was hidden at N={n}: no exposed transfer to scale"]
-            continue
-        x = overlap_crossover(models[twin], share, int(found[key]["searched_up_to"]))
-        out[key] = [
-            f"overlap: hidden share {share:.2f} measured at N={n}; with the blocking series' ({twin[0]}) projected "
-            f"transfer x (1 − {share:.2f}) at every N, the crossover (transfer > critical-path compute) is "
-            + (f"N = {x['pipelined']}" if x["pipelined"] else f"none up to {x['searched_up_to']}")
-            + " vs "
-            + (f"N = {x['blocking']}" if x["blocking"] else f"none up to {x['searched_up_to']}")
-            + f" blocking; at N={x['gpus']} exposed transfer {x['transfer_pipelined_s']:.4g} s vs "
-            f"{x['transfer_blocking_s']:.4g} s, critical-path compute {x['compute_max_s']:.4g} s (the measured share "
-            "assumed at every N)"
-        ]
-    return out
-
-
 # --- checks: the fit at its own points, leave-one-out ------------------------------------------
 
 
@@ -1108,7 +1007,6 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
     """
     pts = _points(table, unique=False)  # each (problem, mode) is checked by fit
     frames, vals, found, assumed, skipped, notes = [], [], {}, {}, {}, {}
-    models: dict[tuple[str, str], Model] = {}
     for (problem, mode), rows in pts.groupby(GROUP, sort=True):
         key = (str(problem), str(mode))
         measured = sorted({int(g) for g in rows[K.GPUS]})
@@ -1134,15 +1032,12 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
             skipped[key] = str(exc)
             continue
         frames += [measured_rows(rows, model), proj]
-        models[key] = model
         vals.append(checks)
         assumed[key] = model.assumptions + algorithm_notes(model, proj)
         notes[key] = option_notes(model, proj, options) + (
             [f"not projected: {', '.join(map(str, refused))} GPUs (past the {model.cores} cores the CPU ranks share)"]
             if refused else []
         )  # fmt: skip
-    for key, lines in overlap_notes(found, models, pts).items():
-        notes[key] = notes.get(key, []) + lines
     cols = list(K.PROJECTION_COLUMNS)
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
     val = pd.concat(vals, ignore_index=True) if vals else pd.DataFrame(columns=list(K.VALIDATION_COLUMNS))
