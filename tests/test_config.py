@@ -63,6 +63,18 @@ def test_explicit_size_overrides_every_preset(composer):
             "solver.overlap=pipelined",
             "needs solver.denoiser_collective=all_reduce",
         ),
+        (["solver.gradient_collective=all_gather"], "solver.gradient_collective=all_gather", "all_reduce, reduce_"),
+        (
+            ["solver.gradient_collective=reduce_scatter", "solver.overlap=pipelined"],
+            "solver.gradient_collective=reduce_scatter",
+            "needs solver.overlap=none",
+        ),
+        (
+            ["solver.gradient_collective=reduce_scatter", "scale=small", "problem.image_size=16",
+             "problem.patch_size=8", "problem.overlap=16"],
+            "problem.overlap=16",
+            "must be < image_size=16",
+        ),  # fmt: skip
     ],
 )
 def test_value_errors_are_one_line_naming_key_and_allowed(composer, overrides, key, allowed):
@@ -89,6 +101,10 @@ def test_unknown_key_fails_at_compose_time(composer):
         (["+gpus=2"], "drop the leading '+'"),
         (["iterations=-1"], "iterations=-1: must be an integer >= 1"),
         (["solver.overlap=blocking"], "solver.overlap=blocking: allowed values: none, pipelined"),
+        (
+            ["solver.gradient_collective=reduce"],
+            "solver.gradient_collective=reduce: allowed values: all_reduce, reduce_scatter",
+        ),
         (["gpus=abc"], "gpus=abc: must be an integer in 1..64"),
     ],
 )
@@ -214,7 +230,25 @@ def test_overlap_is_a_variant_with_its_own_folder(composer):
     import hashlib
     import json
 
-    before = {k: v for k, v in plain.to_dict().items() if k not in ("overlap", "overlap_chunks")}
+    before = {k: v for k, v in plain.to_dict().items() if k not in ("overlap", "overlap_chunks", "gradient_collective")}
     digest = hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert plain.fingerprint() == digest  # a run recorded before the keys existed still resumes
+    assert plain.fingerprint() != spec.fingerprint()
+
+
+def test_gradient_collective_is_a_variant_with_its_own_folder(composer):
+    """``solver.gradient_collective`` reaches the spec and the run folder; the default keeps the old digest."""
+    import hashlib
+    import json
+
+    from pnpscale.core.config import cfg_variant, variant_subdir
+
+    spec = resolve_spec(composer("solver.gradient_collective=reduce_scatter"), cuda_available=False)
+    assert spec.gradient_collective == "reduce_scatter"
+    assert cfg_variant(composer("solver.gradient_collective=reduce_scatter")) == "gradient_collective=reduce_scatter"
+    assert variant_subdir("all_reduce", None, "none", None, "reduce_scatter") == "/gradient_collective=reduce_scatter"
+    plain = resolve_spec(composer(), cuda_available=False)
+    before = {k: v for k, v in plain.to_dict().items() if k not in ("overlap", "overlap_chunks", "gradient_collective")}
+    digest = hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert plain.fingerprint() == digest  # a run recorded before the key existed still resumes
     assert plain.fingerprint() != spec.fingerprint()

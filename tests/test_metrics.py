@@ -194,3 +194,30 @@ def test_one_registry_of_measures_names_totals_and_per_iteration_values(tmp_path
     for name in summed:  # every summed measure is per measured iteration in the table (NaN where unknown)
         total = section[K.total_name(name)]
         assert (pd.isna(row[name]) and total is None) or row[name] == pytest.approx(total / 3), name
+
+
+def test_windowed_gradient_scatter_and_boundaries_are_main_together():
+    """``solver.gradient_collective=reduce_scatter``: the blocks (all_to_all on gloo, reduce_scatter on NCCL, at
+    least the image) and the boundaries' all_gather right after them carry the image; a later all_gather that is
+    not a boundary exchange and deepinv's small broadcasts do not. The section's main type names both, so the
+    transfer table applies no single byte model to their summed transfer."""
+    from pnpscale.results.transfer import main_bytes_per_gpu, transfer_rows
+
+    image = 4096
+    for scatter in ("all_to_all", "reduce_scatter"):
+        kinds = [("broadcast", 8), (scatter, 4160), ("all_gather", 512), ("broadcast", 8), ("all_gather", 16)]
+        rows = [(r, 0, "gradient", q, 0.1 * (q + 1) * (r + 1), p) for r in (0, 1) for q, (_, p) in enumerate(kinds)]
+        coll = coll_table(rows)
+        coll[K.COLLECTIVE] = [k for _ in (0, 1) for k, _ in kinds]
+        coll[K.MAIN] = mark_main(coll, image_bytes=image, world_size=2)
+        assert coll[coll[K.RANK] == 0][K.MAIN].tolist() == [False, True, True, False, False], scatter
+        row = decompose(ranks_table([(0, 0, "gradient", 5.0), (1, 0, "gradient", 5.0)]), coll).iloc[0]
+        assert row[K.MAIN_COLLECTIVE] == f"{scatter}+all_gather" and row[K.N_MAIN] == 2
+        assert row[K.MAIN_TRANSFER_S] == pytest.approx(0.2 + 0.3)  # min over ranks of each main collective
+        # bytes per GPU: the blocks S·(n−1)/n plus the gathered boundaries n·512·(n−1)/n
+        assert main_bytes_per_gpu(coll.assign(**{K.WARMUP: False}), 2) == pytest.approx(4160 / 2 + 2 * 512 / 2)
+        t = transfer_rows([{K.GPUS: 2, K.NODES: 1, K.BACKEND: "gloo", K.SECTION: "gradient",
+                            K.COLLECTIVE: row[K.MAIN_COLLECTIVE], K.PAYLOAD_BYTES: 4160.0,
+                            K.TRANSFER_S: 0.5}])  # fmt: skip
+        assert t[K.BYTES_PER_GPU].isna().all() and t[K.BUSBW_GBPS].isna().all()
+        assert f"no byte model for {scatter}+all_gather" in t[K.ALGORITHM_NOTE].iloc[0]

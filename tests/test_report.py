@@ -245,6 +245,7 @@ def test_stored_sweeps_compose_and_expand():
         "comm_inference_ct": ("ct", "inference", 64, None, "1,2,4,8,16,32,64"),
         "remedy_denoiser_collective": ("2d", "inference", 8, None, "1,2,4,8,16,32,64"),
         "remedy_overlap": ("2d", "inference", 8, None, "1,2,4,8,16,32,64"),
+        "remedy_gradient_collective": ("2d", "inference", 8, None, "1,2,4,8,16,32,64"),
     }
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for name, (problem, mode, ops, unroll, gpus) in expected.items():
@@ -260,6 +261,10 @@ def test_stored_sweeps_compose_and_expand():
         assert str(cfg.hydra.sweeper.params["solver.denoiser_collective"]) == "all_reduce,all_gather"
         cfg = compose("config", overrides=["sweeps=remedy_overlap"], return_hydra_config=True)
         assert str(cfg.hydra.sweeper.params["solver.overlap"]) == "none,pipelined"
+        cfg = compose("config", overrides=["sweeps=remedy_gradient_collective"], return_hydra_config=True)
+        assert str(cfg.hydra.sweeper.params["solver.gradient_collective"]) == "all_reduce,reduce_scatter"
+        cfg = compose("config", overrides=["solver.gradient_collective=reduce_scatter"], return_hydra_config=True)
+        assert str(cfg.hydra.sweep.subdir) == "problem=2d/mode=inference/gradient_collective=reduce_scatter/gpus=1"
         cfg = compose(
             "config", overrides=["sweeps=remedy_overlap", "solver.overlap=pipelined"], return_hydra_config=True
         )

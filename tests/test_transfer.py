@@ -64,6 +64,10 @@ def test_all_gather_reduce_scatter_broadcast_nccl_tests_conventions():
     assert all_gather_bytes(4000, 4) == 3000.0 and reduce_scatter_bytes(4000, 4) == 3000.0
     assert bytes_per_gpu("all_gather", 4000, 4, 1, "pat") == 3000.0
     assert bytes_per_gpu("broadcast", 4000, 4, 1, "ring") == 4000.0
+    # all_to_all (gloo's form of the windowed gradient's reduce-scatter): n equal blocks, one stays local
+    assert nccl_tests_size("all_to_all", 4000, 4) == 4000.0
+    assert bytes_per_gpu("all_to_all", 4000, 4, 1, "ring") == 3000.0
+    assert bus_factor("all_to_all", 4) == bus_factor("reduce_scatter", 4) == 0.75
 
 
 def test_byte_model_errors():

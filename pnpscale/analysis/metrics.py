@@ -143,6 +143,37 @@ def _banded(collectives: pd.DataFrame, per_seq: pd.Series, image_bytes: float) -
     return out
 
 
+#: Collectives that reduce-scatter a whole image-sized input (``solver.gradient_collective=reduce_scatter``: NCCL's
+#: ``reduce_scatter``, gloo's ``all_to_all`` of the same blocks); the payload recorded is that whole input.
+SCATTERING = ("reduce_scatter", "all_to_all")
+
+
+def _windowed(collectives: pd.DataFrame, per_seq: pd.Series, image_bytes: float) -> pd.Series:
+    """Rows of the windowed gradient exchange (:mod:`pnpscale.rank.gradient`), per iteration x section: a
+    reduce_scatter or all_to_all of at least the image's bytes, and the all_gather issued right after it (the
+    boundaries that complete each rank's windows) when there is one."""
+    out = pd.Series(False, index=collectives.index)
+    kinds = collectives[K.COLLECTIVE].astype(str)
+    scatter = kinds.isin(SCATTERING)
+    if not scatter.any():
+        return out
+    where = pd.MultiIndex.from_frame(collectives[[K.ITERATION, K.SECTION]])
+    sel = where.isin(where[scatter.to_numpy()])  # the sections holding one
+    rows = collectives[sel].assign(_k=kinds[sel], _p=per_seq[sel])
+    for _, grp in rows.groupby([K.ITERATION, K.SECTION]):
+        seqs = grp.groupby(K.SEQ).agg(kind=("_k", "first"), payload=("_p", "first")).sort_index()
+        order = list(seqs.index)
+        flagged = set()
+        for j, q in enumerate(order):
+            if seqs.at[q, "kind"] in SCATTERING and seqs.at[q, "payload"] >= image_bytes:
+                flagged.add(q)
+                if j + 1 < len(order) and seqs.at[order[j + 1], "kind"] == "all_gather":
+                    flagged.add(order[j + 1])
+        if flagged:
+            out.loc[grp.index[grp[K.SEQ].isin(flagged)]] = True
+    return out
+
+
 def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_size: int | None = None) -> pd.Series:
     """Flag the main collectives of each section: those carrying the image.
 
@@ -158,7 +189,10 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
     ``payload × world_size >= image_bytes`` and ``payload <= 2 × image_bytes``. With
     ``solver.overlap=pipelined`` the image travels in row bands: consecutive all_reduces (by ``seq``)
     whose payloads add up to exactly ``image_bytes`` carry it together (:func:`band_runs`). Payloads are
-    taken as the maximum across ranks for each ``seq``, so every rank flags the same ``seq``.
+    taken as the maximum across ranks for each ``seq``, so every rank flags the same ``seq``. With
+    ``solver.gradient_collective=reduce_scatter`` the gradient's image travels as a reduce_scatter (NCCL) or
+    all_to_all (gloo) of at least the image's bytes and the all_gather of the boundaries right after it: both
+    carry it together (:func:`_windowed`).
 
     Args:
         collectives: rows of ``collectives.parquet`` (ITERATION, SECTION, SEQ, RANK, PAYLOAD_BYTES,
@@ -180,6 +214,10 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
     ...                   "collective": "all_reduce", "payload_bytes": [8, 1024, 3072, 16]})  # two bands
     >>> mark_main(b, image_bytes=4096).tolist()
     [False, True, True, False]
+    >>> w = b.assign(collective=["broadcast", "all_to_all", "all_gather", "broadcast"],
+    ...              payload_bytes=[8, 4160, 512, 8])  # the windowed gradient: blocks, then boundaries
+    >>> mark_main(w, image_bytes=4096, world_size=4).tolist()
+    [False, True, True, False]
     """
     if collectives.empty:
         return pd.Series([], dtype=bool, index=collectives.index)
@@ -198,6 +236,7 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
             image = image | (gathering & share)
         if K.COLLECTIVE in collectives:
             image = image | _banded(collectives, per_seq, float(image_bytes))
+            image = image | _windowed(collectives, per_seq, float(image_bytes))
         has_image = image.groupby(section_keys).transform("any")
         is_main = is_main.where(~has_image, image)
     return is_main.astype(bool)
@@ -369,7 +408,11 @@ def _check_matched(collectives: pd.DataFrame, w: int) -> None:
 
 
 def _main_info(collectives: pd.DataFrame, dmin: pd.Series) -> pd.DataFrame:
-    """Per iteration x section: main collective type, payload, count and transfer; other payload."""
+    """Per iteration x section: main collective type, payload, count and transfer; other payload.
+
+    The type is the main collectives' one, or their distinct types joined by ``+`` in issue order
+    (``all_to_all+all_gather``: the windowed gradient), for which no single byte model holds (the transfer
+    table then says so instead of applying the first type's model to the whole transfer)."""
     main = collectives[K.MAIN].astype(bool) if K.MAIN in collectives else mark_main(collectives)
     first_rank = collectives[K.RANK].min()
     rows = collectives[collectives[K.RANK] == first_rank].assign(_main=main)
@@ -380,7 +423,7 @@ def _main_info(collectives: pd.DataFrame, dmin: pd.Series) -> pd.DataFrame:
     other = rows[~rows["_main"]].groupby(_KEY)[K.PAYLOAD_BYTES].sum(min_count=1)
     out = pd.DataFrame(
         {
-            K.MAIN_COLLECTIVE: g[K.COLLECTIVE].first(),
+            K.MAIN_COLLECTIVE: g[K.COLLECTIVE].agg(lambda s: "+".join(dict.fromkeys(s.astype(str)))),
             K.MAIN_PAYLOAD_BYTES: g[K.PAYLOAD_BYTES].max(),
             K.N_MAIN: g.size(),
             K.MAIN_TRANSFER_S: g[K.MAIN_TRANSFER_S].sum(),

@@ -38,6 +38,11 @@ DENOISER_COLLECTIVES = ("all_reduce", "all_gather")
 #: split into row bands of the tiling, issued asynchronously; each tile starts when the bands its window reads
 #: have arrived, and the denoiser's reconciliation is issued band by band; see :mod:`pnpscale.rank.pipeline`).
 OVERLAPS = ("none", "pipelined")
+#: How the gradient's sum over ranks is exchanged (``solver.gradient_collective``): ``all_reduce`` (deepinv's:
+#: the whole image on every rank, ring ``2·P·(n−1)/n`` bytes per GPU) or ``reduce_scatter`` (each rank receives
+#: the sum only where its tiles' windows read it: a reduce-scatter over the ranks' cores and an all_gather of
+#: the boundaries, ``(P + H)·(n−1)/n``; see :mod:`pnpscale.rank.gradient`).
+GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter")
 #: DRUNet downsamples three times by 2: tile windows must be a multiple of this.
 WINDOW_MULTIPLE = 8
 
@@ -158,12 +163,14 @@ class SolverConfig:
     ``denoiser_collective``: one of :data:`DENOISER_COLLECTIVES`; ``overlap``: one of :data:`OVERLAPS`;
     ``overlap_chunks``: with ``overlap=pipelined``, the number of row bands (slabs in 3D) the exchanges are
     split into, ``1..`` the tiling's tile rows (``null``: one per tile row; ``1``: one piece, the blocking
-    exchange issued through the pipelined code, nothing to overlap).
+    exchange issued through the pipelined code, nothing to overlap). ``gradient_collective``: one of
+    :data:`GRADIENT_COLLECTIVES` (``reduce_scatter`` not with ``overlap=pipelined``).
     """
 
     denoiser_collective: str = "all_reduce"
     overlap: str = "none"
     overlap_chunks: int | None = None
+    gradient_collective: str = "all_reduce"
 
 
 @dataclass
@@ -231,7 +238,7 @@ def register_schema() -> None:
 
 #: Keys that make a run a *variant* of its (problem, mode, gpus) point: a sweep may vary them, and the
 #: report compares the values side by side (``pnpscale.results.compare``).
-VARIANT_KEYS = ("denoiser_collective", "num_operators", "overlap", "overlap_chunks")
+VARIANT_KEYS = ("denoiser_collective", "num_operators", "overlap", "overlap_chunks", "gradient_collective")
 
 
 def variant_parts(
@@ -239,12 +246,15 @@ def variant_parts(
     num_operators: Any = None,
     overlap: Any = "none",
     overlap_chunks: Any = None,
+    gradient_collective: Any = "all_reduce",
 ) -> list[str]:
     """A point's variant: ``key=value`` for each :data:`VARIANT_KEYS` key that differs from its default
     (``num_operators`` and ``overlap_chunks`` when set explicitly, not ``null``).
 
     >>> variant_parts(), variant_parts("all_gather", 2), variant_parts(overlap="pipelined", overlap_chunks=4)
     ([], ['denoiser_collective=all_gather', 'num_operators=2'], ['overlap=pipelined', 'overlap_chunks=4'])
+    >>> variant_parts(gradient_collective="reduce_scatter")
+    ['gradient_collective=reduce_scatter']
     """
     parts = []
     if denoiser_collective not in (None, "all_reduce"):
@@ -255,6 +265,8 @@ def variant_parts(
         parts.append(f"overlap={overlap}")
     if overlap_chunks is not None:
         parts.append(f"overlap_chunks={overlap_chunks}")
+    if gradient_collective not in (None, "all_reduce"):
+        parts.append(f"gradient_collective={gradient_collective}")
     return parts
 
 
@@ -267,6 +279,7 @@ def cfg_variant(cfg: Any) -> str:
             cfg["problem"]["num_operators"],
             solver.get("overlap", "none"),
             solver.get("overlap_chunks"),
+            solver.get("gradient_collective", "all_reduce"),
         )
     )
 
@@ -276,6 +289,7 @@ def variant_subdir(
     num_operators: Any = None,
     overlap: Any = "none",
     overlap_chunks: Any = None,
+    gradient_collective: Any = "all_reduce",
 ) -> str:
     """The run folder's variant part: ``""`` for the defaults, else ``/key=value`` per non-default key.
 
@@ -289,7 +303,8 @@ def variant_subdir(
     >>> variant_subdir("all_reduce", None, "pipelined")
     '/overlap=pipelined'
     """
-    return "".join("/" + p for p in variant_parts(denoiser_collective, num_operators, overlap, overlap_chunks))
+    parts = variant_parts(denoiser_collective, num_operators, overlap, overlap_chunks, gradient_collective)
+    return "".join("/" + p for p in parts)
 
 
 # --------------------------------------------------------------------------------------
@@ -339,6 +354,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dist.backend": _one_of(BACKENDS),
     "solver.denoiser_collective": _one_of(DENOISER_COLLECTIVES),
     "solver.overlap": _one_of(OVERLAPS),
+    "solver.gradient_collective": _one_of(GRADIENT_COLLECTIVES),
     "solver.overlap_chunks": (lambda v: v is None or _int_in(1)[0](v), "must be an integer >= 1, or null"),
     "dist.timeout_s": _positive_float(),
     "inject.delay_s": _non_negative_float(),
@@ -433,8 +449,10 @@ def validate(cfg: Any, cuda_available: bool | None = None) -> None:
             ``gpus`` outside 1..64, an unknown ``problem``/``mode``/``scale``/``dist.backend``, a
             negative iteration count, a tile window ``patch_size + 2*overlap`` that is not a
             multiple of 8, a tile larger than the image, ``unroll`` < 1 in training, an
-            ``inject.rank`` outside ``0..gpus-1``, an ``inject.section`` the mode lacks, or an
-            injection missing the rank (or, for a delay, the section) it applies to.
+            ``inject.rank`` outside ``0..gpus-1``, an ``inject.section`` the mode lacks, an
+            injection missing the rank (or, for a delay, the section) it applies to, or an unsupported
+            ``solver`` combination (``overlap_chunks`` without ``pipelined``, ``pipelined`` with the all_gather
+            denoiser or with ``gradient_collective=reduce_scatter``).
     """
     for key in RULES:
         check_value(key, _get(cfg, key))
@@ -476,9 +494,27 @@ def tile_rows(image_size: int, patch_size: int, overlap: int) -> int:
 
 def _validate_overlap(cfg: Any, cuda_available: bool | None) -> None:
     """``solver.overlap`` / ``overlap_chunks`` against each other, the denoiser's collective, the mode and the
-    tiling (the tile rows of every candidate scale preset)."""
+    tiling (the tile rows of every candidate scale preset); ``solver.gradient_collective`` against ``overlap`` and
+    the tiling's reflect padding."""
     solver = cfg["solver"]
     overlap, chunks = solver.get("overlap", "none"), solver.get("overlap_chunks")
+    if overlap != "none" and solver.get("gradient_collective", "all_reduce") != "all_reduce":
+        raise ConfigError(
+            "solver.gradient_collective",
+            solver["gradient_collective"],
+            f"needs solver.overlap=none (solver.overlap={overlap} pipelines the all_reduce's row bands; "
+            "a pipelined reduce_scatter is not built)",
+        )
+    if solver.get("gradient_collective", "all_reduce") != "all_reduce":
+        for scale in _candidate_scales(cfg["scale"], cuda_available):
+            sizes = resolve_sizes(cfg, scale)
+            if sizes["overlap"] >= sizes["image_size"]:
+                raise ConfigError(
+                    "problem.overlap",
+                    sizes["overlap"],
+                    f"must be < image_size={sizes['image_size']} for solver.gradient_collective="
+                    f"{solver['gradient_collective']} (reflect padding; scale={scale})",
+                )
     if overlap == "none":
         if chunks is not None:
             raise ConfigError("solver.overlap_chunks", chunks, "needs solver.overlap=pipelined (or null)")
@@ -617,6 +653,7 @@ class RunSpec:
     denoiser_collective: str = "all_reduce"
     overlap: str = "none"
     overlap_chunks: int | None = None
+    gradient_collective: str = "all_reduce"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -626,6 +663,8 @@ class RunSpec:
         d = self.to_dict()
         if d["overlap"] == "none" and d["overlap_chunks"] is None:  # runs recorded before these keys: same digest
             del d["overlap"], d["overlap_chunks"]
+        if d["gradient_collective"] == "all_reduce":  # runs recorded before this key: same digest
+            del d["gradient_collective"]
         blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -672,6 +711,7 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
         denoiser_collective=str(cfg["solver"]["denoiser_collective"]),
         overlap=str(cfg["solver"].get("overlap", "none")),
         overlap_chunks=cfg["solver"].get("overlap_chunks"),
+        gradient_collective=str(cfg["solver"].get("gradient_collective", "all_reduce")),
     )
 
 

@@ -189,6 +189,7 @@ _JSON_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "an 
 NESTED_TYPES: dict[str, str] = {
     "spec.sizes": "object", "spec.sizes.num_operators": "int", "spec.linestyle": "str",
     "spec.denoiser_collective": "str", "spec.overlap": "str", "spec.overlap_chunks": "int",
+    "spec.gradient_collective": "str",
     "assignment.operators_per_rank": "int[]", "assignment.tiles_per_rank": "int[]", "assignment.num_tiles": "int",
     "metrics.sections": "object", "metrics.iterations": "int",
     "peak_memory.bytes_per_rank": "int?[]", "slurm.nodes": "int",

@@ -6,6 +6,8 @@
 * :mod:`~pnpscale.rank.denoiser`: the tiled DRUNet and its all_reduce / all_gather reconciliation;
 * :mod:`~pnpscale.rank.pipeline`: ``solver.overlap=pipelined``, the gradient's all_reduce and the denoiser
   overlapped band by band (async chunks, autograd-aware);
+* :mod:`~pnpscale.rank.gradient`: ``solver.gradient_collective=reduce_scatter``, the gradient summed over ranks
+  only where each rank's tiles read it (reduce-scatter over the cores, all_gather of the boundaries);
 * :mod:`~pnpscale.rank.profiling`: the torch.profiler session and its events;
 * :mod:`~pnpscale.rank.worker`: a rank's main (process group, iterations, sections, report to rank 0);
 * :mod:`~pnpscale.rank.forkserver`: what a forked rank does when its launcher is gone before it starts;

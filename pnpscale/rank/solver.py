@@ -20,6 +20,10 @@ The optimizer step runs outside the sections.
 With ``solver.overlap=pipelined`` (:mod:`pnpscale.rank.pipeline`) the gradient section computes each rank's
 local sum only; the gradient's all_reduce, split into row bands and issued asynchronously, opens the denoiser
 section, whose tiles start as the bands they read arrive and whose reconciliation is issued band by band.
+
+With ``solver.gradient_collective=reduce_scatter`` (:mod:`pnpscale.rank.gradient`) the gradient section's
+image-sized all_reduce becomes a reduce-scatter over the ranks' tile cores and an all_gather of their boundaries:
+each rank holds the sum only where its tiles' windows read it (the denoiser reads nothing else).
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ from typing import Any
 
 import torch
 
-from pnpscale.core.config import ConfigError, RunSpec
+from pnpscale.core.config import GRADIENT_COLLECTIVES, ConfigError, RunSpec
 from pnpscale.core.plugins import resolve_impl
 from pnpscale.rank.denoiser import tiled_denoiser
+from pnpscale.rank.gradient import WindowedGradient
 from pnpscale.rank.pipeline import PipelinedStep
 from pnpscale.rank.problems import ProblemData, make_problem, measurements
 
@@ -125,8 +130,31 @@ class Solver(ABC):
             if spec.denoiser_collective != "all_reduce":
                 raise ConfigError("solver.overlap", spec.overlap, "needs solver.denoiser_collective=all_reduce")
             self.pipeline = PipelinedStep(self.denoiser, spec.overlap_chunks)
+        self.windowed: WindowedGradient | None = None
+        if spec.gradient_collective not in GRADIENT_COLLECTIVES:
+            raise ConfigError(
+                "solver.gradient_collective",
+                spec.gradient_collective,
+                "allowed values: " + ", ".join(GRADIENT_COLLECTIVES),
+            )
+        if spec.gradient_collective == "reduce_scatter":
+            if self.pipeline is not None:
+                raise ConfigError("solver.gradient_collective", spec.gradient_collective, "needs solver.overlap=none")
+            self.windowed = WindowedGradient(strategy)
+            if self.windowed.active and (self.windowed.rank, self.windowed.layout.world) != (ctx.rank, ctx.world_size):
+                raise RuntimeError(
+                    f"rank {ctx.rank}: the process group's rank/world ({self.windowed.rank}/"
+                    f"{self.windowed.layout.world}) differ from deepinv's tile assignment ({ctx.rank}/{ctx.world_size})"
+                )
         self.gamma = spec.stepsize / self.problem.lipschitz
         self.sigma = float(spec.denoiser_sigma)
+
+    def data_gradient(self, x: torch.Tensor) -> torch.Tensor:
+        """``Σ_i A_iᵀ(A_i x − y_i)`` summed over ranks: deepinv's (an image-sized all_reduce), or with
+        ``solver.gradient_collective=reduce_scatter`` only where this rank's tiles read it (zeros elsewhere)."""
+        if self.windowed is None:
+            return self.fidelity.grad(x, self.y, self.physics)
+        return self.windowed(self.fidelity.grad(x, self.y, self.physics, gather=False))
 
     def backprojection(self) -> torch.Tensor:
         """``x0 = A^T y / L`` (one image-sized all_reduce; run outside the sections)."""
@@ -165,7 +193,7 @@ class InferenceSolver(Solver):
             if self.pipeline is not None:  # the local sum only: its all_reduce opens the denoiser section
                 self.g_local = self.fidelity.grad(self.x, self.y, self.physics, gather=False)
                 return
-            g = self.fidelity.grad(self.x, self.y, self.physics)
+            g = self.data_gradient(self.x)
             self.x = self.x - self.gamma * g
 
     def _denoise(self) -> None:
@@ -234,7 +262,7 @@ class TrainingSolver(Solver):
                 chunks, pending = self.pipeline.issue_gradient(g_local)
                 x = self.pipeline.denoise(x, gamma, chunks, pending, self.sigma)
                 continue
-            g = self.fidelity.grad(x, self.y, self.physics)
+            g = self.data_gradient(x)
             x = self.denoiser(x - gamma * g, self.sigma)
         self.x = x
         self.loss = torch.mean((x - self.problem.x_true) ** 2)

@@ -1,6 +1,6 @@
 """The remedies side by side: when a sweep varies ``problem``, ``solver.denoiser_collective``,
-``problem.num_operators``, ``solver.overlap`` or ``solver.overlap_chunks``, one row per (mode, value, GPU count)
-with what each value costs.
+``problem.num_operators``, ``solver.overlap``, ``solver.overlap_chunks`` or ``solver.gradient_collective``, one row
+per (mode, value, GPU count) with what each value costs.
 
 Keys that vary (:func:`varied_keys`): ``problem`` when a mode's runs hold several problems; a
 variant key (:data:`pnpscale.core.config.VARIANT_KEYS`) when it takes several values among the
@@ -49,7 +49,7 @@ _SHOW = {
 
 def varied_keys(table: pd.DataFrame) -> list[str]:
     """The compared keys that vary in ``table`` (``problem``, ``denoiser_collective``, ``num_operators``, ``overlap``,
-    ``overlap_chunks``).
+    ``overlap_chunks``, ``gradient_collective``).
 
     >>> t = pd.DataFrame({"problem": ["2d", "ct"], "mode": "inference", "variant": ""})
     >>> varied_keys(t)
@@ -68,11 +68,11 @@ def varied_keys(table: pd.DataFrame) -> list[str]:
 
 
 def _order(series: pd.Series) -> list[str]:
-    """Series in baseline-first order: all_reduce before all_gather, overlap=none before pipelined, else sorted
-    (numbers numerically)."""
+    """Series in baseline-first order: all_reduce before all_gather or reduce_scatter, overlap=none before
+    pipelined, else sorted (numbers numerically)."""
 
     def key(label: str) -> tuple:
-        for default in ("denoiser_collective=all_reduce", "overlap=none"):
+        for default in ("denoiser_collective=all_reduce", "overlap=none", "gradient_collective=all_reduce"):
             label = label.replace(default, default.split("=")[0] + "=0")
         parts = label.split()
         return tuple((0, int(p.split("=")[1])) if p.split("=")[-1].isdigit() else (1, p) for p in parts)
@@ -250,7 +250,8 @@ def markdown(cmp: pd.DataFrame) -> list[str]:
         "arrived, hidden = collective time overlapped by compute (not in the section time), hidden share = "
         "hidden / (hidden + transfer + wait); scaled cost relative to each series' own smallest "
         "GPU count; bytes per GPU = the main (image-carrying) collectives under the ring model "
-        "(all_reduce `2·P·(n−1)/n`, all_gather `S·(n−1)/n` with `S` = ranks × per-rank buffer); "
+        "(all_reduce `2·P·(n−1)/n`, all_gather `S·(n−1)/n` with `S` = ranks × per-rank buffer, reduce_scatter "
+        "and all_to_all `S·(n−1)/n` with `S` = one rank's input); "
         "`vs base` = ratio to the first series at the same GPU count; the last column says whether the "
         "difference in section time lies within the per-iteration spread (`within noise`: the p10–p90 ranges "
         "overlap; `too few iterations`: fewer than 5 measured). Table: `compare.parquet`.",

@@ -26,7 +26,9 @@ from pnpscale.core.record import RecordError, read_record
 from pnpscale.results.summary import scaled_cost
 
 POINT = ["problem", "mode", "gpus"]
-_HIVE = re.compile(r"^(problem|mode|gpus|denoiser_collective|num_operators|overlap|overlap_chunks)=(.+)$")
+_HIVE = re.compile(
+    r"^(problem|mode|gpus|denoiser_collective|num_operators|overlap|overlap_chunks|gradient_collective)=(.+)$"
+)
 #: Columns of :func:`load`, besides the per-section metrics of :func:`pnpscale.analysis.metrics.summarize`.
 RUN_COLUMNS = [
     "run_dir",
@@ -42,6 +44,7 @@ RUN_COLUMNS = [
     "denoiser_collective",
     "overlap",
     "overlap_chunks",
+    "gradient_collective",
 ]
 #: Metric columns of :func:`load` (NaN for failed points; present even when no run completed).
 METRIC_COLUMNS = [
@@ -54,7 +57,7 @@ METRIC_COLUMNS = [
 #: Text columns of :func:`load`: pandas' ``str`` dtype (NaN where unknown), whatever their source.
 TEXT_COLUMNS = [
     "problem", "mode", K.SECTION, "status", "error", "run_dir", "scale", "backend", "linestyle", "variant",
-    "denoiser_collective", "overlap",
+    "denoiser_collective", "overlap", "gradient_collective",
 ]  # fmt: skip
 #: Integer counts of :func:`load`: ``Int64`` (NA for failed points or counts a run did not record).
 COUNT_COLUMNS = [
@@ -159,6 +162,7 @@ def discover(root: str | Path) -> pd.DataFrame:
             "num_operators": int(point["num_operators"]) if str(point.get("num_operators", "")).isdigit() else pd.NA,
             "overlap": point.get("overlap", "none"),
             "overlap_chunks": int(point["overlap_chunks"]) if str(point.get("overlap_chunks", "")).isdigit() else pd.NA,
+            "gradient_collective": point.get("gradient_collective", "all_reduce"),
         }
         row = {
             "problem": run.get("problem", point.get("problem")),
@@ -209,6 +213,7 @@ def _variant_fields(spec: dict[str, Any]) -> dict[str, Any]:
         "num_operators": ops if ops is not None else pd.NA,
         "overlap": spec.get("overlap") or "none",
         "overlap_chunks": chunks if chunks is not None else pd.NA,
+        "gradient_collective": spec.get("gradient_collective") or "all_reduce",
     }
 
 

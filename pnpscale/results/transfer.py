@@ -7,12 +7,13 @@ seconds, and GB/s meaning 1e9 bytes per second (not GiB/s).
 * Bytes each GPU sends for a collective of payload ``P`` bytes on ``n`` GPUs over ``nodes`` nodes:
   all_reduce ring ``2·P·(n−1)/n``; all_reduce tree ``2·P·(nodes−1)/nodes`` (the bytes that cross
   the network; defined for ``nodes >= 2``); all_gather and reduce_scatter ``P·(n−1)/n`` where ``P``
-  is nccl-tests' size (the gathered output, the scattered input); broadcast and reduce ``P``.
+  is nccl-tests' size (the gathered output, the scattered input); all_to_all ``P·(n−1)/n`` with ``P``
+  one rank's input in ``n`` equal blocks (its own block stays local); broadcast and reduce ``P``.
 * Rate of a row: ``bytes per GPU / transfer time``; grouped by route (``intra-node, g GPUs``,
   ``inter-node tree``, ``inter-node ring``), one rate per route predicts every row of that route:
   ``predicted = bytes per GPU / rate``, ``rel_error = predicted / measured − 1``.
 * nccl-tests: ``algbw = size / time``; ``busbw = algbw × factor`` with factor ``2(n−1)/n``
-  (all_reduce), ``(n−1)/n`` (all_gather, reduce_scatter), ``1`` (broadcast, reduce).
+  (all_reduce), ``(n−1)/n`` (all_gather, reduce_scatter, alltoall), ``1`` (broadcast, reduce).
 
 The algorithm of a row is the one NCCL reported in its log (``algorithm_source = "nccl_log"``);
 without a log (gloo, or logs missing) the ring model is assumed and the table says so in
@@ -124,7 +125,7 @@ def nccl_tests_size(collective: str, input_bytes: float, gpus: int) -> float:
     """nccl-tests' size ``S`` of a collective from the bytes of one rank's input tensor.
 
     all_gather: ``S = n × input`` (the gathered output); every other collective: ``S = input``
-    (all_reduce, broadcast, reduce: the payload; reduce_scatter: the full input).
+    (all_reduce, broadcast, reduce: the payload; reduce_scatter, all_to_all: the full input).
 
     >>> nccl_tests_size("all_gather", 1000, 4), nccl_tests_size("all_reduce", 1000, 4)
     (4000.0, 1000.0)
@@ -163,11 +164,12 @@ def bytes_per_gpu(collective: str, payload_bytes: float, gpus: int, nodes: int, 
     """Bytes each GPU moves for one collective, by the model of its algorithm (see module doc).
 
     Args:
-        collective: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``reduce``.
+        collective: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``broadcast``, ``reduce``.
         payload_bytes: nccl-tests' size ``S`` (:func:`nccl_tests_size`); the payload for all_reduce.
         gpus, nodes: ranks and nodes of the run (``1 <= nodes <= gpus``).
         algorithm: ``ring`` or ``tree`` (all_reduce); ``ring`` or ``pat`` (all_gather,
-            reduce_scatter); ``ring`` or ``tree`` (broadcast, reduce: ``S``).
+            reduce_scatter); any (all_to_all: point to point, ``S·(n−1)/n`` whatever the algorithm named, for
+            ``n`` equal blocks); ``ring`` or ``tree`` (broadcast, reduce: ``S``).
 
     Raises:
         ValueError: negative payload, ``gpus < 1``, or ``nodes`` not in ``1..gpus``.
@@ -176,6 +178,8 @@ def bytes_per_gpu(collective: str, payload_bytes: float, gpus: int, nodes: int, 
 
     >>> bytes_per_gpu("all_reduce", 100, 8, 2, "tree"), bytes_per_gpu("all_reduce", 100, 8, 2, "ring")
     (100.0, 175.0)
+    >>> bytes_per_gpu("reduce_scatter", 100, 4, 1, "ring"), bytes_per_gpu("all_to_all", 100, 4, 1, "ring")
+    (75.0, 75.0)
     """
     _check(payload_bytes, gpus, "gpus")
     if int(nodes) != nodes or not 1 <= nodes <= gpus:
@@ -189,6 +193,8 @@ def bytes_per_gpu(collective: str, payload_bytes: float, gpus: int, nodes: int, 
     elif collective in ("all_gather", "reduce_scatter"):
         if algo in ("ring", "pat"):
             return all_gather_bytes(payload_bytes, gpus)
+    elif collective == "all_to_all":
+        return all_gather_bytes(payload_bytes, gpus)
     elif collective in ("broadcast", "reduce"):
         if algo in ("ring", "tree"):
             return float(payload_bytes) if gpus > 1 else 0.0
@@ -196,19 +202,21 @@ def bytes_per_gpu(collective: str, payload_bytes: float, gpus: int, nodes: int, 
 
 
 def bus_factor(collective: str, gpus: int) -> float:
-    """nccl-tests' bus-bandwidth factor: ``2(n−1)/n`` all_reduce, ``(n−1)/n`` all_gather and
-    reduce_scatter, ``1`` broadcast and reduce (PERFORMANCE.md).
+    """nccl-tests' bus-bandwidth factor: ``2(n−1)/n`` all_reduce, ``(n−1)/n`` all_gather,
+    reduce_scatter and all_to_all, ``1`` broadcast and reduce (PERFORMANCE.md; ``alltoall.cu``).
 
     Raises:
         ValueError: ``gpus < 1``, or a collective nccl-tests gives no factor for.
 
     >>> bus_factor("all_reduce", 4), bus_factor("all_gather", 4), bus_factor("broadcast", 4)
     (1.5, 0.75, 1.0)
+    >>> bus_factor("reduce_scatter", 4), bus_factor("all_to_all", 4)
+    (0.75, 0.75)
     """
     _check(0, gpus, "gpus")
     if collective == "all_reduce":
         return 2.0 * (gpus - 1) / gpus
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (gpus - 1) / gpus
     if collective in ("broadcast", "reduce"):
         return 1.0
