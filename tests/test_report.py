@@ -322,7 +322,12 @@ def test_headline_checks_warn_when_points_differ_in_settings():
     ("section", "operators", "tiles", "want"),
     [
         # training's sections hold operators and tiles: one clause for both, "differ in speed" said once
-        ("forward", [2, 2], [8, 8], "uneven work: every rank holds 2 operators and 8 tiles: the ranks differ in speed ("),
+        (
+            "forward",
+            [2, 2],
+            [8, 8],
+            "uneven work: every rank holds 2 operators and 8 tiles: the ranks differ in speed (",
+        ),
         # an uneven assignment is the cause: the evenly held unit is named, no "differ in speed"
         ("backward", [1, 0], [8, 8], "uneven work: 1 of 2 ranks hold no operator, every rank holds 8 tiles ("),
         ("gradient", [2, 2], [8, 8], "uneven work: every rank holds 2 operators: the ranks differ in speed ("),

@@ -607,14 +607,16 @@ def plot_transfer(table: pd.DataFrame, ax: Any) -> Any:
         if len(same) > 1:
             note = f"; {ASSUMED_ALGORITHM} assumed" if any(_assumed(s[2]) for s in same) else ""
             color, label = "0.2", f"{_shared_label([s[0] for s in same])} (same bytes, same route rates{note})"
-        ax.plot(g[K.GPUS], g[K.PREDICTED_TRANSFER_S], marker="x", ms=8, ls="--", color=color, label=f"{label}: predicted")
+        ax.plot(g[K.GPUS], g[K.PREDICTED_TRANSFER_S], marker="x", ms=8, ls="--", color=color,
+                label=f"{label}: predicted")  # fmt: skip
     ax.set_xscale("log", base=2)
     ticks = sorted(int(x) for x in table[K.GPUS].unique())
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([str(t) for t in ticks])
     n = len(ax.get_legend_handles_labels()[1])
-    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1 if n <= 6 else 2)  # hides no data
+    # below the axes, where it hides no data
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1 if n <= 6 else 2)
     return ax
 
 
