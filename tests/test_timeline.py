@@ -243,6 +243,29 @@ def test_the_chart_draws_a_hidden_slice_when_the_collectives_have_one(tmp_path):
     assert legend == ["compute", "transfer", "wait", "hidden"]
 
 
+def test_collective_labels_never_overlap_and_the_title_counts_those_left_out(tmp_path):
+    """A training iteration holds dozens of collectives: the chart labels those that fit, none over another,
+    and says how many it labelled."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from pnpscale.results.timeline import plot_timeline, timeline_table
+
+    ranks, colls = random_run(world=2, iterations=2, seed=2, n_coll=30)
+    ranks[K.PEAK_MEM_BYTES], ranks[K.N_COLLECTIVES], ranks[K.GPU_SPAN_S] = 1, 30, np.nan
+    run_dir = tmp_path / layout.point_subdir("2d", "training", 2)
+    write_tables(run_dir, ranks, colls)
+    view = pd.DataFrame({"problem": "2d", "mode": "training", "gpus": [2], "section": "all", "status": "complete",
+                         "run_dir": str(run_dir)})  # fmt: skip
+    fig = plot_timeline(timeline_table(view))
+    ax = fig.axes[0]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    texts = [t for t in ax.texts if "all_reduce" in t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    assert 0 < len(texts) < 60
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    assert f"{len(texts)} of 60 collectives labelled" in ax.get_title()
+
+
 # --- timeline.json against the Trace Event Format and Perfetto's importer (tests/trace_event_format.py) ----
 
 
