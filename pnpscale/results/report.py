@@ -329,7 +329,8 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
     crit = ranks[ranks["critical"]] if not ranks.empty else ranks
     units = section_work(str(row[K.SECTION]))
     if top == K.WAIT_IMBALANCE_S and not ranks.empty:
-        why, same = [], []  # uneven assignments; the units every rank holds equally
+        why: list[str] = []  # uneven assignments
+        same: list[str] = []  # the units every rank holds equally
         for unit in units:
             counts = ranks[unit].dropna() if unit in ranks else pd.Series(dtype="Int64")
             if counts.empty:
@@ -343,8 +344,8 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
                 k = int(counts.iloc[0])
                 same.append(f"{k} {unit if k != 1 else unit[:-1]}")
         if same:  # one clause for every evenly held unit (training's sections hold operators and tiles)
-            held = f"every rank holds {' and '.join(same)}"
-            why.append(held if why else f"{held}: the ranks differ in speed")
+            evenly = f"every rank holds {' and '.join(same)}"
+            why.append(evenly if why else f"{evenly}: the ranks differ in speed")
         text += (": " + ", ".join(why)) if why else ""
     elif top == K.WAIT_JITTER_S and not crit.empty:
         text += ": the same work finishes at different times from one iteration to the next"
