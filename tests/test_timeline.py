@@ -115,7 +115,8 @@ def test_chrome_trace_is_one_process_per_rank_with_the_documented_args(tmp_path)
     doc = json.loads((tmp_path / layout.TIMELINE_JSON).read_text())
     ev = doc["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
-    assert names == {0: "rank 0", 1: "rank 1"} and doc["displayTimeUnit"] == "ms"
+    assert names == {T.PID_BASE: "rank 0", T.PID_BASE + 1: "rank 1"} and doc["displayTimeUnit"] == "ms"
+    assert all(e["pid"] > 0 and e.get("tid", 1) > 0 for e in ev)  # Perfetto's pid / tid 0: the idle process
     xs = [e for e in ev if e["ph"] == "X"]
     assert min(e["ts"] for e in xs) == 0.0
     sections = [e for e in xs if e["cat"] == "section"]
@@ -130,7 +131,7 @@ def test_chrome_trace_is_one_process_per_rank_with_the_documented_args(tmp_path)
         return e["pid"], e["args"]["iteration"], e["args"]["section"]
 
     for sec in sections:
-        inner = [e for e in xs if e["tid"] == 1 and key(e) == key(sec)]
+        inner = [e for e in xs if e["tid"] == T.SLICES_TID and key(e) == key(sec)]
         assert sum(e["dur"] for e in inner) == pytest.approx(sec["dur"], rel=1e-9)
         assert min(e["ts"] for e in inner) == pytest.approx(sec["ts"])
 
@@ -215,7 +216,7 @@ def test_nested_sections_get_their_own_track():
                           K.SECTION_S: [0.9, 0.5, 0.9, 0.5]})  # fmt: skip
     doc = T.run_trace(ranks, pd.DataFrame(columns=list(K.COLLECTIVES_COLUMNS)))
     tids = {(e["args"]["section"], e["tid"]) for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == T.COMPUTE}
-    assert tids == {("step", 1), ("gradient", 2)}
+    assert tids == {("step", T.SLICES_TID), ("gradient", T.SLICES_TID + 1)}
     threads = [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"]
     assert threads == ["sections", "compute / transfer / wait", "compute / transfer / wait (sections nested 1 deep)"]
 
@@ -291,7 +292,7 @@ def test_timeline_json_passes_the_format_checks_and_perfetto_reads_the_tiling_to
     xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     spans: dict[tuple, list[tuple[int, int]]] = {}
     for e in xs:
-        if e["tid"] == 1:
+        if e["tid"] == T.SLICES_TID:
             spans.setdefault((e["pid"], e["args"]["iteration"], e["args"]["section"]), []).append(
                 (perfetto_ns(e["ts"]), perfetto_ns(e["dur"]))
             )
@@ -302,9 +303,9 @@ def test_timeline_json_passes_the_format_checks_and_perfetto_reads_the_tiling_to
         ts0, dur0 = perfetto_ns(sections[key]["ts"]), perfetto_ns(sections[key]["dur"])
         assert parts[0][0] == ts0 and sum(d for _, d in parts) == dur0, key
         assert all(a + d == b for (a, d), (b, _) in zip(parts[:-1], parts[1:], strict=True)), key  # abut
-    # microseconds: rank 0's first section starts 0.01 * 0 s late on its own clock; its range is S_r * 1e6 us
+    # microseconds: rank 0 (pid 1) has the first section range of S_r * 1e6 us
     r0 = ranks[(ranks[K.RANK] == 0) & (ranks[K.ITERATION] == 0) & (ranks[K.SECTION] == "gradient")].iloc[0]
-    assert perfetto_ns(sections[(0, "0", "gradient")]["dur"]) == round(r0[K.SECTION_S] * 1e9)
+    assert perfetto_ns(sections[(T.PID_BASE, "0", "gradient")]["dur"]) == round(r0[K.SECTION_S] * 1e9)
 
 
 def test_collectives_in_flight_together_get_hidden_lanes_that_do_not_overlap(tmp_path):
@@ -324,8 +325,7 @@ def test_collectives_in_flight_together_get_hidden_lanes_that_do_not_overlap(tmp
     _, doc, problems = _written_trace(tmp_path, ranks, colls)
     assert problems == []
     hidden = {(e["pid"], e["args"]["seq"]): e["tid"] for e in doc["traceEvents"] if e.get("cat") == T.HIDDEN}
-    assert hidden == {(0, "0"): T.HIDDEN_TID, (0, "1"): T.HIDDEN_TID + 1, (1, "0"): T.HIDDEN_TID,
-                      (1, "1"): T.HIDDEN_TID + 1}  # fmt: skip
+    assert hidden == {(p, seq): T.HIDDEN_TID + int(seq) for p in (T.PID_BASE, T.PID_BASE + 1) for seq in "01"}
     # on one track the two would overlap without nesting: the checker says so
     from tests.trace_event_format import check_trace
 
@@ -351,7 +351,8 @@ def small_trace(tmp_path_factory):
         (lambda t: t.replace('"dur":', '"dur":NaN,"x":', 1), "NaN is not JSON"),
         (lambda t: t.replace('"args":{"section"', '"stack":[1],"args":{"section"', 1), "holds an array"),
         (lambda t: t.replace('"ts":', '"tts":', 1), "is not a number of microseconds"),
-        (lambda t: t.replace('"pid":0,', '"pid":"0",', 1), "not an unsigned 32-bit integer"),
+        (lambda t: t.replace('"pid":1,', '"pid":"1",', 1), "not an unsigned 32-bit integer"),
+        (lambda t: t.replace('"pid":1,', '"pid":0,', 1), "pid 0 (Perfetto's idle"),
         (lambda t: t.replace('"thread_name","args":{"name":"sections"}', '"thread_nam","args":{}', 1), "'thread_nam'"),
         (lambda t: t.replace('{"name":"sections"}', '{"name":"s\\u00e9ctions"}', 1), "\\u escape"),
         (lambda t: t.replace('"displayTimeUnit":"ms"', '"displayTimeUnit":"s"'), "displayTimeUnit"),

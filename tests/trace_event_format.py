@@ -17,6 +17,7 @@ So the rules are checked one by one instead. Sources:
     by moving the decimal point 3 places in the number's *text* (further digits are cut);
   - older importers reject ``\\u`` escapes in strings, and name a thread by its ``tid`` alone (so a tid
     must carry one name in every process);
+  - pid / tid 0 are the idle ("swapper") process, and some versions map a trace's pid / tid 0 onto it;
   - slices on one thread must nest (two slices that overlap without one containing the other are not
     both shown as they were written).
 """
@@ -106,6 +107,8 @@ def check_trace(text: str) -> tuple[dict[str, Any], list[str]]:
                 continue
             ids[key] = int(v)
             e[key] = int(v)
+            if ids[key] == 0:
+                problems.append(f"{where}: {key} 0 (Perfetto's idle 'swapper' process; some versions fold it in)")
         if "pid" not in ids:
             problems.append(f"{where}: no pid")
             continue

@@ -46,6 +46,11 @@ KINDS = (COMPUTE, WAIT, TRANSFER, HIDDEN)
 TILING = (COMPUTE, WAIT, TRANSFER)
 _KEY = [K.ITERATION, K.SECTION]
 _NS = 1e9
+#: ``timeline.json``'s process of rank r is ``pid = r + PID_BASE``; its threads: the section ranges (``SECTIONS_TID``),
+#: the compute / wait / transfer slices (``SLICES_TID``, + the nesting depth of a nested section). No pid or tid
+#: is 0: Perfetto reserves pid / tid 0 for the idle ("swapper") process, and some of its versions map a trace's
+#: pid / tid 0 onto it (a process the UI leaves out of its views).
+PID_BASE, SECTIONS_TID, SLICES_TID = 1, 1, 2
 #: the ``timeline.json`` thread of the hidden slices (overlapping the compute of the slice track); hidden
 #: slices of collectives in flight together go to the next threads (99, 100, ...: no thread holds two
 #: slices that overlap, which Perfetto's and Chrome's importers would not show as written).
@@ -247,10 +252,11 @@ def chrome_trace(
 
     Returns:
         ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``: metadata events naming
-        each process ``rank <r>`` and its threads ``sections`` (tid 0: one ``X`` event per section
-        occurrence, named after the section) and ``compute / transfer / wait`` (tid 1: one ``X`` event per
+        each process ``rank <r>`` (pid r + 1: :data:`PID_BASE`, ordered by rank) and its threads ``sections``
+        (tid 1: one ``X`` event per section occurrence, named after the section) and
+        ``compute / transfer / wait`` (tid 2: one ``X`` event per
         slice, named after its kind; the slices of a section nested in another, e.g. ``gradient`` inside
-        ``ProfilerStep#*`` in an offline analysis, go to tid 1 + its nesting depth, so that no track holds
+        ``ProfilerStep#*`` in an offline analysis, go to tid 2 + its nesting depth, so that no track holds
         overlapping slices); hidden slices on ``hidden: communication overlapped by compute`` (tid 99, and
         99 + k for the k-th further lane when collectives in flight together overlap: :func:`_hidden_lanes`;
         every rank names the same threads, so that a tid has one name in every process);
@@ -270,24 +276,26 @@ def chrome_trace(
     lanes = _hidden_lanes(table, t_start, dur_ns)
     n_lanes = max(lanes.values(), default=-1) + 1  # every rank names the same hidden threads
     for rank in sorted(off_ns):
+        meta = {"ph": "M", "pid": rank + PID_BASE, "tid": SECTIONS_TID}
         events += [
-            {"ph": "M", "pid": rank, "name": "process_name", "args": {"name": f"rank {rank}"}},
-            {"ph": "M", "pid": rank, "name": "process_sort_index", "args": {"sort_index": rank}},
-            {"ph": "M", "pid": rank, "tid": 0, "name": "thread_name", "args": {"name": "sections"}},
+            {**meta, "name": "process_name", "args": {"name": f"rank {rank}"}},
+            {**meta, "name": "process_sort_index", "args": {"sort_index": rank}},
+            {**meta, "name": "thread_name", "args": {"name": "sections"}},
         ]
         for d in sorted({v for (r, _, _), v in depth.items() if r == rank} or {0}):
             name = "compute / transfer / wait" + (f" (sections nested {d} deep)" if d else "")
-            events.append({"ph": "M", "pid": rank, "tid": 1 + d, "name": "thread_name", "args": {"name": name}})
+            events.append({"ph": "M", "pid": rank + PID_BASE, "tid": SLICES_TID + d, "name": "thread_name",
+                           "args": {"name": name}})  # fmt: skip
         for lane in range(n_lanes):
             name = "hidden: communication overlapped by compute" + (f" ({lane + 1})" if lane else "")
-            events.append({"ph": "M", "pid": rank, "tid": HIDDEN_TID + lane, "name": "thread_name",
+            events.append({"ph": "M", "pid": rank + PID_BASE, "tid": HIDDEN_TID + lane, "name": "thread_name",
                            "args": {"name": name}})  # fmt: skip
     for i, r in enumerate(ranks.itertuples(index=False)):
         if not np.isfinite(r_start[i]):
             continue
         sec, it, warm = str(getattr(r, K.SECTION)), int(getattr(r, K.ITERATION)), bool(getattr(r, K.WARMUP))
         events.append({
-            "ph": "X", "pid": int(getattr(r, K.RANK)), "tid": 0, "name": sec, "cat": "section",
+            "ph": "X", "pid": int(getattr(r, K.RANK)) + PID_BASE, "tid": SECTIONS_TID, "name": sec, "cat": "section",
             "ts": (int(r_start[i]) - shift) / 1000, "dur": int(round(float(getattr(r, K.SECTION_S)) * _NS)) / 1000,
             "args": {"section": sec, "iteration": it, "warmup": warm, K.SECTION_S: float(getattr(r, K.SECTION_S))},
         })  # fmt: skip
@@ -305,9 +313,9 @@ def chrome_trace(
                 bytes=None if pd.isna(payload) else int(payload),
             )
         events.append({
-            "ph": "X", "pid": int(getattr(s, K.RANK)), "name": kind, "cat": kind,
+            "ph": "X", "pid": int(getattr(s, K.RANK)) + PID_BASE, "name": kind, "cat": kind,
             "tid": HIDDEN_TID + lanes[i] if kind == HIDDEN
-            else 1 + depth.get((int(getattr(s, K.RANK)), args["iteration"], args["section"]), 0),
+            else SLICES_TID + depth.get((int(getattr(s, K.RANK)), args["iteration"], args["section"]), 0),
             "ts": (int(t_start[i]) - shift) / 1000, "dur": int(dur_ns[i]) / 1000, "args": args,
         })  # fmt: skip
     other: dict[str, Any] = {
