@@ -303,6 +303,8 @@ def test_plot_draws_measured_and_predicted_on_the_given_axes():
         shared = lines["3d/inference: denoiser = gradient (same bytes, same route rates): predicted"]
         assert list(shared.get_ydata()) == g[K.PREDICTED_TRANSFER_S].tolist()
         assert shared.get_color() not in {line.get_color() for label, line in lines.items() if "measured" in label}
+        other = lines["2d/inference: denoiser = gradient (same bytes, same route rates): predicted"]
+        assert other.get_linestyle() != shared.get_linestyle()  # two grey lines, told apart by their dashes
         assert ax.get_legend() is not None
         ax.clear()
         differ = table[table[K.PROBLEM] == "2d"].copy()

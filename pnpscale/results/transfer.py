@@ -601,13 +601,17 @@ def plot_transfer(table: pd.DataFrame, ax: Any) -> Any:
                           strict=True))  # fmt: skip
         predicted.setdefault(curve, []).append((parts, color, g))
     # series with the same bytes on the same routes get the same prediction: one line for them, named so
+    shared = 0  # shared lines are dark grey, told apart by their dashes
     for same in predicted.values():
         parts, color, g = same[0]
         label = "/".join(parts) + (f" ({ASSUMED_ALGORITHM} assumed)" if _assumed(g) else "")
+        ls: Any = "--"
         if len(same) > 1:
             note = f"; {ASSUMED_ALGORITHM} assumed" if any(_assumed(s[2]) for s in same) else ""
             color, label = "0.2", f"{_shared_label([s[0] for s in same])} (same bytes, same route rates{note})"
-        ax.plot(g[K.GPUS], g[K.PREDICTED_TRANSFER_S], marker="x", ms=8, ls="--", color=color,
+            ls = _SHARED_DASHES[shared % len(_SHARED_DASHES)]
+            shared += 1
+        ax.plot(g[K.GPUS], g[K.PREDICTED_TRANSFER_S], marker="x", ms=8, ls=ls, color=color,
                 label=f"{label}: predicted")  # fmt: skip
     ax.set_xscale("log", base=2)
     ticks = sorted(int(x) for x in table[K.GPUS].unique())
@@ -618,6 +622,9 @@ def plot_transfer(table: pd.DataFrame, ax: Any) -> Any:
     # below the axes, where it hides no data
     ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1 if n <= 6 else 2)
     return ax
+
+
+_SHARED_DASHES: tuple[Any, ...] = ("--", ":", "-.", (0, (6, 2, 1, 2, 1, 2)))
 
 
 def _assumed(rows: pd.DataFrame) -> bool:
