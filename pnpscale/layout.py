@@ -233,13 +233,14 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
         the names moved into ``dest``.
 
     Nothing changes in ``dest`` if ``build`` raises (a full disk included), and a ``dest`` this call
-    created is removed again (no empty folder left behind). The renames (and the
+    created is removed again, with the parent folders it created for it (no empty folder left behind). The
+    renames (and the
     removals) run with SIGINT/SIGTERM/SIGHUP held back (:func:`pnpscale.core.signals.deferred`), so
     a signal never leaves a mix of old and new files.
     """
     from pnpscale.core.signals import check, deferred
 
-    created = not dest.exists()
+    created = [p for p in (dest, *dest.parents) if not p.exists()]  # deepest first
     dest.mkdir(parents=True, exist_ok=True)
     done = False
     try:
@@ -259,9 +260,12 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
         finally:
             shutil.rmtree(stage, ignore_errors=True)
     finally:
-        if created and not done:  # a folder made for this commit leaves with it (no empty report/)
-            with contextlib.suppress(OSError):
-                dest.rmdir()
+        if created and not done:  # folders made for this commit leave with it (no empty report/ or parents)
+            for folder in created:
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break  # not empty (something else wrote there): it and its parents stay
 
 
 def run_status(run_dir: Path) -> str | None:

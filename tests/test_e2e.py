@@ -131,15 +131,20 @@ def test_multirun_ends_with_a_report(sweep):
 def test_two_rank_timeline_adds_up_to_the_section_times_and_the_report_draws_it(sweep):
     """timeline.json of the 2-rank run: per rank x measured iteration x section the slices add up to the rank's
     section time (1 %), and their kinds averaged over ranks to the section's compute / transfer / wait."""
+    from pnpscale.analysis import timeline as T
+    from tests.trace_event_format import check_trace
+
     _, dirs = sweep
-    doc = json.loads((dirs[2] / layout.TIMELINE_JSON).read_text())
+    text = (dirs[2] / layout.TIMELINE_JSON).read_text(encoding="utf-8")
+    assert check_trace(text)[1] == []  # the Trace Event Format and Perfetto importer's rules
+    doc = json.loads(text)
     ranks = pd.read_parquet(dirs[2] / layout.RANKS)
     sections = pd.read_parquet(dirs[2] / layout.SECTIONS)
     names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
-    assert names == {0: "rank 0", 1: "rank 1"}
+    assert names == {T.PID_BASE: "rank 0", T.PID_BASE + 1: "rank 1"}
     xs = pd.DataFrame(
-        [{"rank": e["pid"], **e["args"], "kind": e["name"], "dur_s": e["dur"] / 1e6}
-         for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == 1]
+        [{"rank": e["pid"] - T.PID_BASE, **e["args"], "kind": e["name"], "dur_s": e["dur"] / 1e6}
+         for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == T.SLICES_TID]
     )  # fmt: skip
     assert set(xs["kind"]) == {"compute", "transfer", "wait"} and set(xs["warmup"]) == {True, False}
     comm = xs[xs["kind"] != "compute"]

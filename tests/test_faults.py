@@ -487,6 +487,9 @@ def test_8_a_failed_report_leaves_no_report_folder(tmp_path, capsys, monkeypatch
     assert report.main([str(sweep)]) == 1
     assert "report not written (OSError" in capsys.readouterr().err
     assert not (sweep / layout.REPORT_DIR).exists()
+    # --out into folders that do not exist yet: none of them is left behind either
+    assert report.main([str(sweep), "--out", str(tmp_path / "new" / "deeper" / "report")]) == 1
+    assert not (tmp_path / "new").exists()
 
 
 def test_3_a_running_record_whose_process_is_gone_is_reported_failed(tmp_path):

@@ -155,3 +155,9 @@ def test_cli_pipelined_gives_the_blocking_image_and_the_report_compares_them(tmp
     inf = cmp[(cmp["mode"] == "inference")].set_index("series")
     assert inf.loc["2d overlap=none", "hidden_s"] == 0  # blocking: nothing in flight while computing
     assert json.loads((runs[("inference", "pipelined")] / "run.json").read_text())["spec"]["overlap_chunks"] is None
+    # the bands' collectives are in flight together: their hidden slices spread over threads that each nest,
+    # and every trace keeps the Trace Event Format and Perfetto importer's rules (tests/trace_event_format.py)
+    from tests.trace_event_format import check_trace
+
+    for d in runs.values():
+        assert check_trace((d / "timeline.json").read_text(encoding="utf-8"))[1] == [], d

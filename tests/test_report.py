@@ -321,3 +321,30 @@ def test_headline_checks_warn_when_points_differ_in_settings():
     (check,) = headline_checks(scaled_cost(pd.DataFrame(rows)))
     assert check["mixed"] == {"iterations": ["3", "5"]}
     assert "Caution: the points compared differ in iterations (3, 5)." in describe(check)
+
+
+@pytest.mark.parametrize(
+    ("section", "operators", "tiles", "want"),
+    [
+        # training's sections hold operators and tiles: one clause for both, "differ in speed" said once
+        (
+            "forward",
+            [2, 2],
+            [8, 8],
+            "uneven work: every rank holds 2 operators and 8 tiles: the ranks differ in speed (",
+        ),
+        # an uneven assignment is the cause: the evenly held unit is named, no "differ in speed"
+        ("backward", [1, 0], [8, 8], "uneven work: 1 of 2 ranks hold no operator, every rank holds 8 tiles ("),
+        ("gradient", [2, 2], [8, 8], "uneven work: every rank holds 2 operators: the ranks differ in speed ("),
+    ],
+)
+def test_a_wait_sentence_says_each_reason_once(section, operators, tiles, want):
+    from pnpscale.results.report import wait_sentence
+
+    row = pd.Series({K.SECTION: section, "gpus": 2, K.WAIT_S: 1.0, K.WAIT_LATE_START_S: 0.0,
+                     K.WAIT_IMBALANCE_S: 0.8, K.WAIT_JITTER_S: 0.2})  # fmt: skip
+    ranks = pd.DataFrame({K.RANK: [0, 1], "operators": operators, "tiles": tiles, "critical": [True, False],
+                          "critical_share": 1.0})  # fmt: skip
+    text = wait_sentence(row, ranks)
+    assert want in text, text
+    assert text.count("differ in speed") <= 1 and text.count("every rank holds") <= 1, text

@@ -63,6 +63,15 @@ def test_load_carries_the_spread_and_the_report_says_too_few(sweep):  # noqa: F8
     assert set(K.SPREAD_COLUMNS) <= set(summary.columns)
 
 
+def test_the_default_run_measures_enough_iterations_for_a_verdict():
+    """``python -m pnpscale`` with no ``iterations=``: enough measured iterations that the report states a
+    spread and the comparison of variants can call a difference beyond noise (the yaml and the schema agree)."""
+    from pnpscale.core.config import Config
+    from pnpscale.sweep.cli import compose_config
+
+    assert compose_config([])["iterations"] == Config().iterations >= MIN_ITERATIONS
+
+
 def test_a_difference_within_the_spread_is_not_a_gain():
     def row(n, lo, hi):
         return pd.Series({K.ITERATIONS: n, "section_p10_s": lo, "section_p90_s": hi})

@@ -115,7 +115,8 @@ def test_chrome_trace_is_one_process_per_rank_with_the_documented_args(tmp_path)
     doc = json.loads((tmp_path / layout.TIMELINE_JSON).read_text())
     ev = doc["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
-    assert names == {0: "rank 0", 1: "rank 1"} and doc["displayTimeUnit"] == "ms"
+    assert names == {T.PID_BASE: "rank 0", T.PID_BASE + 1: "rank 1"} and doc["displayTimeUnit"] == "ms"
+    assert all(e["pid"] > 0 and e.get("tid", 1) > 0 for e in ev)  # Perfetto's pid / tid 0: the idle process
     xs = [e for e in ev if e["ph"] == "X"]
     assert min(e["ts"] for e in xs) == 0.0
     sections = [e for e in xs if e["cat"] == "section"]
@@ -130,7 +131,7 @@ def test_chrome_trace_is_one_process_per_rank_with_the_documented_args(tmp_path)
         return e["pid"], e["args"]["iteration"], e["args"]["section"]
 
     for sec in sections:
-        inner = [e for e in xs if e["tid"] == 1 and key(e) == key(sec)]
+        inner = [e for e in xs if e["tid"] == T.SLICES_TID and key(e) == key(sec)]
         assert sum(e["dur"] for e in inner) == pytest.approx(sec["dur"], rel=1e-9)
         assert min(e["ts"] for e in inner) == pytest.approx(sec["ts"])
 
@@ -215,7 +216,7 @@ def test_nested_sections_get_their_own_track():
                           K.SECTION_S: [0.9, 0.5, 0.9, 0.5]})  # fmt: skip
     doc = T.run_trace(ranks, pd.DataFrame(columns=list(K.COLLECTIVES_COLUMNS)))
     tids = {(e["args"]["section"], e["tid"]) for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == T.COMPUTE}
-    assert tids == {("step", 1), ("gradient", 2)}
+    assert tids == {("step", T.SLICES_TID), ("gradient", T.SLICES_TID + 1)}
     threads = [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"]
     assert threads == ["sections", "compute / transfer / wait", "compute / transfer / wait (sections nested 1 deep)"]
 
@@ -241,3 +242,130 @@ def test_the_chart_draws_a_hidden_slice_when_the_collectives_have_one(tmp_path):
     assert ((got / want - 1).abs() < 0.01).all()
     legend = [t.get_text() for t in plot_timeline(tl).legends[0].get_texts()]
     assert legend == ["compute", "transfer", "wait", "hidden"]
+
+
+def test_collective_labels_never_overlap_and_the_title_counts_those_left_out(tmp_path):
+    """A training iteration holds dozens of collectives: the chart labels those that fit, none over another,
+    and says how many it labelled."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from pnpscale.results.timeline import plot_timeline, timeline_table
+
+    ranks, colls = random_run(world=2, iterations=2, seed=2, n_coll=30)
+    ranks[K.PEAK_MEM_BYTES], ranks[K.N_COLLECTIVES], ranks[K.GPU_SPAN_S] = 1, 30, np.nan
+    run_dir = tmp_path / layout.point_subdir("2d", "training", 2)
+    write_tables(run_dir, ranks, colls)
+    view = pd.DataFrame({"problem": "2d", "mode": "training", "gpus": [2], "section": "all", "status": "complete",
+                         "run_dir": str(run_dir)})  # fmt: skip
+    fig = plot_timeline(timeline_table(view))
+    ax = fig.axes[0]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    texts = [t for t in ax.texts if "all_reduce" in t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    assert 0 < len(texts) < 60
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    assert f"{len(texts)} of 60 collectives labelled" in ax.get_title()
+
+
+# --- timeline.json against the Trace Event Format and Perfetto's importer (tests/trace_event_format.py) ----
+
+
+def _written_trace(tmp_path, ranks, colls):
+    """timeline.json as the run writer writes it, its text and the checker's verdict."""
+    from tests.trace_event_format import check_trace
+
+    layout.commit_files(tmp_path, table_writers(ranks, colls, decompose(ranks, colls)))
+    text = (tmp_path / layout.TIMELINE_JSON).read_bytes().decode("utf-8")
+    return text, *check_trace(text)
+
+
+def test_timeline_json_passes_the_format_checks_and_perfetto_reads_the_tiling_to_the_nanosecond(tmp_path):
+    """Every rule of the checker holds, and read with Perfetto's µs -> ns rule (the number's text, decimal point
+    moved 3 places), each rank's compute / wait / transfer slices abut and fill its section range exactly."""
+    from tests.trace_event_format import perfetto_ns
+
+    ranks, colls = random_run(world=3, iterations=2, seed=7)
+    ranks[K.SECTION] = ranks[K.SECTION].replace({"denoiser": "débruiteur"})  # a name outside ASCII
+    colls[K.SECTION] = colls[K.SECTION].replace({"denoiser": "débruiteur"})
+    text, doc, problems = _written_trace(tmp_path, ranks, colls)
+    assert problems == [] and "débruiteur" in text
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    spans: dict[tuple, list[tuple[int, int]]] = {}
+    for e in xs:
+        if e["tid"] == T.SLICES_TID:
+            spans.setdefault((e["pid"], e["args"]["iteration"], e["args"]["section"]), []).append(
+                (perfetto_ns(e["ts"]), perfetto_ns(e["dur"]))
+            )
+    sections = {(e["pid"], e["args"]["iteration"], e["args"]["section"]): e for e in xs if e["cat"] == "section"}
+    assert set(spans) == set(sections) and len(sections) == len(ranks)
+    for key, parts in spans.items():
+        parts.sort()
+        ts0, dur0 = perfetto_ns(sections[key]["ts"]), perfetto_ns(sections[key]["dur"])
+        assert parts[0][0] == ts0 and sum(d for _, d in parts) == dur0, key
+        assert all(a + d == b for (a, d), (b, _) in zip(parts[:-1], parts[1:], strict=True)), key  # abut
+    # microseconds: rank 0 (pid 1) has the first section range of S_r * 1e6 us
+    r0 = ranks[(ranks[K.RANK] == 0) & (ranks[K.ITERATION] == 0) & (ranks[K.SECTION] == "gradient")].iloc[0]
+    assert perfetto_ns(sections[(T.PID_BASE, "0", "gradient")]["dur"]) == round(r0[K.SECTION_S] * 1e9)
+
+
+def test_collectives_in_flight_together_get_hidden_lanes_that_do_not_overlap(tmp_path):
+    """Pipelined bands: an async all_reduce done before the rank waits for it (never blocked) while the next
+    is in flight: their hidden slices overlap in time, so they go to two threads, each nesting-clean."""
+    ranks = pd.DataFrame({K.RANK: [0, 1], K.ITERATION: 0, K.SECTION: "gradient", K.WARMUP: False,
+                          K.START_S: 0.0, K.SECTION_S: 1.0})  # fmt: skip
+    rows = []
+    for rank in (0, 1):
+        rows += [
+            {K.RANK: rank, K.ITERATION: 0, K.SECTION: "gradient", K.SEQ: 0, K.COLLECTIVE: "all_reduce",
+             K.START_S: 0.1, K.DURATION_S: 0.2, K.PAYLOAD_BYTES: 8, K.BLOCKED_SPANS_NS: ""},
+            {K.RANK: rank, K.ITERATION: 0, K.SECTION: "gradient", K.SEQ: 1, K.COLLECTIVE: "all_reduce",
+             K.START_S: 0.2, K.DURATION_S: 0.3, K.PAYLOAD_BYTES: 8, K.BLOCKED_SPANS_NS: "250000000-300000000"},
+        ]  # fmt: skip
+    colls = pd.DataFrame(rows)
+    _, doc, problems = _written_trace(tmp_path, ranks, colls)
+    assert problems == []
+    hidden = {(e["pid"], e["args"]["seq"]): e["tid"] for e in doc["traceEvents"] if e.get("cat") == T.HIDDEN}
+    assert hidden == {(p, seq): T.HIDDEN_TID + int(seq) for p in (T.PID_BASE, T.PID_BASE + 1) for seq in "01"}
+    # on one track the two would overlap without nesting: the checker says so
+    from tests.trace_event_format import check_trace
+
+    one = json.loads((tmp_path / layout.TIMELINE_JSON).read_text())
+    for e in one["traceEvents"]:
+        if e.get("tid") == T.HIDDEN_TID + 1:
+            e["tid"] = T.HIDDEN_TID
+    assert any("without nesting" in p for p in check_trace(json.dumps(one))[1])
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory):
+    """A 2-rank, 1-iteration timeline.json as the run writer writes it (text), written once for the module."""
+    ranks, colls = random_run(world=2, iterations=1)
+    text, _, problems = _written_trace(tmp_path_factory.mktemp("trace"), ranks, colls)
+    assert problems == []
+    return text
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda t: t.replace('"dur":', '"dur":NaN,"x":', 1), "NaN is not JSON"),
+        (lambda t: t.replace('"args":{"section"', '"stack":[1],"args":{"section"', 1), "holds an array"),
+        (lambda t: t.replace('"ts":', '"tts":', 1), "is not a number of microseconds"),
+        (lambda t: t.replace('"pid":1,', '"pid":"1",', 1), "not an unsigned 32-bit integer"),
+        (lambda t: t.replace('"pid":1,', '"pid":0,', 1), "pid 0 (Perfetto's idle"),
+        (lambda t: t.replace('"thread_name","args":{"name":"sections"}', '"thread_nam","args":{}', 1), "'thread_nam'"),
+        (lambda t: t.replace('{"name":"sections"}', '{"name":"s\\u00e9ctions"}', 1), "\\u escape"),
+        (lambda t: t.replace('"displayTimeUnit":"ms"', '"displayTimeUnit":"s"'), "displayTimeUnit"),
+    ],
+)
+def test_the_format_checker_catches_each_rule(small_trace, edit, problem):
+    """The checker is not vacuous: each broken rule of a written trace is named."""
+    from tests.trace_event_format import check_trace
+
+    broken = edit(small_trace)
+    assert broken != small_trace
+    try:
+        found = check_trace(broken)[1]
+    except ValueError as exc:  # NaN: the parse itself stops, as Perfetto's does
+        found = [str(exc)]
+    assert any(problem in p for p in found), found

@@ -165,6 +165,23 @@ def test_noisy_rows_give_the_median_per_route():
     assert row[K.REL_ERROR] == pytest.approx(9.45 / 10.5 - 1, rel=1e-9)
 
 
+def test_rates_are_ordered_by_nodes_then_gpus_numerically_not_as_text():
+    """The report's rates table: ``intra-node, 2 GPUs`` ... ``intra-node, 16 GPUs``, then inter-node by node
+    count (as text, "16" sorts before "2" and "inter" before "intra")."""
+    runs = sweep()
+    single = runs[runs[K.GPUS] == 2].assign(**{K.GPUS: 16, K.NODES: 1})  # a 16-GPU node (gloo, a DGX)
+    single[K.TRANSFER_S] = [bytes_per_gpu("all_reduce", p, 16, 1, "ring") / 80e9 for p in single[K.PAYLOAD_BYTES]]
+    shuffled = pd.concat([runs, single]).sample(frac=1.0, random_state=0)  # input order must not matter
+    rates = calibrate(transfer_rows(shuffled)).rates
+    assert rates[K.ROUTE].tolist() == [
+        "intra-node, 2 GPUs", "intra-node, 4 GPUs", "intra-node, 16 GPUs", "inter-node tree", "inter-node ring",
+    ]  # fmt: skip
+    assert rates.set_index(K.ROUTE).loc["intra-node, 16 GPUs", K.RATE_GBPS] == pytest.approx(80.0)
+    # each route's rows are listed by GPU count too
+    ring = rates.set_index(K.ROUTE).loc["inter-node ring", K.ROWS].split("; ")
+    assert [int(r.rsplit("=", 1)[1]) for r in ring] == sorted(int(r.rsplit("=", 1)[1]) for r in ring)
+
+
 def _route_rows(gpus, rates):
     """The sweep's rows at ``gpus`` (one route), re-timed to the given rates."""
     runs = sweep()
@@ -282,11 +299,23 @@ def test_plot_draws_measured_and_predicted_on_the_given_axes():
         assert plot_transfer(table, ax) is ax
         assert ax.get_xscale() == "log" and [int(t) for t in ax.get_xticks()] == [2, 4, 8, 16, 32, 64]
         lines = {line.get_label(): line for line in ax.get_lines()}
-        assert len(lines) == 8  # (2 problems x 2 sections) x (measured, predicted)
+        # 4 measured lines; a problem's two sections send the same image on the same routes, so their
+        # predictions are equal: one predicted line per problem, naming both (not two lines drawn over each other)
+        assert len(lines) == 6, list(lines)
         g = table[(table[K.PROBLEM] == "3d") & (table[K.SECTION] == "denoiser")].sort_values(K.GPUS)
         assert list(lines["3d/inference/denoiser: measured"].get_ydata()) == g[K.TRANSFER_S].tolist()
-        assert list(lines["3d/inference/denoiser: predicted"].get_ydata()) == g[K.PREDICTED_TRANSFER_S].tolist()
+        shared = lines["3d/inference: denoiser = gradient (same bytes, same route rates): predicted"]
+        assert list(shared.get_ydata()) == g[K.PREDICTED_TRANSFER_S].tolist()
+        assert shared.get_color() not in {line.get_color() for label, line in lines.items() if "measured" in label}
+        other = lines["2d/inference: denoiser = gradient (same bytes, same route rates): predicted"]
+        assert other.get_linestyle() != shared.get_linestyle()  # two grey lines, told apart by their dashes
         assert ax.get_legend() is not None
+        ax.clear()
+        differ = table[table[K.PROBLEM] == "2d"].copy()
+        differ.loc[differ[K.SECTION] == "gradient", K.PREDICTED_TRANSFER_S] *= 2  # different bytes: own lines
+        plot_transfer(differ, ax)
+        predicted = sorted(line.get_label() for line in ax.get_lines() if "predicted" in line.get_label())
+        assert predicted == ["2d/inference/denoiser: predicted", "2d/inference/gradient: predicted"]
         ax.clear()
         plot_transfer(transfer_table([{"gpus": 2, "backend": "gloo", "section": "d", "payload_bytes": 8,
                                        "transfer_s": 1.0}]), ax)  # fmt: skip

@@ -69,13 +69,20 @@ def table_writers(
 
 
 def write_timeline(path: Any, ranks: pd.DataFrame, collectives: pd.DataFrame) -> None:
-    """Write the run's Chrome trace (:func:`pnpscale.analysis.timeline.run_trace`) as compact JSON at ``path``."""
+    """Write the run's Chrome trace (:func:`pnpscale.analysis.timeline.run_trace`) as compact JSON at ``path``.
+
+    UTF-8 text, no ``\\u`` escapes (older Perfetto importers refuse them: a section name outside ASCII is
+    written as it is), and no ``NaN`` / ``Infinity`` (not JSON: Perfetto's importer stops at them).
+
+    Raises:
+        ValueError: a non-finite number in the trace (never written).
+    """
     import json
 
     from pnpscale.analysis.timeline import run_trace
 
-    with open(path, "w") as f:
-        json.dump(run_trace(ranks, collectives), f, separators=(",", ":"), allow_nan=False)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(run_trace(ranks, collectives), f, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
 def complete_sections(sections: pd.DataFrame) -> pd.DataFrame:

@@ -46,7 +46,14 @@ KINDS = (COMPUTE, WAIT, TRANSFER, HIDDEN)
 TILING = (COMPUTE, WAIT, TRANSFER)
 _KEY = [K.ITERATION, K.SECTION]
 _NS = 1e9
-#: the ``timeline.json`` thread of the hidden slices (overlapping the compute of the slice track).
+#: ``timeline.json``'s process of rank r is ``pid = r + PID_BASE``; its threads: the section ranges (``SECTIONS_TID``),
+#: the compute / wait / transfer slices (``SLICES_TID``, + the nesting depth of a nested section). No pid or tid
+#: is 0: Perfetto reserves pid / tid 0 for the idle ("swapper") process, and some of its versions map a trace's
+#: pid / tid 0 onto it (a process the UI leaves out of its views).
+PID_BASE, SECTIONS_TID, SLICES_TID = 1, 1, 2
+#: the ``timeline.json`` thread of the hidden slices (overlapping the compute of the slice track); hidden
+#: slices of collectives in flight together go to the next threads (99, 100, ...: no thread holds two
+#: slices that overlap, which Perfetto's and Chrome's importers would not show as written).
 HIDDEN_TID = 99
 
 
@@ -245,11 +252,15 @@ def chrome_trace(
 
     Returns:
         ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``: metadata events naming
-        each process ``rank <r>`` and its threads ``sections`` (tid 0: one ``X`` event per section
-        occurrence, named after the section) and ``compute / transfer / wait`` (tid 1: one ``X`` event per
+        each process ``rank <r>`` (pid r + 1: :data:`PID_BASE`, ordered by rank) and its threads ``sections``
+        (tid 1: one ``X`` event per section occurrence, named after the section) and
+        ``compute / transfer / wait`` (tid 2: one ``X`` event per
         slice, named after its kind; the slices of a section nested in another, e.g. ``gradient`` inside
-        ``ProfilerStep#*`` in an offline analysis, go to tid 1 + its nesting depth, so that no track holds
-        overlapping slices); ``ts``/``dur`` in microseconds (integer nanoseconds / 1000); every
+        ``ProfilerStep#*`` in an offline analysis, go to tid 2 + its nesting depth, so that no track holds
+        overlapping slices); hidden slices on ``hidden: communication overlapped by compute`` (tid 99, and
+        99 + k for the k-th further lane when collectives in flight together overlap: :func:`_hidden_lanes`;
+        every rank names the same threads, so that a tid has one name in every process);
+        ``ts``/``dur`` in microseconds (integer nanoseconds / 1000); every
         ``args`` has ``section``, ``iteration``, ``warmup``, and on communication slices ``collective``,
         ``seq`` and ``bytes`` (the payload; ``null`` when unknown).
     """
@@ -261,28 +272,33 @@ def chrome_trace(
     shift = int(finite.min()) if finite.size else 0
     events: list[dict[str, Any]] = []
     depth = _depths(ranks)
+    dur_ns = _ns(table[K.DURATION_S])
+    lanes = _hidden_lanes(table, t_start, dur_ns)
+    n_lanes = max(lanes.values(), default=-1) + 1  # every rank names the same hidden threads
     for rank in sorted(off_ns):
+        meta = {"ph": "M", "pid": rank + PID_BASE, "tid": SECTIONS_TID}
         events += [
-            {"ph": "M", "pid": rank, "name": "process_name", "args": {"name": f"rank {rank}"}},
-            {"ph": "M", "pid": rank, "name": "process_sort_index", "args": {"sort_index": rank}},
-            {"ph": "M", "pid": rank, "tid": 0, "name": "thread_name", "args": {"name": "sections"}},
+            {**meta, "name": "process_name", "args": {"name": f"rank {rank}"}},
+            {**meta, "name": "process_sort_index", "args": {"sort_index": rank}},
+            {**meta, "name": "thread_name", "args": {"name": "sections"}},
         ]
         for d in sorted({v for (r, _, _), v in depth.items() if r == rank} or {0}):
             name = "compute / transfer / wait" + (f" (sections nested {d} deep)" if d else "")
-            events.append({"ph": "M", "pid": rank, "tid": 1 + d, "name": "thread_name", "args": {"name": name}})
-        if (table[K.KIND] == HIDDEN).any():
-            events.append({"ph": "M", "pid": rank, "tid": HIDDEN_TID, "name": "thread_name",
-                           "args": {"name": "hidden: communication overlapped by compute"}})  # fmt: skip
+            events.append({"ph": "M", "pid": rank + PID_BASE, "tid": SLICES_TID + d, "name": "thread_name",
+                           "args": {"name": name}})  # fmt: skip
+        for lane in range(n_lanes):
+            name = "hidden: communication overlapped by compute" + (f" ({lane + 1})" if lane else "")
+            events.append({"ph": "M", "pid": rank + PID_BASE, "tid": HIDDEN_TID + lane, "name": "thread_name",
+                           "args": {"name": name}})  # fmt: skip
     for i, r in enumerate(ranks.itertuples(index=False)):
         if not np.isfinite(r_start[i]):
             continue
         sec, it, warm = str(getattr(r, K.SECTION)), int(getattr(r, K.ITERATION)), bool(getattr(r, K.WARMUP))
         events.append({
-            "ph": "X", "pid": int(getattr(r, K.RANK)), "tid": 0, "name": sec, "cat": "section",
+            "ph": "X", "pid": int(getattr(r, K.RANK)) + PID_BASE, "tid": SECTIONS_TID, "name": sec, "cat": "section",
             "ts": (int(r_start[i]) - shift) / 1000, "dur": int(round(float(getattr(r, K.SECTION_S)) * _NS)) / 1000,
             "args": {"section": sec, "iteration": it, "warmup": warm, K.SECTION_S: float(getattr(r, K.SECTION_S))},
         })  # fmt: skip
-    dur_ns = _ns(table[K.DURATION_S])
     for i, s in enumerate(table.itertuples(index=False)):
         kind = str(getattr(s, K.KIND))
         args: dict[str, Any] = {
@@ -297,9 +313,9 @@ def chrome_trace(
                 bytes=None if pd.isna(payload) else int(payload),
             )
         events.append({
-            "ph": "X", "pid": int(getattr(s, K.RANK)), "name": kind, "cat": kind,
-            "tid": HIDDEN_TID if kind == HIDDEN
-            else 1 + depth.get((int(getattr(s, K.RANK)), args["iteration"], args["section"]), 0),
+            "ph": "X", "pid": int(getattr(s, K.RANK)) + PID_BASE, "name": kind, "cat": kind,
+            "tid": HIDDEN_TID + lanes[i] if kind == HIDDEN
+            else SLICES_TID + depth.get((int(getattr(s, K.RANK)), args["iteration"], args["section"]), 0),
             "ts": (int(t_start[i]) - shift) / 1000, "dur": int(dur_ns[i]) / 1000, "args": args,
         })  # fmt: skip
     other: dict[str, Any] = {
@@ -310,11 +326,36 @@ def chrome_trace(
         "placement": "per collective, the rank's blocked time in its last min-over-ranks duration is transfer, the "
         "rest of its blocked time wait (a blocking collective: wait first, transfer last); compute fills the rest "
         "of the section; compute, wait and transfer slices of a section add up to the rank's section time; "
-        "hidden slices (in flight, not blocked) lie over compute on their own track",
+        "hidden slices (in flight, not blocked) lie over compute on their own tracks (one lane per collective "
+        "in flight at the same time)",
     }
     if note:
         other["note"] = note
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _hidden_lanes(table: pd.DataFrame, start_ns: np.ndarray, dur_ns: np.ndarray) -> dict[int, int]:
+    """Row position of each hidden slice -> its lane (0, 1, ...): per rank, the lowest lane whose last slice
+    ended by the slice's start (interval partitioning, fewest lanes), so that no lane holds overlapping slices.
+
+    >>> t = pd.DataFrame({"rank": 0, "kind": ["hidden", "compute", "hidden", "hidden"]})
+    >>> _hidden_lanes(t, np.array([0.0, 0.0, 5.0, 20.0]), np.array([10.0, 30.0, 10.0, 5.0]))
+    {0: 0, 2: 1, 3: 0}
+    """
+    out: dict[int, int] = {}
+    hidden = np.flatnonzero((table[K.KIND] == HIDDEN).to_numpy(dtype=bool))
+    ranks = table[K.RANK].to_numpy()
+    for rank in np.unique(ranks[hidden]) if hidden.size else []:
+        mine = [int(i) for i in hidden if ranks[i] == rank]
+        ends: list[float] = []  # each lane's last end
+        for i in sorted(mine, key=lambda j: (start_ns[j], -dur_ns[j])):
+            free = next((k for k, e in enumerate(ends) if e <= start_ns[i]), None)
+            if free is None:
+                free = len(ends)
+                ends.append(0.0)
+            ends[free] = start_ns[i] + dur_ns[i]
+            out[i] = free
+    return out
 
 
 def _depths(ranks: pd.DataFrame) -> dict[tuple[int, int, str], int]:

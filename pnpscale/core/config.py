@@ -214,7 +214,7 @@ class Config:
     solver: SolverConfig = field(default_factory=SolverConfig)
     gpus: int = 1
     scale: str = "auto"
-    iterations: int = 3
+    iterations: int = 5
     warmup: int = 1
     seed: int = 0
     resume: bool = True

@@ -331,7 +331,8 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
     crit = ranks[ranks["critical"]] if not ranks.empty else ranks
     units = section_work(str(row[K.SECTION]))
     if top == K.WAIT_IMBALANCE_S and not ranks.empty:
-        why = []
+        why: list[str] = []  # uneven assignments
+        same: list[str] = []  # the units every rank holds equally
         for unit in units:
             counts = ranks[unit].dropna() if unit in ranks else pd.Series(dtype="Int64")
             if counts.empty:
@@ -343,7 +344,10 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
                 why.append(f"{unit} per rank range {int(counts.min())}–{int(counts.max())}")
             else:
                 k = int(counts.iloc[0])
-                why.append(f"every rank holds {k} {unit if k != 1 else unit[:-1]}: the ranks differ in speed")
+                same.append(f"{k} {unit if k != 1 else unit[:-1]}")
+        if same:  # one clause for every evenly held unit (training's sections hold operators and tiles)
+            evenly = f"every rank holds {' and '.join(same)}"
+            why.append(evenly if why else f"{evenly}: the ranks differ in speed")
         text += (": " + ", ".join(why)) if why else ""
     elif top == K.WAIT_JITTER_S and not crit.empty:
         text += ": the same work finishes at different times from one iteration to the next"
@@ -390,6 +394,10 @@ def plot_transfer_figure(rows: pd.DataFrame) -> Figure:
     fig, ax = figure(1, 1, (9, 5))
     plot_transfer(rows, ax)
     ax.set_yscale("log")
+    legend = ax.get_legend()
+    if legend is not None:  # the legend lies below the axes: one more line of height per legend row
+        n = len(legend.get_texts())
+        fig.set_size_inches(9, 4.2 + 0.24 * (n if n <= 6 else -(-n // 2)))
     fig.tight_layout()
     return fig
 

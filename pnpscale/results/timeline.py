@@ -16,6 +16,7 @@ count of ranks not drawn in the panel's title.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -182,6 +183,7 @@ def plot_timeline(tl: pd.DataFrame) -> Figure:
     heights = [max(1.6, 0.45 * tl[(tl[K.PROBLEM] == p) & (tl[K.MODE] == m)][K.RANK].nunique() + 1.2) for p, m in panels]
     fig, axes = figure(len(panels), 1, (12, sum(heights) + 0.8), squeeze=False,
                         gridspec_kw={"height_ratios": heights})  # fmt: skip
+    names: list[tuple[Any, float, float, str, float]] = []  # collective labels, placed once the layout is set
     for ax, (problem, mode) in zip(axes[:, 0], panels, strict=True):
         sub = tl[(tl[K.PROBLEM] == problem) & (tl[K.MODE] == mode)]
         if sub.empty:
@@ -220,8 +222,8 @@ def plot_timeline(tl: pd.DataFrame) -> Figure:
         for (_, _), g in main.groupby([K.SECTION, K.SEQ], sort=False):
             x = float((g[K.START_S] + g[K.DURATION_S]).max())
             name = str(g[K.COLLECTIVE].iloc[0]) + _label(g[K.PAYLOAD_BYTES].iloc[0])
-            ax.annotate(name, (x, len(drawn) - 0.45), xytext=(-2, 1), textcoords="offset points", fontsize=7,
-                        ha="right", va="bottom", color=KIND_COLORS["transfer"])  # fmt: skip
+            payload = g[K.PAYLOAD_BYTES].iloc[0]
+            names.append((ax, x, len(drawn) - 0.45, name, 0.0 if pd.isna(payload) else float(payload)))
         ax.set_ylim(-0.6, len(drawn) + 0.1)
         ax.set_xlim(0, float((sub[K.START_S] + sub[K.DURATION_S]).max()) * 1.01)
         ax.set_xlabel("seconds from the iteration's start (lowest rank's clock)")
@@ -244,4 +246,33 @@ def plot_timeline(tl: pd.DataFrame) -> Figure:
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=9)
     fig.suptitle("One iteration per rank: compute, then per collective its wait (for the last rank) and transfer")
     fig.tight_layout(rect=(0, 0.45 / (sum(heights) + 0.8), 1, 1))
+    _place_labels(fig, names)
     return fig
+
+
+def _place_labels(fig: Figure, labels: list[tuple[Any, float, float, str, float]]) -> None:
+    """Draw the collective labels that fit: the largest payloads first (then in time order), each ending at
+    its collective's end, skipping any that would overlap a label already drawn on its panel (a training
+    iteration holds dozens of collectives); a panel with labels left out says how many in its lower right."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from pnpscale.results.plotting import KIND_COLORS
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    placed: dict[Any, list[Any]] = {}
+    skipped: dict[Any, int] = {}
+    left: dict[Any, float] = {}  # each panel's left edge (pixels): a label never starts before it
+    for ax, x, y, name, _ in sorted(labels, key=lambda t: (-t[4], t[1])):
+        text = ax.annotate(name, (x, y), xytext=(-2, 1), textcoords="offset points", fontsize=7, ha="right",
+                           va="bottom", color=KIND_COLORS["transfer"])  # fmt: skip
+        box = text.get_window_extent(renderer).expanded(1.02, 1.0)
+        if ax not in left:
+            left[ax] = ax.get_window_extent(renderer).x0
+        if box.x0 < left[ax] or any(box.overlaps(other) for other in placed.get(ax, [])):
+            text.remove()
+            skipped[ax] = skipped.get(ax, 0) + 1
+            continue
+        placed.setdefault(ax, []).append(box)
+    for ax, n in skipped.items():
+        shown = len(placed.get(ax, []))
+        ax.title.set_text(f"{ax.title.get_text()}; {shown} of {shown + n} collectives labelled (no room for the rest)")

@@ -505,8 +505,9 @@ def calibrate(table: pd.DataFrame, reference: Mapping[str, Any] | pd.DataFrame |
     if reference is not None:
         rest = usable[~_key(usable).isin(set(_key(ref)))]
         used = pd.concat([used, rest.assign(**{K.CALIBRATION: "median (not in reference)"})], ignore_index=True)
-    rates = []
+    rates, order = [], []
     for _, g in used.groupby(_key(used), sort=False) if not used.empty else []:
+        g = g.sort_values([c for c in (K.GPUS, K.PROBLEM, K.MODE, K.SECTION) if c in g.columns], kind="stable")
         rates.append(
             {
                 K.BACKEND: g[K.BACKEND].iloc[0],
@@ -517,7 +518,23 @@ def calibrate(table: pd.DataFrame, reference: Mapping[str, Any] | pd.DataFrame |
                 K.ROWS: "; ".join(_label(row) for _, row in g.iterrows()),
             }
         )
+        order.append(_route_order(g))
+    rates = [r for _, r in sorted(zip(order, rates, strict=True), key=lambda p: p[0])]
     return Calibration(pd.DataFrame(rates, columns=list(K.RATES_COLUMNS)), used.reset_index(drop=True))
+
+
+def _route_order(rows: pd.DataFrame) -> tuple[str, int, int, str]:
+    """Sort key of a route's rates row: backend, then numerically by the fewest nodes and GPUs among its rows
+    (``intra-node, 2 GPUs`` before ``intra-node, 16 GPUs``, intra-node before inter-node), then the label."""
+    backend = rows[K.BACKEND].iloc[0]
+    nodes = rows[K.NODES].astype("float64").min() if K.NODES in rows else np.nan
+    gpus = rows[K.GPUS].astype("float64").min()
+    return (
+        "" if _na(backend) else str(backend),
+        int(nodes) if np.isfinite(nodes) else 1,
+        int(gpus) if np.isfinite(gpus) else 0,
+        str(rows[K.ROUTE].iloc[0]),
+    )
 
 
 def predict(table: pd.DataFrame, calibration: Calibration) -> pd.DataFrame:
@@ -561,7 +578,10 @@ def plot_transfer(table: pd.DataFrame, ax: Any) -> Any:
     """Measured (solid, ``o``) and predicted (dashed, ``x``) transfer per iteration vs GPU count.
 
     One colour per (problem, mode, section); x axis log-2 with a tick per GPU count; y in seconds.
-    Series whose algorithm was assumed say so in the legend. Draws on ``ax`` only (no file, no show).
+    Series whose algorithm was assumed say so in the legend. Series whose predictions are equal at every GPU
+    count (the same bytes on the same routes: 2D inference's gradient and denoiser each send one image) share
+    one dark grey predicted line, its label naming them all, instead of lines drawn over each other. Draws
+    on ``ax`` only (no file, no show).
 
     Args:
         table: :func:`transfer_table` output. ax: a matplotlib Axes.
@@ -578,21 +598,59 @@ def plot_transfer(table: pd.DataFrame, ax: Any) -> Any:
         ax.text(0.5, 0.5, "no multi-GPU rows: nothing to predict", ha="center", va="center", transform=ax.transAxes)
         return ax
     keys = [c for c in (K.PROBLEM, K.MODE, K.SECTION) if c in table.columns]
+    predicted: dict[tuple[Any, ...], list[tuple[list[str], str, pd.DataFrame]]] = {}
     for i, (key, g) in enumerate(table.groupby(keys, dropna=False, sort=True)):
         g = g.sort_values(K.GPUS)
-        label = "/".join(str(k) for k in (key if isinstance(key, tuple) else (key,)) if not _na(k))
-        if (g[K.ALGORITHM_SOURCE] == SOURCE_ASSUMED).any():
-            label += f" ({ASSUMED_ALGORITHM} assumed)"
+        parts = [str(k) for k in (key if isinstance(key, tuple) else (key,)) if not _na(k)]
+        label = "/".join(parts) + (f" ({ASSUMED_ALGORITHM} assumed)" if _assumed(g) else "")
         color = f"C{i % 10}"
         ax.plot(g[K.GPUS], g[K.TRANSFER_S], marker="o", ls="-", color=color, label=f"{label}: measured")
-        ax.plot(g[K.GPUS], g[K.PREDICTED_TRANSFER_S], marker="x", ls="--", color=color, label=f"{label}: predicted")
+        curve = tuple(zip(g[K.GPUS].astype(int), np.round(g[K.PREDICTED_TRANSFER_S].astype("float64"), 12),
+                          strict=True))  # fmt: skip
+        predicted.setdefault(curve, []).append((parts, color, g))
+    # series with the same bytes on the same routes get the same prediction: one line for them, named so
+    shared = 0  # shared lines are dark grey, told apart by their dashes
+    for same in predicted.values():
+        parts, color, g = same[0]
+        label = "/".join(parts) + (f" ({ASSUMED_ALGORITHM} assumed)" if _assumed(g) else "")
+        ls: Any = "--"
+        if len(same) > 1:
+            note = f"; {ASSUMED_ALGORITHM} assumed" if any(_assumed(s[2]) for s in same) else ""
+            color, label = "0.2", f"{_shared_label([s[0] for s in same])} (same bytes, same route rates{note})"
+            ls = _SHARED_DASHES[shared % len(_SHARED_DASHES)]
+            shared += 1
+        ax.plot(g[K.GPUS], g[K.PREDICTED_TRANSFER_S], marker="x", ms=8, ls=ls, color=color,
+                label=f"{label}: predicted")  # fmt: skip
     ax.set_xscale("log", base=2)
     ticks = sorted(int(x) for x in table[K.GPUS].unique())
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([str(t) for t in ticks])
-    ax.legend(fontsize="small")
+    n = len(ax.get_legend_handles_labels()[1])
+    # below the axes, where it hides no data
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1 if n <= 6 else 2)
     return ax
+
+
+_SHARED_DASHES: tuple[Any, ...] = ("--", ":", "-.", (0, (6, 2, 1, 2, 1, 2)))
+
+
+def _assumed(rows: pd.DataFrame) -> bool:
+    return bool((rows[K.ALGORITHM_SOURCE] == SOURCE_ASSUMED).any())
+
+
+def _shared_label(labels: Sequence[Sequence[str]]) -> str:
+    """One label for series drawn as one predicted line: their common leading parts once, then what differs.
+
+    >>> _shared_label([["2d", "inference", "denoiser"], ["2d", "inference", "gradient"]])
+    '2d/inference: denoiser = gradient'
+    """
+    common = 0
+    while all(len(p) > common + 1 and p[common] == labels[0][common] for p in labels):
+        common += 1
+    head = "/".join(labels[0][:common])
+    rest = " = ".join("/".join(p[common:]) for p in labels)
+    return (f"{head}: " if head else "") + rest
 
 
 # --- run folders -> transfer table input -------------------------------------------------------
