@@ -1,10 +1,13 @@
 """A problem defined outside pnpscale, through the registry only (tests/data/conf/problem/toy.yaml + this class).
 
 One-channel 2D deconvolution: operator ``i`` is a plain convolution with a Gaussian of width
-``blur_sigma * (1 + i/2)`` (deepinv ``Blur``, circular boundary), norm <= 1 so ``L = M``.
+``blur_sigma * (1 + i/2) * width`` (deepinv ``Blur``, circular boundary), norm <= 1 so ``L = M``. Its own
+parameters (``problem.params``): :class:`Params`, next to the class, as a problem of pnpscale's does.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -13,13 +16,21 @@ from pnpscale.rank.problems import Problem
 from pnpscale.rank.problems.base import gaussian_filter
 
 
+@dataclass
+class Params:
+    width: float = 1.0
+    blur_sigma: float = 1.0
+
+
 class ToyDeconvolution(Problem):
     """Deconvolution of a one-channel image from ``M`` differently blurred copies."""
+
+    params = Params
 
     def operator(self, index: int, device: torch.device) -> torch.nn.Module:
         from deepinv.physics import Blur
 
-        sigma = self.spec.blur_sigma * (1.0 + 0.5 * index) * float(self.spec.params.get("width", 1.0))
+        sigma = self.settings.blur_sigma * (1.0 + 0.5 * index) * self.settings.width
         return Blur(filter=gaussian_filter((sigma, sigma), device), padding="circular", device=device)
 
 

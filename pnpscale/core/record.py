@@ -18,6 +18,11 @@ Schema history:
 * 3: every summed measure of :data:`pnpscale.columns.MEASURES` is a total under its
   :func:`pnpscale.columns.total_name` (schema 2 kept the wait parts' totals under the per-iteration names
   ``wait_late_start_s``...); older records are upgraded on reading.
+* 4: each plugin owns its keys: ``spec.blur_sigma`` is ``spec.params.blur_sigma`` (the problem's own
+  parameters), ``spec.lr`` and ``spec.train_stepsize`` are in ``spec.mode_params`` (the mode's own); older
+  records are upgraded on reading, the values kept as recorded (a record of schema 3 or before held them
+  for every run, whether its problem or mode read them or not). ``fingerprint`` is unchanged: the digest
+  is taken in the old layout (:meth:`pnpscale.core.config.RunSpec.fingerprint`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ if TYPE_CHECKING:
     from pnpscale.core.config import RunSpec
 from pnpscale.core.errors import PnpscaleError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class RecordError(PnpscaleError, ValueError):
@@ -147,6 +152,8 @@ class RunRecord:
             raise RecordError(f"schema_version {version!r}: this pnpscale reads 1..{SCHEMA_VERSION}")
         if version < 3:
             data = _upgrade_totals(data)
+        if version < 4:
+            data = _upgrade_plugin_keys(data)
         if not isinstance(data.get("status"), str):
             raise RecordError("no status")
         names = {f.name for f in dataclasses.fields(cls)} - {"extra", "schema_version"}
@@ -275,6 +282,27 @@ def _upgrade_totals(data: dict[str, Any]) -> dict[str, Any]:
             for name, sec in metrics["sections"].items()
         }
         data["metrics"] = metrics
+    return data
+
+
+#: Schema 4 moved these ``spec`` keys into a plugin's own parameters: old key -> (node, key there).
+MOVED_SPEC_KEYS = {"blur_sigma": ("params", "blur_sigma"), "lr": ("mode_params", "lr"),
+                   "train_stepsize": ("mode_params", "train_stepsize")}  # fmt: skip
+
+
+def _upgrade_plugin_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """Schemas 1 to 3 kept the plugins' keys at the top of ``spec``: move each of :data:`MOVED_SPEC_KEYS` into
+    its plugin's node (a value the node already holds wins)."""
+    spec = data.get("spec")
+    if not isinstance(spec, dict) or not any(k in spec for k in MOVED_SPEC_KEYS):
+        return data
+    spec = dict(spec)
+    for old, (node, key) in MOVED_SPEC_KEYS.items():
+        if old in spec:
+            value = spec.pop(old)
+            held = spec.get(node)
+            spec[node] = {key: value, **(held if isinstance(held, dict) else {})}
+    data["spec"] = spec
     return data
 
 
