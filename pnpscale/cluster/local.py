@@ -27,7 +27,8 @@ from pnpscale import layout
 from pnpscale.cluster import resources
 from pnpscale.cluster.base import Cluster
 from pnpscale.core.config import RunSpec
-from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.errors import TIMEOUT, PnpscaleError
+from pnpscale.core.record import read_rank_failures
 
 
 class RankFailed(PnpscaleError, RuntimeError):
@@ -47,6 +48,8 @@ class RankFailed(PnpscaleError, RuntimeError):
         self.rank = rank
         self.log = log
         self.failures = failures if failures is not None else {rank: message}
+        #: rank -> the kind of its failure, as the rank recorded it (:func:`pnpscale.core.errors.failure_kind`)
+        self.kinds: dict[int, str] = {}
         where = f" (log: {log})" if log else ""
         super().__init__(f"rank {rank} failed: {message}{where}")
 
@@ -57,12 +60,7 @@ class RankHung(RankFailed):
 
     def __init__(self, rank: int, message: str, log: Path | None = None) -> None:
         RuntimeError.__init__(self, message)
-        self.rank, self.log, self.failures = rank, log, {rank: message}
-
-
-def _is_timeout(text: str) -> bool:
-    low = text.lower()
-    return "timed out" in low or "timeout" in low
+        self.rank, self.log, self.failures, self.kinds = rank, log, {rank: message}, {rank: TIMEOUT}
 
 
 def hung_ranks(
@@ -115,16 +113,22 @@ def hung_message(failed: RankFailed, progress: dict[int, dict[str, Any]], ranks:
     """The one line for a collective that timed out, naming the rank(s) that did not arrive; ``None``
     when ``failed`` is not a timeout or no rank was behind.
 
+    A timeout is what the ranks recorded (``failed.kinds``, rank -> :func:`pnpscale.core.errors.failure_kind`:
+    an error after waiting ``dist.timeout_s`` in one step), never a word in an error message.
+
     >>> f = RankFailed(0, "RuntimeError: [/src/gloo/pair.cc:534] Timed out waiting 2000ms for recv")
+    >>> hung_message(f, {0: {"beat": 5}, 1: {"beat": 4}}, 2, 2.0) is None  # no kind recorded: not a timeout
+    True
+    >>> f.kinds = {0: "timeout"}
     >>> print(hung_message(f, {0: {"beat": 5, "iteration": 1, "section": "denoiser"},
     ...                        1: {"beat": 4, "iteration": 1, "section": "gradient"}}, 2, 2.0))
     ... # doctest: +NORMALIZE_WHITESPACE
     rank 1 did not arrive within dist.timeout_s=2 s: last seen in section 'gradient' of iteration 1;
     rank 0 gave up waiting in section 'denoiser' of iteration 1
     """
-    if not _is_timeout(str(failed)):
+    if failed.kinds.get(failed.rank) != TIMEOUT:
         return None
-    hung = hung_ranks(progress, ranks, {r for r, m in failed.failures.items() if _is_timeout(m)})
+    hung = hung_ranks(progress, ranks, {r for r, kind in failed.kinds.items() if kind == TIMEOUT})
     if not hung:
         return None
     who = ", ".join(f"rank {r}" for r in hung)
@@ -302,9 +306,12 @@ def launch_local(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None = N
     from pnpscale.rank.worker import rank_main, threads_per_rank
 
     threads = threads_per_rank(spec.threads_per_rank, spec.gpus)
+    for r in range(spec.gpus):  # an earlier attempt's records in this folder never speak for this one
+        layout.failure_file(run_dir, r).unlink(missing_ok=True)
     try:
         run_ranks(spec.gpus, rank_main, (spec.to_dict(), str(run_dir), config), run_dir / layout.LOGS_DIR, threads)
     except RankFailed as exc:
+        exc.kinds = {r: f["kind"] for r, f in read_rank_failures(run_dir, spec.gpus).items()}
         hung = hung_message(exc, read_progress(run_dir, spec.gpus), spec.gpus, spec.timeout_s)
         if hung is not None:
             raise RankHung(exc.rank, hung, exc.log) from None

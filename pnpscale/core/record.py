@@ -560,3 +560,41 @@ def now_iso() -> str:
 def error_text(exc: BaseException) -> str:
     tb = "".join(traceback.format_exception(exc)).strip().splitlines()
     return f"{type(exc).__name__}: {exc}\n" + "\n".join(tb[-15:])
+
+
+def write_rank_failure(run_dir: Path | str, rank: int, kind: str, error_type: str, **where: Any) -> None:
+    """A rank's failure record (:func:`pnpscale.layout.failure_file`), written by the rank as it fails: the launcher
+    decides on ``kind`` (:func:`pnpscale.core.errors.failure_kind`), never on the error's text.
+
+    Args:
+        kind: :data:`pnpscale.core.errors.TIMEOUT` or the error's class name.
+        error_type: the error's class name.
+        where: ``iteration``, ``section``, ``waited_s`` (seconds in its last step)...
+
+    A rank that cannot write it (a full disk) writes nothing: the launcher then knows no kind for it.
+    """
+    import json
+
+    path = layout.failure_file(run_dir, rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"rank": rank, "kind": kind, "error_type": error_type, **where}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def read_rank_failures(run_dir: Path | str, ranks: int) -> dict[int, dict[str, Any]]:
+    """rank -> its failure record (:func:`write_rank_failure`), for the ranks ``0..ranks-1`` that wrote one."""
+    import json
+
+    out: dict[int, dict[str, Any]] = {}
+    for r in range(ranks):
+        try:
+            data = json.loads(layout.failure_file(run_dir, r).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("kind"), str):
+            out[r] = data
+    return out

@@ -219,6 +219,7 @@ class Heartbeat:
 
     def __init__(self, path: Path | None, rank: int) -> None:
         self.rank, self.beat = rank, 0
+        self.iteration, self.section, self.since = -1, "init", time.monotonic()
         self.fd: int | None = None
         if path is not None:
             try:
@@ -229,6 +230,7 @@ class Heartbeat:
 
     def __call__(self, iteration: int, section: str, advance: bool = True) -> None:
         """Record the step; ``advance=False`` for a step only some ranks take (rank 0 writing)."""
+        self.iteration, self.section, self.since = iteration, section, time.monotonic()
         if self.fd is None:
             return
         import json
@@ -713,13 +715,24 @@ def rank_main(
 
     beat = Heartbeat(layout.progress_file(run_dir, rank) if PARENT_PID_ENV in os.environ else None, rank)
     beat(-1, "init")
-    group = Group(spec.backend, spec.timeout_s, before_init)
     try:
-        _measure_and_report(spec, Path(run_dir), group, threads, t_start, config, extra, beat)
-    finally:
-        group.close()
-        if staged:
-            collect_nccl_log(nccl_log, Path(run_dir), rank)
+        group = Group(spec.backend, spec.timeout_s, before_init)
+        try:
+            _measure_and_report(spec, Path(run_dir), group, threads, t_start, config, extra, beat)
+        finally:
+            group.close()
+            if staged:
+                collect_nccl_log(nccl_log, Path(run_dir), rank)
+    except BaseException as exc:  # its kind crosses to the launcher as a field, decided here
+        from pnpscale.core.errors import failure_kind
+        from pnpscale.core.record import write_rank_failure
+
+        waited = time.monotonic() - beat.since
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        kind = failure_kind(exc, waited, spec.timeout_s, world)
+        write_rank_failure(run_dir, rank, kind, type(exc).__name__, iteration=beat.iteration, section=beat.section,
+                           waited_s=round(waited, 3))  # fmt: skip
+        raise
 
 
 def _measure_and_report(
