@@ -90,6 +90,17 @@ class InputError(PnpscaleError):
     exit_code: ClassVar[int] = 2
 
 
+class UnreadableFile(PnpscaleError, ValueError):
+    """A file of a run folder that cannot be read (damaged, truncated, foreign): ``str()`` is ``<file>: <reason>``.
+
+    Attributes:
+        path: the file (a string).
+    """
+
+    def __init__(self, path: Any, reason: str) -> None:
+        super().__init__(f"{path}: {reason}", path=str(path))
+
+
 class Abort(BaseException):  # noqa: N818 - a carrier, not an error of its own
     """Carries a :class:`PnpscaleError` from inside Hydra (a launcher or sweeper plugin) to the command's
     entry point, which prints it and exits with its exit code.

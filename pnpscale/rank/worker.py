@@ -776,7 +776,9 @@ def _measure_and_report(
             events = profiler_events(prof, anomalies, rank, calls)
             sections = section_records(events, spec.sections, anomalies, rank, require_gpu=cuda, cpu_start=cuda)
         except SectionError as exc:
-            raise SectionError(f"rank {rank}: {exc}") from exc
+            error = SectionError(f"rank {rank}: {exc}", rank=rank)
+            error.counts = exc.counts
+            raise error from exc
         check_trace_complete(sections, spec.sections, spec.warmup + spec.iterations, cuda, rank)
         table = {**rank_rows(rank, sections, spec.warmup, peaks), "anomalies": anomalies.records()}
         info = {

@@ -1,6 +1,9 @@
-"""A rank's failure crosses to the launcher as a kind decided in the rank, never re-read from its text."""
+"""Errors cross processes and stages as fields, never re-read from their text: a rank's failure kind, a
+section error's counts, an unreadable file's path, the all-warm-up tables."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from pnpscale.cluster.local import RankFailed, hung_message
 from pnpscale.core.errors import TIMEOUT, InputError, failure_kind
@@ -31,3 +34,26 @@ def test_the_launcher_names_a_hung_rank_by_the_recorded_kind_only(tmp_path):
     worded = RankFailed(0, "ConfigError: dist.timeout_s=300 timed out timeout")  # the words, not the kind
     worded.kinds = {0: "ConfigError"}
     assert hung_message(worded, PROGRESS, 2, 10.0) is None
+
+
+def test_errors_carry_the_facts_their_readers_need_as_fields():
+    """Readers decide on fields, not on the words of a message (offline's hints, unreadable folders, warm-up)."""
+    import pandas as pd
+    import pytest
+
+    from pnpscale import columns as K
+    from pnpscale.analysis.events import SectionError, section_records
+    from pnpscale.analysis.metrics import DecompositionError, NoMeasuredIteration, summarize
+    from pnpscale.core.errors import UnreadableFile
+    from pnpscale.results.runs import read_table
+
+    with pytest.raises(SectionError) as info:
+        section_records([], ["forward", "backward"])
+    assert info.value.counts == {"forward": 0, "backward": 0}
+    warm = pd.DataFrame({K.SECTION: ["gradient"], K.ITERATION: [0], K.WARMUP: [True]})
+    with pytest.raises(NoMeasuredIteration):
+        summarize(warm, 1)
+    assert issubclass(NoMeasuredIteration, DecompositionError)
+    with pytest.raises(UnreadableFile) as bad:
+        read_table(Path("/nonexistent/ranks.parquet"))
+    assert bad.value.path == "/nonexistent/ranks.parquet" and isinstance(bad.value, ValueError)
