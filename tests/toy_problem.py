@@ -42,12 +42,12 @@ def noop_rank() -> None:
 @record
 def probe_rank() -> dict:
     """A rank that reports how it was started (tests of the launcher): its process info
-    (:func:`pnpscale.rank.worker.process_info`: bad fork, CUDA binding), whether deepinv was already
+    (:func:`pnpscale.rank.process.process_info`: bad fork, CUDA binding), whether deepinv was already
     imported when it started, and its parent pid."""
     import os
     import sys
 
-    from pnpscale.rank.worker import process_info
+    from pnpscale.rank.process import process_info
 
     return {**process_info(), "deepinv_preloaded": "deepinv" in sys.modules, "ppid": os.getppid()}
 
@@ -59,7 +59,7 @@ def sleepy_rank(seconds: float, pid_file: str) -> None:
     import time
     from pathlib import Path
 
-    from pnpscale.rank.worker import PARENT_PID_ENV, die_with_parent
+    from pnpscale.rank.process import PARENT_PID_ENV, die_with_parent
 
     die_with_parent(int(os.environ[PARENT_PID_ENV]))
     Path(f"{pid_file}.{os.environ['LOCAL_RANK']}").write_text(str(os.getpid()))

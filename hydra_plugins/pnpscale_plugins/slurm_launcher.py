@@ -395,7 +395,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         import submitit
 
         from pnpscale.cluster.slurm import IN_TASK_ENV, bind_task_gpu
-        from pnpscale.rank.worker import LAUNCH_T0_ENV
+        from pnpscale.rank.process import LAUNCH_T0_ENV
 
         bind_task_gpu(os.environ)  # first: before anything in this task calls into CUDA
         # submitit ignores SIGTERM (for requeue on preemption); a pnpscale run cannot be resumed

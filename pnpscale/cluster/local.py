@@ -73,7 +73,7 @@ def hung_ranks(
     waiting themselves (``waited``) had not reached it.
 
     Args:
-        progress: rank -> its last heartbeat (:class:`pnpscale.rank.worker.Heartbeat`).
+        progress: rank -> its last heartbeat (:class:`pnpscale.rank.loop.Heartbeat`).
         ranks: world size.
         waited: ranks that failed with a timeout (they were waiting in a collective).
 
@@ -185,7 +185,7 @@ STOPPED_POLL_S = 0.25
 def _rank_pids(log_dir: Path) -> list[int]:
     """The pids of this launcher's ranks, from their heartbeats in ``log_dir`` (a rank forked by the
     launcher's forkserver, or by the launcher itself; stale heartbeats of other processes are skipped)."""
-    from pnpscale.rank.worker import _parent_of
+    from pnpscale.rank.process import parent_of
 
     me, out = os.getpid(), []
     for f in log_dir.glob("rank*.progress"):
@@ -193,8 +193,8 @@ def _rank_pids(log_dir: Path) -> list[int]:
             pid = int(json.loads(f.read_text())["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        parent = _parent_of(pid)
-        if parent == me or (parent is not None and _parent_of(parent) == me):
+        parent = parent_of(pid)
+        if parent == me or (parent is not None and parent_of(parent) == me):
             out.append(pid)
     return out
 
@@ -264,7 +264,7 @@ class LocalCluster(Cluster):
         """
         from pnpscale.cluster.resources import check_memory
         from pnpscale.core.config import ConfigError
-        from pnpscale.rank.worker import shared_gpu_allowed
+        from pnpscale.rank.group import shared_gpu_allowed
 
         if spec.backend == "nccl" and not cuda_devices:
             raise ConfigError(
@@ -285,7 +285,7 @@ class LocalCluster(Cluster):
             raise ConfigError("gpus", spec.gpus, refusal)
 
     def cpu_contention(self, spec: RunSpec) -> tuple[int, int] | None:
-        from pnpscale.rank.worker import threads_per_rank
+        from pnpscale.rank.process import threads_per_rank
 
         return spec.gpus * threads_per_rank(spec.threads_per_rank, spec.gpus), len(os.sched_getaffinity(0))
 
@@ -303,7 +303,8 @@ def launch_local(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None = N
         RankHung: a collective timed out; names the rank(s) that did not arrive (from the heartbeats).
         RankFailed: a rank raised (its message) or died (its exit code).
     """
-    from pnpscale.rank.worker import rank_main, threads_per_rank
+    from pnpscale.rank.process import threads_per_rank
+    from pnpscale.rank.worker import rank_main
 
     threads = threads_per_rank(spec.threads_per_rank, spec.gpus)
     for r in range(spec.gpus):  # an earlier attempt's records in this folder never speak for this one
@@ -335,7 +336,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     signal then stops every rank and raises its ``SignalException``); the handlers in place before
     are put back on return, whatever happened (:func:`pnpscale.core.signals.preserved`). Each rank
     dies with this process, even a SIGKILL of it (:data:`PARENT_PID_ENV`,
-    :func:`pnpscale.rank.worker.die_with_parent`), and the forkserver and resource tracker with them.
+    :func:`pnpscale.rank.process.die_with_parent`), and the forkserver and resource tracker with them.
     Local rank ``r`` is bound to GPU ``r mod n`` of the ``n`` this process sees (:func:`node_gpus`).
 
     Raises:
@@ -347,7 +348,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from pnpscale.core.signals import preserved
-    from pnpscale.rank.worker import (
+    from pnpscale.rank.process import (
         LAUNCH_T0_ENV,
         NODE_GPUS_ENV,
         PARENT_PID_ENV,
@@ -407,7 +408,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
 #: ``torch.cuda.is_available()``, and on a GPU machine ``mem_get_info`` on every GPU): each rank
 #: imports it itself, after its GPU binding (0.13 s with these preloaded). Checked by
 #: ``tests/test_gpu_path.py`` (a fork after importing these is not a bad fork) and by every rank
-#: (:func:`pnpscale.rank.worker.refuse_bad_fork`). ``pnpscale.rank.forkserver`` keeps a rank that cannot start
+#: (:func:`pnpscale.rank.process.refuse_bad_fork`). ``pnpscale.rank.forkserver`` keeps a rank that cannot start
 #: because the launcher is gone silent.
 RANK_PRELOAD = (
     "torch", "torch.distributed", "torchvision", "h5py", "requests", "natsort", "tqdm", "pandas", "pyarrow",
@@ -431,10 +432,10 @@ def rank_start_method() -> str:
 
 
 def node_gpus(environ: Any) -> str:
-    """The GPUs this machine's ranks share out (:data:`pnpscale.rank.worker.NODE_GPUS_ENV`): this
+    """The GPUs this machine's ranks share out (:data:`pnpscale.rank.process.NODE_GPUS_ENV`): this
     process's ``CUDA_VISIBLE_DEVICES`` when set, else ``0..n-1`` for the ``n`` CUDA devices torch sees
     (``""`` without CUDA). Local rank ``r`` is then bound to entry ``r mod n``
-    (:func:`pnpscale.rank.worker.bind_gpu`), so each rank opens a context on its own GPU only."""
+    (:func:`pnpscale.rank.process.bind_gpu`), so each rank opens a context on its own GPU only."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return ",".join(g.strip() for g in visible.split(",") if g.strip())

@@ -146,7 +146,7 @@ def cpus_per_task_warning(cluster: Mapping[str, Any]) -> str | None:
     >>> cpus_per_task_warning({"cpus_per_task": None}).startswith("cluster.cpus_per_task=null")
     True
     """
-    from pnpscale.rank.worker import MIN_CPUS_PER_GPU_RANK as MIN_CPUS_PER_GPU_TASK
+    from pnpscale.rank.group import MIN_CPUS_PER_GPU_RANK as MIN_CPUS_PER_GPU_TASK
 
     cpus = cluster.get("cpus_per_task")
     if cpus is not None and int(cpus) >= MIN_CPUS_PER_GPU_TASK:
@@ -515,11 +515,11 @@ def bind_task_gpu(environ: Any) -> str | None:
 
     SLURM gives every task of a job the node's GPUs (``CUDA_VISIBLE_DEVICES=0,1,2,3`` with
     ``--gpus-per-node``): task ``SLURM_LOCALID`` keeps entry ``SLURM_LOCALID mod n``
-    (:func:`pnpscale.rank.worker.bind_gpu`); a task SLURM bound to one GPU already keeps it; without
+    (:func:`pnpscale.rank.process.bind_gpu`); a task SLURM bound to one GPU already keeps it; without
     ``CUDA_VISIBLE_DEVICES`` the node's GPUs are counted by NVML (no CUDA initialisation). Returns the
     binding, ``None`` when nothing changed.
     """
-    from pnpscale.rank.worker import bind_gpu, nvml_device_count
+    from pnpscale.rank.process import bind_gpu, nvml_device_count
 
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     count = nvml_device_count() if visible is None else None
@@ -548,7 +548,7 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
 
     Exports the torch.distributed variables of ``TorchDistributedEnvironment`` (the task was bound to
     its GPU when it started, :func:`bind_task_gpu`, so it sees that one GPU: the backend is chosen
-    from every rank's GPU UUID, see :func:`pnpscale.rank.worker.choose_backend`; on nccl the worker
+    from every rank's GPU UUID, see :func:`pnpscale.rank.group.choose_backend`; on nccl the worker
     sets each rank's NCCL diagnostics), then calls :func:`pnpscale.rank.worker.rank_main`.
     Rank 0 adds the ``slurm`` block to ``run.json`` (kept by the final write) and links every task's
     log from ``logs/``.
@@ -560,7 +560,8 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     """
     from submitit.helpers import TorchDistributedEnvironment
 
-    from pnpscale.rank.worker import kineto_config_env, rank_environment, rank_main, threads_per_rank
+    from pnpscale.rank.process import kineto_config_env, rank_environment, threads_per_rank
+    from pnpscale.rank.worker import rank_main
 
     # the GPU binding was done when the task started (bind_task_gpu, by entry, not by index: submitit's
     # would set CUDA_VISIBLE_DEVICES=<local rank>, wrong when SLURM gave the job e.g. GPUs 2,3)

@@ -81,7 +81,7 @@ class RunRecord:
         processes: per rank (index = rank), how its process started: ``pid``, ``cuda_bad_fork``
             (forked from a process that had touched CUDA: always ``false`` in a complete run, the rank
             refuses to run otherwise), ``cuda_visible_devices`` and ``gpu_binding`` (the one GPU the
-            launcher bound it to, ``null`` when not bound); see :func:`pnpscale.rank.worker.process_info`.
+            launcher bound it to, ``null`` when not bound); see :func:`pnpscale.rank.process.process_info`.
         extra: keys this version does not know (kept on rewrite).
     """
 

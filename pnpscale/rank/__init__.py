@@ -7,7 +7,10 @@
 * :mod:`~pnpscale.rank.pipeline`: ``solver.overlap=pipelined``, the gradient's all_reduce and the denoiser
   overlapped band by band (async chunks, autograd-aware);
 * :mod:`~pnpscale.rank.profiling`: the torch.profiler session and its events;
-* :mod:`~pnpscale.rank.worker`: a rank's main (process group, iterations, sections, report to rank 0);
+* :mod:`~pnpscale.rank.worker`: a rank's main (set up, measure, its tables gathered on rank 0, which commits);
+* :mod:`~pnpscale.rank.process`: a rank's process: tied to its launcher, bound to one GPU, its environment;
+* :mod:`~pnpscale.rank.group`: the ranks' process group, the backend chosen from every rank's GPU, NCCL's log;
+* :mod:`~pnpscale.rank.loop`: the measured loop (sections under one profiler, injections, the heartbeat);
 * :mod:`~pnpscale.rank.forkserver`: what a forked rank does when its launcher is gone before it starts;
 * :mod:`~pnpscale.rank.commit`: rank 0's last step: decompose and write the run folder;
 * :mod:`~pnpscale.rank.assignment`: who holds which operator and tile (pure).
