@@ -82,3 +82,16 @@ def test_plugin_keys_reach_the_spec_and_old_runs_keep_their_digest(key, digest):
         assert spec.mode_params == {"lr": 0.001, "train_stepsize": True}
     if problem != "ct":
         assert spec.params == {"blur_sigma": 0.7 if extra and "blur" in extra[0] else 1.0}
+
+
+def test_a_problem_yaml_without_its_channels_is_one_line(tmp_path):
+    """``problem.channels`` has no default (a one-channel problem never silently gets 3): its YAML states it."""
+    from pnpscale.sweep.point import resolve_point
+
+    (tmp_path / "problem").mkdir()
+    text = (CONF / "problem" / "3d.yaml").read_text().replace("name: 3d", "name: nochan").replace("channels: 1\n", "")
+    (tmp_path / "problem" / "nochan.yaml").write_text(text)
+    cfg = compose_config(["problem=nochan", f"hydra.searchpath=[file://{tmp_path}]"])
+    with pytest.raises(ConfigError) as info:
+        resolve_point(cfg, tmp_path / "run", cuda_devices=0)
+    assert str(info.value) == "problem.channels=???: must be set: the option's YAML (conf/problem/<name>.yaml) states it"

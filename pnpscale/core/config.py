@@ -437,6 +437,7 @@ def validate(cfg: Any, cuda_available: bool | None = None) -> None:
             ``inject.rank`` outside ``0..gpus-1``, an ``inject.section`` the mode lacks, or an
             injection missing the rank (or, for a delay, the section) it applies to.
     """
+    _check_mandatory(cfg)
     for key in RULES:
         check_value(key, _get(cfg, key))
     sections = tuple(cfg["mode"]["sections"])
@@ -455,6 +456,28 @@ def validate(cfg: Any, cuda_available: bool | None = None) -> None:
     if inj["delay_s"] and inj["section"] is None:
         raise ConfigError("inject.delay_s", inj["delay_s"], "needs inject.section: " + ", ".join(sections))
     _validate_overlap(cfg, cuda_available)
+
+
+#: Keys without a default (``???``): each option's YAML states them (``problem.channels``, ``mode.sections``...).
+MANDATORY_KEYS = tuple(
+    f"{node}.{f.name}" for node, cls in (("problem", ProblemConfig), ("mode", ModeConfig))
+    for f in dataclasses.fields(cls) if f.default is MISSING
+)  # fmt: skip
+
+
+def _check_mandatory(cfg: Any) -> None:
+    """Every key of :data:`MANDATORY_KEYS` is set in the composed config.
+
+    Raises:
+        ConfigError: ``<key>=???: must be set: the option's YAML (conf/<group>/<name>.yaml) states it``.
+    """
+    from omegaconf import OmegaConf
+
+    for key in MANDATORY_KEYS:
+        node, _, leaf = key.partition(".")
+        parent = cfg[node]
+        if OmegaConf.is_missing(parent, leaf) if OmegaConf.is_config(parent) else parent.get(leaf, MISSING) == MISSING:
+            raise ConfigError(key, "???", f"must be set: the option's YAML (conf/{node}/<name>.yaml) states it")
 
 
 def tile_rows(image_size: int, patch_size: int, overlap: int) -> int:
