@@ -57,3 +57,16 @@ def test_errors_carry_the_facts_their_readers_need_as_fields():
     with pytest.raises(UnreadableFile) as bad:
         read_table(Path("/nonexistent/ranks.parquet"))
     assert bad.value.path == "/nonexistent/ranks.parquet" and isinstance(bad.value, ValueError)
+
+
+def test_the_root_cause_is_chosen_on_the_records_before_any_words():
+    """pnpscale's own error is a cause whatever its words; a recorded timeout is an echo on SLURM."""
+    from pnpscale.cluster.local import root_failure
+    from pnpscale.cluster.slurm import ranks_by_cause
+
+    worded = {0: (5, "RuntimeError: Connection closed by peer"), 1: (6, "InputError: Connection reset by peer")}
+    assert root_failure(worded, 2) == 0 and root_failure(worded, 2, own={1}) == 1
+    errors = {0: "RuntimeError: odd", 1: "InputError: dist.timeout_s=1 timed out"}
+    records = {0: {"kind": TIMEOUT, "own": False}, 1: {"kind": "InputError", "own": True}}
+    assert ranks_by_cause(errors) == [0, 1]  # by the words alone: rank 1 reads as an echo
+    assert ranks_by_cause(errors, records) == [1, 0]  # by the records: rank 0 timed out waiting for rank 1

@@ -94,4 +94,6 @@ def test_a_problem_yaml_without_its_channels_is_one_line(tmp_path):
     cfg = compose_config(["problem=nochan", f"hydra.searchpath=[file://{tmp_path}]"])
     with pytest.raises(ConfigError) as info:
         resolve_point(cfg, tmp_path / "run", cuda_devices=0)
-    assert str(info.value) == "problem.channels=???: must be set: the option's YAML (conf/problem/<name>.yaml) states it"
+    assert str(info.value) == (
+        "problem.channels=???: must be set: the option's YAML (conf/problem/<name>.yaml) states it"
+    )

@@ -331,7 +331,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         from pnpscale import layout
         from pnpscale.cluster.slurm import failure_text, ranks_by_cause, sacct_info, task_logs
         from pnpscale.core.config import resolve_spec
-        from pnpscale.core.record import RecordError, read_record, write_failure
+        from pnpscale.core.record import RecordError, read_rank_failures, read_record, write_failure
         from pnpscale.sweep.task import RunFailed
 
         try:
@@ -342,8 +342,9 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         if job is not None:
             info = sacct_info(job.job_id)
             logs = task_logs(folder or str(p.run_dir), job.job_id, job.num_tasks)
-            first = ranks_by_cause(task_errors)[0] if task_errors else 0
-            message = failure_text(job.job_id, state or "UNKNOWN", info, task_errors, logs[first]["stderr"])
+            records = read_rank_failures(p.run_dir, int(p.cfg.gpus))  # each rank's failure kind, as it recorded it
+            first = ranks_by_cause(task_errors, records)[0] if task_errors else 0
+            message = failure_text(job.job_id, state or "UNKNOWN", info, task_errors, logs[first]["stderr"], records)
             block.update(
                 job_id=job.job_id,
                 state=state,

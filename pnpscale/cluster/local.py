@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -387,7 +387,8 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         seen = {r: (f.timestamp, _failure_message(f)) for r, f in exc.failures.items()}
         recorded = _recorded_errors(log_dir)
         known = {**recorded, **seen}
-        rank = root_failure(known, nprocs)
+        own = {r for r, f in read_rank_failures(log_dir.parent, nprocs).items() if f.get("own")}
+        rank = root_failure(known, nprocs, own)
         message = known[rank][1] if rank in known else SILENT_DEATH
         failures = {r: m for r, (_, m) in known.items()} | ({} if rank in known else {rank: message})
         raise RankFailed(rank, message, _rank_log(log_dir, rank), failures) from None
@@ -444,7 +445,9 @@ def node_gpus(environ: Any) -> str:
     return ",".join(str(i) for i in range(cuda_device_count()))
 
 
-#: errors a rank raises because another rank died (gloo/NCCL losing its peer): never the root cause
+#: errors a rank raises because another rank died (gloo/NCCL losing its peer): never the root cause. These
+#: are gloo's and NCCL's own texts, raised as a plain ``RuntimeError`` (no type tells them), so only they are
+#: read, and never for an error pnpscale raised itself (``own`` in the rank's failure record).
 _PEER_LOST = re.compile(
     r"Connection closed by peer|Connection reset by peer|remote worker crash|remote process exit|"
     r"communicator was aborted|NCCL error.*remote",
@@ -459,7 +462,7 @@ SILENT_DEATH = (
 )
 
 
-def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None) -> int:
+def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None, own: Iterable[int] = ()) -> int:
     """The rank whose failure caused the others: the earliest (then lowest rank) whose error is not a
     lost peer; when every known error is a lost peer and exactly one rank of ``world`` recorded none
     (torch elastic reports only the first rank it sees exit: a rank killed by SIGKILL leaves no error
@@ -468,6 +471,7 @@ def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None)
     Args:
         failures: rank -> (timestamp in s, message), every failure known.
         world: the ranks of the run (``0..world-1``), when known.
+        own: ranks whose failure record says pnpscale raised the error itself (a cause, whatever its words).
 
     >>> root_failure({0: (5, "RuntimeError: Connection closed by peer [127.0.0.1]:5"), 1: (5, "InjectedFailure: x")})
     1
@@ -477,9 +481,13 @@ def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None)
     3
     >>> root_failure({0: (5, "RuntimeError: [pair.cc:589] Read error [127.0.0.1]:4: Connection reset by peer")}, 2)
     1
+    >>> words = {0: (5, "RuntimeError: Connection closed by peer"), 1: (6, "InputError: Connection reset by peer")}
+    >>> root_failure(words, 2), root_failure(words, 2, own={1})  # rank 1's own error, whatever its words
+    (0, 1)
     """
     order = sorted(failures, key=lambda r: (failures[r][0], r))
-    cause = next((r for r in order if not _PEER_LOST.search(failures[r][1])), None)
+    mine = set(own)
+    cause = next((r for r in order if r in mine or not _PEER_LOST.search(failures[r][1])), None)
     if cause is not None:
         return cause
     silent = [r for r in range(world or 0) if r not in failures]

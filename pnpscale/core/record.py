@@ -569,7 +569,8 @@ def write_rank_failure(run_dir: Path | str, rank: int, kind: str, error_type: st
     Args:
         kind: :data:`pnpscale.core.errors.TIMEOUT` or the error's class name.
         error_type: the error's class name.
-        where: ``iteration``, ``section``, ``waited_s`` (seconds in its last step)...
+        where: ``own`` (a :class:`pnpscale.core.errors.PnpscaleError`: pnpscale's own error, a cause, never the
+            echo of another rank's), ``iteration``, ``section``, ``waited_s`` (seconds in its last step)...
 
     A rank that cannot write it (a full disk) writes nothing: the launcher then knows no kind for it.
     """

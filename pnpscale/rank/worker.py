@@ -94,8 +94,10 @@ def rank_main(
         waited = time.monotonic() - beat.since
         world = int(os.environ.get("WORLD_SIZE", "1"))
         kind = failure_kind(exc, waited, spec.timeout_s, world)
-        write_rank_failure(run_dir, rank, kind, type(exc).__name__, iteration=beat.iteration, section=beat.section,
-                           waited_s=round(waited, 3))  # fmt: skip
+        from pnpscale.core.errors import PnpscaleError
+
+        write_rank_failure(run_dir, rank, kind, type(exc).__name__, own=isinstance(exc, PnpscaleError),
+                           iteration=beat.iteration, section=beat.section, waited_s=round(waited, 3))  # fmt: skip
         raise
 
 
