@@ -200,6 +200,10 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             now = time.time()
             args = [(p.overrides, "hydra.sweep.dir", p.index, f"job_id_for_{p.index}", Singleton.get_state(), now)
                     for p in members]  # fmt: skip
+            from pnpscale.core.record import clear_rank_failures
+
+            for p in members:  # an earlier attempt's failure records never speak for this job
+                clear_rank_failures(p.run_dir, int(p.cfg.gpus))
             try:
                 submitted = executor.map_array(self, *zip(*args, strict=True))
             except Exception as exc:  # noqa: BLE001 - sbatch refused: record the points, submit the others

@@ -28,7 +28,7 @@ from pnpscale.cluster import resources
 from pnpscale.cluster.base import Cluster
 from pnpscale.core.config import RunSpec
 from pnpscale.core.errors import TIMEOUT, PnpscaleError
-from pnpscale.core.record import read_rank_failures
+from pnpscale.core.record import clear_rank_failures, read_rank_failures
 
 
 class RankFailed(PnpscaleError, RuntimeError):
@@ -307,8 +307,7 @@ def launch_local(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None = N
     from pnpscale.rank.worker import rank_main
 
     threads = threads_per_rank(spec.threads_per_rank, spec.gpus)
-    for r in range(spec.gpus):  # an earlier attempt's records in this folder never speak for this one
-        layout.failure_file(run_dir, r).unlink(missing_ok=True)
+    clear_rank_failures(run_dir, spec.gpus)  # an earlier attempt's records in this folder never speak for this one
     try:
         run_ranks(spec.gpus, rank_main, (spec.to_dict(), str(run_dir), config), run_dir / layout.LOGS_DIR, threads)
     except RankFailed as exc:

@@ -562,28 +562,72 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}\n" + "\n".join(tb[-15:])
 
 
-def write_rank_failure(run_dir: Path | str, rank: int, kind: str, error_type: str, **where: Any) -> None:
-    """A rank's failure record (:func:`pnpscale.layout.failure_file`), written by the rank as it fails: the launcher
-    decides on ``kind`` (:func:`pnpscale.core.errors.failure_kind`), never on the error's text.
+class RankFailureRecord:
+    """A rank's failure record (:func:`pnpscale.layout.failure_file`): the launcher decides on its ``kind``
+    (:func:`pnpscale.core.errors.failure_kind`), never on the error's text.
 
-    Args:
-        kind: :data:`pnpscale.core.errors.TIMEOUT` or the error's class name.
-        error_type: the error's class name.
-        where: ``own`` (a :class:`pnpscale.core.errors.PnpscaleError`: pnpscale's own error, a cause, never the
-            echo of another rank's), ``iteration``, ``section``, ``waited_s`` (seconds in its last step)...
-
-    A rank that cannot write it (a full disk) writes nothing: the launcher then knows no kind for it.
+    Created when the rank starts, as :data:`SIZE` bytes holding ``{"kind": null}`` (no failure), so that
+    writing the failure later rewrites those bytes in place and needs no new block of a full disk (the
+    failure may be the full disk, and torch's own error file is written after it). A rank that could not
+    create it records nothing: the launcher then knows no kind for it.
     """
-    import json
 
-    path = layout.failure_file(run_dir, rank)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"rank": rank, "kind": kind, "error_type": error_type, **where}))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    #: bytes of the record (a failure's fields beyond it are dropped, ``kind`` kept).
+    SIZE = 512
+
+    def __init__(self, run_dir: Path | str, rank: int) -> None:
+        self.rank = rank
+        self.fd: int | None = None
+        path = layout.failure_file(run_dir, rank)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.pwrite(self.fd, b'{"kind": null}'.ljust(self.SIZE), 0)
+        except OSError:
+            self.close()
+
+    def write(self, kind: str, error_type: str, **where: Any) -> None:
+        """Record the failure.
+
+        Args:
+            kind: :data:`pnpscale.core.errors.TIMEOUT` or the error's class name.
+            error_type: the error's class name.
+            where: ``own`` (a :class:`pnpscale.core.errors.PnpscaleError`: pnpscale's own error, a cause, never
+                the echo of another rank's), ``iteration``, ``section``, ``waited_s`` (seconds in its last step).
+        """
+        import json
+
+        if self.fd is None:
+            return
+        data = json.dumps({"rank": self.rank, "kind": kind, "error_type": error_type, **where}).encode()
+        if len(data) > self.SIZE:
+            data = json.dumps({"rank": self.rank, "kind": kind, "own": bool(where.get("own"))}).encode()
+        try:
+            os.pwrite(self.fd, data.ljust(self.SIZE), 0)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def write_rank_failure(run_dir: Path | str, rank: int, kind: str, error_type: str, **where: Any) -> None:
+    """Create rank ``rank``'s :class:`RankFailureRecord` and record a failure in it (tests, tools)."""
+    record = RankFailureRecord(run_dir, rank)
+    record.write(kind, error_type, **where)
+    record.close()
+
+
+def clear_rank_failures(run_dir: Path | str, ranks: int) -> None:
+    """Remove the failure records of ranks ``0..ranks-1`` (a launcher, before it starts them: an earlier attempt's
+    records in the folder never speak for this one)."""
+    for r in range(ranks):
+        try:
+            layout.failure_file(run_dir, r).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def read_rank_failures(run_dir: Path | str, ranks: int) -> dict[int, dict[str, Any]]:

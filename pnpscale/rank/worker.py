@@ -79,6 +79,9 @@ def rank_main(
 
     beat = Heartbeat(layout.progress_file(run_dir, rank) if PARENT_PID_ENV in os.environ else None, rank)
     beat(-1, "init")
+    from pnpscale.core.record import RankFailureRecord
+
+    failure = RankFailureRecord(run_dir, rank)  # its bytes now, while the disk has room
     try:
         group = Group(spec.backend, spec.timeout_s, before_init)
         try:
@@ -89,16 +92,17 @@ def rank_main(
                 collect_nccl_log(nccl_log, Path(run_dir), rank)
     except BaseException as exc:  # its kind crosses to the launcher as a field, decided here
         from pnpscale.core.errors import failure_kind
-        from pnpscale.core.record import write_rank_failure
 
         waited = time.monotonic() - beat.since
         world = int(os.environ.get("WORLD_SIZE", "1"))
         kind = failure_kind(exc, waited, spec.timeout_s, world)
         from pnpscale.core.errors import PnpscaleError
 
-        write_rank_failure(run_dir, rank, kind, type(exc).__name__, own=isinstance(exc, PnpscaleError),
-                           iteration=beat.iteration, section=beat.section, waited_s=round(waited, 3))  # fmt: skip
+        failure.write(kind, type(exc).__name__, own=isinstance(exc, PnpscaleError), iteration=beat.iteration,
+                      section=beat.section, waited_s=round(waited, 3))  # fmt: skip
         raise
+    finally:
+        failure.close()
 
 
 
