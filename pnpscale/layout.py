@@ -135,6 +135,15 @@ def rank_log_link(run_dir: Path | str, rank: int, stream: str) -> Path:
     return Path(run_dir) / LOGS_DIR / f"rank{rank}.{stream}"
 
 
+def failure_file(run_dir: Path | str, rank: int) -> Path:
+    """Rank ``rank``'s failure record: the kind of its error, decided where it was raised (local launch reads it).
+
+    >>> failure_file("r", 1).as_posix()
+    'r/logs/rank1.failure'
+    """
+    return Path(run_dir) / LOGS_DIR / f"rank{rank}.failure"
+
+
 def progress_file(run_dir: Path | str, rank: int) -> Path:
     """Rank ``rank``'s heartbeat: the section and iteration it last entered (local launch).
 

@@ -208,6 +208,10 @@ def test_a_record_of_schema_1_loads_and_is_upgraded():
     grad = rec.metrics["sections"]["gradient"]
     assert grad["compute_total_s"] == raw["metrics"]["sections"]["gradient"]["compute_s"]
     assert "compute_s" not in grad and grad["iterations"] == 1
+    # schema 4: the plugins' keys moved into their own nodes, the values kept as recorded
+    assert raw["spec"]["blur_sigma"] == 1.0 and raw["spec"]["lr"] == 0.0001
+    assert rec.spec["params"]["blur_sigma"] == 1.0 and "blur_sigma" not in rec.spec
+    assert rec.spec["mode_params"] == {"lr": 0.0001, "train_stepsize": False} and "lr" not in rec.spec
     table = pnpscale.load(str(sweep))
     row = table[(table[K.SECTION] == "gradient")].iloc[0]
     assert row["status"] == "complete" and row["gpus"] == 2
@@ -217,7 +221,7 @@ def test_a_record_of_schema_1_loads_and_is_upgraded():
 
 
 def test_a_record_roundtrips_and_keeps_unknown_keys(tmp_path):
-    from pnpscale.core.record import RecordError, RunRecord, read_record, update_record, write_record
+    from pnpscale.core.record import SCHEMA_VERSION, RecordError, RunRecord, read_record, update_record, write_record
 
     write_record(tmp_path, RunRecord(status="running", problem="2d", mode="inference", gpus=2).set(anomalies=[]))
     update_record(tmp_path, slurm={"job_id": "7"}, future_block={"x": 1})
@@ -228,7 +232,7 @@ def test_a_record_roundtrips_and_keeps_unknown_keys(tmp_path):
     with pytest.raises(RecordError, match=r"run\.json: invalid JSON"):
         read_record(tmp_path)
     (tmp_path / layout.RUN_JSON).write_text(json.dumps({"status": "complete", "schema_version": 99}))
-    with pytest.raises(RecordError, match="schema_version 99: this pnpscale reads 1..3"):
+    with pytest.raises(RecordError, match=f"schema_version 99: this pnpscale reads 1..{SCHEMA_VERSION}"):
         read_record(tmp_path)
 
 

@@ -26,7 +26,7 @@ from pnpscale import layout
 from pnpscale.analysis.events import Event, Kind, SectionError, rank_rows, section_records
 from pnpscale.analysis.metrics import DecompositionError, decompose
 from pnpscale.analysis.tables import frames
-from pnpscale.rank import worker
+from pnpscale.rank import group, loop, process
 from pnpscale.rank.profiling import IncompleteTrace, check_trace_complete
 from pnpscale.results.transfer import nccl_log_size
 from tests.helpers import ROOT
@@ -48,35 +48,35 @@ def gpu(name, t0_us, t1_us, launch_us, **kw):
 def test_slurm_one_gpu_per_task_is_nccl_not_gloo():
     # SLURM binds one GPU per task: every rank sees 1 device (cuda:0) but they are 4 different GPUs
     devices = [("n1", f"GPU-{i}") for i in range(4)] + [("n2", f"GPU-{i + 4}") for i in range(4)]
-    assert worker.choose_backend("auto", devices) == "nccl"
-    assert worker.cuda_device_index(local_rank=3, visible=1) == 0
+    assert group.choose_backend("auto", devices) == "nccl"
+    assert group.cuda_device_index(local_rank=3, visible=1) == 0
 
 
 def test_ranks_sharing_a_gpu_are_refused_unless_a_structure_check():
     shared = [("n1", "GPU-a"), ("n1", "GPU-a")]
     for requested in ("auto", "nccl"):
         with pytest.raises(RuntimeError, match="ranks 0 and 1 share the GPU GPU-a on host n1"):
-            worker.choose_backend(requested, shared)
-    env = {worker.SHARED_GPU_ENV: "1"}
-    assert worker.choose_backend("nccl", shared, worker.shared_gpu_allowed("nccl", env)) == "nccl"
-    assert not worker.shared_gpu_allowed("auto", env)  # never chosen silently
-    assert worker.choose_backend("gloo", shared) == "gloo"
+            group.choose_backend(requested, shared)
+    env = {group.SHARED_GPU_ENV: "1"}
+    assert group.choose_backend("nccl", shared, group.shared_gpu_allowed("nccl", env)) == "nccl"
+    assert not group.shared_gpu_allowed("auto", env)  # never chosen silently
+    assert group.choose_backend("gloo", shared) == "gloo"
 
 
 def test_ranks_without_gpu_give_gloo_or_a_refusal_for_nccl():
     devices = [("n1", "GPU-a"), ("n2", None)]
-    assert worker.choose_backend("auto", devices) == "gloo"
+    assert group.choose_backend("auto", devices) == "gloo"
     with pytest.raises(RuntimeError, match=r"rank\(s\) 1 have no CUDA device \(host n2\)"):
-        worker.choose_backend("nccl", devices)
+        group.choose_backend("nccl", devices)
 
 
 def test_devices_are_exchanged_through_the_store():
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=10))
     got: dict[int, list] = {}
-    t = threading.Thread(target=lambda: got.update({1: worker.exchange_devices(store, 1, 2, ("n1", "GPU-b"))}))
+    t = threading.Thread(target=lambda: got.update({1: group.exchange_devices(store, 1, 2, ("n1", "GPU-b"))}))
     t.start()  # rank 1 waits for rank 0's key
-    got[0] = worker.exchange_devices(store, 0, 2, ("n1", None))
+    got[0] = group.exchange_devices(store, 0, 2, ("n1", None))
     t.join(10)
     assert got[0] == got[1] == [("n1", None), ("n1", "GPU-b")]  # every rank sees the same list
 
@@ -93,7 +93,7 @@ def test_device_rule_is_deepinvs(monkeypatch, local_rank, visible):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("LOCAL_RANK", str(local_rank))
     with DistributedContext(device_mode="gpu", cleanup=False) as ctx:
-        assert ctx.device == torch.device("cuda", worker.cuda_device_index(local_rank, visible))
+        assert ctx.device == torch.device("cuda", group.cuda_device_index(local_rank, visible))
 
 
 def _fake_cuda(monkeypatch, calls, visible=1, uuid="GPU-0"):
@@ -108,7 +108,7 @@ def test_one_rank_cuda_group_uses_the_gpu(monkeypatch):
     _fake_cuda(monkeypatch, calls)
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    g = worker.Group("auto", 10.0)
+    g = group.Group("auto", 10.0)
     assert (g.backend, g.device, g.distributed) == ("nccl", torch.device("cuda", 0), False)
     assert calls == [("set_device", torch.device("cuda", 0))]
 
@@ -127,7 +127,7 @@ def test_set_device_precedes_init_process_group_with_device_id(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
     seen: list = []
-    g = worker.Group("auto", 10.0, before_init=lambda backend: seen.append((backend, list(calls))))
+    g = group.Group("auto", 10.0, before_init=lambda backend: seen.append((backend, list(calls))))
     assert g.backend == "nccl" and g.device == torch.device("cuda", 0)
     assert [c[0] for c in calls] == ["set_device", "init"]
     init = calls[1][1]
@@ -158,7 +158,7 @@ def test_nccl_descriptor_without_nccl_kernel_is_refused():
 
 def test_kineto_log_level_shows_errors():
     # Kineto: 0 VERBOSE, 1 INFO, 2 WARNING, 3 ERROR, 4 STAGE; messages below the level are hidden
-    assert int(worker.KINETO_LOG_LEVEL) <= 3
+    assert int(process.KINETO_LOG_LEVEL) <= 3
 
 
 # --- 4. every iteration in the trace ----------------------------------------------------------------
@@ -257,16 +257,16 @@ def test_busy_wait_uses_the_measured_sleep_rate_not_the_max_clock(monkeypatch):
         slept.append(cycles)
         FakeEvent.clock += cycles / real_hz
 
-    monkeypatch.setattr(worker, "_SLEEP_RATE_HZ", {})
+    monkeypatch.setattr(loop, "_SLEEP_RATE_HZ", {})
     monkeypatch.setattr(torch.cuda, "_sleep", sleep)
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(clock_rate=1_980_000))
     dev = torch.device("cuda", 0)
-    worker.busy_wait(0.2, dev)
+    loop.busy_wait(0.2, dev)
     assert slept[-1] == round(0.2 * real_hz)  # 0.2 s at the measured rate
     n = len(slept)
-    worker.busy_wait(0.1, dev)
+    loop.busy_wait(0.1, dev)
     assert len(slept) == n + 1 and slept[-1] == round(0.1 * real_hz)  # calibrated once
 
 
@@ -310,14 +310,14 @@ def test_nccl_log_is_written_node_local_and_moved_into_the_run(tmp_path, monkeyp
     run = tmp_path / "shared" / "run-1"
     local = tmp_path / "node-tmp"
     local.mkdir()
-    f = worker.nccl_log_file(run, 2, str(local))
+    f = group.nccl_log_file(run, 2, str(local))
     assert f.parent == local and not str(f).startswith(str(run))
-    env = worker.nccl_debug_env(f, {})
+    env = group.nccl_debug_env(f, {})
     assert env["NCCL_DEBUG_FILE"] == str(f) and env["NCCL_DEBUG_SUBSYS"] == "INIT,GRAPH,TUNING"
     f.write_text("NCCL INFO AllReduce: 8 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}\n")
-    dest = worker.collect_nccl_log(f, run, 2)
+    dest = group.collect_nccl_log(f, run, 2)
     assert dest == run / layout.NCCL_DIR / "rank2.log" and "AllReduce" in dest.read_text() and not f.exists()
-    assert worker.collect_nccl_log(f, run, 2) is None  # nothing staged: nothing copied
+    assert group.collect_nccl_log(f, run, 2) is None  # nothing staged: nothing copied
 
 
 # --- 9. CPUs per GPU task -------------------------------------------------------------------------------
@@ -329,8 +329,8 @@ def test_too_few_cpus_per_gpu_task_are_warned():
     assert "cluster.cpus_per_task=null" in cpus_per_task_warning({"cpus_per_task": None})
     assert "cluster.cpus_per_task=2" in cpus_per_task_warning({"cpus_per_task": 2})
     assert cpus_per_task_warning({"cpus_per_task": 4}) is None
-    assert "1 CPU(s) for a GPU rank" in worker.cpu_warning(1, "nccl", 0)
-    assert worker.cpu_warning(1, "gloo", 0) is None
+    assert "1 CPU(s) for a GPU rank" in group.cpu_warning(1, "nccl", 0)
+    assert group.cpu_warning(1, "gloo", 0) is None
 
 
 def test_slurm_default_config_keeps_null_and_says_why():
@@ -367,7 +367,7 @@ def test_a_fork_after_a_cuda_query_is_refused_by_the_rank():
         "torch.cuda.is_available()\n"  # what deepinv's import does (Trainer -> get_device())
         "pid = os.fork()\n"
         "if pid == 0:\n"
-        "    from pnpscale.rank.worker import refuse_bad_fork\n"
+        "    from pnpscale.rank.process import refuse_bad_fork\n"
         "    try:\n"
         "        refuse_bad_fork(3)\n"
         "    except RuntimeError as e:\n"
@@ -401,7 +401,7 @@ def test_a_launched_local_rank_is_not_a_bad_fork_and_is_bound_to_its_gpu(tmp_pat
 
 
 def test_gpu_binding_rules():
-    from pnpscale.rank.worker import gpu_binding
+    from pnpscale.rank.process import gpu_binding
 
     assert [gpu_binding(r, "0,1,2,3") for r in range(5)] == ["0", "1", "2", "3", "0"]
     assert gpu_binding(1, " 2, 3 ") == "3"
@@ -411,19 +411,19 @@ def test_gpu_binding_rules():
 
 def test_slurm_task_binding_by_local_id(monkeypatch):
     from pnpscale.cluster import slurm
-    from pnpscale.rank import worker
+    from pnpscale.rank import process
 
     env = {"SLURM_LOCALID": "2", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-    monkeypatch.delenv(worker.GPU_BINDING_ENV, raising=False)
+    monkeypatch.delenv(process.GPU_BINDING_ENV, raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     assert slurm.bind_task_gpu(env) == "2"
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2" and os.environ[worker.GPU_BINDING_ENV] == "2"
-    monkeypatch.setattr(worker, "nvml_device_count", lambda: None)  # no NVML: nothing known, nothing bound
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2" and os.environ[process.GPU_BINDING_ENV] == "2"
+    monkeypatch.setattr(process, "nvml_device_count", lambda: None)  # no NVML: nothing known, nothing bound
     assert slurm.bind_task_gpu({"SLURM_LOCALID": "1"}) is None
 
 
 def test_a_binding_that_did_not_take_is_refused():
-    from pnpscale.rank.worker import check_binding
+    from pnpscale.rank.process import check_binding
 
     check_binding("1", 1, 0)
     with pytest.raises(RuntimeError, match=r"rank 3: bound to GPU 1 .* sees 4 GPUs: CUDA was initialised"):
@@ -580,8 +580,8 @@ def test_a_collective_on_the_copy_engines_is_named_in_the_refusal():
 
 
 def test_ranks_get_a_kineto_config_with_a_larger_cupti_buffer(tmp_path):
-    env = worker.kineto_config_env({}, str(tmp_path))
+    env = process.kineto_config_env({}, str(tmp_path))
     text = Path(env["KINETO_CONFIG"]).read_text()
-    assert text == f"ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB={worker.KINETO_GPU_BUFFER_MB}\n"
-    assert worker.KINETO_GPU_BUFFER_MB > 128  # Kineto's default
-    assert worker.kineto_config_env({"KINETO_CONFIG": "/mine.conf"}, str(tmp_path)) == {}  # the user's is kept
+    assert text == f"ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB={process.KINETO_GPU_BUFFER_MB}\n"
+    assert process.KINETO_GPU_BUFFER_MB > 128  # Kineto's default
+    assert process.kineto_config_env({"KINETO_CONFIG": "/mine.conf"}, str(tmp_path)) == {}  # the user's is kept

@@ -1,10 +1,13 @@
 """A problem defined outside pnpscale, through the registry only (tests/data/conf/problem/toy.yaml + this class).
 
 One-channel 2D deconvolution: operator ``i`` is a plain convolution with a Gaussian of width
-``blur_sigma * (1 + i/2)`` (deepinv ``Blur``, circular boundary), norm <= 1 so ``L = M``.
+``blur_sigma * (1 + i/2) * width`` (deepinv ``Blur``, circular boundary), norm <= 1 so ``L = M``. Its own
+parameters (``problem.params``): :class:`Params`, next to the class, as a problem of pnpscale's does.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -13,13 +16,21 @@ from pnpscale.rank.problems import Problem
 from pnpscale.rank.problems.base import gaussian_filter
 
 
+@dataclass
+class Params:
+    width: float = 1.0
+    blur_sigma: float = 1.0
+
+
 class ToyDeconvolution(Problem):
     """Deconvolution of a one-channel image from ``M`` differently blurred copies."""
+
+    params = Params
 
     def operator(self, index: int, device: torch.device) -> torch.nn.Module:
         from deepinv.physics import Blur
 
-        sigma = self.spec.blur_sigma * (1.0 + 0.5 * index) * float(self.spec.params.get("width", 1.0))
+        sigma = self.settings.blur_sigma * (1.0 + 0.5 * index) * self.settings.width
         return Blur(filter=gaussian_filter((sigma, sigma), device), padding="circular", device=device)
 
 
@@ -31,12 +42,12 @@ def noop_rank() -> None:
 @record
 def probe_rank() -> dict:
     """A rank that reports how it was started (tests of the launcher): its process info
-    (:func:`pnpscale.rank.worker.process_info`: bad fork, CUDA binding), whether deepinv was already
+    (:func:`pnpscale.rank.process.process_info`: bad fork, CUDA binding), whether deepinv was already
     imported when it started, and its parent pid."""
     import os
     import sys
 
-    from pnpscale.rank.worker import process_info
+    from pnpscale.rank.process import process_info
 
     return {**process_info(), "deepinv_preloaded": "deepinv" in sys.modules, "ppid": os.getppid()}
 
@@ -48,7 +59,7 @@ def sleepy_rank(seconds: float, pid_file: str) -> None:
     import time
     from pathlib import Path
 
-    from pnpscale.rank.worker import PARENT_PID_ENV, die_with_parent
+    from pnpscale.rank.process import PARENT_PID_ENV, die_with_parent
 
     die_with_parent(int(os.environ[PARENT_PID_ENV]))
     Path(f"{pid_file}.{os.environ['LOCAL_RANK']}").write_text(str(os.getpid()))

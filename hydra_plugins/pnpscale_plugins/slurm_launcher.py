@@ -200,6 +200,10 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             now = time.time()
             args = [(p.overrides, "hydra.sweep.dir", p.index, f"job_id_for_{p.index}", Singleton.get_state(), now)
                     for p in members]  # fmt: skip
+            from pnpscale.core.record import clear_rank_failures
+
+            for p in members:  # an earlier attempt's failure records never speak for this job
+                clear_rank_failures(p.run_dir, int(p.cfg.gpus))
             try:
                 submitted = executor.map_array(self, *zip(*args, strict=True))
             except Exception as exc:  # noqa: BLE001 - sbatch refused: record the points, submit the others
@@ -331,7 +335,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         from pnpscale import layout
         from pnpscale.cluster.slurm import failure_text, ranks_by_cause, sacct_info, task_logs
         from pnpscale.core.config import resolve_spec
-        from pnpscale.core.record import RecordError, read_record, write_failure
+        from pnpscale.core.record import RecordError, read_rank_failures, read_record, write_failure
         from pnpscale.sweep.task import RunFailed
 
         try:
@@ -342,8 +346,9 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         if job is not None:
             info = sacct_info(job.job_id)
             logs = task_logs(folder or str(p.run_dir), job.job_id, job.num_tasks)
-            first = ranks_by_cause(task_errors)[0] if task_errors else 0
-            message = failure_text(job.job_id, state or "UNKNOWN", info, task_errors, logs[first]["stderr"])
+            records = read_rank_failures(p.run_dir, int(p.cfg.gpus))  # each rank's failure kind, as it recorded it
+            first = ranks_by_cause(task_errors, records)[0] if task_errors else 0
+            message = failure_text(job.job_id, state or "UNKNOWN", info, task_errors, logs[first]["stderr"], records)
             block.update(
                 job_id=job.job_id,
                 state=state,
@@ -395,7 +400,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         import submitit
 
         from pnpscale.cluster.slurm import IN_TASK_ENV, bind_task_gpu
-        from pnpscale.rank.worker import LAUNCH_T0_ENV
+        from pnpscale.rank.process import LAUNCH_T0_ENV
 
         bind_task_gpu(os.environ)  # first: before anything in this task calls into CUDA
         # submitit ignores SIGTERM (for requeue on preemption); a pnpscale run cannot be resumed

@@ -205,7 +205,13 @@ class SectionRecord:
 
 
 class SectionError(PnpscaleError, ValueError):
-    """Events that cannot be reduced to sections (missing or unequal section counts)."""
+    """Events that cannot be reduced to sections (missing or unequal section counts).
+
+    Attributes:
+        counts: section name -> the ranges of that name found, when the counts were the fault, else ``None``.
+    """
+
+    counts: dict[str, int] | None = None
 
 
 def is_nccl_kernel(ev: Event) -> bool:
@@ -251,11 +257,13 @@ def section_records(
     ranges = [e for e in evs if e.kind in _RANGE_KINDS and e.name in sections]
     counts = {s: sum(1 for r in ranges if r.name == s) for s in sections}
     if not ranges or len(set(counts.values())) != 1:
-        raise SectionError(
+        error = SectionError(
             "section ranges found per name: "
             + ", ".join(f"{s}={n}" for s, n in counts.items())
             + " (expected the same non-zero count for every section)"
         )
+        error.counts = dict(counts)
+        raise error
     parents = _nesting(ranges, counts)
     step_ranges = [
         e for e in evs if e.kind in _RANGE_KINDS and e.name not in sections and step_number(e.name) is not None

@@ -44,6 +44,10 @@ class DecompositionError(PnpscaleError, ValueError):
     """Per-rank tables that cannot be decomposed (missing ranks, unmatched collectives)."""
 
 
+class NoMeasuredIteration(DecompositionError):
+    """Every iteration of the tables is a warm-up one: nothing to measure."""
+
+
 class InvariantError(DecompositionError):
     """A decomposed table breaks a physical invariant (negative time, comm longer than its section)."""
 
@@ -456,11 +460,11 @@ def summarize(sections: pd.DataFrame, gpus: int, nested: Mapping[str, str] | Non
     study's ``CommE = ΣC_max / Σ mean_r S_r``. Folders older than SECTION_MAX_S use ``mean_r S_r``.
 
     Raises:
-        DecompositionError: no measured (non-warm-up) iteration.
+        NoMeasuredIteration: no measured (non-warm-up) iteration (a :class:`DecompositionError`).
     """
     m = sections[~sections[K.WARMUP].astype(bool)]
     if m.empty:
-        raise DecompositionError("no measured iteration (all rows are warm-up)")
+        raise NoMeasuredIteration("no measured iteration (all rows are warm-up)")
     n_it = m[K.ITERATION].nunique()
     # the summed measures (pnpscale.columns.MEASURES); the optional ones are absent in older run folders
     cols = [*K.SUMMED, *(c for c in K.SUMMED_OPTIONAL if c in m.columns)]

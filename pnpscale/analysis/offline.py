@@ -49,7 +49,14 @@ from pnpscale.analysis.events import (
     section_records,
 )
 from pnpscale.analysis.kineto import GPU_CATS
-from pnpscale.analysis.metrics import DecompositionError, check_invariants, decompose, run_metrics, summarize
+from pnpscale.analysis.metrics import (
+    DecompositionError,
+    NoMeasuredIteration,
+    check_invariants,
+    decompose,
+    run_metrics,
+    summarize,
+)
 from pnpscale.analysis.tables import frames, table_writers
 from pnpscale.analysis.traces import (
     NotATraceError,
@@ -403,7 +410,7 @@ def _rank_records(
     try:
         records = section_records(trace.events, list(sections), anomalies, t.rank, cpu_start=cpu_start)
     except SectionError as exc:
-        missing = [pat for name, pat in sections.items() if re.search(rf"[ ,:]{re.escape(name)}=0(?:,|\s|$)", str(exc))]
+        missing = [pat for name, pat in sections.items() if (exc.counts or {}).get(name) == 0]
         hint = section_hint(missing, info) if missing else ""
         raise AnalyzeError(f"rank {t.rank} ({t.path.name}): {exc}{hint}") from exc
     return records, trace.info, anomalies.records()
@@ -430,7 +437,7 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
             analysis.ranks.loc[:, K.COMM_S] = float("nan")
         metrics = run_metrics(analysis.sections, n, analysis.nested)
     except DecompositionError as exc:
-        if "warm-up" in str(exc):
+        if isinstance(exc, NoMeasuredIteration):
             raise AnalyzeError(f"{exc}: lower --warmup") from exc
         raise AnalyzeError(str(exc)) from exc
     if analysis.no_collectives:

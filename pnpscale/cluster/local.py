@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,8 @@ from pnpscale import layout
 from pnpscale.cluster import resources
 from pnpscale.cluster.base import Cluster
 from pnpscale.core.config import RunSpec
-from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.errors import TIMEOUT, PnpscaleError
+from pnpscale.core.record import clear_rank_failures, read_rank_failures
 
 
 class RankFailed(PnpscaleError, RuntimeError):
@@ -47,6 +48,8 @@ class RankFailed(PnpscaleError, RuntimeError):
         self.rank = rank
         self.log = log
         self.failures = failures if failures is not None else {rank: message}
+        #: rank -> the kind of its failure, as the rank recorded it (:func:`pnpscale.core.errors.failure_kind`)
+        self.kinds: dict[int, str] = {}
         where = f" (log: {log})" if log else ""
         super().__init__(f"rank {rank} failed: {message}{where}")
 
@@ -57,12 +60,7 @@ class RankHung(RankFailed):
 
     def __init__(self, rank: int, message: str, log: Path | None = None) -> None:
         RuntimeError.__init__(self, message)
-        self.rank, self.log, self.failures = rank, log, {rank: message}
-
-
-def _is_timeout(text: str) -> bool:
-    low = text.lower()
-    return "timed out" in low or "timeout" in low
+        self.rank, self.log, self.failures, self.kinds = rank, log, {rank: message}, {rank: TIMEOUT}
 
 
 def hung_ranks(
@@ -75,7 +73,7 @@ def hung_ranks(
     waiting themselves (``waited``) had not reached it.
 
     Args:
-        progress: rank -> its last heartbeat (:class:`pnpscale.rank.worker.Heartbeat`).
+        progress: rank -> its last heartbeat (:class:`pnpscale.rank.loop.Heartbeat`).
         ranks: world size.
         waited: ranks that failed with a timeout (they were waiting in a collective).
 
@@ -115,16 +113,22 @@ def hung_message(failed: RankFailed, progress: dict[int, dict[str, Any]], ranks:
     """The one line for a collective that timed out, naming the rank(s) that did not arrive; ``None``
     when ``failed`` is not a timeout or no rank was behind.
 
+    A timeout is what the ranks recorded (``failed.kinds``, rank -> :func:`pnpscale.core.errors.failure_kind`:
+    an error after waiting ``dist.timeout_s`` in one step), never a word in an error message.
+
     >>> f = RankFailed(0, "RuntimeError: [/src/gloo/pair.cc:534] Timed out waiting 2000ms for recv")
+    >>> hung_message(f, {0: {"beat": 5}, 1: {"beat": 4}}, 2, 2.0) is None  # no kind recorded: not a timeout
+    True
+    >>> f.kinds = {0: "timeout"}
     >>> print(hung_message(f, {0: {"beat": 5, "iteration": 1, "section": "denoiser"},
     ...                        1: {"beat": 4, "iteration": 1, "section": "gradient"}}, 2, 2.0))
     ... # doctest: +NORMALIZE_WHITESPACE
     rank 1 did not arrive within dist.timeout_s=2 s: last seen in section 'gradient' of iteration 1;
     rank 0 gave up waiting in section 'denoiser' of iteration 1
     """
-    if not _is_timeout(str(failed)):
+    if failed.kinds.get(failed.rank) != TIMEOUT:
         return None
-    hung = hung_ranks(progress, ranks, {r for r, m in failed.failures.items() if _is_timeout(m)})
+    hung = hung_ranks(progress, ranks, {r for r, kind in failed.kinds.items() if kind == TIMEOUT})
     if not hung:
         return None
     who = ", ".join(f"rank {r}" for r in hung)
@@ -181,7 +185,7 @@ STOPPED_POLL_S = 0.25
 def _rank_pids(log_dir: Path) -> list[int]:
     """The pids of this launcher's ranks, from their heartbeats in ``log_dir`` (a rank forked by the
     launcher's forkserver, or by the launcher itself; stale heartbeats of other processes are skipped)."""
-    from pnpscale.rank.worker import _parent_of
+    from pnpscale.rank.process import parent_of
 
     me, out = os.getpid(), []
     for f in log_dir.glob("rank*.progress"):
@@ -189,8 +193,8 @@ def _rank_pids(log_dir: Path) -> list[int]:
             pid = int(json.loads(f.read_text())["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        parent = _parent_of(pid)
-        if parent == me or (parent is not None and _parent_of(parent) == me):
+        parent = parent_of(pid)
+        if parent == me or (parent is not None and parent_of(parent) == me):
             out.append(pid)
     return out
 
@@ -260,7 +264,7 @@ class LocalCluster(Cluster):
         """
         from pnpscale.cluster.resources import check_memory
         from pnpscale.core.config import ConfigError
-        from pnpscale.rank.worker import shared_gpu_allowed
+        from pnpscale.rank.group import shared_gpu_allowed
 
         if spec.backend == "nccl" and not cuda_devices:
             raise ConfigError(
@@ -281,7 +285,7 @@ class LocalCluster(Cluster):
             raise ConfigError("gpus", spec.gpus, refusal)
 
     def cpu_contention(self, spec: RunSpec) -> tuple[int, int] | None:
-        from pnpscale.rank.worker import threads_per_rank
+        from pnpscale.rank.process import threads_per_rank
 
         return spec.gpus * threads_per_rank(spec.threads_per_rank, spec.gpus), len(os.sched_getaffinity(0))
 
@@ -299,12 +303,15 @@ def launch_local(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None = N
         RankHung: a collective timed out; names the rank(s) that did not arrive (from the heartbeats).
         RankFailed: a rank raised (its message) or died (its exit code).
     """
-    from pnpscale.rank.worker import rank_main, threads_per_rank
+    from pnpscale.rank.process import threads_per_rank
+    from pnpscale.rank.worker import rank_main
 
     threads = threads_per_rank(spec.threads_per_rank, spec.gpus)
+    clear_rank_failures(run_dir, spec.gpus)  # an earlier attempt's records in this folder never speak for this one
     try:
         run_ranks(spec.gpus, rank_main, (spec.to_dict(), str(run_dir), config), run_dir / layout.LOGS_DIR, threads)
     except RankFailed as exc:
+        exc.kinds = {r: f["kind"] for r, f in read_rank_failures(run_dir, spec.gpus).items()}
         hung = hung_message(exc, read_progress(run_dir, spec.gpus), spec.gpus, spec.timeout_s)
         if hung is not None:
             raise RankHung(exc.rank, hung, exc.log) from None
@@ -328,7 +335,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     signal then stops every rank and raises its ``SignalException``); the handlers in place before
     are put back on return, whatever happened (:func:`pnpscale.core.signals.preserved`). Each rank
     dies with this process, even a SIGKILL of it (:data:`PARENT_PID_ENV`,
-    :func:`pnpscale.rank.worker.die_with_parent`), and the forkserver and resource tracker with them.
+    :func:`pnpscale.rank.process.die_with_parent`), and the forkserver and resource tracker with them.
     Local rank ``r`` is bound to GPU ``r mod n`` of the ``n`` this process sees (:func:`node_gpus`).
 
     Raises:
@@ -340,7 +347,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from pnpscale.core.signals import preserved
-    from pnpscale.rank.worker import (
+    from pnpscale.rank.process import (
         LAUNCH_T0_ENV,
         NODE_GPUS_ENV,
         PARENT_PID_ENV,
@@ -379,7 +386,8 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         seen = {r: (f.timestamp, _failure_message(f)) for r, f in exc.failures.items()}
         recorded = _recorded_errors(log_dir)
         known = {**recorded, **seen}
-        rank = root_failure(known, nprocs)
+        own = {r for r, f in read_rank_failures(log_dir.parent, nprocs).items() if f.get("own")}
+        rank = root_failure(known, nprocs, own)
         message = known[rank][1] if rank in known else SILENT_DEATH
         failures = {r: m for r, (_, m) in known.items()} | ({} if rank in known else {rank: message})
         raise RankFailed(rank, message, _rank_log(log_dir, rank), failures) from None
@@ -400,7 +408,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
 #: ``torch.cuda.is_available()``, and on a GPU machine ``mem_get_info`` on every GPU): each rank
 #: imports it itself, after its GPU binding (0.13 s with these preloaded). Checked by
 #: ``tests/test_gpu_path.py`` (a fork after importing these is not a bad fork) and by every rank
-#: (:func:`pnpscale.rank.worker.refuse_bad_fork`). ``pnpscale.rank.forkserver`` keeps a rank that cannot start
+#: (:func:`pnpscale.rank.process.refuse_bad_fork`). ``pnpscale.rank.forkserver`` keeps a rank that cannot start
 #: because the launcher is gone silent.
 RANK_PRELOAD = (
     "torch", "torch.distributed", "torchvision", "h5py", "requests", "natsort", "tqdm", "pandas", "pyarrow",
@@ -424,10 +432,10 @@ def rank_start_method() -> str:
 
 
 def node_gpus(environ: Any) -> str:
-    """The GPUs this machine's ranks share out (:data:`pnpscale.rank.worker.NODE_GPUS_ENV`): this
+    """The GPUs this machine's ranks share out (:data:`pnpscale.rank.process.NODE_GPUS_ENV`): this
     process's ``CUDA_VISIBLE_DEVICES`` when set, else ``0..n-1`` for the ``n`` CUDA devices torch sees
     (``""`` without CUDA). Local rank ``r`` is then bound to entry ``r mod n``
-    (:func:`pnpscale.rank.worker.bind_gpu`), so each rank opens a context on its own GPU only."""
+    (:func:`pnpscale.rank.process.bind_gpu`), so each rank opens a context on its own GPU only."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return ",".join(g.strip() for g in visible.split(",") if g.strip())
@@ -436,7 +444,9 @@ def node_gpus(environ: Any) -> str:
     return ",".join(str(i) for i in range(cuda_device_count()))
 
 
-#: errors a rank raises because another rank died (gloo/NCCL losing its peer): never the root cause
+#: errors a rank raises because another rank died (gloo/NCCL losing its peer): never the root cause. These
+#: are gloo's and NCCL's own texts, raised as a plain ``RuntimeError`` (no type tells them), so only they are
+#: read, and never for an error pnpscale raised itself (``own`` in the rank's failure record).
 _PEER_LOST = re.compile(
     r"Connection closed by peer|Connection reset by peer|remote worker crash|remote process exit|"
     r"communicator was aborted|NCCL error.*remote",
@@ -451,7 +461,7 @@ SILENT_DEATH = (
 )
 
 
-def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None) -> int:
+def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None, own: Iterable[int] = ()) -> int:
     """The rank whose failure caused the others: the earliest (then lowest rank) whose error is not a
     lost peer; when every known error is a lost peer and exactly one rank of ``world`` recorded none
     (torch elastic reports only the first rank it sees exit: a rank killed by SIGKILL leaves no error
@@ -460,6 +470,7 @@ def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None)
     Args:
         failures: rank -> (timestamp in s, message), every failure known.
         world: the ranks of the run (``0..world-1``), when known.
+        own: ranks whose failure record says pnpscale raised the error itself (a cause, whatever its words).
 
     >>> root_failure({0: (5, "RuntimeError: Connection closed by peer [127.0.0.1]:5"), 1: (5, "InjectedFailure: x")})
     1
@@ -469,9 +480,13 @@ def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None)
     3
     >>> root_failure({0: (5, "RuntimeError: [pair.cc:589] Read error [127.0.0.1]:4: Connection reset by peer")}, 2)
     1
+    >>> words = {0: (5, "RuntimeError: Connection closed by peer"), 1: (6, "InputError: Connection reset by peer")}
+    >>> root_failure(words, 2), root_failure(words, 2, own={1})  # rank 1's own error, whatever its words
+    (0, 1)
     """
     order = sorted(failures, key=lambda r: (failures[r][0], r))
-    cause = next((r for r in order if not _PEER_LOST.search(failures[r][1])), None)
+    mine = set(own)
+    cause = next((r for r in order if r in mine or not _PEER_LOST.search(failures[r][1])), None)
     if cause is not None:
         return cause
     silent = [r for r in range(world or 0) if r not in failures]

@@ -40,6 +40,7 @@ from typing import Any
 from pnpscale import layout
 from pnpscale.cluster.base import Cluster
 from pnpscale.core.config import ConfigError, RunSpec, plain
+from pnpscale.core.errors import TIMEOUT
 
 #: Set (to "1") by the launcher in every SLURM task before pnpscale code runs there.
 IN_TASK_ENV = "PNPSCALE_SLURM_TASK"
@@ -146,7 +147,7 @@ def cpus_per_task_warning(cluster: Mapping[str, Any]) -> str | None:
     >>> cpus_per_task_warning({"cpus_per_task": None}).startswith("cluster.cpus_per_task=null")
     True
     """
-    from pnpscale.rank.worker import MIN_CPUS_PER_GPU_RANK as MIN_CPUS_PER_GPU_TASK
+    from pnpscale.rank.group import MIN_CPUS_PER_GPU_RANK as MIN_CPUS_PER_GPU_TASK
 
     cpus = cluster.get("cpus_per_task")
     if cpus is not None and int(cpus) >= MIN_CPUS_PER_GPU_TASK:
@@ -372,7 +373,12 @@ def wait_until_ended(job_id: str, timeout_s: float = 90.0, poll_s: float = 1.0) 
 
 
 def failure_text(
-    job_id: str, state: str, sacct: Mapping[str, str], task_errors: Mapping[int, str], log: str | None
+    job_id: str,
+    state: str,
+    sacct: Mapping[str, str],
+    task_errors: Mapping[int, str],
+    log: str | None,
+    records: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> str:
     """One line for a failed job: SLURM's state, exit code and reason, each failed rank's error, the log.
 
@@ -381,7 +387,7 @@ def failure_text(
     >>> failure_text("7_3", "FAILED", {"reason": "None"}, {0: "Connection closed by peer", 1: "ValueError: x"}, None)
     'SLURM job 7_3 FAILED; rank 1: ValueError: x; rank 0: Connection closed by peer'
 
-    Ranks whose error is the echo of another's (:func:`is_secondary_error`) come last.
+    Ranks whose error is the echo of another's (:func:`is_secondary_error`, on their failure ``records``) come last.
     """
     details = []
     if sacct.get("exit_code") and sacct["exit_code"] != "0:0":
@@ -389,14 +395,15 @@ def failure_text(
     if sacct.get("reason") and sacct["reason"] not in ("None", ""):
         details.append(f"reason: {sacct['reason']}")
     text = f"SLURM job {job_id} {state}" + (f" ({', '.join(details)})" if details else "")
-    for rank in ranks_by_cause(task_errors)[:4]:
+    for rank in ranks_by_cause(task_errors, records)[:4]:
         text += f"; rank {rank}: {task_errors[rank]}"
     if log:
         text += f"; log: {log}"
     return text
 
 
-#: Errors a rank gets because another rank died first (listed after the root cause).
+#: Errors a rank gets because another rank died first (listed after the root cause): gloo's, NCCL's and torch's
+#: own texts, read only for a rank that left no failure record (:func:`is_secondary_error`).
 SECONDARY_ERRORS = (
     "connection closed by peer",
     "connection reset by peer",
@@ -409,23 +416,38 @@ SECONDARY_ERRORS = (
 )
 
 
-def is_secondary_error(message: str) -> bool:
-    """Whether a rank's error reads as the echo of another rank's failure (a closed connection, ...).
+def is_secondary_error(message: str, record: Mapping[str, Any] | None = None) -> bool:
+    """Whether a rank's error is the echo of another rank's failure.
+
+    Decided on the rank's failure record when it wrote one (:func:`pnpscale.core.record.read_rank_failures`):
+    a timeout (``kind``, :func:`pnpscale.core.errors.failure_kind`) is an echo, pnpscale's own error
+    (``own``) never is, whatever its words; else (no record, or a foreign error) on the third-party texts of
+    :data:`SECONDARY_ERRORS` (a closed connection, ...).
 
     >>> is_secondary_error("RuntimeError: Connection closed by peer"), is_secondary_error("ValueError: x")
     (True, False)
+    >>> is_secondary_error("InputError: dist.timeout_s", {"kind": "InputError", "own": True})
+    False
+    >>> is_secondary_error("RuntimeError: odd", {"kind": "timeout", "own": False})
+    True
     """
+    if record is not None:
+        if record.get("kind") == TIMEOUT:
+            return True
+        if record.get("own"):
+            return False
     low = message.lower()
     return any(marker in low for marker in SECONDARY_ERRORS)
 
 
-def ranks_by_cause(task_errors: Mapping[int, str]) -> list[int]:
-    """Failed ranks, likely root causes first (then by rank).
+def ranks_by_cause(task_errors: Mapping[int, str], records: Mapping[int, Mapping[str, Any]] | None = None) -> list[int]:
+    """Failed ranks, likely root causes first (then by rank); ``records``: rank -> its failure record.
 
     >>> ranks_by_cause({0: "RuntimeError: Connection closed by peer", 3: "ValueError: x", 1: "KeyError: y"})
     [1, 3, 0]
     """
-    return sorted(task_errors, key=lambda r: (is_secondary_error(task_errors[r]), r))
+    recs = records or {}
+    return sorted(task_errors, key=lambda r: (is_secondary_error(task_errors[r], recs.get(r)), r))
 
 
 def error_line(trace: str) -> str:
@@ -515,11 +537,11 @@ def bind_task_gpu(environ: Any) -> str | None:
 
     SLURM gives every task of a job the node's GPUs (``CUDA_VISIBLE_DEVICES=0,1,2,3`` with
     ``--gpus-per-node``): task ``SLURM_LOCALID`` keeps entry ``SLURM_LOCALID mod n``
-    (:func:`pnpscale.rank.worker.bind_gpu`); a task SLURM bound to one GPU already keeps it; without
+    (:func:`pnpscale.rank.process.bind_gpu`); a task SLURM bound to one GPU already keeps it; without
     ``CUDA_VISIBLE_DEVICES`` the node's GPUs are counted by NVML (no CUDA initialisation). Returns the
     binding, ``None`` when nothing changed.
     """
-    from pnpscale.rank.worker import bind_gpu, nvml_device_count
+    from pnpscale.rank.process import bind_gpu, nvml_device_count
 
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     count = nvml_device_count() if visible is None else None
@@ -548,7 +570,7 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
 
     Exports the torch.distributed variables of ``TorchDistributedEnvironment`` (the task was bound to
     its GPU when it started, :func:`bind_task_gpu`, so it sees that one GPU: the backend is chosen
-    from every rank's GPU UUID, see :func:`pnpscale.rank.worker.choose_backend`; on nccl the worker
+    from every rank's GPU UUID, see :func:`pnpscale.rank.group.choose_backend`; on nccl the worker
     sets each rank's NCCL diagnostics), then calls :func:`pnpscale.rank.worker.rank_main`.
     Rank 0 adds the ``slurm`` block to ``run.json`` (kept by the final write) and links every task's
     log from ``logs/``.
@@ -560,7 +582,8 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     """
     from submitit.helpers import TorchDistributedEnvironment
 
-    from pnpscale.rank.worker import kineto_config_env, rank_environment, rank_main, threads_per_rank
+    from pnpscale.rank.process import kineto_config_env, rank_environment, threads_per_rank
+    from pnpscale.rank.worker import rank_main
 
     # the GPU binding was done when the task started (bind_task_gpu, by entry, not by index: submitit's
     # would set CUDA_VISIBLE_DEVICES=<local rank>, wrong when SLURM gave the job e.g. GPUs 2,3)

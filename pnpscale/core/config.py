@@ -114,8 +114,12 @@ class ProblemConfig(SizeConfig):
 
     ``impl`` names the :class:`~pnpscale.rank.problems.Problem` subclass (``module:Class``);
     ``dims`` the spatial dimensions of the signal (tiling and DRUNet); ``linestyle`` the
-    matplotlib line style of the problem in the report's charts; ``params`` free-form
-    parameters read by the problem class only.
+    matplotlib line style of the problem in the report's charts; ``params`` the problem's own
+    parameters, declared and checked by its class (``Problem.params``, a dataclass, e.g. ``blur_sigma``
+    of 2d and 3d). The other keys are what every problem has: ``channels`` (``C`` of the signal, read by
+    the ground truth, DRUNet and the payload; no default: each problem states it), ``noise_sigma`` (the
+    shared measurement noise of :func:`pnpscale.rank.problems.measurements`), the solver's
+    ``denoiser_sigma`` and ``stepsize``, the sizes and their presets.
     """
 
     name: str = MISSING
@@ -123,11 +127,10 @@ class ProblemConfig(SizeConfig):
     dims: int = MISSING
     linestyle: str = "-"
     params: dict[str, Any] = field(default_factory=dict)
-    channels: int = 3
+    channels: int = MISSING
     noise_sigma: float = 0.01
     denoiser_sigma: float = 0.05
     stepsize: float = 1.0
-    blur_sigma: float = 1.0
     scales: ScalePresets = field(default_factory=ScalePresets)
 
 
@@ -136,14 +139,15 @@ class ModeConfig:
     """Inference loop or unrolled training (config group ``mode``).
 
     ``impl`` names the solver class (``module:Class``, see :mod:`pnpscale.rank.solver`);
-    ``sections`` its section names in execution order (the class checks they match).
+    ``sections`` its section names in execution order (the class checks they match); ``params`` the
+    mode's own parameters, declared and checked by its class (``Solver.params``, a dataclass: training's
+    ``lr``, ``train_stepsize``).
     """
 
     name: str = MISSING
     impl: str = MISSING
     sections: list[str] = MISSING
-    lr: float = 1e-4
-    train_stepsize: bool = False
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 #: What every cluster backend's node holds (config group ``cluster``): its option ``name`` and its class
@@ -369,8 +373,6 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "problem.noise_sigma": _non_negative_float(),
     "problem.denoiser_sigma": _positive_float(),
     "problem.stepsize": _positive_float(),
-    "problem.blur_sigma": _positive_float(),
-    "mode.lr": _positive_float(),
     **{
         k: (lambda v: isinstance(v, bool), "must be true or false")
         for k in (
@@ -380,7 +382,6 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
             "profile.export_traces",
             "inject.fail",
             "output.save_reconstruction",
-            "mode.train_stepsize",
         )
     },
     "cluster.impl": (
@@ -454,6 +455,7 @@ def validate(cfg: Any, cuda_available: bool | None = None) -> None:
             ``solver`` combination (``overlap_chunks`` without ``pipelined``, ``pipelined`` with the all_gather
             denoiser or with ``gradient_collective=reduce_scatter``).
     """
+    _check_mandatory(cfg)
     for key in RULES:
         check_value(key, _get(cfg, key))
     sections = tuple(cfg["mode"]["sections"])
@@ -472,6 +474,28 @@ def validate(cfg: Any, cuda_available: bool | None = None) -> None:
     if inj["delay_s"] and inj["section"] is None:
         raise ConfigError("inject.delay_s", inj["delay_s"], "needs inject.section: " + ", ".join(sections))
     _validate_overlap(cfg, cuda_available)
+
+
+#: Keys without a default (``???``): each option's YAML states them (``problem.channels``, ``mode.sections``...).
+MANDATORY_KEYS = tuple(
+    f"{node}.{f.name}" for node, cls in (("problem", ProblemConfig), ("mode", ModeConfig))
+    for f in dataclasses.fields(cls) if f.default is MISSING
+)  # fmt: skip
+
+
+def _check_mandatory(cfg: Any) -> None:
+    """Every key of :data:`MANDATORY_KEYS` is set in the composed config.
+
+    Raises:
+        ConfigError: ``<key>=???: must be set: the option's YAML (conf/<group>/<name>.yaml) states it``.
+    """
+    from omegaconf import OmegaConf
+
+    for key in MANDATORY_KEYS:
+        node, _, leaf = key.partition(".")
+        parent = cfg[node]
+        if OmegaConf.is_missing(parent, leaf) if OmegaConf.is_config(parent) else parent.get(leaf, MISSING) == MISSING:
+            raise ConfigError(key, "???", f"must be set: the option's YAML (conf/{node}/<name>.yaml) states it")
 
 
 def tile_rows(image_size: int, patch_size: int, overlap: int) -> int:
@@ -637,9 +661,6 @@ class RunSpec:
     noise_sigma: float
     denoiser_sigma: float
     stepsize: float
-    blur_sigma: float
-    lr: float
-    train_stepsize: bool
     iterations: int
     warmup: int
     seed: int
@@ -654,17 +675,33 @@ class RunSpec:
     overlap: str = "none"
     overlap_chunks: int | None = None
     gradient_collective: str = "all_reduce"
+    #: the mode's own parameters (``mode.params``, checked by its class: :attr:`pnpscale.rank.solver.Solver.params`)
+    mode_params: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def fingerprint(self) -> str:
-        """Hex digest identifying the measurement (same point + same sizes = same digest)."""
+        """Hex digest identifying the measurement (same point + same sizes = same digest).
+
+        Digested in the layout runs were recorded in before the plugins owned their keys, so that a run
+        recorded then keeps its digest (the resume rule): the keys of :data:`MOVED_KEYS` back at the top
+        (``blur_sigma`` out of ``params``, ``1.0`` when the problem has none, as its YAML had; ``lr`` and
+        ``train_stepsize`` out of ``mode_params``, their old defaults when the mode has none), and
+        ``overlap`` / ``overlap_chunks`` left out at their defaults (runs recorded before those keys).
+        """
         d = self.to_dict()
         if d["overlap"] == "none" and d["overlap_chunks"] is None:  # runs recorded before these keys: same digest
             del d["overlap"], d["overlap_chunks"]
         if d["gradient_collective"] == "all_reduce":  # runs recorded before this key: same digest
             del d["gradient_collective"]
+        params, mode = dict(d["params"]), dict(d.pop("mode_params"))
+        d["blur_sigma"] = float(params.pop("blur_sigma", 1.0))
+        d["params"] = params
+        d["lr"] = float(mode.pop("lr", 1e-4))
+        d["train_stepsize"] = bool(mode.pop("train_stepsize", False))
+        if mode:  # a mode's parameter that did not exist then
+            d["mode_params"] = mode
         blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -695,9 +732,6 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
         noise_sigma=float(p["noise_sigma"]),
         denoiser_sigma=float(p["denoiser_sigma"]),
         stepsize=float(p["stepsize"]),
-        blur_sigma=float(p["blur_sigma"]),
-        lr=float(m["lr"]),
-        train_stepsize=bool(m["train_stepsize"]),
         iterations=int(cfg["iterations"]),
         warmup=int(cfg["warmup"]),
         seed=int(cfg["seed"]),
@@ -712,6 +746,7 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
         overlap=str(cfg["solver"].get("overlap", "none")),
         overlap_chunks=cfg["solver"].get("overlap_chunks"),
         gradient_collective=str(cfg["solver"].get("gradient_collective", "all_reduce")),
+        mode_params=plain(m.get("params")),
     )
 
 
@@ -755,5 +790,26 @@ def schema_keys(cls: type = Config, prefix: str = "") -> Iterator[str]:
 
 
 def open_keys() -> tuple[str, ...]:
-    """Schema keys whose children are free-form (dicts)."""
-    return ("problem.params",)
+    """Schema keys whose children are free-form (dicts): the plugins' own parameters, checked by their class."""
+    return ("problem.params", "mode.params")
+
+
+#: Keys the shared schema held before each plugin owned its own (schema history): old key -> where it is
+#: now. A command line or config file that still sets one is refused in one line naming the new place.
+MOVED_KEYS: dict[str, str] = {
+    "problem.blur_sigma": "problem.params.blur_sigma (a parameter of the problems that blur: 2d, 3d)",
+    "mode.lr": "mode.params.lr (a parameter of mode=training)",
+    "mode.train_stepsize": "mode.params.train_stepsize (a parameter of mode=training)",
+}
+
+
+def moved_key_error(key: str, value: Any) -> ConfigError | None:
+    """The one-line refusal of a key :data:`MOVED_KEYS` names, else ``None``.
+
+    >>> print(moved_key_error("mode.lr", 0.001))
+    mode.lr=0.001: moved to mode.params.lr (a parameter of mode=training)
+    >>> moved_key_error("gpus", 2) is None
+    True
+    """
+    where = MOVED_KEYS.get(key)
+    return None if where is None else ConfigError(key, value, f"moved to {where}")

@@ -55,10 +55,50 @@ class PnpscaleError(Exception):
         return text.splitlines()[0] if text else type(self).__name__
 
 
+#: The failure kind of a rank that gave up waiting for the others (:func:`failure_kind`).
+TIMEOUT = "timeout"
+
+
+def failure_kind(exc: BaseException, waited_s: float, timeout_s: float, world: int) -> str:
+    """The kind of a rank's failure, decided in the rank from structured facts only, never from the error's text.
+
+    Args:
+        exc: what the rank raised.
+        waited_s: seconds the rank had been in its current step (its last heartbeat) when ``exc`` came.
+        timeout_s: the process group's timeout (``dist.timeout_s``).
+        world: the ranks of the run.
+
+    Returns:
+        :data:`TIMEOUT` when an error that is not pnpscale's own came after the rank had waited at least
+        ``timeout_s`` in one step of a multi-rank run (a collective or a barrier that timed out: gloo and
+        NCCL raise a plain ``RuntimeError``), else the error's class name (``"InjectedFailure"``,
+        ``"RuntimeError"``).
+
+    >>> failure_kind(RuntimeError("x"), 10.2, 10.0, 2), failure_kind(RuntimeError("timeout"), 0.1, 10.0, 2)
+    ('timeout', 'RuntimeError')
+    >>> failure_kind(PnpscaleError("dist.timeout_s"), 99.0, 10.0, 2), failure_kind(OSError(), 99.0, 10.0, 1)
+    ('PnpscaleError', 'OSError')
+    """
+    if world > 1 and not isinstance(exc, PnpscaleError) and waited_s >= timeout_s:
+        return TIMEOUT
+    return type(exc).__name__
+
+
 class InputError(PnpscaleError):
     """Input refused before anything runs (a bad config value, command line, trace or folder): exit 2."""
 
     exit_code: ClassVar[int] = 2
+
+
+class UnreadableFile(PnpscaleError, ValueError):
+    """A file of a run folder that cannot be read (damaged, truncated, foreign): ``str()`` is ``<file>: <reason>``.
+
+    Attributes:
+        path: the file (a string).
+    """
+
+    def __init__(self, path: Any, reason: str) -> None:
+        super().__init__(f"{path}: {reason}", path=str(path))
 
 
 class Abort(BaseException):  # noqa: N818 - a carrier, not an error of its own

@@ -18,6 +18,11 @@ Schema history:
 * 3: every summed measure of :data:`pnpscale.columns.MEASURES` is a total under its
   :func:`pnpscale.columns.total_name` (schema 2 kept the wait parts' totals under the per-iteration names
   ``wait_late_start_s``...); older records are upgraded on reading.
+* 4: each plugin owns its keys: ``spec.blur_sigma`` is ``spec.params.blur_sigma`` (the problem's own
+  parameters), ``spec.lr`` and ``spec.train_stepsize`` are in ``spec.mode_params`` (the mode's own); older
+  records are upgraded on reading, the values kept as recorded (a record of schema 3 or before held them
+  for every run, whether its problem or mode read them or not). ``fingerprint`` is unchanged: the digest
+  is taken in the old layout (:meth:`pnpscale.core.config.RunSpec.fingerprint`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ if TYPE_CHECKING:
     from pnpscale.core.config import RunSpec
 from pnpscale.core.errors import PnpscaleError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class RecordError(PnpscaleError, ValueError):
@@ -76,7 +81,7 @@ class RunRecord:
         processes: per rank (index = rank), how its process started: ``pid``, ``cuda_bad_fork``
             (forked from a process that had touched CUDA: always ``false`` in a complete run, the rank
             refuses to run otherwise), ``cuda_visible_devices`` and ``gpu_binding`` (the one GPU the
-            launcher bound it to, ``null`` when not bound); see :func:`pnpscale.rank.worker.process_info`.
+            launcher bound it to, ``null`` when not bound); see :func:`pnpscale.rank.process.process_info`.
         extra: keys this version does not know (kept on rewrite).
     """
 
@@ -147,6 +152,8 @@ class RunRecord:
             raise RecordError(f"schema_version {version!r}: this pnpscale reads 1..{SCHEMA_VERSION}")
         if version < 3:
             data = _upgrade_totals(data)
+        if version < 4:
+            data = _upgrade_plugin_keys(data)
         if not isinstance(data.get("status"), str):
             raise RecordError("no status")
         names = {f.name for f in dataclasses.fields(cls)} - {"extra", "schema_version"}
@@ -276,6 +283,27 @@ def _upgrade_totals(data: dict[str, Any]) -> dict[str, Any]:
             for name, sec in metrics["sections"].items()
         }
         data["metrics"] = metrics
+    return data
+
+
+#: Schema 4 moved these ``spec`` keys into a plugin's own parameters: old key -> (node, key there).
+MOVED_SPEC_KEYS = {"blur_sigma": ("params", "blur_sigma"), "lr": ("mode_params", "lr"),
+                   "train_stepsize": ("mode_params", "train_stepsize")}  # fmt: skip
+
+
+def _upgrade_plugin_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """Schemas 1 to 3 kept the plugins' keys at the top of ``spec``: move each of :data:`MOVED_SPEC_KEYS` into
+    its plugin's node (a value the node already holds wins)."""
+    spec = data.get("spec")
+    if not isinstance(spec, dict) or not any(k in spec for k in MOVED_SPEC_KEYS):
+        return data
+    spec = dict(spec)
+    for old, (node, key) in MOVED_SPEC_KEYS.items():
+        if old in spec:
+            value = spec.pop(old)
+            held = spec.get(node)
+            spec[node] = {key: value, **(held if isinstance(held, dict) else {})}
+    data["spec"] = spec
     return data
 
 
@@ -533,3 +561,86 @@ def now_iso() -> str:
 def error_text(exc: BaseException) -> str:
     tb = "".join(traceback.format_exception(exc)).strip().splitlines()
     return f"{type(exc).__name__}: {exc}\n" + "\n".join(tb[-15:])
+
+
+class RankFailureRecord:
+    """A rank's failure record (:func:`pnpscale.layout.failure_file`): the launcher decides on its ``kind``
+    (:func:`pnpscale.core.errors.failure_kind`), never on the error's text.
+
+    Created when the rank starts, as :data:`SIZE` bytes holding ``{"kind": null}`` (no failure), so that
+    writing the failure later rewrites those bytes in place and needs no new block of a full disk (the
+    failure may be the full disk, and torch's own error file is written after it). A rank that could not
+    create it records nothing: the launcher then knows no kind for it.
+    """
+
+    #: bytes of the record (a failure's fields beyond it are dropped, ``kind`` kept).
+    SIZE = 512
+
+    def __init__(self, run_dir: Path | str, rank: int) -> None:
+        self.rank = rank
+        self.fd: int | None = None
+        path = layout.failure_file(run_dir, rank)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.pwrite(self.fd, b'{"kind": null}'.ljust(self.SIZE), 0)
+        except OSError:
+            self.close()
+
+    def write(self, kind: str, error_type: str, **where: Any) -> None:
+        """Record the failure.
+
+        Args:
+            kind: :data:`pnpscale.core.errors.TIMEOUT` or the error's class name.
+            error_type: the error's class name.
+            where: ``own`` (a :class:`pnpscale.core.errors.PnpscaleError`: pnpscale's own error, a cause, never
+                the echo of another rank's), ``iteration``, ``section``, ``waited_s`` (seconds in its last step).
+        """
+        import json
+
+        if self.fd is None:
+            return
+        data = json.dumps({"rank": self.rank, "kind": kind, "error_type": error_type, **where}).encode()
+        if len(data) > self.SIZE:
+            data = json.dumps({"rank": self.rank, "kind": kind, "own": bool(where.get("own"))}).encode()
+        try:
+            os.pwrite(self.fd, data.ljust(self.SIZE), 0)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def write_rank_failure(run_dir: Path | str, rank: int, kind: str, error_type: str, **where: Any) -> None:
+    """Create rank ``rank``'s :class:`RankFailureRecord` and record a failure in it (tests, tools)."""
+    record = RankFailureRecord(run_dir, rank)
+    record.write(kind, error_type, **where)
+    record.close()
+
+
+def clear_rank_failures(run_dir: Path | str, ranks: int) -> None:
+    """Remove the failure records of ranks ``0..ranks-1`` (a launcher, before it starts them: an earlier attempt's
+    records in the folder never speak for this one)."""
+    for r in range(ranks):
+        try:
+            layout.failure_file(run_dir, r).unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def read_rank_failures(run_dir: Path | str, ranks: int) -> dict[int, dict[str, Any]]:
+    """rank -> its failure record (:func:`write_rank_failure`), for the ranks ``0..ranks-1`` that wrote one."""
+    import json
+
+    out: dict[int, dict[str, Any]] = {}
+    for r in range(ranks):
+        try:
+            data = json.loads(layout.failure_file(run_dir, r).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("kind"), str):
+            out[r] = data
+    return out

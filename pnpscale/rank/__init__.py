@@ -9,7 +9,10 @@
 * :mod:`~pnpscale.rank.gradient`: ``solver.gradient_collective=reduce_scatter``, the gradient summed over ranks
   only where each rank's tiles read it (reduce-scatter over the cores, all_gather of the boundaries);
 * :mod:`~pnpscale.rank.profiling`: the torch.profiler session and its events;
-* :mod:`~pnpscale.rank.worker`: a rank's main (process group, iterations, sections, report to rank 0);
+* :mod:`~pnpscale.rank.worker`: a rank's main (set up, measure, its tables gathered on rank 0, which commits);
+* :mod:`~pnpscale.rank.process`: a rank's process: tied to its launcher, bound to one GPU, its environment;
+* :mod:`~pnpscale.rank.group`: the ranks' process group, the backend chosen from every rank's GPU, NCCL's log;
+* :mod:`~pnpscale.rank.loop`: the measured loop (sections under one profiler, injections, the heartbeat);
 * :mod:`~pnpscale.rank.forkserver`: what a forked rank does when its launcher is gone before it starts;
 * :mod:`~pnpscale.rank.commit`: rank 0's last step: decompose and write the run folder;
 * :mod:`~pnpscale.rank.assignment`: who holds which operator and tile (pure).

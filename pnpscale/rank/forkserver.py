@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from pnpscale.rank.worker import PARENT_PID_ENV, _parent_of
+from pnpscale.rank.process import PARENT_PID_ENV, parent_of
 
 #: The launching process: the local launcher exports its pid (``PNPSCALE_PARENT_PID``, set while the
 #: server starts); the server's parent otherwise (it may be gone by the time this is imported).
@@ -28,7 +28,7 @@ ORPHAN_GRACE_S = 2.0
 def launcher_gone(server_pid: int, launcher_pid: int = LAUNCHER_PID) -> bool:
     """Whether the forkserver ``server_pid`` no longer has ``launcher_pid`` as its parent (reparented:
     the launcher exited)."""
-    return _parent_of(server_pid) != launcher_pid
+    return parent_of(server_pid) != launcher_pid
 
 
 def quiet_when_orphaned(kind: type[BaseException], value: BaseException, tb: Any) -> None:

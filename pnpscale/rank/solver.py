@@ -29,13 +29,14 @@ each rank holds the sum only where its tiles' windows read it (the denoiser read
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from pnpscale.core.config import GRADIENT_COLLECTIVES, ConfigError, RunSpec
-from pnpscale.core.plugins import resolve_impl
+from pnpscale.core.plugins import Rule, check_params, params_values, resolve_impl
 from pnpscale.rank.denoiser import tiled_denoiser
 from pnpscale.rank.gradient import WindowedGradient
 from pnpscale.rank.pipeline import PipelinedStep
@@ -81,7 +82,9 @@ class Solver(ABC):
     A mode is a subclass naming its :attr:`SECTIONS` (which ``conf/mode/<name>.yaml`` repeats
     for the Hydra parent, and :func:`make_solver` checks), returning them from :meth:`sections` as
     ``(name, callable)`` pairs, and implementing :meth:`after_step`, :meth:`summary` and :meth:`result`.
-    The rank (:func:`pnpscale.rank.worker.rank_main`) knows only this interface.
+    The mode's own parameters (``mode.params.*``) are the fields of its :attr:`params` dataclass (with
+    their defaults, which its YAML repeats) and :attr:`rules`, checked before a rank starts
+    (:func:`check_mode`). The rank (:func:`pnpscale.rank.worker.rank_main`) knows only this interface.
 
     Args:
         spec: the run's spec.
@@ -90,6 +93,15 @@ class Solver(ABC):
     """
 
     SECTIONS: tuple[str, ...] = ()
+    #: The mode's own keys under ``mode.params``: a dataclass, ``None`` for a mode with none.
+    params: ClassVar[type | None] = None
+    #: Value rules of those keys (``"lr" -> (ok, allowed)``).
+    rules: ClassVar[Mapping[str, Rule]] = {}
+
+    @property
+    def settings(self) -> Any:
+        """``mode.params`` as an instance of :attr:`params` (the spec's values over the defaults)."""
+        return params_values(type(self).params, self.spec.mode_params)
 
     def __init__(self, spec: RunSpec, ctx: Any, *, train: bool = False) -> None:
         from deepinv.distributed import distribute
@@ -220,17 +232,35 @@ class InferenceSolver(Solver):
         return self.x
 
 
+@dataclass
+class TrainingParams:
+    """``mode.params`` of training.
+
+    Attributes:
+        lr: Adam's learning rate (> 0).
+        train_stepsize: also learn the step size ``gamma`` (its log).
+    """
+
+    lr: float = 1e-4
+    train_stepsize: bool = False
+
+
 class TrainingSolver(Solver):
     """K unrolled PnP iterations trained as one network: sections ``forward`` then ``backward``.
 
-    Loss: mean squared error against the ground truth. Optimizer: Adam on the denoiser weights
-    (and on the step size ``gamma`` when ``mode.train_stepsize``); it steps outside the sections.
+    Loss: mean squared error against the ground truth. Optimizer: Adam on the denoiser weights, learning
+    rate ``mode.params.lr`` (and on the step size ``gamma`` when ``mode.params.train_stepsize``); it steps
+    outside the sections.
     deepinv's autograd-aware collectives carry gradients across ranks, and its parameter sync
     all-reduces (averages) the denoiser's weight gradients at the end of backward, so weights stay
     identical on every rank.
     """
 
     SECTIONS = ("forward", "backward")
+    params = TrainingParams
+    rules = {
+        "lr": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "must be a number > 0"),
+    }
 
     def __init__(self, spec: RunSpec, ctx: Any) -> None:
         super().__init__(spec, ctx, train=True)
@@ -241,12 +271,13 @@ class TrainingSolver(Solver):
             self.x0 = self.backprojection()
         self.log_gamma = torch.nn.Parameter(torch.tensor(float(torch.log(torch.tensor(self.gamma))), device=ctx.device))
         params = list(self.net.parameters())
-        if spec.train_stepsize:
+        settings = self.settings
+        if settings.train_stepsize:
             self.log_gamma = distribute(self.log_gamma, ctx, type_object="parameters")
             params.append(self.log_gamma)
         else:
             self.log_gamma.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(params, lr=spec.lr)
+        self.optimizer = torch.optim.Adam(params, lr=float(settings.lr))
         self.loss: torch.Tensor | None = None
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
@@ -299,14 +330,26 @@ class TrainingSolver(Solver):
         return float(torch.stack(sq).sum().sqrt()) if sq else 0.0
 
 
-def make_solver(spec: RunSpec, ctx: Any) -> Solver:
-    """The solver of ``spec.mode`` (the class named by ``conf/mode/<name>.yaml``'s ``impl``).
+def check_mode(spec: RunSpec) -> type[Solver]:
+    """The solver class of ``spec.mode`` (``conf/mode/<name>.yaml``'s ``impl``), checked against the spec:
+    its sections and its own parameters (``mode.params``). Run before any rank starts, and by each rank.
 
     Raises:
-        pnpscale.core.config.ConfigError: ``mode.impl`` is not a :class:`Solver` subclass, or its sections
-            differ from ``mode.sections``.
+        pnpscale.core.config.ConfigError: ``mode.impl`` is not a :class:`Solver` subclass, its sections
+            differ from ``mode.sections``, or a ``mode.params`` key is unknown to it, of the wrong type or
+            outside its rule (:func:`pnpscale.core.plugins.check_params`).
     """
     cls = resolve_impl("mode.impl", spec.mode_impl, Solver)
     if tuple(cls.SECTIONS) != tuple(spec.sections):
         raise ConfigError("mode.sections", list(spec.sections), f"{spec.mode_impl} runs sections {list(cls.SECTIONS)}")
-    return cls(spec, ctx)
+    check_params("mode.params", cls.params, cls.rules, spec.mode_params, f"mode={spec.mode}")
+    return cls
+
+
+def make_solver(spec: RunSpec, ctx: Any) -> Solver:
+    """The solver of ``spec.mode``, checked (:func:`check_mode`) and built on this rank.
+
+    Raises:
+        pnpscale.core.config.ConfigError: see :func:`check_mode`.
+    """
+    return check_mode(spec)(spec, ctx)

@@ -20,7 +20,7 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.core.errors import InputError
+from pnpscale.core.errors import InputError, UnreadableFile
 from pnpscale.core.lock import process_gone
 from pnpscale.core.record import RecordError, read_record
 from pnpscale.results.summary import scaled_cost
@@ -338,7 +338,7 @@ def read_sections(path: Path, base: Path) -> pd.DataFrame:
     typed by a pyarrow dataset); columns of :data:`pnpscale.columns.SECTIONS_COLUMNS` it lacks are NA.
 
     Raises:
-        ValueError: unreadable (``str()`` is ``<file>: <reason>``): not a parquet file, truncated,
+        UnreadableFile: unreadable (a ``ValueError``; ``str()`` is ``<file>: <reason>``): not a parquet file, truncated,
             or lacking one of :data:`SECTIONS_REQUIRED`.
     """
     import pyarrow as pa
@@ -353,7 +353,7 @@ def read_sections(path: Path, base: Path) -> pd.DataFrame:
         keys = ds.get_partition_keys(frag.partition_expression)
     except (OSError, pa.ArrowException, ValueError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{path}: {reason}") from None
+        raise UnreadableFile(path, reason) from None
     check_columns(sections, path, SECTIONS_REQUIRED)
     from pnpscale.analysis.tables import complete_sections
 
@@ -373,7 +373,7 @@ def read_table(
         required: columns it must have (:func:`check_columns`).
 
     Raises:
-        ValueError: unreadable (``str()`` is ``<file>: <reason>``): missing, not a parquet file,
+        UnreadableFile: unreadable (a ``ValueError``; ``str()`` is ``<file>: <reason>``): missing, not a parquet file,
             truncated, or lacking one of ``columns``.
     """
     import pyarrow as pa
@@ -382,7 +382,7 @@ def read_table(
         table = pd.read_parquet(path, columns=columns)
     except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{path}: {reason}") from None
+        raise UnreadableFile(path, reason) from None
     check_columns(table, path, required)
     return table
 
@@ -392,14 +392,14 @@ def check_columns(table: pd.DataFrame, path: Path, columns: tuple[str, ...] | li
     :data:`pnpscale.columns.NUMERIC_REQUIRED` says so.
 
     Raises:
-        ValueError: ``<file>: missing column(s) ...`` or ``<file>: column <c> is <dtype>, not numeric``.
+        UnreadableFile: ``<file>: missing column(s) ...`` or ``<file>: column <c> is <dtype>, not numeric``.
     """
     missing = [c for c in columns if c not in table]
     if missing:
-        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+        raise UnreadableFile(path, f"missing column(s) {', '.join(missing)}")
     for c in columns:
         if c in K.NUMERIC_REQUIRED and not pd.api.types.is_numeric_dtype(table[c]):
-            raise ValueError(f"{path}: column {c} is {table[c].dtype}, not numeric")
+            raise UnreadableFile(path, f"column {c} is {table[c].dtype}, not numeric")
 
 
 def check_run_files(run_dir: Path, gpus: int | None = None) -> None:
@@ -410,7 +410,7 @@ def check_run_files(run_dir: Path, gpus: int | None = None) -> None:
     ``unreadable`` here, for the report and :func:`load` alike, instead of stopping the report later.
 
     Raises:
-        ValueError: ``<file>: <reason>`` of the first unreadable file.
+        UnreadableFile: ``<file>: <reason>`` of the first unreadable file.
     """
     from pnpscale.results.transfer import run_nccl_log
 
@@ -418,8 +418,8 @@ def check_run_files(run_dir: Path, gpus: int | None = None) -> None:
     if gpus is not None:
         seen = sorted(int(r) for r in ranks[K.RANK].dropna().unique())
         if seen != list(range(gpus)):
-            raise ValueError(f"{run_dir / layout.RANKS}: ranks {seen[:8]}{' ...' if len(seen) > 8 else ''}, "
-                             f"expected 0..{gpus - 1} (gpus={gpus})")  # fmt: skip
+            raise UnreadableFile(run_dir / layout.RANKS, f"ranks {seen[:8]}{' ...' if len(seen) > 8 else ''}, "
+                                 f"expected 0..{gpus - 1} (gpus={gpus})")  # fmt: skip
     read_table(run_dir / layout.COLLECTIVES, required=REQUIRED_COLUMNS[layout.COLLECTIVES])
     run_nccl_log(run_dir)
 
@@ -437,7 +437,7 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | 
             check_run_files(Path(run_dir), gpus)
             summ = summarize(sections, gpus)
         except Exception as exc:  # noqa: BLE001 - one damaged folder never hides the others
-            text = str(exc) if isinstance(exc, ValueError) and str(exc).startswith(str(run_dir)) else (
+            text = str(exc) if isinstance(exc, UnreadableFile) else (  # it names its file; else sections.parquet
                 f"{Path(run_dir) / layout.SECTIONS}: {type(exc).__name__}: {exc}")  # fmt: skip
             unreadable[str(run_dir)] = f"unreadable: {text}"
             continue

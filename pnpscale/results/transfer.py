@@ -33,7 +33,7 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.errors import PnpscaleError, UnreadableFile
 from pnpscale.core.record import RecordError, read_record
 
 #: bytes per second in one GB/s.
@@ -673,7 +673,7 @@ def run_nccl_log(run_dir: Path | str) -> Any:
                 parsed.append(parse_nccl_log(f))
         except Exception as exc:  # noqa: BLE001 - any failure names the file
             reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
-            raise ValueError(f"{p}: {reason}") from None
+            raise UnreadableFile(p, reason) from None
     return merge_logs(parsed) if parsed else None
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pnpscale.core.config import CONF_DIR, ConfigError, check_value, open_keys, schema_keys
+from pnpscale.core.config import CONF_DIR, ConfigError, check_value, moved_key_error, open_keys, schema_keys
 from pnpscale.core.errors import InputError
 from pnpscale.sweep.point import writable_dir
 
@@ -168,6 +168,9 @@ def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = (), backends: M
             raise CommandLineError([str(ConfigError(key, v, "allowed values: " + ", ".join(options))) for v in bad])
         return
     base = key.split("@")[0]
+    moved = moved_key_error(base, str(ov.input_line).partition("=")[2] if ov.input_line else _show(ov))
+    if moved is not None:  # a key the shared schema held before its plugin owned it
+        raise moved
     own_open = [f"cluster.{k}" for b in (backends or {}).values() for k in b.open_keys]
     free_form = any(base.startswith(k + ".") for k in (*open_keys(), *own_open))
     if base not in known and not free_form:
@@ -207,7 +210,41 @@ def compose_config(overrides: Sequence[str]) -> Any:
 
     register_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=[o for o in overrides if _keeps(o)])
+        try:
+            return compose("config", overrides=[o for o in overrides if _keeps(o)])
+        except Exception as exc:
+            refused = file_key_error(exc)
+            if refused is None:
+                raise
+            raise refused from None
+
+
+def file_key_error(exc: BaseException) -> InputError | None:
+    """One line for a key a config file (or an override without ``+``) sets that the schema does not have (Hydra's
+    ``ConfigCompositionException`` over OmegaConf's ``ConfigKeyError`` / ``ConfigAttributeError``, read by its
+    ``full_key``), naming the new place of a moved key
+    (:data:`pnpscale.core.config.MOVED_KEYS`) or the node's keys; ``None`` for any other error.
+    """
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = exc.__cause__ or exc.__context__
+    key = getattr(cause, "full_key", None)
+    if not isinstance(cause, (ConfigKeyError, ConfigAttributeError)) or not key:
+        return None
+    moved = moved_key_error(str(key), "(set in a config file)")
+    if moved is not None:
+        return moved
+    parent = str(key).rpartition(".")[0]
+    if parent in open_keys():  # a plugin's own node: its YAML does not set the key (the class's check decides)
+        group = parent.split(".")[0]
+        return ConfigError(
+            str(key),
+            "?",
+            f"the {group} option's YAML sets no such key (its class's keys are set there: "
+            f"python -m pnpscale --cfg job shows them); +{key}=<value> adds it for the class to check",
+        )
+    keys = sorted(k.removeprefix(parent + ".") for k in schema_keys() if k.rpartition(".")[0] == parent)
+    return ConfigError(str(key), "(set in a config file)", f"unknown key; its node's keys: {', '.join(keys)}")
 
 
 def _keeps(override: str) -> bool:

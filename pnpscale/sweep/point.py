@@ -82,6 +82,7 @@ def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None
     devices = cuda_device_count() if cuda_devices is None else cuda_devices
     spec = resolve_spec(cfg, cuda_available=devices > 0)
     _check_problem(spec)  # first: the backend's checks build the problem (its memory estimate)
+    _check_mode(spec)
     backend.check(cfg, spec, devices)
     _check_run_dir(Path(run_dir), Path(str(cfg["output"]["root"])))
     resume = bool(cfg["resume"])
@@ -106,14 +107,28 @@ def _check_run_dir(run_dir: Path, root: Path) -> None:
 
 
 def _check_problem(spec: RunSpec) -> None:
-    """The problem class's own rules (:meth:`pnpscale.rank.problems.Problem.check`) as a ConfigError.
+    """The problem class's own parameters and rules (:meth:`pnpscale.rank.problems.Problem.check_params`,
+    :meth:`~pnpscale.rank.problems.Problem.check`) as a ConfigError.
 
     Raises:
-        ConfigError: ``problem.impl`` cannot be imported, or the class refuses a value.
+        ConfigError: ``problem.impl`` cannot be imported, or the class refuses a key or a value.
     """
     from pnpscale.rank.problems import make_problem
 
-    make_problem(spec).check()  # a ProblemError is a ConfigError with its own key, value and allowed values
+    problem = make_problem(spec)
+    problem.check_params()
+    problem.check()  # a ProblemError is a ConfigError with its own key, value and allowed values
+
+
+def _check_mode(spec: RunSpec) -> None:
+    """The mode's class, sections and own parameters (:func:`pnpscale.rank.solver.check_mode`).
+
+    Raises:
+        ConfigError: ``mode.impl`` cannot be imported, its sections differ, or it refuses a ``mode.params`` key.
+    """
+    from pnpscale.rank.solver import check_mode
+
+    check_mode(spec)
 
 
 def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any] | None:

@@ -281,7 +281,7 @@ def step_versions(ctx: Ctx) -> str:
 def step_busy_wait(ctx: Ctx) -> str:
     import torch
 
-    from pnpscale.rank.worker import busy_wait, sleep_rate_hz
+    from pnpscale.rank.loop import busy_wait, sleep_rate_hz
 
     if not ctx.cuda:
         t0 = time.perf_counter()

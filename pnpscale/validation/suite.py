@@ -249,7 +249,7 @@ def run_probe(out: Path, *, gpus: int, payloads: Sequence[int], compute_s: float
               overrides: Sequence[str] = ()) -> list[Tables]:  # fmt: skip
     """Launch the payload probe on ``gpus`` local ranks; (ranks, collectives) per payload."""
     from pnpscale.cluster.local import run_ranks
-    from pnpscale.rank.worker import threads_per_rank
+    from pnpscale.rank.process import threads_per_rank
 
     backend = next((o.split("=", 1)[1] for o in overrides if o.startswith("dist.backend=")), "auto")
     args = (list(payloads), compute_s, iterations, 1, backend, 300.0, str(out))
@@ -284,8 +284,9 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
 
     from pnpscale.analysis.events import rank_rows, section_records
     from pnpscale.analysis.tables import frames, table_writers
+    from pnpscale.rank.group import Group
+    from pnpscale.rank.loop import busy_wait, sleep_rate_hz, sync
     from pnpscale.rank.profiling import check_trace_complete, make_profiler, profiler_events
-    from pnpscale.rank.worker import Group, _sync, busy_wait, sleep_rate_hz
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     group = Group(backend, timeout_s)  # the solver's device rule (deepinv's) and backend choice
@@ -301,7 +302,7 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
                     with record_function(name):
                         busy_wait(compute_s, device)
                         dist.all_reduce(x)
-                        _sync(device)
+                        sync(device)
                     group.barrier()
                     prof.step()
         events = profiler_events(prof)

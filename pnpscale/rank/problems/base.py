@@ -1,10 +1,11 @@
 """What a reconstruction problem is: the :class:`Problem` interface and its registry.
 
 A problem is two files: a class (a subclass of :class:`Problem`: ground truth, acquisition
-operators, the signal's dtype) and ``conf/problem/<name>.yaml`` (its name, ``impl:
-module:Class``, spatial dimensions, chart line style, physics parameters and the ``paper`` /
-``small`` size presets). The YAML is what the Hydra parent reads (validation, sweeps, reports:
-no torch import there); the class is resolved by :func:`problem_class` on the ranks only.
+operators, the signal's dtype, and its own parameter schema :attr:`Problem.params`) and
+``conf/problem/<name>.yaml`` (its name, ``impl: module:Class``, spatial dimensions, chart line style,
+channels, the values of its ``params`` and the ``paper`` / ``small`` size presets). The YAML is what the
+Hydra parent reads (sweeps, reports: no torch import there); the class is resolved by :func:`problem_class`
+for the point's checks (its ``params`` and rules, before a rank starts) and on the ranks.
 
 Everything a problem builds comes from the run's seed, identically on every rank, without
 downloads. Operators are built by a factory ``make(index, device, kwargs)`` so that each rank
@@ -16,14 +17,14 @@ generator seeded by ``(seed, i)``: the same on every rank and for every world si
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from pnpscale.core.config import ConfigError, RunSpec
-from pnpscale.core.plugins import resolve_impl
+from pnpscale.core.plugins import Rule, check_params, params_values, resolve_impl
 
 
 class ProblemError(ConfigError):
@@ -56,24 +57,49 @@ class Problem:
 
     Subclasses implement :meth:`operator`; the defaults give a synthetic ground truth
     (:func:`synthetic_signal`), ``L = num_operators`` (every operator of norm <= 1) and float32.
+    A problem's own parameters (``problem.params.*``) are the fields of its :attr:`params` dataclass,
+    with their defaults (its YAML repeats them) and :attr:`rules`; the point's validation refuses any
+    other key, a value of the wrong type or outside its rule, before a rank starts (:meth:`check_params`).
 
     Args:
-        spec: the run's :class:`~pnpscale.core.config.RunSpec` (sizes in ``spec.sizes``, physics
-            parameters ``spec.channels``, ``spec.blur_sigma``, ..., dimensions ``spec.dims``).
+        spec: the run's :class:`~pnpscale.core.config.RunSpec` (sizes in ``spec.sizes``, the keys every
+            problem has ``spec.channels``, ``spec.noise_sigma``, ..., its own ``spec.params``, dimensions
+            ``spec.dims``).
     """
 
     #: dtype of the reconstructed signal: sets the payload of the image-sized collectives.
     signal_dtype: ClassVar[torch.dtype] = torch.float32
+    #: The problem's own keys under ``problem.params``: a dataclass whose fields are the keys (with their
+    #: defaults), ``None`` for a problem with none.
+    params: ClassVar[type | None] = None
+    #: Value rules of those keys beyond their types (``"blur_sigma" -> (ok, allowed)``).
+    rules: ClassVar[Mapping[str, Rule]] = {}
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
+
+    @property
+    def settings(self) -> Any:
+        """``problem.params`` as an instance of :attr:`params` (the spec's values over the defaults)."""
+        return params_values(type(self).params, self.spec.params)
+
+    def check_params(self) -> None:
+        """``problem.params`` against :attr:`params` and :attr:`rules`.
+
+        Raises:
+            ConfigError: one line naming ``problem.params.<key>``: unknown (with the problem's keys), of
+                the wrong type, or outside its rule.
+        """
+        cls = type(self)
+        check_params("problem.params", cls.params, cls.rules, self.spec.params, f"problem={self.spec.problem}")
 
     @property
     def num_operators(self) -> int:
         return int(self.spec.sizes["num_operators"])
 
     def check(self) -> None:
-        """Problem-specific rules on the spec (``params``, sizes), run before any rank starts.
+        """Problem-specific rules on the spec across keys (sizes against ``params``...), run before any rank
+        starts, after :meth:`check_params`.
 
         The default accepts everything; override it to refuse values the class cannot use.
 
@@ -173,6 +199,10 @@ def synthetic_signal(
             r2 = sum((u[k] / radii[k]) ** 2 for k in range(dims))
             out[0, c] += amp * (r2 <= 1.0)
     return out.clamp_(0.0, 1.0)
+
+
+#: The rule of a blur width (``blur_sigma`` of the problems that blur): a number > 0.
+POSITIVE: Rule = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "must be a number > 0")
 
 
 def gaussian_filter(sigmas: tuple[float, ...], device: torch.device) -> torch.Tensor:

@@ -18,9 +18,23 @@ seed, identical on every rank and world size), so ``||A_i|| = 1`` and ``L = M`` 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from pnpscale.rank.problems.base import Problem, ProblemError
+from pnpscale.rank.problems.base import POSITIVE, Problem, ProblemError
+
+
+@dataclass
+class Params:
+    """``problem.params`` of ct.
+
+    Attributes:
+        angles_per_pixel: angles of the sinogram per image pixel (> 0): ``round(angles_per_pixel x image_size)``
+            angles evenly spaced over [0, 180).
+    """
+
+    angles_per_pixel: float = 1.0
 
 
 def angle_blocks(num_angles: int, num_operators: int) -> list[list[int]]:
@@ -40,24 +54,20 @@ def angle_blocks(num_angles: int, num_operators: int) -> list[list[int]]:
 class ParallelBeamCT(Problem):
     """Parallel-beam CT of a one-channel image, ``M`` interleaved angle blocks (one operator each)."""
 
+    params = Params
+    rules = {"angles_per_pixel": POSITIVE}
+
     @property
     def num_angles(self) -> int:
-        ratio = float(self.spec.params.get("angles_per_pixel", 1.0))
+        ratio = float(self.settings.angles_per_pixel)
         return max(1, round(ratio * self.spec.sizes["image_size"]))
 
     def check(self) -> None:
-        """``params.angles_per_pixel`` a number > 0; ``num_operators`` <= the number of angles.
+        """``num_operators`` <= the number of angles (``params.angles_per_pixel`` is checked by its schema first).
 
         Raises:
             ProblemError: one line naming the key, the value and what is allowed.
         """
-        unknown = sorted(set(self.spec.params) - {"angles_per_pixel"})
-        if unknown:
-            key = f"problem.params.{unknown[0]}"
-            raise ProblemError(key, self.spec.params[unknown[0]], "ct reads angles_per_pixel")
-        ratio = self.spec.params.get("angles_per_pixel", 1.0)
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
-            raise ProblemError("problem.params.angles_per_pixel", ratio, "must be a number > 0")
         angle_blocks(self.num_angles, self.num_operators)
 
     def angles_deg(self) -> torch.Tensor:
