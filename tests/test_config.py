@@ -216,6 +216,19 @@ def test_only_the_problems_that_decimate_need_a_factor(composer):
         make_problem(unset).check()
 
 
+
+def _digest_before_the_solver_keys(spec) -> str:
+    """The fingerprint as written before ``solver.overlap*`` / ``gradient_collective`` and ``mode.params``
+    existed: those keys absent, the moved keys (``blur_sigma``, ``lr``, ``train_stepsize``) at the top level."""
+    import hashlib
+    import json
+
+    drop = ("overlap", "overlap_chunks", "gradient_collective", "mode_params")
+    before = {k: v for k, v in spec.to_dict().items() if k not in drop}
+    before |= {"params": {}, "blur_sigma": 1.0, "lr": 1e-4, "train_stepsize": False}  # the shared keys of then
+    return hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def test_overlap_is_a_variant_with_its_own_folder(composer):
     """``solver.overlap`` / ``overlap_chunks`` reach the spec and the run folder; the defaults keep the old digest."""
     from pnpscale.core.config import cfg_variant
@@ -227,20 +240,13 @@ def test_overlap_is_a_variant_with_its_own_folder(composer):
     )
     assert cfg_variant(composer()) == ""
     plain = resolve_spec(composer(), cuda_available=False)
-    import hashlib
-    import json
 
-    before = {k: v for k, v in plain.to_dict().items() if k not in ("overlap", "overlap_chunks", "gradient_collective", "mode_params")}
-    before |= {"params": {}, "blur_sigma": 1.0, "lr": 1e-4, "train_stepsize": False}  # the shared keys of then
-    digest = hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    assert plain.fingerprint() == digest  # a run recorded before the keys existed still resumes
+    assert plain.fingerprint() == _digest_before_the_solver_keys(plain)  # a run recorded before still resumes
     assert plain.fingerprint() != spec.fingerprint()
 
 
 def test_gradient_collective_is_a_variant_with_its_own_folder(composer):
     """``solver.gradient_collective`` reaches the spec and the run folder; the default keeps the old digest."""
-    import hashlib
-    import json
 
     from pnpscale.core.config import cfg_variant, variant_subdir
 
@@ -249,7 +255,5 @@ def test_gradient_collective_is_a_variant_with_its_own_folder(composer):
     assert cfg_variant(composer("solver.gradient_collective=reduce_scatter")) == "gradient_collective=reduce_scatter"
     assert variant_subdir("all_reduce", None, "none", None, "reduce_scatter") == "/gradient_collective=reduce_scatter"
     plain = resolve_spec(composer(), cuda_available=False)
-    before = {k: v for k, v in plain.to_dict().items() if k not in ("overlap", "overlap_chunks", "gradient_collective")}
-    digest = hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    assert plain.fingerprint() == digest  # a run recorded before the key existed still resumes
+    assert plain.fingerprint() == _digest_before_the_solver_keys(plain)  # a run recorded before still resumes
     assert plain.fingerprint() != spec.fingerprint()

@@ -60,7 +60,8 @@ def test_plugin_params_are_checked_by_their_class_before_any_rank(tmp_path, over
 
 
 #: Digests of runs recorded before the plugins owned their keys (computed by pnpscale at commit 31c7046, when
-#: ``blur_sigma``, ``lr`` and ``train_stepsize`` were shared keys): a resumed sweep still finds them complete.
+#: ``blur_sigma``, ``lr`` and ``train_stepsize`` were shared keys, and the default ``iterations`` was 3): a
+#: resumed sweep still finds them complete.
 OLD_DIGESTS = {
     ("2d", "inference", ()): "6919fab7c0b6b07d",
     ("2d", "inference", ("problem.params.blur_sigma=0.7",)): "5d9a6209c6ac396a",
@@ -75,7 +76,7 @@ OLD_DIGESTS = {
 @pytest.mark.parametrize(("key", "digest"), OLD_DIGESTS.items(), ids=lambda v: str(v))
 def test_plugin_keys_reach_the_spec_and_old_runs_keep_their_digest(key, digest):
     problem, mode, extra = key
-    cfg = compose_config([f"problem={problem}", f"mode={mode}", "scale=small", "gpus=2", *extra])
+    cfg = compose_config([f"problem={problem}", f"mode={mode}", "scale=small", "gpus=2", "iterations=3", *extra])
     spec = resolve_spec(cfg, cuda_available=False)
     assert spec.fingerprint() == digest
     if "mode.params.lr=0.001" in extra:
