@@ -355,6 +355,43 @@ def test_2_a_folder_in_use_is_refused_naming_the_holder_and_a_stale_lock_taken_o
         assert lock.previous is not None and lock.previous.pid == stale["pid"]
 
 
+def test_2_a_released_lock_leaves_no_file_and_no_race(tmp_path, monkeypatch):
+    """Released, the lock file is gone (nothing left in the user's folder); a taker that opened the old
+    file before its holder removed it, and locked it once released, finds the path no longer names it and
+    takes the new file: at no moment do two processes hold the folder."""
+    import fcntl
+
+    from pnpscale.core import lock as lock_mod
+    from pnpscale.core.lock import Busy, FolderLock
+
+    folder = tmp_path / "run"
+    with FolderLock(folder):
+        assert json.loads((folder / layout.LOCK).read_text())["pid"] == os.getpid()
+    assert not (folder / layout.LOCK).exists() and list(folder.iterdir()) == []
+
+    first = FolderLock(folder).acquire()
+    stale_fd = os.open(folder / layout.LOCK, os.O_RDWR)  # a taker opened the file while it was held
+    first.release()  # removed while locked, then unlocked
+    fcntl.flock(stale_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ... and got the lock of the removed file
+    second = FolderLock(folder).acquire()  # the path's new file: free, taken
+    real_open, opened = os.open, []
+
+    def open_stale_first(path, flags, mode=0o777, **kw):  # the slow taker's view: its old descriptor
+        if Path(path) == folder / layout.LOCK and not opened:
+            opened.append(path)
+            return os.dup(stale_fd)
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(lock_mod.os, "open", open_stale_first)
+    with pytest.raises(Busy, match=f"pid {os.getpid()}"):  # locked the removed file, saw it, took the new one
+        FolderLock(folder).acquire()
+    assert opened  # the stale file was seen
+    monkeypatch.undo()
+    second.release()
+    os.close(stale_fd)
+    assert not (folder / layout.LOCK).exists()
+
+
 def test_2_a_run_folder_in_use_is_refused_and_left_untouched(tmp_path):
     from pnpscale.core.lock import FolderLock
 
