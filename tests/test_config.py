@@ -218,3 +218,23 @@ def test_overlap_is_a_variant_with_its_own_folder(composer):
     digest = hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert plain.fingerprint() == digest  # a run recorded before the keys existed still resumes
     assert plain.fingerprint() != spec.fingerprint()
+
+
+def test_mode_keys_default_to_null_and_a_sweep_over_both_modes_is_warned(composer):
+    """Every key of :data:`pnpscale.sweep.point.MODE_KEYS` names a config key that defaults to null (so a
+    value means it was set) and modes that exist; a sweep over both modes with a training key is one
+    warning, not a refusal; a sweep of inference points only is refused."""
+    from pnpscale.sweep.cli import group_options
+    from pnpscale.sweep.point import MODE_KEYS, mode_key_problems
+
+    cfg = composer()
+    for key, modes in MODE_KEYS.items():
+        group, name = key.split(".", 1)
+        assert name in cfg[group] and cfg[group][name] is None, key
+        assert set(modes) <= set(group_options("mode")), key
+    mixed = [(f"mode={m}", composer(f"mode={m}", "problem.unroll=2")) for m in ("inference", "training")]
+    refused, warnings = mode_key_problems(mixed)
+    assert refused == {}
+    assert warnings == ["problem.unroll=2 takes effect only in mode=training: ignored by mode=inference"]
+    refused, _ = mode_key_problems(mixed[:1] * 2)
+    assert list(refused.values()) == [["mode=inference", "mode=inference"]]

@@ -766,6 +766,8 @@ BAD_INPUTS = {
                                              "problem.impl=nonexistent.module:Cls: cannot import nonexistent.module"),
     "the sweep folder as a point's folder": (("-m", "gpus=1", "hydra.sweep.subdir=."),
                                              "hydra.sweep.subdir=.: must name a sub-folder of the sweep folder"),
+    "a training key in an inference sweep": (("-m", "gpus=1,2", "problem.unroll=3"),
+                                             "invalid sweep, nothing was started"),
 }  # fmt: skip
 
 
@@ -783,6 +785,21 @@ def test_5_bad_input_is_refused_before_any_rank_starts(tmp_path, label):
     assert all(line.startswith("pnpscale: error: ") for line in lines), lines
     assert "Traceback" not in proc.stderr + proc.stdout and "[rank" not in proc.stdout
     assert not run_dirs(tmp_path) and not list(tmp_path.glob("**/logs"))
+    if label == "a training key in an inference sweep":
+        line = lines[1]
+        assert "problem.unroll=3: takes effect only in mode=training; the sweep's points are mode=inference" in line
+        assert "(sweep points: gpus=1 problem.unroll=3" in line, lines
+
+
+def test_5_a_single_run_with_a_key_its_mode_ignores_is_refused_before_hydra():
+    from pnpscale.sweep.cli import CommandLineError, check_single_point
+
+    with pytest.raises(CommandLineError) as hit:
+        check_single_point(["gpus=1", "problem.unroll=3"])
+    assert hit.value.problems == [
+        "problem.unroll=3: takes effect only in mode=training; this point is mode=inference: drop it, "
+        "or run mode=training"
+    ]
 
 
 def _cuda_devices() -> int:

@@ -54,7 +54,9 @@ def _label(overrides: Sequence[str]) -> str:
 def validate_points(
     config_loader: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]], check: Any
 ) -> list[DictConfig]:
-    """Compose every point and run ``check(cfg)`` on each; also refuse two points sharing a folder.
+    """Compose every point and run ``check(cfg)`` on each; also refuse two points sharing a folder, and a
+    key of one mode set on points that are all of another (:func:`pnpscale.sweep.point.mode_key_problems`;
+    a key some points read and others ignore is one warning line).
 
     Args:
         config_loader: Hydra's config loader (``hydra_context.config_loader``).
@@ -94,6 +96,13 @@ def validate_points(
             problems.setdefault(msg, []).extend([seen[sub], _label(overrides)])
         seen[sub] = _label(overrides)
         composed.append(cfg)
+    from pnpscale.sweep.point import mode_key_problems
+
+    refused, warnings = mode_key_problems([(_label(o), c) for o, c in zip(job_overrides, composed, strict=True)])
+    for msg, pts in refused.items():  # a key that every point setting it would silently ignore
+        problems.setdefault(msg, []).extend(pts)
+    for line in warnings:  # read by some points, ignored by others: said once
+        log.warning("%s", line)
     if problems:
         lines = [f"{msg} (sweep point{'s' if len(pts) > 1 else ''}: {'; '.join(pts)})" for msg, pts in problems.items()]
         raise refuse("invalid sweep, nothing was started:\n" + "\n".join(lines))

@@ -145,6 +145,96 @@ def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any]
     )
 
 
+#: Keys that take effect in some modes only: dotted key -> the modes (``mode.name``) whose solver reads it.
+#: Each defaults to ``null`` (from the scale preset), so a non-null value was set on purpose (command line,
+#: stored sweep); a point of another mode would silently ignore it (:func:`ignored_keys`). Add a key here
+#: when a mode's solver reads a key the others do not. (``mode.*`` keys are the mode's own config.)
+MODE_KEYS: dict[str, tuple[str, ...]] = {
+    "problem.unroll": ("training",),  # K, the unrolled iterations trained as one network
+}
+
+
+def _select(cfg: Any, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        try:
+            node = node[part]
+        except (KeyError, TypeError, AttributeError):
+            return None
+    return node
+
+
+def ignored_keys(cfg: Any, keys: dict[str, tuple[str, ...]] = MODE_KEYS) -> dict[str, tuple[Any, tuple[str, ...]]]:
+    """The keys of ``keys`` set (not null) in the composed ``cfg`` whose mode does not read them.
+
+    Returns:
+        key -> (its value, the modes that read it); empty when every key set has an effect.
+
+    >>> ignored_keys({"mode": {"name": "inference"}, "problem": {"unroll": 3}})
+    {'problem.unroll': (3, ('training',))}
+    >>> ignored_keys({"mode": {"name": "training"}, "problem": {"unroll": 3}})
+    {}
+    """
+    mode = _select(cfg, "mode.name")
+    out = {}
+    for key, modes in keys.items():
+        value = _select(cfg, key)
+        if value is not None and mode not in modes:
+            out[key] = (value, modes)
+    return out
+
+
+def mode_key_problems(points: list[tuple[str, Any]]) -> tuple[dict[str, list[str]], list[str]]:
+    """What a sweep's mode-specific keys say, over its points (label, composed config).
+
+    A key set in points none of whose modes read it (a single run of ``mode=inference problem.unroll=3``,
+    or a sweep whose points are all inference) is refused: one line naming the key, the modes it applies
+    to and the points' mode. A key read by some points and ignored by others (``mode=inference,training
+    problem.unroll=3``) is one warning line naming the points that ignore it.
+
+    Returns:
+        (refusals: one line each, a :class:`~pnpscale.core.config.ConfigError`'s text -> the labels of the
+        points refused; warnings: one line each).
+
+    >>> inf = {"mode": {"name": "inference"}, "problem": {"unroll": 3}}
+    >>> print(*mode_key_problems([("gpus=1", inf)])[0])
+    problem.unroll=3: takes effect only in mode=training; this point is mode=inference: drop it, or run mode=training
+    >>> train = {"mode": {"name": "training"}, "problem": {"unroll": 3}}
+    >>> mode_key_problems([("mode=inference", inf), ("mode=training", train)])
+    ({}, ['problem.unroll=3 takes effect only in mode=training: ignored by mode=inference'])
+    """
+    ignored: dict[tuple[str, str], list[str]] = {}
+    used: set[str] = set()
+    info: dict[tuple[str, str], tuple[Any, tuple[str, ...], set[str]]] = {}
+    for label, cfg in points:
+        hits = ignored_keys(cfg)
+        for key in MODE_KEYS:
+            if key not in hits and _select(cfg, key) is not None:
+                used.add(key)
+        for key, (value, modes) in hits.items():
+            ident = (key, str(value))
+            ignored.setdefault(ident, []).append(label)
+            info.setdefault(ident, (value, modes, set()))[2].add(str(_select(cfg, "mode.name")))
+    refusals: dict[str, list[str]] = {}
+    warnings: list[str] = []
+    for (key, _), labels in ignored.items():
+        value, modes, theirs = info[(key, _)]
+        applies = " or ".join(f"mode={m}" for m in modes)
+        if key in used:
+            shown = _show_value(value)
+            warnings.append(f"{key}={shown} takes effect only in {applies}: ignored by {'; '.join(labels)}")
+            continue
+        whose = "this point is" if len(points) == 1 else "the sweep's points are"
+        refusals[str(ConfigError(
+            key, value, f"takes effect only in {applies}; {whose} {', '.join(f'mode={m}' for m in sorted(theirs))}: "
+            f"drop it, or run {applies}"))] = labels  # fmt: skip
+    return refusals, warnings
+
+
+def _show_value(value: Any) -> str:
+    return str(ConfigError("k", value, "")).removeprefix("k=").removesuffix(": ")
+
+
 def writable_dir(path: Path) -> bool:
     """Whether ``path`` is, or can be created as, a folder this process can write into.
 
