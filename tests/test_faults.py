@@ -896,6 +896,31 @@ def test_6_a_killed_rank_is_blamed_on_itself(tmp_path):
 
 
 @pytest.mark.slow
+def test_6_a_killed_rank_among_four_is_blamed_on_itself_not_on_its_peers(tmp_path):
+    """4 real ranks through the launcher: rank 2 is SIGKILLed, ranks 0 and 3 then fail in a gloo recv from it
+    ("Connection closed/reset by peer"), rank 1 is stopped by the agent: two ranks left no error, and torch
+    elastic may name rank 0. Blamed on rank 2, the rank the launcher saw end first, by its signal."""
+    from pnpscale.cluster.exits import pidfd_exit_status
+    from pnpscale.cluster.local import RankFailed, run_ranks
+    from tests.toy_problem import dying_rank
+
+    logs = tmp_path / "logs"
+    with pytest.raises(RankFailed) as hit:
+        run_ranks(4, dying_rank, (2, [0, 3], str(logs)), logs, 1)
+    failed = hit.value
+    assert failed.rank == 2, (str(failed), failed.failures)
+    lost = [m for r, m in failed.failures.items() if r in (0, 3)]
+    assert lost and all("by peer" in m for m in lost), failed.failures  # the peers' real gloo errors
+    probe = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    fd = os.pidfd_open(probe.pid)
+    probe.kill()
+    probe.wait()
+    if pidfd_exit_status(fd) is not None:  # the kernel gives the status (Linux >= 6.15): its signal is named
+        assert str(failed).startswith("rank 2 failed: Signal 9 (SIGKILL)"), str(failed)
+    os.close(fd)
+
+
+@pytest.mark.slow
 def test_6_a_stopped_rank_is_named_within_the_timeout_and_stopped(tmp_path):
     """A rank stopped by SIGSTOP under ``dist.timeout_s=5``: named within seconds of the timeout (the elastic
     agent's SIGTERM cannot end a stopped process: it is continued once a rank failed), nothing survives."""
