@@ -71,6 +71,8 @@ TIMELINE_PNG = "timeline.png"  # one median iteration per rank at the largest GP
 STATUS_COMPLETE = "complete"
 STATUS_FAILED = "failed"
 STATUS_RUNNING = "running"
+#: a point the sweep asked for that never started (a stop signal ended the sweep first); ``error`` says why
+STATUS_NOT_RUN = "not_run"
 
 TABLES = (RANKS, COLLECTIVES, SECTIONS)
 

@@ -205,8 +205,12 @@ def test_2_sigkill_of_a_sweep_leaves_no_process(tmp_path):
 
 @pytest.mark.slow
 def test_1_sigint_between_points_records_reports_and_prints_the_resume_command(tmp_path):
+    """SIGINT once the first of 3 points completed: exit 130; every point the sweep asked for is in the
+    report, ``pnpscale.load`` and the summary line: complete, interrupted, or ``not_run`` with the reason."""
+    import pnpscale
+
     sweep = tmp_path / "sweep"
-    proc = _cli("-m", "gpus=1,2", *TINY_2D, f"output.root={tmp_path}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    proc = _cli("-m", "gpus=1,2,4", *TINY_2D, f"output.root={tmp_path}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     lines: list[str] = []
     _read_until(proc, "gpus=1: LB", lines)  # point 1 complete; point 2 about to start
     os.kill(proc.pid, signal.SIGINT)  # the command only, as `kill -INT` does
@@ -214,14 +218,55 @@ def test_1_sigint_between_points_records_reports_and_prints_the_resume_command(t
     assert proc.returncode == 130, out
     assert _no_survivor(proc.pid)
     runs = {read_run(d)["gpus"]: read_run(d) for d in sorted(p.parent for p in sweep.glob("**/run.json"))}
+    assert sorted(runs) == [1, 2, 4], sorted(runs)  # every point has its record
     assert runs[1]["status"] == "complete"
-    if 2 in runs:  # the signal landed once point 2 had started
-        assert runs[2]["status"] == "failed" and runs[2]["error"].startswith("interrupted (SIGINT)")
-    assert (
-        "gpus=1 " in (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
-        or (sweep / layout.REPORT_DIR / layout.SUMMARY).is_file()
-    )
-    assert f"python -m pnpscale -m gpus=1,2 {TINY_2D[0]}" in out and f"hydra.sweep.dir={sweep}" in out
+    not_run = "not run: the sweep was interrupted (SIGINT) before this point started"
+    if runs[2]["status"] == "failed":  # the signal landed once point 2 had started
+        assert runs[2]["error"].startswith("interrupted (SIGINT)")
+    else:
+        assert runs[2]["status"] == layout.STATUS_NOT_RUN and runs[2]["error"] == not_run, runs[2]
+    assert runs[4]["status"] == layout.STATUS_NOT_RUN and runs[4]["error"] == not_run, runs[4]
+    table = pnpscale.load(sweep).query("section == 'all'").set_index("gpus")
+    assert sorted(table.index) == [1, 2, 4] and table.loc[4, "status"] == "not_run"
+    assert table.loc[4, "error"] == not_run
+    readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
+    assert "missing (not_run)" in readme and f"- gpus=4: {not_run} (" in readme, readme
+    summary = next((line for line in out.splitlines() if "3 sweep point(s): 1 complete, " in line), "")
+    assert "gpus=4" in summary.split(" not run (")[-1], out[-3000:]
+    assert f"python -m pnpscale -m gpus=1,2,4 {TINY_2D[0]}" in out and f"hydra.sweep.dir={sweep}" in out
+    assert not list(sweep.glob(f"**/{layout.LOCK}"))  # no lock file left behind
+
+
+def test_1_a_point_not_run_is_recorded_without_hiding_a_measurement(tmp_path, monkeypatch):
+    """:func:`pnpscale.sweep.task.record_not_run`: an empty folder gets ``not_run`` with the reason; a complete
+    run, and the point this process was running (its ``interrupted`` record), are left as they are; an earlier
+    failure is replaced, its error kept in the text; ``pnpscale.load`` and the report list the point."""
+    import pnpscale
+    from pnpscale.core.record import start_record, write_failure, write_record
+    from pnpscale.sweep import task
+    from pnpscale.sweep.point import Point
+
+    point = lambda cfg, d: Point(spec("2d", "inference", cfg["gpus"]), "local", d, True)  # noqa: E731
+    monkeypatch.setattr(task, "resolve_point", point)
+    sweep = tmp_path / "sweep"
+    p = lambda g: sweep / layout.point_subdir("2d", "inference", g)  # noqa: E731
+    fake_run(p(1), "2d", "inference", {"gradient": [(1.0, 0.0)]})
+    reason = "not run: the sweep was interrupted (SIGINT) before this point started"
+    assert task.record_not_run({"gpus": 1}, p(1), reason) == "complete"
+    assert read_run(p(1))["status"] == "complete"
+    mine = start_record(spec("2d", "inference", 2), None).set(pid=os.getpid(), status="failed", error="interrupted")
+    write_record(p(2), mine)
+    assert task.record_not_run({"gpus": 2}, p(2), reason) == "failed" and read_run(p(2))["error"] == "interrupted"
+    write_failure(p(8), spec("2d", "inference", 8), None, "boom: an earlier sweep")
+    for g in (4, 8):
+        assert task.record_not_run({"gpus": g}, p(g), reason) == layout.STATUS_NOT_RUN
+        assert not (p(g) / layout.LOCK).exists()
+    assert read_run(p(4))["error"] == reason and read_run(p(4))["status"] == "not_run"
+    earlier = read_run(p(8))["error"]
+    assert earlier.startswith(reason + " (the folder's earlier run, ") and "failed: boom" in earlier, earlier
+    table = pnpscale.load(sweep).query("section == 'all'").set_index("gpus")
+    assert table.loc[4, "status"] == "not_run" and table.loc[4, "error"] == reason
+    assert table.loc[8, "status"] == "not_run" and table.loc[1, "status"] == "complete"
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from hydra.core.utils import JobReturn
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
+from pnpscale import layout
 from pnpscale.core.errors import Abort, InputError, PnpscaleError
 
 log = logging.getLogger("pnpscale")
@@ -124,7 +125,7 @@ class PnpscaleBasicLauncher(BasicLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.hydra_context is not None and self.config is not None
-        validate_points(self.hydra_context.config_loader, self.config, job_overrides, check_local)
+        composed = validate_points(self.hydra_context.config_loader, self.config, job_overrides, check_local)
         from pnpscale.core.signals import check
 
         rets: list[JobReturn] = []
@@ -138,15 +139,20 @@ class PnpscaleBasicLauncher(BasicLauncher):
 
             stop = as_interrupted(exc)
             acknowledge()  # handled here: the report of what completed may be published
-            log.error("%s: the remaining sweep points were not run", stop)
+            rest = list(zip(job_overrides, composed, strict=True))[len(rets) :]
+            said = record_not_run_points(rest, f"not run: the sweep was {stop} before this point started")
+            not_run = [f"{label}{'' if s == layout.STATUS_NOT_RUN else f' ({s})'}" for label, s in said
+                       if s not in (layout.STATUS_COMPLETE, layout.STATUS_FAILED, layout.STATUS_RUNNING)]  # fmt: skip
+            log.error("%s: %d sweep point(s) not run%s", stop, len(not_run), f": {'; '.join(not_run)}" * bool(not_run))
+            done = sum(s == layout.STATUS_COMPLETE for _, s in said)  # ended as the stop came: their folders say
             try:
-                finish_sweep(self.config, rets)
+                finish_sweep(self.config, rets, total=len(job_overrides), not_run=not_run, complete_after=done)
             except ReportFailed:
                 pass  # logged; the stop decides the exit code
             finally:
                 log.error("to resume (complete points are skipped): %s", sweep_resume_command(self.config))
             raise
-        finish_sweep(self.config, rets)
+        finish_sweep(self.config, rets, total=len(job_overrides))
         return rets
 
     def _run_point(self, idx: int, overrides: Sequence[str]) -> JobReturn:
@@ -182,6 +188,29 @@ class PnpscaleBasicLauncher(BasicLauncher):
         return ret
 
 
+def record_not_run_points(points: Sequence[tuple[Sequence[str], DictConfig]], reason: str) -> list[tuple[str, str]]:
+    """Record every point of ``points`` (overrides, composed config) that did not run as ``not_run`` in its
+    folder (:func:`pnpscale.sweep.task.record_not_run`): the point a stop interrupted keeps its
+    ``interrupted`` record, a complete one stays complete.
+
+    Returns:
+        per point, in sweep order: its label (``problem=2d mode=inference gpus=4``) and what its folder now
+        says (``not_run``, ``complete``, ``failed``, or why nothing could be recorded).
+    """
+    from pnpscale.sweep.point import resolve_point
+    from pnpscale.sweep.task import record_not_run
+
+    out = []
+    for overrides, cfg in points:
+        run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        try:
+            label = resolve_point(cfg, run_dir).label  # validated before the sweep started: memoised
+        except Exception:  # noqa: BLE001 - the folder changed since: the overrides name it
+            label = _label(overrides)
+        out.append((label, record_not_run(cfg, run_dir, reason)))
+    return out
+
+
 def sweep_resume_command(config: DictConfig) -> str:
     """The command that resumes this sweep (:func:`pnpscale.sweep.cli.resume_command`)."""
     from pnpscale.sweep.cli import resume_command
@@ -190,12 +219,37 @@ def sweep_resume_command(config: DictConfig) -> str:
     return resume_command(list(ov.task), list(ov.hydra), Path(str(config.hydra.sweep.dir)).absolute())
 
 
+def sweep_summary(total: int, complete: int, failed: int, not_run: Sequence[str] = ()) -> str:
+    """The sweep's summary line: every point it asked for, complete, failed or not run (named).
+
+    >>> sweep_summary(4, 1, 1, ["gpus=4", "gpus=8"])
+    '4 sweep point(s): 1 complete, 1 failed, 2 not run (gpus=4; gpus=8)'
+    >>> sweep_summary(2, 1, 1)
+    '2 sweep point(s): 1 complete, 1 failed'
+    """
+    parts = [f"{complete} complete", f"{failed} failed"]
+    if not_run:
+        parts.append(f"{len(not_run)} not run ({'; '.join(not_run)})")
+    unaccounted = total - complete - failed - len(not_run)
+    if unaccounted > 0:  # the point a stop interrupted (recorded failed in its folder)
+        parts.append(f"{unaccounted} interrupted")
+    return f"{total} sweep point(s): " + ", ".join(parts)
+
+
 class ReportFailed(PnpscaleError, RuntimeError, CompactHydraException):
     """The sweep report could not be written (the points' run folders are intact); one line, exit 1."""
 
 
-def finish_sweep(config: DictConfig, rets: Sequence[JobReturn]) -> None:
-    """After every point ran: summary of failures, then the sweep report (``report=true``).
+def finish_sweep(
+    config: DictConfig,
+    rets: Sequence[JobReturn],
+    total: int | None = None,
+    not_run: Sequence[str] = (),
+    complete_after: int = 0,
+) -> None:
+    """After the points ran: one summary line of every point the sweep asked for (``total``: complete, failed,
+    not run, the last named in ``not_run``; ``complete_after``: points without a job return that completed
+    as a stop came), then the sweep report (``report=true``).
 
     The report is staged and renamed (:func:`pnpscale.results.report.write_report`): if it fails,
     or a signal arrives while it is written, the previous report is left as it was.
@@ -206,9 +260,10 @@ def finish_sweep(config: DictConfig, rets: Sequence[JobReturn]) -> None:
     from hydra.core.utils import JobStatus
 
     failed = [r for r in rets if r.status == JobStatus.FAILED]
-    if failed:
-        rest = "the others are complete" if len(failed) < len(rets) else "none completed"
-        log.warning("%d of %d sweep point(s) failed; %s", len(failed), len(rets), rest)
+    total = len(rets) if total is None else total
+    line = sweep_summary(total, len(rets) - len(failed) + complete_after, len(failed), not_run)
+    if failed or not_run or len(rets) < total:
+        log.warning("%s", line)
     if config.get("report", False):
         from pnpscale.results.report import write_report
         from pnpscale.results.runs import NoRunsError

@@ -137,6 +137,69 @@ def _record_failure(point: Point, config: dict[str, Any] | None, error: BaseExce
         log.error("%s: could not record the failure in %s: %s", point.label, point.run_dir, exc)
 
 
+def record_not_run(cfg: DictConfig, run_dir: Path, reason: str) -> str:
+    """Record in ``run_dir`` that the sweep asked for this point but never ran it (``run.json``: status
+    ``not_run``, ``error`` = ``reason``), so that the report and ``pnpscale.load`` list it; resume runs it.
+
+    Never overwrites a complete run (a point skipped or finished as the stop came: it stays complete), nor
+    the record of the point this process was running when stopped (it says ``interrupted``), nor a folder
+    in use by another process. An earlier record of another status is replaced, its error kept in the text.
+
+    Returns:
+        what the folder now says: ``not_run``, ``complete``, ``failed`` (this process's interrupted point),
+        or why nothing was recorded (``in use by ...``, ``not recorded (OSError: ...)``).
+    """
+    import os
+
+    from pnpscale.core.lock import Busy, FolderLock
+    from pnpscale.core.record import RecordError, now_iso, read_record, start_record, write_record
+    from pnpscale.core.signals import deferred
+
+    try:
+        earlier = read_record(run_dir)
+    except RecordError:
+        earlier = None
+    if earlier is not None and (earlier.status == layout.STATUS_COMPLETE or earlier.pid == os.getpid()):
+        return earlier.status
+    lock = FolderLock(run_dir)
+    try:
+        with deferred():
+            lock.acquire()
+            try:
+                text = reason
+                if earlier is not None and earlier.status != layout.STATUS_NOT_RUN:
+                    before = (earlier.error or "").splitlines()[0] if earlier.error else ""
+                    text += f" (the folder's earlier run, {earlier.started_at}: {earlier.status}" + (
+                        f": {before})" if before else ")"
+                    )
+                record = start_record(resolve_point(cfg, run_dir).spec, _without_hydra(cfg))
+                write_record(run_dir, record.set(status=layout.STATUS_NOT_RUN, error=text, started_at=None,
+                                                 finished_at=now_iso()))  # fmt: skip
+            finally:
+                lock.release()
+    except Busy as exc:
+        return f"not recorded: {exc}"
+    except (OSError, PnpscaleError) as exc:
+        return f"not recorded ({type(exc).__name__}: {exc})"
+    return layout.STATUS_NOT_RUN
+
+
+def _without_hydra(cfg: Any) -> dict[str, Any]:
+    """A launcher's composed point config as the task would record it: resolved, without its ``hydra`` node."""
+    from omegaconf import OmegaConf
+
+    out = plain(cfg, resolve=False)
+    out.pop("hydra", None)
+    for key in out:
+        node = cfg[key]
+        if OmegaConf.is_config(node):
+            try:
+                out[key] = OmegaConf.to_container(node, resolve=True)
+            except Exception:  # noqa: BLE001 - an interpolation of the Hydra run: kept as written
+                pass
+    return out
+
+
 def _log_single_run_resume(point: Point) -> None:
     """A single run (no sweep): log the command that runs it again into the same folder."""
     try:
