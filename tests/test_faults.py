@@ -467,6 +467,30 @@ def test_3_a_failure_is_recorded_on_a_full_disk(tmpfs):
     assert run["status"] == "failed" and "No space left on device" in run["error"]
 
 
+def test_3_no_room_at_all_gives_the_lock_block_to_the_record_or_says_so_in_one_line(tmpfs, capsys):
+    """A full disk and no ``run.json`` yet (nothing to overwrite in place): the lock file's holder name is given
+    up for the failed record; with no lock either, one line on stderr names the point, the folder and ENOSPC."""
+    from pnpscale.core.lock import FolderLock
+    from pnpscale.sweep.task import record_failure_or_say
+
+    run_dir = tmpfs / "run"
+    lock = FolderLock(run_dir).acquire()  # its holder name takes a block
+    filler = _fill(tmpfs)
+    s = spec("2d", "inference", 2)
+    assert record_failure_or_say(run_dir, s, None, "OSError: [Errno 28] No space left on device", "gpus=2", lock)
+    assert read_run(run_dir)["status"] == "failed" and "No space left" in read_run(run_dir)["error"]
+    lock.release()
+    assert capsys.readouterr().err == ""
+    (run_dir / layout.RUN_JSON).unlink()
+    filler.unlink()
+    _fill(tmpfs)
+    assert not record_failure_or_say(run_dir, s, None, "boom", "gpus=2")
+    assert capsys.readouterr().err.splitlines() == [
+        f"pnpscale: error: gpus=2: no status record could be written in {run_dir} (ENOSPC: No space left on "
+        "device); the point failed"
+    ]
+
+
 def test_3_a_failure_is_recorded_when_the_writer_hits_enospc(tmp_path, monkeypatch):
     from pnpscale.core import record
 
@@ -517,27 +541,70 @@ def small_disk(tmp_path, request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("small_disk", [40, 60, 320], indirect=True, ids=lambda k: f"{k}k")
+@pytest.mark.parametrize("small_disk", [16, 32, 40, 60, 320], indirect=True, ids=lambda k: f"{k}k")
 def test_3_a_point_on_a_small_disk_is_recorded_truthfully(tmp_path, small_disk):
-    """A 2-rank point on a 40, 60 or 320 KiB disk: complete (exit 0) or failed (exit 1) with the error in
-    run.json, never ``running``; no traceback, no '--- Logging error ---', no misleading JSON error; no
-    table without its complete record; no rank left. (320 KiB completes: the reserve is sized to the disk.)"""
+    """A 2-rank point on a 16, 32, 40, 60 or 320 KiB disk: complete (exit 0) or failed (exit 1) with the error in
+    run.json, never ``running``; below the room a status record needs (16 KiB), refused before anything starts
+    with one line naming the folder and ENOSPC (exit 1); no traceback, no '--- Logging error ---', no misleading
+    JSON error; no table without its complete record; no rank left. (320 KiB completes: the reserve is sized to
+    the disk.)"""
+    from pnpscale.sweep.point import MIN_FREE_BYTES
+
     run_dir = small_disk / "run"
+    disk = os.statvfs(small_disk)
+    free = disk.f_bavail * disk.f_frsize
     proc = _cli("gpus=2", *TINY_2D, f"output.root={tmp_path}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     out = proc.communicate(timeout=240)[0]
     assert _no_survivor(proc.pid)
     for bad in ("Traceback", "Logging error", "Expecting value", "could not record"):
         assert bad not in out, out
+    if free < MIN_FREE_BYTES:  # not even a status record would fit: nothing starts
+        assert proc.returncode == 1, out
+        assert out.strip().splitlines() == [
+            f"pnpscale: error: {run_dir}: {free // 1024} KiB free on its disk, fewer than "
+            f"the {MIN_FREE_BYTES // 1024} KiB a point needs to record its status (ENOSPC: No space left on device); "
+            "nothing was started"
+        ], out
+        assert not run_dir.exists()
+        return
     run = read_run(run_dir)
     assert run["status"] in ("complete", "failed"), run["status"]
     assert proc.returncode == (0 if run["status"] == "complete" else 1), out
     if run["status"] == "failed":
         assert "No space left" in run["error"] or "no space left" in run["error"], run["error"]
         assert not any((run_dir / t).exists() for t in layout.TABLES)
-    disk = os.statvfs(small_disk)
     if disk.f_blocks * disk.f_frsize >= 300 * 1024:
         assert run["status"] == "complete", run["error"]
-    assert not (run_dir / layout.RESERVE).exists()
+    assert not (run_dir / layout.RESERVE).exists() and not (run_dir / layout.LOCK).exists()
+
+
+@pytest.mark.slow
+def test_3_a_full_point_disk_in_a_sweep_is_said_and_the_others_run(tmp_path):
+    """A sweep whose gpus=2 folder is a full disk (not even its status record fits): one line on stderr naming
+    the point, the folder and ENOSPC; gpus=1 runs and completes, the report is written and lists gpus=2; exit 1."""
+    sweep = tmp_path / "sweep"
+    full = sweep / layout.point_subdir("2d", "inference", 2, "num_operators=4")
+    full.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        filler = _fill(full)
+        proc = _cli("-m", "gpus=1,2", *TINY_2D, f"output.root={tmp_path}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+        out = proc.communicate(timeout=240)[0]
+        assert proc.returncode == 1, out
+        assert _no_survivor(proc.pid)
+        said = [line for line in out.splitlines() if line.startswith("pnpscale: error: ")]
+        assert said == [f"pnpscale: error: problem=2d mode=inference num_operators=4 gpus=2: no status record could "
+                        f"be written in {full} (ENOSPC: No space left on device); the point failed"], out  # fmt: skip
+        assert "Traceback" not in out and "Logging error" not in out
+        (done,) = [p.parent for p in sweep.glob("**/run.json")]
+        assert read_run(done)["gpus"] == 1 and read_run(done)["status"] == "complete"
+        assert "2 sweep point(s): 1 complete, 1 failed" in out
+        readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
+        assert "missing (incomplete)" in readme, readme
+        assert sorted(p.name for p in full.iterdir()) == [filler.name]  # nothing half-written, no lock left
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)
 
 
 def test_3_a_report_on_a_full_disk_fails_in_one_line_and_keeps_the_previous_one(tmpfs, capsys):

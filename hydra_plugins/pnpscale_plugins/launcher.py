@@ -158,10 +158,8 @@ class PnpscaleBasicLauncher(BasicLauncher):
     def _run_point(self, idx: int, overrides: Sequence[str]) -> JobReturn:
         """Hydra's ``run_job`` for one point; a folder Hydra cannot write (its ``.hydra/``, a full disk)
         fails that point with one line instead of ending the sweep with a traceback."""
-        from hydra.core.utils import JobStatus, configure_log, filter_overrides, run_job, setup_globals
+        from hydra.core.utils import configure_log, filter_overrides, run_job, setup_globals
         from omegaconf import open_dict
-
-        from pnpscale.sweep.task import RunFailed
 
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
         setup_globals()
@@ -171,6 +169,12 @@ class PnpscaleBasicLauncher(BasicLauncher):
             cfg.hydra.job.id = idx
             cfg.hydra.job.num = idx
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        from pnpscale.sweep.point import NoSpace, check_room
+
+        try:
+            check_room(run_dir)  # before Hydra writes into it: room for the point's status record
+        except NoSpace as exc:
+            return self._unwritable(overrides, cfg, run_dir, exc)
         try:
             ret = run_job(
                 hydra_context=self.hydra_context,
@@ -180,11 +184,39 @@ class PnpscaleBasicLauncher(BasicLauncher):
                 job_subdir_key="hydra.sweep.subdir",
             )
         except OSError as exc:
-            error = f"cannot write its run folder: {exc}"
-            log.error("%s failed: %s", _label(overrides), error)
-            ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
-            ret.return_value = RunFailed(_label(overrides), run_dir, error)
+            ret = self._unwritable(overrides, cfg, run_dir, exc)
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return ret
+
+    def _unwritable(self, overrides: Sequence[str], cfg: DictConfig, run_dir: Path, exc: OSError) -> JobReturn:
+        """A point whose folder cannot be written (a full disk): failed with one line, its failure recorded
+        when the disk has room for that (:func:`pnpscale.sweep.task.record_failure_or_say`, which says so on
+        stderr otherwise); the sweep goes on with the next point."""
+        from hydra.core.utils import JobStatus
+
+        from pnpscale.core.lock import Busy, FolderLock
+        from pnpscale.sweep.point import resolve_point
+        from pnpscale.sweep.task import RunFailed, record_failure_or_say
+
+        error = f"cannot write its run folder: {exc}"
+        log.error("%s failed: %s", _label(overrides), error)
+        lock = FolderLock(run_dir)
+        try:
+            lock.acquire()
+        except (Busy, OSError):
+            lock = None  # another process's folder, or not even its lock fits: nothing written
+        if lock is not None:
+            try:
+                point = resolve_point(cfg, run_dir)  # validated before the sweep: memoised
+                record_failure_or_say(run_dir, point.spec, None, error, point.label, lock)
+            finally:
+                lock.release()
+        else:
+            from pnpscale.sweep.task import say_unrecorded
+
+            say_unrecorded(_label(overrides), run_dir, exc)
+        ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
+        ret.return_value = RunFailed(_label(overrides), run_dir, error)
         return ret
 
 

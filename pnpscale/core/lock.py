@@ -133,6 +133,18 @@ class FolderLock:
             pass
         return self
 
+    def forget_holder(self) -> bool:
+        """Empty the lock file (the lock holds; only the holder's name goes), giving its block back to a disk
+        too full for a status record. Returns whether it held a name."""
+        if self._fd is None:
+            return False
+        try:
+            had = os.fstat(self._fd).st_size > 0
+            os.ftruncate(self._fd, 0)
+        except OSError:
+            return False
+        return had
+
     def release(self) -> None:
         """Drop the lock and remove its file (unlinked while still locked; see the module doc)."""
         if self._fd is None:

@@ -226,6 +226,8 @@ def check_single_point(argv: Sequence[str]) -> None:
             key that the point's mode does not read (``problem.unroll`` in inference:
             :func:`pnpscale.sweep.point.mode_key_problems`).
         ConfigError: see :func:`pnpscale.sweep.point.resolve_point`.
+        NoSpace: the run folder's disk cannot hold even the point's status record
+            (:func:`pnpscale.sweep.point.check_room`; exit 1).
     """
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -270,7 +272,11 @@ def check_single_point(argv: Sequence[str]) -> None:
         (str(ov.value()) for ov in parsed if ov.key_or_group == "hydra.run.dir" and "${" not in str(ov.value())),
         None,
     )
-    resolve_point(cfg, Path(run_dir) if run_dir else Path(str(cfg.output.root)) / "__not_created__")
+    folder = Path(run_dir) if run_dir else Path(str(cfg.output.root)) / "__not_created__"
+    resolve_point(cfg, folder)
+    from pnpscale.sweep.point import check_room
+
+    check_room(Path(run_dir) if run_dir else Path(str(cfg.output.root)))  # before Hydra writes into it
 
 
 def _show(ov: Any) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pnpscale import layout
 from pnpscale.core.config import ConfigError, RunSpec, cfg_variant, plain, resolve_spec
+from pnpscale.core.errors import PnpscaleError
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,59 @@ def mode_key_problems(points: list[tuple[str, Any]]) -> tuple[dict[str, list[str
 
 def _show_value(value: Any) -> str:
     return str(ConfigError("k", value, "")).removeprefix("k=").removesuffix(": ")
+
+
+#: Bytes a point's folder needs free before the point starts, so that its end is always recorded: Hydra's
+#: ``.hydra/`` (3 files, 4 blocks), its log, the lock and ``run.json`` (2 blocks), in 4 KiB blocks.
+MIN_FREE_BYTES = 32 * 1024
+
+
+class NoSpace(PnpscaleError, OSError):
+    """A point's disk has too little room to record its status (ENOSPC): nothing started, exit 1.
+
+    Attributes:
+        path: the point's run folder.
+    """
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free for this user on the file system of ``path`` (or its nearest existing folder), else ``None``."""
+    import os
+
+    p = path.absolute()
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def check_room(run_dir: Path, free: int | None = None) -> None:
+    """Refuse a point whose disk cannot hold even its status record (:data:`MIN_FREE_BYTES`).
+
+    Args:
+        run_dir: the point's run folder.
+        free: bytes free there (default: measured, :func:`free_bytes`).
+
+    Raises:
+        NoSpace: one line naming the folder, the room left and the cause (ENOSPC).
+
+    >>> check_room(Path("/r"), 40 * 1024)
+    >>> check_room(Path("/r"), 20 * 1024)
+    Traceback (most recent call last):
+    ...
+    pnpscale.sweep.point.NoSpace: /r: 20 KiB free on its disk, fewer than the 32 KiB a point needs to record its \
+status (ENOSPC: No space left on device); nothing was started
+    """
+    free = free_bytes(run_dir) if free is None else free
+    if free is not None and free < MIN_FREE_BYTES:
+        raise NoSpace(
+            f"{run_dir}: {free // 1024} KiB free on its disk, fewer than the {MIN_FREE_BYTES // 1024} KiB a point "
+            "needs to record its status (ENOSPC: No space left on device); nothing was started",
+            path=str(run_dir),
+        )
 
 
 def writable_dir(path: Path) -> bool:

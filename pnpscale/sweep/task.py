@@ -78,12 +78,12 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     try:
         if lock.previous is not None:
             log.warning("%s: took over the lock of %s: that process is gone", point.label, lock.previous.text())
-        return _run_locked(cfg, point, backend)
+        return _run_locked(cfg, point, backend, lock)
     finally:
         lock.release()
 
 
-def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
+def _run_locked(cfg: DictConfig, point: Point, backend: Any, lock: Any = None) -> dict[str, Any]:
     import os
     import socket
 
@@ -111,12 +111,12 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
     except BaseException as exc:
         stop = stop_behind(exc)
         if stop is not None:
-            _record_failure(point, config, f"{stop}: the ranks were stopped")
+            _record_failure(point, config, f"{stop}: the ranks were stopped", lock)
             _log_single_run_resume(point)
             raise stop from None  # stops the whole sweep, not only this point
         if not isinstance(exc, Exception):
             raise
-        _record_failure(point, config, exc)
+        _record_failure(point, config, exc, lock)
         log.error("%s failed: %s", point.label, exc)
         raise RunFailed(point.label, point.run_dir, str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
     finally:
@@ -126,15 +126,52 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
     return result
 
 
-def _record_failure(point: Point, config: dict[str, Any] | None, error: BaseException | str) -> None:
-    """``run.json`` says ``failed`` with ``error``; a disk too full even for that is logged, never raised
-    (the stop or the failure itself decides what happens next)."""
+def _record_failure(point: Point, config: dict[str, Any] | None, error: BaseException | str, lock: Any = None) -> None:
+    """``run.json`` says ``failed`` with ``error``; a disk too full even for that gets one line on stderr
+    (:func:`record_failure_or_say`), never an exception (the stop or the failure decides what happens next)."""
+    record_failure_or_say(point.run_dir, point.spec, config, error, point.label, lock)
+
+
+def record_failure_or_say(
+    run_dir: Path, spec: Any, config: dict[str, Any] | None, error: BaseException | str, label: str, lock: Any = None
+) -> bool:
+    """Record a failed point (:func:`pnpscale.core.record.write_failure`, which frees the space reserved for it
+    and falls back to a short record, then to overwriting ``run.json`` in place); on a disk still too full, the
+    lock file's holder name is given up for its block (:meth:`pnpscale.core.lock.FolderLock.forget_holder`)
+    and it is tried once more. If even that fails, one line on stderr names the point, the folder and the
+    cause: ``pnpscale: error: <point>: no status record could be written in <folder> (ENOSPC: No space left
+    on device); the point failed``.
+
+    Returns:
+        whether a record was written.
+    """
     from pnpscale.core.record import write_failure
 
     try:
-        write_failure(point.run_dir, point.spec, config, error)
+        write_failure(run_dir, spec, config, error)
+        return True
     except OSError as exc:
-        log.error("%s: could not record the failure in %s: %s", point.label, point.run_dir, exc)
+        full = exc
+    if lock is not None and lock.forget_holder():
+        try:
+            write_failure(run_dir, spec, config, error)
+            return True
+        except OSError as exc:
+            full = exc
+    say_unrecorded(label, run_dir, full)
+    return False
+
+
+def say_unrecorded(label: str, run_dir: Path, full: OSError) -> None:
+    """One line on stderr (and the log): the point's folder could not hold its status record, and why."""
+    import errno
+    import sys
+
+    cause = errno.errorcode.get(full.errno or 0, type(full).__name__)
+    line = (f"{label}: no status record could be written in {run_dir} ({cause}: {full.strerror or full}); "
+            "the point failed")  # fmt: skip
+    print(f"pnpscale: error: {line}", file=sys.stderr, flush=True)
+    log.error("%s", line)
 
 
 def record_not_run(cfg: DictConfig, run_dir: Path, reason: str) -> str:
