@@ -238,3 +238,8 @@ def test_mode_keys_default_to_null_and_a_sweep_over_both_modes_is_warned(compose
     assert warnings == ["problem.unroll=2 takes effect only in mode=training: ignored by mode=inference"]
     refused, _ = mode_key_problems(mixed[:1] * 2)
     assert list(refused.values()) == [["mode=inference", "mode=inference"]]
+    preset = "problem.scales.small.training.image_size=64"  # the training preset, on an inference point
+    refused, _ = mode_key_problems([("gpus=1", composer(preset), [preset])])
+    assert list(refused) == [f"{preset}: takes effect only in mode=training; this point is mode=inference: "
+                             "drop it, or run mode=training"]  # fmt: skip
+    assert mode_key_problems([("gpus=1", composer(preset, "mode=training"), [preset])]) == ({}, [])

@@ -99,7 +99,7 @@ def validate_points(
         composed.append(cfg)
     from pnpscale.sweep.point import mode_key_problems
 
-    refused, warnings = mode_key_problems([(_label(o), c) for o, c in zip(job_overrides, composed, strict=True)])
+    refused, warnings = mode_key_problems([(_label(o), c, o) for o, c in zip(job_overrides, composed, strict=True)])
     for msg, pts in refused.items():  # a key that every point setting it would silently ignore
         problems.setdefault(msg, []).extend(pts)
     for line in warnings:  # read by some points, ignored by others: said once

@@ -264,7 +264,7 @@ def check_single_point(argv: Sequence[str]) -> None:
     from pnpscale.sweep.point import mode_key_problems, resolve_point
 
     cfg = compose_config(overrides)
-    refused, _ = mode_key_problems([("", cfg)])  # a key this point's mode would silently ignore
+    refused, _ = mode_key_problems([("", cfg, overrides)])  # a key this point's mode would silently ignore
     if refused:
         raise CommandLineError(list(refused))
     # the folder Hydra will write: checked now (resume rule), before Hydra writes its .hydra/ into it

@@ -9,6 +9,7 @@ against the run folder it will write (:func:`complete_run`). Nothing starts befo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,8 +166,34 @@ def _select(cfg: Any, key: str) -> Any:
     return node
 
 
-def ignored_keys(cfg: Any, keys: dict[str, tuple[str, ...]] = MODE_KEYS) -> dict[str, tuple[Any, tuple[str, ...]]]:
-    """The keys of ``keys`` set (not null) in the composed ``cfg`` whose mode does not read them.
+def mode_keys_set(cfg: Any, overrides: Sequence[str] = ()) -> dict[str, tuple[Any, tuple[str, ...]]]:
+    """The mode-only keys set for a point: those of :data:`MODE_KEYS` not null in the composed ``cfg``, and the
+    size presets of one mode given in ``overrides`` (``problem.scales.small.training.image_size=64``: the
+    training preset, :class:`~pnpscale.core.config.ModeSizes`).
+
+    Returns:
+        key -> (its value, the modes that read it).
+
+    >>> mode_keys_set({"problem": {"unroll": None, "scales": {"small": {"training": {"nb": 2}}}}},
+    ...               ["problem.scales.small.training.nb=2", "gpus=2"])
+    {'problem.scales.small.training.nb': (2, ('training',))}
+    """
+    import dataclasses
+
+    from pnpscale.core.config import ModeSizes
+
+    out = {key: (v, modes) for key, modes in MODE_KEYS.items() if (v := _select(cfg, key)) is not None}
+    preset_modes = {f.name for f in dataclasses.fields(ModeSizes)}
+    for ov in overrides:
+        key = ov.lstrip("+~").split("=", 1)[0]
+        parts = key.split(".")
+        if len(parts) >= 5 and parts[:2] == ["problem", "scales"] and parts[3] in preset_modes:
+            out[key] = (_select(cfg, key), (parts[3],))
+    return out
+
+
+def ignored_keys(cfg: Any, overrides: Sequence[str] = ()) -> dict[str, tuple[Any, tuple[str, ...]]]:
+    """The mode-only keys set for a point (:func:`mode_keys_set`) whose mode does not read them.
 
     Returns:
         key -> (its value, the modes that read it); empty when every key set has an effect.
@@ -177,16 +204,11 @@ def ignored_keys(cfg: Any, keys: dict[str, tuple[str, ...]] = MODE_KEYS) -> dict
     {}
     """
     mode = _select(cfg, "mode.name")
-    out = {}
-    for key, modes in keys.items():
-        value = _select(cfg, key)
-        if value is not None and mode not in modes:
-            out[key] = (value, modes)
-    return out
+    return {k: vm for k, vm in mode_keys_set(cfg, overrides).items() if mode not in vm[1]}
 
 
-def mode_key_problems(points: list[tuple[str, Any]]) -> tuple[dict[str, list[str]], list[str]]:
-    """What a sweep's mode-specific keys say, over its points (label, composed config).
+def mode_key_problems(points: Sequence[tuple[Any, ...]]) -> tuple[dict[str, list[str]], list[str]]:
+    """What a sweep's mode-specific keys say, over its points (label, composed config[, overrides]).
 
     A key set in points none of whose modes read it (a single run of ``mode=inference problem.unroll=3``,
     or a sweep whose points are all inference) is refused: one line naming the key, the modes it applies
@@ -207,11 +229,10 @@ def mode_key_problems(points: list[tuple[str, Any]]) -> tuple[dict[str, list[str
     ignored: dict[tuple[str, str], list[str]] = {}
     used: set[str] = set()
     info: dict[tuple[str, str], tuple[Any, tuple[str, ...], set[str]]] = {}
-    for label, cfg in points:
-        hits = ignored_keys(cfg)
-        for key in MODE_KEYS:
-            if key not in hits and _select(cfg, key) is not None:
-                used.add(key)
+    for label, cfg, *rest in points:
+        overrides = rest[0] if rest else ()
+        hits = ignored_keys(cfg, overrides)
+        used |= set(mode_keys_set(cfg, overrides)) - set(hits)
         for key, (value, modes) in hits.items():
             ident = (key, str(value))
             ignored.setdefault(ident, []).append(label)
