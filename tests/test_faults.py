@@ -491,6 +491,22 @@ def test_3_no_room_at_all_gives_the_lock_block_to_the_record_or_says_so_in_one_l
     ]
 
 
+def test_3_a_complete_run_whose_folder_hydra_cannot_rewrite_stays_complete(tmp_path):
+    """Resuming on a full disk: Hydra cannot rewrite a skipped point's ``.hydra/``; its complete run is kept
+    (never turned into a failure record), and the point counts as complete."""
+    from hydra.core.utils import JobStatus
+
+    from hydra_plugins.pnpscale_plugins.launcher import PnpscaleBasicLauncher
+
+    run_dir = tmp_path / layout.point_subdir("2d", "inference", 1)
+    fake_run(run_dir, "2d", "inference", {"gradient": [(1.0, 0.0)]})
+    before = (run_dir / layout.RUN_JSON).read_bytes()
+    full = OSError(errno.ENOSPC, "No space left on device")
+    ret = PnpscaleBasicLauncher._unwritable(None, ["gpus=1"], None, run_dir, full)  # type: ignore[arg-type]
+    assert ret.status == JobStatus.COMPLETED
+    assert (run_dir / layout.RUN_JSON).read_bytes() == before
+
+
 def test_3_a_failure_is_recorded_when_the_writer_hits_enospc(tmp_path, monkeypatch):
     from pnpscale.core import record
 

@@ -172,7 +172,8 @@ class PnpscaleBasicLauncher(BasicLauncher):
         from pnpscale.sweep.point import NoSpace, check_room
 
         try:
-            check_room(run_dir)  # before Hydra writes into it: room for the point's status record
+            if layout.run_status(run_dir) != layout.STATUS_COMPLETE:  # a complete one is skipped (resume)
+                check_room(run_dir)  # before Hydra writes into it: room for the point's status record
         except NoSpace as exc:
             return self._unwritable(overrides, cfg, run_dir, exc)
         try:
@@ -199,6 +200,11 @@ class PnpscaleBasicLauncher(BasicLauncher):
         from pnpscale.sweep.task import RunFailed, record_failure_or_say
 
         error = f"cannot write its run folder: {exc}"
+        if layout.run_status(run_dir) == layout.STATUS_COMPLETE:  # a complete run (skipped, resume): kept
+            log.warning("%s: %s; its complete run is left as it is", _label(overrides), error)
+            ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.COMPLETED)
+            ret.return_value = None
+            return ret
         log.error("%s failed: %s", _label(overrides), error)
         lock = FolderLock(run_dir)
         try:
