@@ -29,6 +29,9 @@ def main() -> None:
     from pnpscale.sweep.cli import check_overrides, check_single_point
 
     signals.install()
+    import logging
+
+    logging.raiseExceptions = False  # a log file on a full disk loses lines, never prints "--- Logging error ---"
     try:
         try:
             check_overrides(sys.argv[1:])

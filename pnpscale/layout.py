@@ -12,7 +12,7 @@ A run folder (one sweep point, hive style ``problem=2d/mode=inference/gpus=4/``)
     traces/               per-rank Kineto traces (profile.export_traces=true)
     analysis/             python -m pnpscale.analyze of those traces: the tables + analysis.json
     .hydra/               Hydra's record of the composed config and overrides
-    .pnpscale.lock        locked while a process runs the point; names it (pnpscale.core.lock; also per sweep)
+    .pnpscale.lock        only while a process runs the point: locked, names it (pnpscale.core.lock; also per sweep)
     .pnpscale.reserve     space set aside while the point runs, freed to record a failure on a full disk
 
 ``run.json`` is written last: a folder is complete exactly when its ``run.json`` says
@@ -72,6 +72,8 @@ TIMELINE_PNG = "timeline.png"  # one median iteration per rank at the largest GP
 STATUS_COMPLETE = "complete"
 STATUS_FAILED = "failed"
 STATUS_RUNNING = "running"
+#: a point the sweep asked for that never started (a stop signal ended the sweep first); ``error`` says why
+STATUS_NOT_RUN = "not_run"
 
 TABLES = (RANKS, COLLECTIVES, SECTIONS)
 

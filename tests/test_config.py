@@ -257,3 +257,28 @@ def test_gradient_collective_is_a_variant_with_its_own_folder(composer):
     plain = resolve_spec(composer(), cuda_available=False)
     assert plain.fingerprint() == _digest_before_the_solver_keys(plain)  # a run recorded before still resumes
     assert plain.fingerprint() != spec.fingerprint()
+
+
+def test_mode_keys_default_to_null_and_a_sweep_over_both_modes_is_warned(composer):
+    """Every key of :data:`pnpscale.sweep.point.MODE_KEYS` names a config key that defaults to null (so a
+    value means it was set) and modes that exist; a sweep over both modes with a training key is one
+    warning, not a refusal; a sweep of inference points only is refused."""
+    from pnpscale.sweep.cli import group_options
+    from pnpscale.sweep.point import MODE_KEYS, mode_key_problems
+
+    cfg = composer()
+    for key, modes in MODE_KEYS.items():
+        group, name = key.split(".", 1)
+        assert name in cfg[group] and cfg[group][name] is None, key
+        assert set(modes) <= set(group_options("mode")), key
+    mixed = [(f"mode={m}", composer(f"mode={m}", "problem.unroll=2")) for m in ("inference", "training")]
+    refused, warnings = mode_key_problems(mixed)
+    assert refused == {}
+    assert warnings == ["problem.unroll=2 takes effect only in mode=training: ignored by mode=inference"]
+    refused, _ = mode_key_problems(mixed[:1] * 2)
+    assert list(refused.values()) == [["mode=inference", "mode=inference"]]
+    preset = "problem.scales.small.training.image_size=64"  # the training preset, on an inference point
+    refused, _ = mode_key_problems([("gpus=1", composer(preset), [preset])])
+    assert list(refused) == [f"{preset}: takes effect only in mode=training; this point is mode=inference: "
+                             "drop it, or run mode=training"]  # fmt: skip
+    assert mode_key_problems([("gpus=1", composer(preset, "mode=training"), [preset])]) == ({}, [])

@@ -205,8 +205,12 @@ def test_2_sigkill_of_a_sweep_leaves_no_process(tmp_path):
 
 @pytest.mark.slow
 def test_1_sigint_between_points_records_reports_and_prints_the_resume_command(tmp_path):
+    """SIGINT once the first of 3 points completed: exit 130; every point the sweep asked for is in the
+    report, ``pnpscale.load`` and the summary line: complete, interrupted, or ``not_run`` with the reason."""
+    import pnpscale
+
     sweep = tmp_path / "sweep"
-    proc = _cli("-m", "gpus=1,2", *TINY_2D, f"output.root={tmp_path}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    proc = _cli("-m", "gpus=1,2,4", *TINY_2D, f"output.root={tmp_path}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     lines: list[str] = []
     _read_until(proc, "gpus=1: LB", lines)  # point 1 complete; point 2 about to start
     os.kill(proc.pid, signal.SIGINT)  # the command only, as `kill -INT` does
@@ -214,14 +218,55 @@ def test_1_sigint_between_points_records_reports_and_prints_the_resume_command(t
     assert proc.returncode == 130, out
     assert _no_survivor(proc.pid)
     runs = {read_run(d)["gpus"]: read_run(d) for d in sorted(p.parent for p in sweep.glob("**/run.json"))}
+    assert sorted(runs) == [1, 2, 4], sorted(runs)  # every point has its record
     assert runs[1]["status"] == "complete"
-    if 2 in runs:  # the signal landed once point 2 had started
-        assert runs[2]["status"] == "failed" and runs[2]["error"].startswith("interrupted (SIGINT)")
-    assert (
-        "gpus=1 " in (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
-        or (sweep / layout.REPORT_DIR / layout.SUMMARY).is_file()
-    )
-    assert f"python -m pnpscale -m gpus=1,2 {TINY_2D[0]}" in out and f"hydra.sweep.dir={sweep}" in out
+    not_run = "not run: the sweep was interrupted (SIGINT) before this point started"
+    if runs[2]["status"] == "failed":  # the signal landed once point 2 had started
+        assert runs[2]["error"].startswith("interrupted (SIGINT)")
+    else:
+        assert runs[2]["status"] == layout.STATUS_NOT_RUN and runs[2]["error"] == not_run, runs[2]
+    assert runs[4]["status"] == layout.STATUS_NOT_RUN and runs[4]["error"] == not_run, runs[4]
+    table = pnpscale.load(sweep).query("section == 'all'").set_index("gpus")
+    assert sorted(table.index) == [1, 2, 4] and table.loc[4, "status"] == "not_run"
+    assert table.loc[4, "error"] == not_run
+    readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
+    assert "missing (not_run)" in readme and f"- gpus=4: {not_run} (" in readme, readme
+    summary = next((line for line in out.splitlines() if "3 sweep point(s): 1 complete, " in line), "")
+    assert "gpus=4" in summary.split(" not run (")[-1], out[-3000:]
+    assert f"python -m pnpscale -m gpus=1,2,4 {TINY_2D[0]}" in out and f"hydra.sweep.dir={sweep}" in out
+    assert not list(sweep.glob(f"**/{layout.LOCK}"))  # no lock file left behind
+
+
+def test_1_a_point_not_run_is_recorded_without_hiding_a_measurement(tmp_path, monkeypatch):
+    """:func:`pnpscale.sweep.task.record_not_run`: an empty folder gets ``not_run`` with the reason; a complete
+    run, and the point this process was running (its ``interrupted`` record), are left as they are; an earlier
+    failure is replaced, its error kept in the text; ``pnpscale.load`` and the report list the point."""
+    import pnpscale
+    from pnpscale.core.record import start_record, write_failure, write_record
+    from pnpscale.sweep import task
+    from pnpscale.sweep.point import Point
+
+    point = lambda cfg, d: Point(spec("2d", "inference", cfg["gpus"]), "local", d, True)  # noqa: E731
+    monkeypatch.setattr(task, "resolve_point", point)
+    sweep = tmp_path / "sweep"
+    p = lambda g: sweep / layout.point_subdir("2d", "inference", g)  # noqa: E731
+    fake_run(p(1), "2d", "inference", {"gradient": [(1.0, 0.0)]})
+    reason = "not run: the sweep was interrupted (SIGINT) before this point started"
+    assert task.record_not_run({"gpus": 1}, p(1), reason) == "complete"
+    assert read_run(p(1))["status"] == "complete"
+    mine = start_record(spec("2d", "inference", 2), None).set(pid=os.getpid(), status="failed", error="interrupted")
+    write_record(p(2), mine)
+    assert task.record_not_run({"gpus": 2}, p(2), reason) == "failed" and read_run(p(2))["error"] == "interrupted"
+    write_failure(p(8), spec("2d", "inference", 8), None, "boom: an earlier sweep")
+    for g in (4, 8):
+        assert task.record_not_run({"gpus": g}, p(g), reason) == layout.STATUS_NOT_RUN
+        assert not (p(g) / layout.LOCK).exists()
+    assert read_run(p(4))["error"] == reason and read_run(p(4))["status"] == "not_run"
+    earlier = read_run(p(8))["error"]
+    assert earlier.startswith(reason + " (the folder's earlier run, ") and "failed: boom" in earlier, earlier
+    table = pnpscale.load(sweep).query("section == 'all'").set_index("gpus")
+    assert table.loc[4, "status"] == "not_run" and table.loc[4, "error"] == reason
+    assert table.loc[8, "status"] == "not_run" and table.loc[1, "status"] == "complete"
 
 
 @pytest.mark.slow
@@ -355,6 +400,43 @@ def test_2_a_folder_in_use_is_refused_naming_the_holder_and_a_stale_lock_taken_o
         assert lock.previous is not None and lock.previous.pid == stale["pid"]
 
 
+def test_2_a_released_lock_leaves_no_file_and_no_race(tmp_path, monkeypatch):
+    """Released, the lock file is gone (nothing left in the user's folder); a taker that opened the old
+    file before its holder removed it, and locked it once released, finds the path no longer names it and
+    takes the new file: at no moment do two processes hold the folder."""
+    import fcntl
+
+    from pnpscale.core import lock as lock_mod
+    from pnpscale.core.lock import Busy, FolderLock
+
+    folder = tmp_path / "run"
+    with FolderLock(folder):
+        assert json.loads((folder / layout.LOCK).read_text())["pid"] == os.getpid()
+    assert not (folder / layout.LOCK).exists() and list(folder.iterdir()) == []
+
+    first = FolderLock(folder).acquire()
+    stale_fd = os.open(folder / layout.LOCK, os.O_RDWR)  # a taker opened the file while it was held
+    first.release()  # removed while locked, then unlocked
+    fcntl.flock(stale_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ... and got the lock of the removed file
+    second = FolderLock(folder).acquire()  # the path's new file: free, taken
+    real_open, opened = os.open, []
+
+    def open_stale_first(path, flags, mode=0o777, **kw):  # the slow taker's view: its old descriptor
+        if Path(path) == folder / layout.LOCK and not opened:
+            opened.append(path)
+            return os.dup(stale_fd)
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(lock_mod.os, "open", open_stale_first)
+    with pytest.raises(Busy, match=f"pid {os.getpid()}"):  # locked the removed file, saw it, took the new one
+        FolderLock(folder).acquire()
+    assert opened  # the stale file was seen
+    monkeypatch.undo()
+    second.release()
+    os.close(stale_fd)
+    assert not (folder / layout.LOCK).exists()
+
+
 def test_2_a_run_folder_in_use_is_refused_and_left_untouched(tmp_path):
     from pnpscale.core.lock import FolderLock
 
@@ -383,6 +465,46 @@ def test_3_a_failure_is_recorded_on_a_full_disk(tmpfs):
     write_failure(run_dir, s, None, OSError(errno.ENOSPC, "No space left on device"))
     run = read_run(run_dir)
     assert run["status"] == "failed" and "No space left on device" in run["error"]
+
+
+def test_3_no_room_at_all_gives_the_lock_block_to_the_record_or_says_so_in_one_line(tmpfs, capsys):
+    """A full disk and no ``run.json`` yet (nothing to overwrite in place): the lock file's holder name is given
+    up for the failed record; with no lock either, one line on stderr names the point, the folder and ENOSPC."""
+    from pnpscale.core.lock import FolderLock
+    from pnpscale.sweep.task import record_failure_or_say
+
+    run_dir = tmpfs / "run"
+    lock = FolderLock(run_dir).acquire()  # its holder name takes a block
+    filler = _fill(tmpfs)
+    s = spec("2d", "inference", 2)
+    assert record_failure_or_say(run_dir, s, None, "OSError: [Errno 28] No space left on device", "gpus=2", lock)
+    assert read_run(run_dir)["status"] == "failed" and "No space left" in read_run(run_dir)["error"]
+    lock.release()
+    assert capsys.readouterr().err == ""
+    (run_dir / layout.RUN_JSON).unlink()
+    filler.unlink()
+    _fill(tmpfs)
+    assert not record_failure_or_say(run_dir, s, None, "boom", "gpus=2")
+    assert capsys.readouterr().err.splitlines() == [
+        f"pnpscale: error: gpus=2: no status record could be written in {run_dir} (ENOSPC: No space left on "
+        "device); the point failed"
+    ]
+
+
+def test_3_a_complete_run_whose_folder_hydra_cannot_rewrite_stays_complete(tmp_path):
+    """Resuming on a full disk: Hydra cannot rewrite a skipped point's ``.hydra/``; its complete run is kept
+    (never turned into a failure record), and the point counts as complete."""
+    from hydra.core.utils import JobStatus
+
+    from hydra_plugins.pnpscale_plugins.launcher import PnpscaleBasicLauncher
+
+    run_dir = tmp_path / layout.point_subdir("2d", "inference", 1)
+    fake_run(run_dir, "2d", "inference", {"gradient": [(1.0, 0.0)]})
+    before = (run_dir / layout.RUN_JSON).read_bytes()
+    full = OSError(errno.ENOSPC, "No space left on device")
+    ret = PnpscaleBasicLauncher._unwritable(None, ["gpus=1"], None, run_dir, full)  # type: ignore[arg-type]
+    assert ret.status == JobStatus.COMPLETED
+    assert (run_dir / layout.RUN_JSON).read_bytes() == before
 
 
 def test_3_a_failure_is_recorded_when_the_writer_hits_enospc(tmp_path, monkeypatch):
@@ -435,27 +557,70 @@ def small_disk(tmp_path, request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("small_disk", [40, 60, 320], indirect=True, ids=lambda k: f"{k}k")
+@pytest.mark.parametrize("small_disk", [16, 32, 40, 60, 320], indirect=True, ids=lambda k: f"{k}k")
 def test_3_a_point_on_a_small_disk_is_recorded_truthfully(tmp_path, small_disk):
-    """A 2-rank point on a 40, 60 or 320 KiB disk: complete (exit 0) or failed (exit 1) with the error in
-    run.json, never ``running``; no traceback, no '--- Logging error ---', no misleading JSON error; no
-    table without its complete record; no rank left. (320 KiB completes: the reserve is sized to the disk.)"""
+    """A 2-rank point on a 16, 32, 40, 60 or 320 KiB disk: complete (exit 0) or failed (exit 1) with the error in
+    run.json, never ``running``; below the room a status record needs (16 KiB), refused before anything starts
+    with one line naming the folder and ENOSPC (exit 1); no traceback, no '--- Logging error ---', no misleading
+    JSON error; no table without its complete record; no rank left. (320 KiB completes: the reserve is sized to
+    the disk.)"""
+    from pnpscale.sweep.point import MIN_FREE_BYTES
+
     run_dir = small_disk / "run"
+    disk = os.statvfs(small_disk)
+    free = disk.f_bavail * disk.f_frsize
     proc = _cli("gpus=2", *TINY_2D, f"output.root={tmp_path}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     out = proc.communicate(timeout=240)[0]
     assert _no_survivor(proc.pid)
     for bad in ("Traceback", "Logging error", "Expecting value", "could not record"):
         assert bad not in out, out
+    if free < MIN_FREE_BYTES:  # not even a status record would fit: nothing starts
+        assert proc.returncode == 1, out
+        assert out.strip().splitlines() == [
+            f"pnpscale: error: {run_dir}: {free // 1024} KiB free on its disk, fewer than "
+            f"the {MIN_FREE_BYTES // 1024} KiB a point needs to record its status (ENOSPC: No space left on device); "
+            "nothing was started"
+        ], out
+        assert not run_dir.exists()
+        return
     run = read_run(run_dir)
     assert run["status"] in ("complete", "failed"), run["status"]
     assert proc.returncode == (0 if run["status"] == "complete" else 1), out
     if run["status"] == "failed":
         assert "No space left" in run["error"] or "no space left" in run["error"], run["error"]
         assert not any((run_dir / t).exists() for t in layout.TABLES)
-    disk = os.statvfs(small_disk)
     if disk.f_blocks * disk.f_frsize >= 300 * 1024:
         assert run["status"] == "complete", run["error"]
-    assert not (run_dir / layout.RESERVE).exists()
+    assert not (run_dir / layout.RESERVE).exists() and not (run_dir / layout.LOCK).exists()
+
+
+@pytest.mark.slow
+def test_3_a_full_point_disk_in_a_sweep_is_said_and_the_others_run(tmp_path):
+    """A sweep whose gpus=2 folder is a full disk (not even its status record fits): one line on stderr naming
+    the point, the folder and ENOSPC; gpus=1 runs and completes, the report is written and lists gpus=2; exit 1."""
+    sweep = tmp_path / "sweep"
+    full = sweep / layout.point_subdir("2d", "inference", 2, "num_operators=4")
+    full.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        filler = _fill(full)
+        proc = _cli("-m", "gpus=1,2", *TINY_2D, f"output.root={tmp_path}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+        out = proc.communicate(timeout=240)[0]
+        assert proc.returncode == 1, out
+        assert _no_survivor(proc.pid)
+        said = [line for line in out.splitlines() if line.startswith("pnpscale: error: ")]
+        assert said == [f"pnpscale: error: problem=2d mode=inference num_operators=4 gpus=2: no status record could "
+                        f"be written in {full} (ENOSPC: No space left on device); the point failed"], out  # fmt: skip
+        assert "Traceback" not in out and "Logging error" not in out
+        (done,) = [p.parent for p in sweep.glob("**/run.json")]
+        assert read_run(done)["gpus"] == 1 and read_run(done)["status"] == "complete"
+        assert "2 sweep point(s): 1 complete, 1 failed" in out
+        readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
+        assert "missing (incomplete)" in readme, readme
+        assert sorted(p.name for p in full.iterdir()) == [filler.name]  # nothing half-written, no lock left
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)
 
 
 def test_3_a_report_on_a_full_disk_fails_in_one_line_and_keeps_the_previous_one(tmpfs, capsys):
@@ -732,6 +897,8 @@ BAD_INPUTS = {
                                              "problem.impl=nonexistent.module:Cls: cannot import nonexistent.module"),
     "the sweep folder as a point's folder": (("-m", "gpus=1", "hydra.sweep.subdir=."),
                                              "hydra.sweep.subdir=.: must name a sub-folder of the sweep folder"),
+    "a training key in an inference sweep": (("-m", "gpus=1,2", "problem.unroll=3"),
+                                             "invalid sweep, nothing was started"),
 }  # fmt: skip
 
 
@@ -749,6 +916,21 @@ def test_5_bad_input_is_refused_before_any_rank_starts(tmp_path, label):
     assert all(line.startswith("pnpscale: error: ") for line in lines), lines
     assert "Traceback" not in proc.stderr + proc.stdout and "[rank" not in proc.stdout
     assert not run_dirs(tmp_path) and not list(tmp_path.glob("**/logs"))
+    if label == "a training key in an inference sweep":
+        line = lines[1]
+        assert "problem.unroll=3: takes effect only in mode=training; the sweep's points are mode=inference" in line
+        assert "(sweep points: gpus=1 problem.unroll=3" in line, lines
+
+
+def test_5_a_single_run_with_a_key_its_mode_ignores_is_refused_before_hydra():
+    from pnpscale.sweep.cli import CommandLineError, check_single_point
+
+    with pytest.raises(CommandLineError) as hit:
+        check_single_point(["gpus=1", "problem.unroll=3"])
+    assert hit.value.problems == [
+        "problem.unroll=3: takes effect only in mode=training; this point is mode=inference: drop it, "
+        "or run mode=training"
+    ]
 
 
 def _cuda_devices() -> int:
@@ -842,6 +1024,31 @@ def test_6_a_killed_rank_is_blamed_on_itself(tmp_path):
     run = read_run(run_dir)
     assert run["status"] == "failed" and "rank 1 failed: " in run["error"].splitlines()[0], run["error"]
     assert "Traceback" not in out
+
+
+@pytest.mark.slow
+def test_6_a_killed_rank_among_four_is_blamed_on_itself_not_on_its_peers(tmp_path):
+    """4 real ranks through the launcher: rank 2 is SIGKILLed, ranks 0 and 3 then fail in a gloo recv from it
+    ("Connection closed/reset by peer"), rank 1 is stopped by the agent: two ranks left no error, and torch
+    elastic may name rank 0. Blamed on rank 2, the rank the launcher saw end first, by its signal."""
+    from pnpscale.cluster.exits import pidfd_exit_status
+    from pnpscale.cluster.local import RankFailed, run_ranks
+    from tests.toy_problem import dying_rank
+
+    logs = tmp_path / "logs"
+    with pytest.raises(RankFailed) as hit:
+        run_ranks(4, dying_rank, (2, [0, 3], str(logs)), logs, 1)
+    failed = hit.value
+    assert failed.rank == 2, (str(failed), failed.failures)
+    lost = [m for r, m in failed.failures.items() if r in (0, 3)]
+    assert lost and all("by peer" in m for m in lost), failed.failures  # the peers' real gloo errors
+    probe = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    fd = os.pidfd_open(probe.pid)
+    probe.kill()
+    probe.wait()
+    if pidfd_exit_status(fd) is not None:  # the kernel gives the status (Linux >= 6.15): its signal is named
+        assert str(failed).startswith("rank 2 failed: Signal 9 (SIGKILL)"), str(failed)
+    os.close(fd)
 
 
 @pytest.mark.slow

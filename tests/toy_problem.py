@@ -64,3 +64,32 @@ def sleepy_rank(seconds: float, pid_file: str) -> None:
     die_with_parent(int(os.environ[PARENT_PID_ENV]))
     Path(f"{pid_file}.{os.environ['LOCAL_RANK']}").write_text(str(os.getpid()))
     time.sleep(seconds)
+
+
+@record
+def dying_rank(victim: int, raisers: list[int], log_dir: str) -> None:
+    """A rank of a gloo group in which rank ``victim`` kills itself (SIGKILL) once every rank is connected,
+    ranks ``raisers`` then fail in a real gloo ``recv`` from it (the lost peer), and the others sleep until
+    the agent stops them (tests of who is blamed)."""
+    import datetime
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from pnpscale.rank.loop import Heartbeat
+    from pnpscale.rank.process import PARENT_PID_ENV, die_with_parent
+
+    die_with_parent(int(os.environ[PARENT_PID_ENV]))
+    rank = int(os.environ["RANK"])
+    Heartbeat(Path(log_dir) / f"rank{rank}.progress", rank)(-1, "init")  # its pid, for the launcher
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    dist.barrier()
+    if rank == victim:
+        time.sleep(1.0)  # every rank is past the barrier and in its recv or sleep
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank in raisers:
+        dist.recv(torch.zeros(1), src=victim)
+    time.sleep(120)

@@ -18,6 +18,7 @@ from hydra.core.utils import JobReturn
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
+from pnpscale import layout
 from pnpscale.core.errors import Abort, InputError, PnpscaleError
 
 log = logging.getLogger("pnpscale")
@@ -54,7 +55,9 @@ def _label(overrides: Sequence[str]) -> str:
 def validate_points(
     config_loader: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]], check: Any
 ) -> list[DictConfig]:
-    """Compose every point and run ``check(cfg)`` on each; also refuse two points sharing a folder.
+    """Compose every point and run ``check(cfg)`` on each; also refuse two points sharing a folder, and a
+    key of one mode set on points that are all of another (:func:`pnpscale.sweep.point.mode_key_problems`;
+    a key some points read and others ignore is one warning line).
 
     Args:
         config_loader: Hydra's config loader (``hydra_context.config_loader``).
@@ -94,6 +97,13 @@ def validate_points(
             problems.setdefault(msg, []).extend([seen[sub], _label(overrides)])
         seen[sub] = _label(overrides)
         composed.append(cfg)
+    from pnpscale.sweep.point import mode_key_problems
+
+    refused, warnings = mode_key_problems([(_label(o), c, o) for o, c in zip(job_overrides, composed, strict=True)])
+    for msg, pts in refused.items():  # a key that every point setting it would silently ignore
+        problems.setdefault(msg, []).extend(pts)
+    for line in warnings:  # read by some points, ignored by others: said once
+        log.warning("%s", line)
     if problems:
         lines = [f"{msg} (sweep point{'s' if len(pts) > 1 else ''}: {'; '.join(pts)})" for msg, pts in problems.items()]
         raise refuse("invalid sweep, nothing was started:\n" + "\n".join(lines))
@@ -115,7 +125,7 @@ class PnpscaleBasicLauncher(BasicLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.hydra_context is not None and self.config is not None
-        validate_points(self.hydra_context.config_loader, self.config, job_overrides, check_local)
+        composed = validate_points(self.hydra_context.config_loader, self.config, job_overrides, check_local)
         from pnpscale.core.signals import check
 
         rets: list[JobReturn] = []
@@ -129,24 +139,27 @@ class PnpscaleBasicLauncher(BasicLauncher):
 
             stop = as_interrupted(exc)
             acknowledge()  # handled here: the report of what completed may be published
-            log.error("%s: the remaining sweep points were not run", stop)
+            rest = list(zip(job_overrides, composed, strict=True))[len(rets) :]
+            said = record_not_run_points(rest, f"not run: the sweep was {stop} before this point started")
+            not_run = [f"{label}{'' if s == layout.STATUS_NOT_RUN else f' ({s})'}" for label, s in said
+                       if s not in (layout.STATUS_COMPLETE, layout.STATUS_FAILED, layout.STATUS_RUNNING)]  # fmt: skip
+            log.error("%s: %d sweep point(s) not run%s", stop, len(not_run), f": {'; '.join(not_run)}" * bool(not_run))
+            done = sum(s == layout.STATUS_COMPLETE for _, s in said)  # ended as the stop came: their folders say
             try:
-                finish_sweep(self.config, rets)
+                finish_sweep(self.config, rets, total=len(job_overrides), not_run=not_run, complete_after=done)
             except ReportFailed:
                 pass  # logged; the stop decides the exit code
             finally:
                 log.error("to resume (complete points are skipped): %s", sweep_resume_command(self.config))
             raise
-        finish_sweep(self.config, rets)
+        finish_sweep(self.config, rets, total=len(job_overrides))
         return rets
 
     def _run_point(self, idx: int, overrides: Sequence[str]) -> JobReturn:
         """Hydra's ``run_job`` for one point; a folder Hydra cannot write (its ``.hydra/``, a full disk)
         fails that point with one line instead of ending the sweep with a traceback."""
-        from hydra.core.utils import JobStatus, configure_log, filter_overrides, run_job, setup_globals
+        from hydra.core.utils import configure_log, filter_overrides, run_job, setup_globals
         from omegaconf import open_dict
-
-        from pnpscale.sweep.task import RunFailed
 
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
         setup_globals()
@@ -156,6 +169,13 @@ class PnpscaleBasicLauncher(BasicLauncher):
             cfg.hydra.job.id = idx
             cfg.hydra.job.num = idx
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        from pnpscale.sweep.point import NoSpace, check_room
+
+        try:
+            if layout.run_status(run_dir) != layout.STATUS_COMPLETE:  # a complete one is skipped (resume)
+                check_room(run_dir)  # before Hydra writes into it: room for the point's status record
+        except NoSpace as exc:
+            return self._unwritable(overrides, cfg, run_dir, exc)
         try:
             ret = run_job(
                 hydra_context=self.hydra_context,
@@ -165,12 +185,68 @@ class PnpscaleBasicLauncher(BasicLauncher):
                 job_subdir_key="hydra.sweep.subdir",
             )
         except OSError as exc:
-            error = f"cannot write its run folder: {exc}"
-            log.error("%s failed: %s", _label(overrides), error)
-            ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
-            ret.return_value = RunFailed(_label(overrides), run_dir, error)
+            ret = self._unwritable(overrides, cfg, run_dir, exc)
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return ret
+
+    def _unwritable(self, overrides: Sequence[str], cfg: DictConfig, run_dir: Path, exc: OSError) -> JobReturn:
+        """A point whose folder cannot be written (a full disk): failed with one line, its failure recorded
+        when the disk has room for that (:func:`pnpscale.sweep.task.record_failure_or_say`, which says so on
+        stderr otherwise); the sweep goes on with the next point."""
+        from hydra.core.utils import JobStatus
+
+        from pnpscale.core.lock import Busy, FolderLock
+        from pnpscale.sweep.point import resolve_point
+        from pnpscale.sweep.task import RunFailed, record_failure_or_say
+
+        error = f"cannot write its run folder: {exc}"
+        if layout.run_status(run_dir) == layout.STATUS_COMPLETE:  # a complete run (skipped, resume): kept
+            log.warning("%s: %s; its complete run is left as it is", _label(overrides), error)
+            ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.COMPLETED)
+            ret.return_value = None
+            return ret
+        log.error("%s failed: %s", _label(overrides), error)
+        lock = FolderLock(run_dir)
+        try:
+            lock.acquire()
+        except (Busy, OSError):
+            lock = None  # another process's folder, or not even its lock fits: nothing written
+        if lock is not None:
+            try:
+                point = resolve_point(cfg, run_dir)  # validated before the sweep: memoised
+                record_failure_or_say(run_dir, point.spec, None, error, point.label, lock)
+            finally:
+                lock.release()
+        else:
+            from pnpscale.sweep.task import say_unrecorded
+
+            say_unrecorded(_label(overrides), run_dir, exc)
+        ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
+        ret.return_value = RunFailed(_label(overrides), run_dir, error)
+        return ret
+
+
+def record_not_run_points(points: Sequence[tuple[Sequence[str], DictConfig]], reason: str) -> list[tuple[str, str]]:
+    """Record every point of ``points`` (overrides, composed config) that did not run as ``not_run`` in its
+    folder (:func:`pnpscale.sweep.task.record_not_run`): the point a stop interrupted keeps its
+    ``interrupted`` record, a complete one stays complete.
+
+    Returns:
+        per point, in sweep order: its label (``problem=2d mode=inference gpus=4``) and what its folder now
+        says (``not_run``, ``complete``, ``failed``, or why nothing could be recorded).
+    """
+    from pnpscale.sweep.point import resolve_point
+    from pnpscale.sweep.task import record_not_run
+
+    out = []
+    for overrides, cfg in points:
+        run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        try:
+            label = resolve_point(cfg, run_dir).label  # validated before the sweep started: memoised
+        except Exception:  # noqa: BLE001 - the folder changed since: the overrides name it
+            label = _label(overrides)
+        out.append((label, record_not_run(cfg, run_dir, reason)))
+    return out
 
 
 def sweep_resume_command(config: DictConfig) -> str:
@@ -181,12 +257,37 @@ def sweep_resume_command(config: DictConfig) -> str:
     return resume_command(list(ov.task), list(ov.hydra), Path(str(config.hydra.sweep.dir)).absolute())
 
 
+def sweep_summary(total: int, complete: int, failed: int, not_run: Sequence[str] = ()) -> str:
+    """The sweep's summary line: every point it asked for, complete, failed or not run (named).
+
+    >>> sweep_summary(4, 1, 1, ["gpus=4", "gpus=8"])
+    '4 sweep point(s): 1 complete, 1 failed, 2 not run (gpus=4; gpus=8)'
+    >>> sweep_summary(2, 1, 1)
+    '2 sweep point(s): 1 complete, 1 failed'
+    """
+    parts = [f"{complete} complete", f"{failed} failed"]
+    if not_run:
+        parts.append(f"{len(not_run)} not run ({'; '.join(not_run)})")
+    unaccounted = total - complete - failed - len(not_run)
+    if unaccounted > 0:  # the point a stop interrupted (recorded failed in its folder)
+        parts.append(f"{unaccounted} interrupted")
+    return f"{total} sweep point(s): " + ", ".join(parts)
+
+
 class ReportFailed(PnpscaleError, RuntimeError, CompactHydraException):
     """The sweep report could not be written (the points' run folders are intact); one line, exit 1."""
 
 
-def finish_sweep(config: DictConfig, rets: Sequence[JobReturn]) -> None:
-    """After every point ran: summary of failures, then the sweep report (``report=true``).
+def finish_sweep(
+    config: DictConfig,
+    rets: Sequence[JobReturn],
+    total: int | None = None,
+    not_run: Sequence[str] = (),
+    complete_after: int = 0,
+) -> None:
+    """After the points ran: one summary line of every point the sweep asked for (``total``: complete, failed,
+    not run, the last named in ``not_run``; ``complete_after``: points without a job return that completed
+    as a stop came), then the sweep report (``report=true``).
 
     The report is staged and renamed (:func:`pnpscale.results.report.write_report`): if it fails,
     or a signal arrives while it is written, the previous report is left as it was.
@@ -197,9 +298,10 @@ def finish_sweep(config: DictConfig, rets: Sequence[JobReturn]) -> None:
     from hydra.core.utils import JobStatus
 
     failed = [r for r in rets if r.status == JobStatus.FAILED]
-    if failed:
-        rest = "the others are complete" if len(failed) < len(rets) else "none completed"
-        log.warning("%d of %d sweep point(s) failed; %s", len(failed), len(rets), rest)
+    total = len(rets) if total is None else total
+    line = sweep_summary(total, len(rets) - len(failed) + complete_after, len(failed), not_run)
+    if failed or not_run or len(rets) < total:
+        log.warning("%s", line)
     if config.get("report", False):
         from pnpscale.results.report import write_report
         from pnpscale.results.runs import NoRunsError

@@ -74,6 +74,6 @@ class PnpscaleBasicSweeper(BasicSweeper):
         except OSError as exc:
             raise Abort(IOFailure(f"sweep stopped: {exc}")) from None
         finally:
-            lock.release(remove=refused and created)
+            lock.release()  # its lock file goes with it
             if refused and created and sweep_dir.is_dir() and not any(sweep_dir.iterdir()):
                 sweep_dir.rmdir()

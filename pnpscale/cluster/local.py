@@ -26,6 +26,7 @@ from typing import Any
 from pnpscale import layout
 from pnpscale.cluster import resources
 from pnpscale.cluster.base import Cluster
+from pnpscale.cluster.exits import RankExit
 from pnpscale.core.config import RunSpec
 from pnpscale.core.errors import TIMEOUT, PnpscaleError
 from pnpscale.core.record import clear_rank_failures, read_rank_failures
@@ -183,20 +184,11 @@ STOPPED_POLL_S = 0.25
 
 
 def _rank_pids(log_dir: Path) -> list[int]:
-    """The pids of this launcher's ranks, from their heartbeats in ``log_dir`` (a rank forked by the
-    launcher's forkserver, or by the launcher itself; stale heartbeats of other processes are skipped)."""
-    from pnpscale.rank.process import parent_of
+    """The pids of this launcher's ranks, from their heartbeats in ``log_dir``
+    (:func:`pnpscale.cluster.exits.rank_pids`)."""
+    from pnpscale.cluster.exits import rank_pids
 
-    me, out = os.getpid(), []
-    for f in log_dir.glob("rank*.progress"):
-        try:
-            pid = int(json.loads(f.read_text())["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        parent = parent_of(pid)
-        if parent == me or (parent is not None and parent_of(parent) == me):
-            out.append(pid)
-    return out
+    return list(rank_pids(log_dir).values())
 
 
 def _stopped_with_sigterm_pending(pid: int) -> bool:
@@ -378,17 +370,21 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         NODE_GPUS_ENV: node_gpus(os.environ),
         **kineto_config_env(os.environ),
     }
+    from pnpscale.cluster.exits import ExitWatch
+
+    watch = ExitWatch(log_dir, nprocs)  # how each rank ended, as this process saw it
     try:  # the rank's error is re-raised below, once: torch's own log lines about it are held back
-        with _quiet(QUIET_LOGGERS), _environ(**env), preserved(), _resume_stopped_ranks(log_dir):
+        with _quiet(QUIET_LOGGERS), _environ(**env), preserved(), _resume_stopped_ranks(log_dir), watch:
             return elastic_launch(launch_cfg, in_environment)(dict(os.environ), env, entrypoint, *args)
     except ChildFailedError as exc:
-        # elastic reports the first rank seen to exit; the others' error files may name the cause
+        # elastic reports the first rank seen to exit; the others' error files and exits may name the cause
         seen = {r: (f.timestamp, _failure_message(f)) for r, f in exc.failures.items()}
         recorded = _recorded_errors(log_dir)
         known = {**recorded, **seen}
         own = {r for r, f in read_rank_failures(log_dir.parent, nprocs).items() if f.get("own")}
-        rank = root_failure(known, nprocs, own)
-        message = known[rank][1] if rank in known else SILENT_DEATH
+        exits = watch.exits()
+        rank = root_failure(known, nprocs, exits, own)
+        message = known[rank][1] if rank in known else silent_death(exits.get(rank))
         failures = {r: m for r, (_, m) in known.items()} | ({} if rank in known else {rank: message})
         raise RankFailed(rank, message, _rank_log(log_dir, rank), failures) from None
     except json.JSONDecodeError:  # elastic could not read a failed rank's error file: cut short (a full disk)
@@ -396,6 +392,8 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         full = " (no space left on its disk)" if _disk_full(log_dir) else ""
         message = f"its error file {path} is empty or cut short{full}: see its stderr log"
         raise RankFailed(rank, message, _rank_log(log_dir, rank, "stderr.log")) from None
+    finally:
+        watch.close()
 
 
 # --- how ranks start: from a forkserver that imported what they need ------------------------------
@@ -461,15 +459,46 @@ SILENT_DEATH = (
 )
 
 
-def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None, own: Iterable[int] = ()) -> int:
-    """The rank whose failure caused the others: the earliest (then lowest rank) whose error is not a
-    lost peer; when every known error is a lost peer and exactly one rank of ``world`` recorded none
-    (torch elastic reports only the first rank it sees exit: a rank killed by SIGKILL leaves no error
-    file, and its peers may exit first), that rank; else the earliest.
+def silent_death(end: RankExit | None) -> str:
+    """The error of the rank :func:`root_failure` blames without an error of its own: how it ended, when the
+    launcher saw it (its status, first to end), else :data:`SILENT_DEATH`.
+
+    >>> silent_death(RankExit(0, 9))  # doctest: +ELLIPSIS
+    'Signal 9 (SIGKILL): it ended first of the ranks, without recording an error (killed: SIGKILL, the OOM ...'
+    """
+    if end is None:
+        return SILENT_DEATH
+    how = end.text()
+    first = "ended first of the ranks" if end.order == 0 else "ended before its peers failed"
+    cause = "killed: SIGKILL, the OOM killer, a crash" if how is None or how.startswith("Signal") else "a crash"
+    return (f"{how + ': it' if how else 'it'} {first}, without recording an error ({cause}); the other ranks "
+            "then lost their connection to it or were stopped")  # fmt: skip
+
+
+def root_failure(
+    failures: dict[int, tuple[int, str]],
+    world: int | None = None,
+    exits: dict[int, RankExit] | None = None,
+    own: Iterable[int] = (),
+) -> int:
+    """The rank whose failure caused the others.
+
+    The rule, in order:
+
+    1. a rank that raised an error of its own (recorded as pnpscale's own in ``own``, whatever its words;
+       or not a lost peer: :data:`_PEER_LOST`), the earliest (by the
+       error's timestamp, then the order in which the ranks ended, then the rank);
+    2. else the rank that ended first as the launcher saw it (``exits``: :class:`pnpscale.cluster.exits.ExitWatch`)
+       without recording an error: killed (SIGKILL, the OOM killer) or crashed; its peers failed with a lost
+       peer after it, and the ranks the agent stopped ended after them (a rank that exited 0 is not one);
+    3. else (exits unknown: an older kernel, a rank gone before its heartbeat) the one rank of ``world``
+       that recorded no error, when exactly one did (torch elastic reports only the first rank it sees exit);
+    4. else the earliest failure.
 
     Args:
-        failures: rank -> (timestamp in s, message), every failure known.
+        failures: rank -> (timestamp in s, message), every failure known (error files, torch elastic's report).
         world: the ranks of the run (``0..world-1``), when known.
+        exits: rank -> how it ended, as the launcher saw it, when known.
         own: ranks whose failure record says pnpscale raised the error itself (a cause, whatever its words).
 
     >>> root_failure({0: (5, "RuntimeError: Connection closed by peer [127.0.0.1]:5"), 1: (5, "InjectedFailure: x")})
@@ -480,15 +509,34 @@ def root_failure(failures: dict[int, tuple[int, str]], world: int | None = None,
     3
     >>> root_failure({0: (5, "RuntimeError: [pair.cc:589] Read error [127.0.0.1]:4: Connection reset by peer")}, 2)
     1
+
+    Four ranks, rank 2 killed; ranks 0 and 3 lose their peer, rank 1 is stopped by the agent (two ranks silent):
+
+    >>> lost = {0: (5, "RuntimeError: Connection reset by peer"), 3: (5, "RuntimeError: Connection closed by peer")}
+    >>> root_failure(lost, 4), root_failure(lost, 4, {2: RankExit(0, 9), 0: RankExit(1, 256), 3: RankExit(1, 256),
+    ...                                                1: RankExit(2, 15)})
+    (0, 2)
     >>> words = {0: (5, "RuntimeError: Connection closed by peer"), 1: (6, "InputError: Connection reset by peer")}
     >>> root_failure(words, 2), root_failure(words, 2, own={1})  # rank 1's own error, whatever its words
     (0, 1)
     """
-    order = sorted(failures, key=lambda r: (failures[r][0], r))
+    ends = exits or {}
+    late = max((e.order for e in ends.values()), default=0) + 1
+
+    def when(r: int) -> tuple[int, int, int]:
+        return failures[r][0], ends[r].order if r in ends else late, r
+
+    order = sorted(failures, key=when)
     mine = set(own)
     cause = next((r for r in order if r in mine or not _PEER_LOST.search(failures[r][1])), None)
     if cause is not None:
         return cause
+    ended = {r: e for r, e in ends.items() if not e.clean}
+    if ended:
+        first = min(e.order for e in ended.values())
+        silent = sorted(r for r, e in ended.items() if e.order == first and r not in failures)
+        if silent:
+            return silent[0]
     silent = [r for r in range(world or 0) if r not in failures]
     return silent[0] if len(silent) == 1 else order[0]
 

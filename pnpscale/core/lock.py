@@ -1,12 +1,18 @@
-"""One process at a time per run folder and per sweep folder (``filelock``), and who holds it.
+"""One process at a time per run folder and per sweep folder (``flock(2)``), and who holds it.
 
 A point's run folder is locked by the Hydra task for as long as its ranks run; a sweep folder by
-the sweeper for the whole sweep (before Hydra writes its ``multirun.yaml``). The lock is
-``filelock.FileLock`` on ``<folder>/.pnpscale.lock`` (``flock(2)``: the kernel drops it when the
-holder dies, even by SIGKILL, so a stale lock is simply taken over). While held, the lock file
-holds its holder as JSON (pid, host, start time, command), so a second process refuses with one
-line naming the holder; it is emptied on release, so a holder found in a free lock is a process
-that died holding it, and the process taking it over says so.
+the sweeper for the whole sweep (before Hydra writes its ``multirun.yaml``). The lock is an
+exclusive ``flock(2)`` of ``<folder>/.pnpscale.lock`` (the kernel drops it when the holder dies,
+even by SIGKILL, so a stale lock is simply taken over). While held, the lock file holds its holder
+as JSON (pid, host, start time, command), so a second process refuses with one line naming the
+holder. It is removed on release, so nothing is left in the user's folders: a lock file found
+free is one whose holder died holding it, and the process taking it over says so.
+
+Removing it opens no race with a concurrent taker: the file is unlinked while still locked, and a
+process that locked it after opening the path (before the unlink) finds that the path no longer
+names the file it locked (``os.path.samestat``) and takes the path's new file instead, the usual
+lock-file protocol. (``filelock``, which the lock used before, keeps its files by design, and only
+its recent versions make that check.)
 
 Also here: :func:`process_gone`, which tells a ``running`` record whose process no longer exists
 (killed before it could record its end) from one still running.
@@ -14,6 +20,7 @@ Also here: :func:`process_gone`, which tells a ``running`` record whose process 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -65,6 +72,10 @@ def _read_holder(path: Path) -> Holder | None:
     return Holder(data.get("pid"), data.get("host"), data.get("started_at"), data.get("command"))
 
 
+#: How many times :meth:`FolderLock.acquire` takes the lock anew after locking a file just removed.
+ACQUIRE_TRIES = 5
+
+
 class FolderLock:
     """Exclusive lock of one folder (created if missing); use as a context manager or
     :meth:`acquire` / :meth:`release`.
@@ -79,7 +90,7 @@ class FolderLock:
         self.folder = Path(folder)
         self.path = self.folder / layout.LOCK
         self.previous: Holder | None = None
-        self._lock: Any = None
+        self._fd: int | None = None
 
     def acquire(self) -> FolderLock:
         """Take the lock now or refuse; never waits.
@@ -88,42 +99,65 @@ class FolderLock:
             Busy: another live process holds it.
             OSError: the folder cannot be created or written.
         """
-        from filelock import FileLock, Timeout
+        import fcntl
 
         self.folder.mkdir(parents=True, exist_ok=True)
         before = _read_holder(self.path)
-        lock = FileLock(str(self.path), timeout=0, thread_local=False)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise Busy(self.folder, _read_holder(self.path)) from None
-        self._lock = lock
+        for _ in range(ACQUIRE_TRIES):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise Busy(self.folder, _read_holder(self.path)) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # its holder removed it on release, after we opened it: take the path's new file
+        else:  # pragma: no cover - the lock file replaced ACQUIRE_TRIES times in a row
+            raise Busy(self.folder, _read_holder(self.path))
+        self._fd = fd
         me = Holder.me()
         if before is not None and before.pid != me.pid:
             self.previous = before
-        try:
-            with open(self.path, "r+") as f:  # same inode: the flock stays
-                f.truncate()
-                f.write(json.dumps(asdict(me)))
+        data = json.dumps(asdict(me)).encode()
+        try:  # through the locked file itself
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
         except OSError:  # a full disk: the lock holds, only the holder's name is missing
             pass
         return self
 
-    def release(self, remove: bool = False) -> None:
-        """Drop the lock; its file stays (empty: no holder), or is removed (``remove=True``)."""
-        if self._lock is None:
+    def forget_holder(self) -> bool:
+        """Empty the lock file (the lock holds; only the holder's name goes), giving its block back to a disk
+        too full for a status record. Returns whether it held a name."""
+        if self._fd is None:
+            return False
+        try:
+            had = os.fstat(self._fd).st_size > 0
+            os.ftruncate(self._fd, 0)
+        except OSError:
+            return False
+        return had
+
+    def release(self) -> None:
+        """Drop the lock and remove its file (unlinked while still locked; see the module doc)."""
+        if self._fd is None:
             return
         try:
-            if remove:
-                self.path.unlink(missing_ok=True)
-            else:
-                with open(self.path, "r+") as f:
-                    f.truncate()
-        except OSError:
-            pass
+            if os.path.samestat(os.fstat(self._fd), os.stat(self.path)):
+                self.path.unlink()
+        except OSError:  # gone already, or a folder no longer writable: at least no holder is named
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
         finally:
-            self._lock.release()
-            self._lock = None
+            os.close(self._fd)  # closing the only open of the file drops its flock
+            self._fd = None
 
     def __enter__(self) -> FolderLock:
         return self.acquire()

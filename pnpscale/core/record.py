@@ -55,7 +55,8 @@ class RunRecord:
 
     Attributes:
         status: ``running``, ``complete`` or ``failed`` (a folder is complete exactly when this
-            says ``complete``).
+            says ``complete``), or ``not_run``: a point its sweep asked for and never started (a stop
+            came first; ``error`` says so).
         problem, mode, gpus: the point.
         scale, scale_requested: the size preset used, and the one asked for (``auto``).
         fingerprint: digest of ``spec`` (same point + same sizes = same digest; the resume rule).

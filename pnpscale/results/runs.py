@@ -108,7 +108,8 @@ class Selection:
         runs: one row per point: POINT columns, ``run_dir``, ``status`` (``complete``,
             ``failed`` (also a ``running`` record whose process is gone: ``error`` says
             ``failed (process gone)``), ``running``/``incomplete`` for a folder whose run never
-            finished, ``unreadable`` with ``error`` ``unreadable: <file>: <reason>``),
+            finished, ``not_run`` for a point its sweep never started (a stop came first), ``unreadable``
+            with ``error`` ``unreadable: <file>: <reason>``),
             ``finished_at``, ``error``, and run metadata.
         notes: one line per point that had more than one candidate, saying which run was used.
     """

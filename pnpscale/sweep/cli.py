@@ -259,8 +259,12 @@ def check_single_point(argv: Sequence[str]) -> None:
     by point, before any runs; ``--cfg``/``--help``/``--info`` run nothing and are not checked.
 
     Raises:
-        CommandLineError: ``-m`` with ``--cfg``/``--info``, or a list of values (a sweep) without ``-m``.
+        CommandLineError: ``-m`` with ``--cfg``/``--info``, a list of values (a sweep) without ``-m``, or a
+            key that the point's mode does not read (``problem.unroll`` in inference:
+            :func:`pnpscale.sweep.point.mode_key_problems`).
         ConfigError: see :func:`pnpscale.sweep.point.resolve_point`.
+        NoSpace: the run folder's disk cannot hold even the point's status record
+            (:func:`pnpscale.sweep.point.check_room`; exit 1).
     """
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -294,15 +298,22 @@ def check_single_point(argv: Sequence[str]) -> None:
             or (ov.key_or_group == "cluster" and str(ov.value()) != "local")
         ):
             return
-    from pnpscale.sweep.point import resolve_point
+    from pnpscale.sweep.point import mode_key_problems, resolve_point
 
     cfg = compose_config(overrides)
+    refused, _ = mode_key_problems([("", cfg, overrides)])  # a key this point's mode would silently ignore
+    if refused:
+        raise CommandLineError(list(refused))
     # the folder Hydra will write: checked now (resume rule), before Hydra writes its .hydra/ into it
     run_dir = next(
         (str(ov.value()) for ov in parsed if ov.key_or_group == "hydra.run.dir" and "${" not in str(ov.value())),
         None,
     )
-    resolve_point(cfg, Path(run_dir) if run_dir else Path(str(cfg.output.root)) / "__not_created__")
+    folder = Path(run_dir) if run_dir else Path(str(cfg.output.root)) / "__not_created__"
+    resolve_point(cfg, folder)
+    from pnpscale.sweep.point import check_room
+
+    check_room(Path(run_dir) if run_dir else Path(str(cfg.output.root)))  # before Hydra writes into it
 
 
 def _show(ov: Any) -> str:

@@ -9,12 +9,14 @@ against the run folder it will write (:func:`complete_run`). Nothing starts befo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
 from pnpscale.core.config import ConfigError, RunSpec, cfg_variant, plain, resolve_spec
+from pnpscale.core.errors import PnpscaleError
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,169 @@ def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any]
         f"{run_dir} holds a complete run of another spec (fingerprint {done.get('fingerprint')}, this point "
         f"{spec.fingerprint()}): use another folder (hydra.sweep.dir / hydra.run.dir), or resume=false to replace it",
     )
+
+
+#: Keys that take effect in some modes only: dotted key -> the modes (``mode.name``) whose solver reads it.
+#: Each defaults to ``null`` (from the scale preset), so a non-null value was set on purpose (command line,
+#: stored sweep); a point of another mode would silently ignore it (:func:`ignored_keys`). Add a key here
+#: when a mode's solver reads a key the others do not. (``mode.*`` keys are the mode's own config.)
+MODE_KEYS: dict[str, tuple[str, ...]] = {
+    "problem.unroll": ("training",),  # K, the unrolled iterations trained as one network
+}
+
+
+def _select(cfg: Any, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        try:
+            node = node[part]
+        except (KeyError, TypeError, AttributeError):
+            return None
+    return node
+
+
+def mode_keys_set(cfg: Any, overrides: Sequence[str] = ()) -> dict[str, tuple[Any, tuple[str, ...]]]:
+    """The mode-only keys set for a point: those of :data:`MODE_KEYS` not null in the composed ``cfg``, and the
+    size presets of one mode given in ``overrides`` (``problem.scales.small.training.image_size=64``: the
+    training preset, :class:`~pnpscale.core.config.ModeSizes`).
+
+    Returns:
+        key -> (its value, the modes that read it).
+
+    >>> mode_keys_set({"problem": {"unroll": None, "scales": {"small": {"training": {"nb": 2}}}}},
+    ...               ["problem.scales.small.training.nb=2", "gpus=2"])
+    {'problem.scales.small.training.nb': (2, ('training',))}
+    """
+    import dataclasses
+
+    from pnpscale.core.config import ModeSizes
+
+    out = {key: (v, modes) for key, modes in MODE_KEYS.items() if (v := _select(cfg, key)) is not None}
+    preset_modes = {f.name for f in dataclasses.fields(ModeSizes)}
+    for ov in overrides:
+        key = ov.lstrip("+~").split("=", 1)[0]
+        parts = key.split(".")
+        if len(parts) >= 5 and parts[:2] == ["problem", "scales"] and parts[3] in preset_modes:
+            out[key] = (_select(cfg, key), (parts[3],))
+    return out
+
+
+def ignored_keys(cfg: Any, overrides: Sequence[str] = ()) -> dict[str, tuple[Any, tuple[str, ...]]]:
+    """The mode-only keys set for a point (:func:`mode_keys_set`) whose mode does not read them.
+
+    Returns:
+        key -> (its value, the modes that read it); empty when every key set has an effect.
+
+    >>> ignored_keys({"mode": {"name": "inference"}, "problem": {"unroll": 3}})
+    {'problem.unroll': (3, ('training',))}
+    >>> ignored_keys({"mode": {"name": "training"}, "problem": {"unroll": 3}})
+    {}
+    """
+    mode = _select(cfg, "mode.name")
+    return {k: vm for k, vm in mode_keys_set(cfg, overrides).items() if mode not in vm[1]}
+
+
+def mode_key_problems(points: Sequence[tuple[Any, ...]]) -> tuple[dict[str, list[str]], list[str]]:
+    """What a sweep's mode-specific keys say, over its points (label, composed config[, overrides]).
+
+    A key set in points none of whose modes read it (a single run of ``mode=inference problem.unroll=3``,
+    or a sweep whose points are all inference) is refused: one line naming the key, the modes it applies
+    to and the points' mode. A key read by some points and ignored by others (``mode=inference,training
+    problem.unroll=3``) is one warning line naming the points that ignore it.
+
+    Returns:
+        (refusals: one line each, a :class:`~pnpscale.core.config.ConfigError`'s text -> the labels of the
+        points refused; warnings: one line each).
+
+    >>> inf = {"mode": {"name": "inference"}, "problem": {"unroll": 3}}
+    >>> print(*mode_key_problems([("gpus=1", inf)])[0])
+    problem.unroll=3: takes effect only in mode=training; this point is mode=inference: drop it, or run mode=training
+    >>> train = {"mode": {"name": "training"}, "problem": {"unroll": 3}}
+    >>> mode_key_problems([("mode=inference", inf), ("mode=training", train)])
+    ({}, ['problem.unroll=3 takes effect only in mode=training: ignored by mode=inference'])
+    """
+    ignored: dict[tuple[str, str], list[str]] = {}
+    used: set[str] = set()
+    info: dict[tuple[str, str], tuple[Any, tuple[str, ...], set[str]]] = {}
+    for label, cfg, *rest in points:
+        overrides = rest[0] if rest else ()
+        hits = ignored_keys(cfg, overrides)
+        used |= set(mode_keys_set(cfg, overrides)) - set(hits)
+        for key, (value, modes) in hits.items():
+            ident = (key, str(value))
+            ignored.setdefault(ident, []).append(label)
+            info.setdefault(ident, (value, modes, set()))[2].add(str(_select(cfg, "mode.name")))
+    refusals: dict[str, list[str]] = {}
+    warnings: list[str] = []
+    for (key, _), labels in ignored.items():
+        value, modes, theirs = info[(key, _)]
+        applies = " or ".join(f"mode={m}" for m in modes)
+        if key in used:
+            shown = _show_value(value)
+            warnings.append(f"{key}={shown} takes effect only in {applies}: ignored by {'; '.join(labels)}")
+            continue
+        whose = "this point is" if len(points) == 1 else "the sweep's points are"
+        refusals[str(ConfigError(
+            key, value, f"takes effect only in {applies}; {whose} {', '.join(f'mode={m}' for m in sorted(theirs))}: "
+            f"drop it, or run {applies}"))] = labels  # fmt: skip
+    return refusals, warnings
+
+
+def _show_value(value: Any) -> str:
+    return str(ConfigError("k", value, "")).removeprefix("k=").removesuffix(": ")
+
+
+#: Bytes a point's folder needs free before the point starts, so that its end is always recorded: Hydra's
+#: ``.hydra/`` (3 files, 4 blocks), its log, the lock and ``run.json`` (2 blocks), in 4 KiB blocks.
+MIN_FREE_BYTES = 32 * 1024
+
+
+class NoSpace(PnpscaleError, OSError):
+    """A point's disk has too little room to record its status (ENOSPC): nothing started, exit 1.
+
+    Attributes:
+        path: the point's run folder.
+    """
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free for this user on the file system of ``path`` (or its nearest existing folder), else ``None``."""
+    import os
+
+    p = path.absolute()
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def check_room(run_dir: Path, free: int | None = None) -> None:
+    """Refuse a point whose disk cannot hold even its status record (:data:`MIN_FREE_BYTES`).
+
+    Args:
+        run_dir: the point's run folder.
+        free: bytes free there (default: measured, :func:`free_bytes`).
+
+    Raises:
+        NoSpace: one line naming the folder, the room left and the cause (ENOSPC).
+
+    >>> check_room(Path("/r"), 40 * 1024)
+    >>> check_room(Path("/r"), 20 * 1024)
+    Traceback (most recent call last):
+    ...
+    pnpscale.sweep.point.NoSpace: /r: 20 KiB free on its disk, fewer than the 32 KiB a point needs to record its \
+status (ENOSPC: No space left on device); nothing was started
+    """
+    free = free_bytes(run_dir) if free is None else free
+    if free is not None and free < MIN_FREE_BYTES:
+        raise NoSpace(
+            f"{run_dir}: {free // 1024} KiB free on its disk, fewer than the {MIN_FREE_BYTES // 1024} KiB a point "
+            "needs to record its status (ENOSPC: No space left on device); nothing was started",
+            path=str(run_dir),
+        )
 
 
 def writable_dir(path: Path) -> bool:

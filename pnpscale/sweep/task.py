@@ -78,12 +78,12 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     try:
         if lock.previous is not None:
             log.warning("%s: took over the lock of %s: that process is gone", point.label, lock.previous.text())
-        return _run_locked(cfg, point, backend)
+        return _run_locked(cfg, point, backend, lock)
     finally:
         lock.release()
 
 
-def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
+def _run_locked(cfg: DictConfig, point: Point, backend: Any, lock: Any = None) -> dict[str, Any]:
     import os
     import socket
 
@@ -111,12 +111,12 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
     except BaseException as exc:
         stop = stop_behind(exc)
         if stop is not None:
-            _record_failure(point, config, f"{stop}: the ranks were stopped")
+            _record_failure(point, config, f"{stop}: the ranks were stopped", lock)
             _log_single_run_resume(point)
             raise stop from None  # stops the whole sweep, not only this point
         if not isinstance(exc, Exception):
             raise
-        _record_failure(point, config, exc)
+        _record_failure(point, config, exc, lock)
         log.error("%s failed: %s", point.label, exc)
         raise RunFailed(point.label, point.run_dir, str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
     finally:
@@ -126,15 +126,115 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any) -> dict[str, Any]:
     return result
 
 
-def _record_failure(point: Point, config: dict[str, Any] | None, error: BaseException | str) -> None:
-    """``run.json`` says ``failed`` with ``error``; a disk too full even for that is logged, never raised
-    (the stop or the failure itself decides what happens next)."""
+def _record_failure(point: Point, config: dict[str, Any] | None, error: BaseException | str, lock: Any = None) -> None:
+    """``run.json`` says ``failed`` with ``error``; a disk too full even for that gets one line on stderr
+    (:func:`record_failure_or_say`), never an exception (the stop or the failure decides what happens next)."""
+    record_failure_or_say(point.run_dir, point.spec, config, error, point.label, lock)
+
+
+def record_failure_or_say(
+    run_dir: Path, spec: Any, config: dict[str, Any] | None, error: BaseException | str, label: str, lock: Any = None
+) -> bool:
+    """Record a failed point (:func:`pnpscale.core.record.write_failure`, which frees the space reserved for it
+    and falls back to a short record, then to overwriting ``run.json`` in place); on a disk still too full, the
+    lock file's holder name is given up for its block (:meth:`pnpscale.core.lock.FolderLock.forget_holder`)
+    and it is tried once more. If even that fails, one line on stderr names the point, the folder and the
+    cause: ``pnpscale: error: <point>: no status record could be written in <folder> (ENOSPC: No space left
+    on device); the point failed``.
+
+    Returns:
+        whether a record was written.
+    """
     from pnpscale.core.record import write_failure
 
     try:
-        write_failure(point.run_dir, point.spec, config, error)
+        write_failure(run_dir, spec, config, error)
+        return True
     except OSError as exc:
-        log.error("%s: could not record the failure in %s: %s", point.label, point.run_dir, exc)
+        full = exc
+    if lock is not None and lock.forget_holder():
+        try:
+            write_failure(run_dir, spec, config, error)
+            return True
+        except OSError as exc:
+            full = exc
+    say_unrecorded(label, run_dir, full)
+    return False
+
+
+def say_unrecorded(label: str, run_dir: Path, full: OSError) -> None:
+    """One line on stderr (and the log): the point's folder could not hold its status record, and why."""
+    import errno
+    import sys
+
+    cause = errno.errorcode.get(full.errno or 0, type(full).__name__)
+    line = (f"{label}: no status record could be written in {run_dir} ({cause}: {full.strerror or full}); "
+            "the point failed")  # fmt: skip
+    print(f"pnpscale: error: {line}", file=sys.stderr, flush=True)
+    log.error("%s", line)
+
+
+def record_not_run(cfg: DictConfig, run_dir: Path, reason: str) -> str:
+    """Record in ``run_dir`` that the sweep asked for this point but never ran it (``run.json``: status
+    ``not_run``, ``error`` = ``reason``), so that the report and ``pnpscale.load`` list it; resume runs it.
+
+    Never overwrites a complete run (a point skipped or finished as the stop came: it stays complete), nor
+    the record of the point this process was running when stopped (it says ``interrupted``), nor a folder
+    in use by another process. An earlier record of another status is replaced, its error kept in the text.
+
+    Returns:
+        what the folder now says: ``not_run``, ``complete``, ``failed`` (this process's interrupted point),
+        or why nothing was recorded (``in use by ...``, ``not recorded (OSError: ...)``).
+    """
+    import os
+
+    from pnpscale.core.lock import Busy, FolderLock
+    from pnpscale.core.record import RecordError, now_iso, read_record, start_record, write_record
+    from pnpscale.core.signals import deferred
+
+    try:
+        earlier = read_record(run_dir)
+    except RecordError:
+        earlier = None
+    if earlier is not None and (earlier.status == layout.STATUS_COMPLETE or earlier.pid == os.getpid()):
+        return earlier.status
+    lock = FolderLock(run_dir)
+    try:
+        with deferred():
+            lock.acquire()
+            try:
+                text = reason
+                if earlier is not None and earlier.status != layout.STATUS_NOT_RUN:
+                    before = (earlier.error or "").splitlines()[0] if earlier.error else ""
+                    text += f" (the folder's earlier run, {earlier.started_at}: {earlier.status}" + (
+                        f": {before})" if before else ")"
+                    )
+                record = start_record(resolve_point(cfg, run_dir).spec, _without_hydra(cfg))
+                write_record(run_dir, record.set(status=layout.STATUS_NOT_RUN, error=text, started_at=None,
+                                                 finished_at=now_iso()))  # fmt: skip
+            finally:
+                lock.release()
+    except Busy as exc:
+        return f"not recorded: {exc}"
+    except (OSError, PnpscaleError) as exc:
+        return f"not recorded ({type(exc).__name__}: {exc})"
+    return layout.STATUS_NOT_RUN
+
+
+def _without_hydra(cfg: Any) -> dict[str, Any]:
+    """A launcher's composed point config as the task would record it: resolved, without its ``hydra`` node."""
+    from omegaconf import OmegaConf
+
+    out = plain(cfg, resolve=False)
+    out.pop("hydra", None)
+    for key in out:
+        node = cfg[key]
+        if OmegaConf.is_config(node):
+            try:
+                out[key] = OmegaConf.to_container(node, resolve=True)
+            except Exception:  # noqa: BLE001 - an interpolation of the Hydra run: kept as written
+                pass
+    return out
 
 
 def _log_single_run_resume(point: Point) -> None:
