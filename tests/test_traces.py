@@ -298,7 +298,8 @@ def test_real_gloo_trace_worker_threads(shared_traces):
 
 def _both_paths(path: Path, sections=("gradient",), keep_all_gpu=True):
     """(events of the fast path, events of the exact ijson path) of one trace; the fast path must not fall back."""
-    from pnpscale.analysis import traces as T
+    from pnpscale.analysis import trace_scan as T
+    from pnpscale.analysis.trace_select import collected_events
 
     pats = {s: s for s in sections}
     fast = T._scan(path, pats, keep_all_gpu)
@@ -306,7 +307,7 @@ def _both_paths(path: Path, sections=("gradient",), keep_all_gpu=True):
     assert fast[1] == exact[1] and fast[2] == exact[2]
     assert fast[0].read == exact[0].read and fast[0].range_names == exact[0].range_names
     base = int(exact[1].get("baseTimeNanoseconds") or 0)
-    return fast[0].events(base), exact[0].events(base)
+    return collected_events(fast[0], base), collected_events(exact[0], base)
 
 
 def test_timestamps_of_1_7e15_us_are_exact_to_the_nanosecond(tmp_path):
