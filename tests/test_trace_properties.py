@@ -33,10 +33,17 @@ PROPERTY = settings(max_examples=40, deadline=None, derandomize=True, database=N
 
 @st.composite
 def specs(
-    draw, backend: str | None = None, max_world: int = 8, max_iterations: int = 3, together: bool | None = None
+    draw,
+    backend: str | None = None,
+    max_world: int = 8,
+    max_iterations: int = 3,
+    together: bool | None = None,
+    asynchronous: bool = False,
 ) -> Spec:
     """A random job (see :class:`tests.tracegen.Spec`); ``together``: CUDA sections of 2 or more collectives
-    run them together, issued in another order on each rank (``None``: drawn per section)."""
+    run them together, issued in another order on each rank (``None``: drawn per section); ``asynchronous``:
+    CUDA sections without a synchronisation at their end, with GPU tails that may run into the next section
+    (not with ``together`` sections)."""
     backend = backend or draw(st.sampled_from(["nccl", "gloo"]))
     cuda = backend == "nccl"
     world = draw(st.integers(1, max_world))
@@ -115,7 +122,23 @@ def specs(
                 )
                 for _ in range(world)
             )
-    return replace(spec, orders=orders)
+    tails: tuple = ()
+    if cuda and not orders and asynchronous:
+        occ = [(i, s) for i in range(iterations) for s in range(len(sections))]
+        tails = tuple(
+            tuple(
+                tuple(
+                    # shorter than the next section's first compute segment: it ends before that one's collectives
+                    draw(st.integers(0, max(0, spec.work[r][occ[k + 1][0]][occ[k + 1][1]][0] // u - 1))) * u
+                    if k + 1 < len(occ)
+                    else dur(0, 60)
+                    for k in (occ.index((i, s)) for s in range(len(sections)))
+                )
+                for i in range(iterations)
+            )
+            for r in range(world)
+        )
+    return replace(spec, orders=orders, tails=tails)
 
 
 def analyse(folder: Path, sections: tuple[str, ...]) -> tuple[int, str, Path]:
@@ -189,3 +212,32 @@ def test_collectives_issued_in_another_order_on_each_rank_are_matched_by_type_an
         assert group.groupby(K.SEQ)[K.COLLECTIVE].nunique().max() == 1, (i, sec)  # one type per match
         want = sorted([c.op for c in job.truth.colls[(int(i), str(sec))]] * spec.world)
         assert sorted(group[K.COLLECTIVE]) == want, (i, sec)
+
+
+def test_gpu_work_past_the_next_section_is_clipped_to_a_known_answer() -> None:
+    """Asynchronous CUDA sections (no synchronisation at their end) whose last kernel, on another stream, runs
+    past the next section's first GPU start (issue 21): each such section is clipped there, named per rank
+    (``gpu_work_past_next_section``, as many as the generator clipped), and decomposed to the nanosecond."""
+    clipped_in_all: list[int] = []
+
+    @settings(PROPERTY, max_examples=12)
+    @given(spec=specs(backend="nccl", max_world=4, together=False, asynchronous=True))
+    def prop(spec: Spec) -> None:
+        job = simulate(spec)
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "job"
+            write(job, folder)
+            code, err, out = analyse(folder, spec.sections)
+            assert code == 0, err
+            table, anomalies = results(out)
+        if spec.world > 1 and not any(c for it in spec.plan for sec in it for c in sec):
+            anomalies = [a for a in anomalies if a["kind"] != "no_collectives"]
+            table = table.assign(**{K.TRANSFER_S: 0.0, K.WAIT_S: 0.0})
+        clipped = {a["rank"]: a["count"] for a in anomalies if a["kind"] == "gpu_work_past_next_section"}
+        assert {a["kind"] for a in anomalies} <= {"gpu_work_past_next_section"}
+        assert clipped == {r: n for r, n in job.truth.clipped.items() if n}
+        assert_decomposition(job, table)
+        clipped_in_all.append(sum(job.truth.clipped.values()))
+
+    prop()
+    assert sum(clipped_in_all) > 0, "no generated job ran GPU work past its next section"

@@ -16,7 +16,9 @@ rank's compute) in global time and writes one trace per rank in the layout torch
 
 With ``Spec.orders`` a CUDA section's collectives run together instead (one process group and stream each,
 issued in another order on each rank, kernels whose names do not say their type): matched only by the
-descriptors' type and ``(process group, Seq)``.
+descriptors' type and ``(process group, Seq)``. With ``Spec.tails`` the CUDA sections are asynchronous (no
+synchronisation at their end) and a last kernel on another stream may run into the next section: the truth
+clips the section there, as the analysis must. Every file ends with Kineto's last event (``Record Window End``).
 
 Both carry ``distributedInfo`` (backend, rank, world_size, pg_config, nccl_version), ``deviceProperties``
 (CUDA), and ``ts``/``dur`` in microseconds with 3 decimals (or integers), relative to
@@ -57,7 +59,7 @@ OLD_ARGS = "(ncclDevComm*, unsigned long, ncclWork*)"
 GENERIC = "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)"
 BASE_NS = 1_790_000_000_000_000_000
 ABSOLUTE_NS = 1_790_000_000_000_000_000  # the first event of an absolute trace, ns since the epoch
-MAIN_TID, GLOO_TID, COMPUTE_STREAM, COMM_STREAM = 1001, 2002, 7, 20
+MAIN_TID, GLOO_TID, COMPUTE_STREAM, COMM_STREAM, TAIL_STREAM = 1001, 2002, 7, 20, 8
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,14 @@ class Spec:
             ``ncclDevKernel_SendRecv`` / ``ncclKernel_SendRecv_*`` for all_to_all); the compute stream waits
             for all of them, then runs segments 1.. . Only the descriptors' type and ``(group, Seq)`` match
             them across ranks.
+        tails: ``tails[r][i][s]``: CUDA only, not with ``orders``; given, the sections are **asynchronous**: no
+            ``cudaDeviceSynchronize`` at their end (the CPU runs on while the GPU works, the compute stream's
+            work queues across sections), and a section with a tail launches last a kernel of that many ns on
+            another stream (``TAIL_STREAM``) after its work, which may run past the next section's first GPU
+            start: that section's time is then clipped there (the truth: ``S = next first GPU start - first GPU
+            start``; ``Truth.clipped`` counts them per rank). A tail shorter than the next section's first
+            compute segment ends before the next section's first collective (the generator's strategy draws
+            it so), so the next section's numbers are unchanged by it.
     """
 
     backend: str
@@ -112,6 +122,7 @@ class Spec:
     first_step: int = 1
     memcpy: bool = False
     orders: tuple = ()
+    tails: tuple = ()
 
     def order(self, r: int, i: int, s: int) -> tuple[int, ...]:
         """The issue order of section ``s`` of iteration ``i`` on rank ``r`` (``()``: one at a time)."""
@@ -137,6 +148,7 @@ class Truth:
     section: dict[tuple[int, str], list[int]] = field(default_factory=dict)
     colls: dict[tuple[int, str], tuple[Coll, ...]] = field(default_factory=dict)
     together: set[tuple[int, str]] = field(default_factory=set)
+    clipped: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -212,6 +224,9 @@ def simulate(spec: Spec) -> Job:
     seq = {r: 0 for r in range(spec.world)}
     pg_seq: dict[int, dict[str, int]] = {r: {} for r in range(spec.world)}
     pg_stream: dict[int, dict[str, int]] = {r: {} for r in range(spec.world)}  # given at a group's first use
+    stream7 = {r: 0 for r in range(spec.world)}  # asynchronous sections: the compute stream's time, carried over
+    spans: dict[int, list[tuple[tuple[int, str], int, int]]] = {r: [] for r in range(spec.world)}
+    assert not (spec.tails and spec.orders), "tails and orders do not combine"
     now = 10_000_000  # global time every rank leaves the previous barrier (ns)
 
     def cpu(r: int, name: str, cat: str, start: int, end: int, tid: int = MAIN_TID, **args: Any) -> None:
@@ -368,7 +383,7 @@ def simulate(spec: Spec) -> Job:
             arrive: list[list[int]] = []
             exits: list[int] = []
             for r in range(spec.world):
-                cursor[r] = entry[r] + (2 * u if cuda else 0)
+                cursor[r] = max(entry[r] + 2 * u, stream7[r]) if spec.tails else entry[r] + (2 * u if cuda else 0)
             for k in range(len(colls) + 1):
                 for r in range(spec.world):
                     w = spec.work[r][i][s][k]
@@ -418,7 +433,23 @@ def simulate(spec: Spec) -> Job:
                 exits.append(x)
             sec_times = []
             for r in range(spec.world):
-                if cuda:
+                if spec.tails:
+                    t_end = launches[r][2]
+                    last = cursor[r]
+                    tail = spec.tails[r][i][s]
+                    if tail:
+                        cpu(r, "aten::mul", "cpu_op", t_end, t_end + 4 * u, **{"External id": ext[r]})
+                        cid = launch(r, t_end + u)
+                        ext[r] += 1
+                        begin = max(cursor[r], t_end + 2 * u)
+                        gpu(r, "void at::native::vectorized_elementwise_kernel<4>", begin, begin + tail, TAIL_STREAM,
+                            cid)  # fmt: skip
+                        last = max(last, begin + tail)
+                    end = t_end + 6 * u
+                    stream7[r] = cursor[r]
+                    spans[r].append((key, first_gpu[r], last))
+                    sec_times.append(last - first_gpu[r])
+                elif cuda:
                     t_end = launches[r][2]
                     sync_end = max(t_end + u, cursor[r]) + u
                     cpu(r, "cudaDeviceSynchronize", "cuda_runtime", t_end, sync_end, correlation=corr[r], cbid=165)
@@ -437,6 +468,12 @@ def simulate(spec: Spec) -> Job:
             if spec.steps:
                 cpu(r, f"ProfilerStep#{spec.first_step + i}", "user_annotation", now - u, done - u)
         now = done + 2 * u
+    for r in range(spec.world):  # a section's GPU work past the next one's first GPU start is clipped there
+        truth.clipped[r] = 0
+        for (key, first, last), (_, nfirst, _) in zip(spans[r], spans[r][1:], strict=False):
+            if last > nfirst > first:
+                truth.section[key][r] = nfirst - first
+                truth.clipped[r] += 1
     meta = {}
     for r in range(spec.world):
         d: dict[str, Any] = {"schemaVersion": 1}
@@ -455,6 +492,9 @@ def simulate(spec: Spec) -> Job:
         ev[r].append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
                       "tid": "PyTorch Profiler", "ts": first - 1000, "dur": last - first + 2000,
                       "args": {"Op count": 0}})  # fmt: skip
+        # Kineto's last event, written when it closes the file (ChromeTraceLogger::finalizeTrace)
+        ev[r].append({"ph": "i", "cat": "", "name": "Record Window End", "s": "g", "pid": "", "tid": "",
+                      "ts": last + 1000, "args": {}})  # fmt: skip
         ev[r].insert(0, {"ph": "M", "name": "process_name", "pid": 100 + r, "tid": 0, "args": {"name": "python"}})
     return Job(spec, ev, meta, truth)
 

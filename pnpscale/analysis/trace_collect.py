@@ -20,8 +20,10 @@ from typing import Any
 from pnpscale.analysis.events import Event, Kind
 from pnpscale.analysis.kineto import (
     CPU_CATS,
+    END_MARKER,
     GPU_CATS,
     IGNORED_CATS,
+    LAUNCH_CALL,
     NOT_A_LAUNCH,
     PARAM_COMMS,
     RUNTIME_CATS,
@@ -100,6 +102,10 @@ class _Collector:
         self.gpu_stream, self.gpu_name = array("q"), array("q")
         self.names: dict[str, int] = {}
         self.rt_corr, self.rt_start = array("q"), array("q")
+        self.rt_launch = array("b")  # per runtime event: 1 when it puts work on the device (LAUNCH_CALL)
+        self.end_marker = False  # Kineto's last event (END_MARKER) seen: the file was closed by Kineto
+        self.last_start = -(1 << 62)  # the latest start (ns) of an event whose times were read
+        self.missing_gpu: list[int] = []  # set by trace_select: launches whose GPU event is not in the file
         # other cpu_op operators (compute or c10d calls), for the time a thread is blocked on its collectives
         self.op_start, self.op_end, self.op_tid, self.op_name = array("q"), array("q"), array("q"), array("q")
         self.op_names: dict[str, int] = {}
@@ -141,6 +147,8 @@ class _Collector:
         if ts is None or isinstance(ts, bool):
             return None
         start = _ns(ts)
+        if start > self.last_start and -_NS_RANGE <= start <= _NS_RANGE:
+            self.last_start = start
         if not -_NS_RANGE <= start <= _NS_RANGE:
             raise TraceError(f"{self.path}: event #{self.read - 1} {ev.get('name')!r}: ts {ts} us is out of any "
                              f"clock's range (a timestamp in the wrong unit, or corrupt)")  # fmt: skip
@@ -158,6 +166,8 @@ class _Collector:
     def add(self, ev: Mapping[str, Any]) -> None:
         self.read += 1
         if ev.get("ph") != "X":
+            if ev.get("ph") == "i" and ev.get("name") == END_MARKER:
+                self.end_marker = True
             return
         cat = ev.get("cat")
         if cat in RUNTIME_CATS:
@@ -167,10 +177,7 @@ class _Collector:
                 if times is None:
                     self._no_ts(ev)
                     return
-                self.rt_corr.append(corr)
-                self.rt_start.append(times[0])
-                if times[0] < 0:
-                    self.rt_unset.append(corr)
+                self.add_runtime(corr, times[0], bool(LAUNCH_CALL.search(str(ev.get("name", "")))))
             return
         if cat in GPU_CATS:
             self._add_gpu(ev)
@@ -218,8 +225,18 @@ class _Collector:
             return
         self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad, **fields))
 
+    def add_runtime(self, corr: int, start: int, launch: bool) -> None:
+        """A runtime call with a correlation id (start in ns); ``launch``: it puts work on the device (LAUNCH_CALL)."""
+        self.rt_corr.append(corr)
+        self.rt_start.append(start)
+        self.rt_launch.append(1 if launch else 0)
+        self.last_start = max(self.last_start, start)
+        if start < 0:
+            self.rt_unset.append(corr)
+
     def add_op(self, name: str, start: int, end: int, tid: int) -> None:
         """A ``cpu_op`` operator that is neither a section nor a collective range (times in ns)."""
+        self.last_start = max(self.last_start, start)
         self.op_start.append(start)
         self.op_end.append(end)
         self.op_tid.append(tid)
@@ -249,6 +266,7 @@ class _Collector:
         if bad is not None:
             self.bad_gpu.append(Event(name, Kind.GPU, start, end, tid=stream, correlation=corr, bad=bad))
             return
+        self.last_start = max(self.last_start, start)
         nid = self.names.setdefault(name, len(self.names))
         self.gpu_start.append(start)
         self.gpu_end.append(end)

@@ -44,6 +44,20 @@ def _refuse_constant(token: str) -> Any:
     raise _Fallback(f"non-finite token {token}")
 
 
+def _closes_json(path: Path) -> bool:
+    """Whether the (decompressed) file's last non-blank byte closes a JSON object or array (``}`` or ``]``): a
+    file cut short mostly does not. Unreadable files count as not closed."""
+    last = b""
+    try:
+        with _open(path) as raw:
+            while chunk := raw.read(1 << 20):
+                if chunk.strip():
+                    last = chunk.rstrip()[-1:]
+    except (OSError, EOFError, zlib.error, TraceError):
+        return False
+    return last in (b"}", b"]")
+
+
 def _valid_object(text: str) -> bool:
     import json
 

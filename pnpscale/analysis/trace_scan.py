@@ -17,7 +17,9 @@ from typing import Any
 
 from pnpscale.analysis.kineto import (
     CPU_CATS,
+    END_MARKER,
     GPU_CATS,
+    LAUNCH_CALL,
     RUNTIME_CATS,
     is_collective_kernel,
     is_descriptor,
@@ -121,6 +123,7 @@ _CPU_B = frozenset(c.encode() for c in CPU_CATS)
 _RUNTIME_B = frozenset(c.encode() for c in RUNTIME_CATS)
 _GPU_B = frozenset(c.encode() for c in GPU_CATS)
 _KERNEL_B = (b"kernel", b"Kernel")
+_END_MARKER = b'"' + END_MARKER.encode() + b'"'
 
 
 def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Collector, dict[str, Any], bool, bytes]:
@@ -142,6 +145,7 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
     decoder = json.JSONDecoder(parse_float=Decimal, parse_constant=_refuse_constant)
     relevant: dict[bytes, bool] = {}
     collective: dict[tuple[bytes, bytes], bool] = {}
+    launches: dict[bytes, bool] = {}
 
     def cpu_needed(name: str) -> bool:
         return (
@@ -249,6 +253,8 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                         continue
                     index += 1
                     if ph != b"X":
+                        if ph == b"i" and data.find(_END_MARKER, s, e) >= 0:
+                            collector.end_marker = True
                         continue
                     if cpu_cat is not None:
                         need = relevant.get(cpu_name)
@@ -290,10 +296,10 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                     start = int(ts.replace(b".", b"")) if len(ts) > 4 and ts[-4] == 46 else _ns_text(ts)
                     if is_rt:
                         if corr is not None:
-                            collector.rt_corr.append(corr)
-                            collector.rt_start.append(start)
-                            if start < 0:
-                                collector.rt_unset.append(corr)
+                            launch = launches.get(rawname)
+                            if launch is None:
+                                launch = launches[rawname] = bool(LAUNCH_CALL.search(text(rawname)))
+                            collector.add_runtime(corr, start, launch)
                         continue
                     coll = collective.get((cat, rawname))
                     if coll is None:

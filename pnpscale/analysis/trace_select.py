@@ -81,6 +81,7 @@ def collected_events(
         return np.where(found, rt_start[idx_c], -1), known & ~found
 
     rt_start += _clock_offset(col, launch_of, anomalies, rank)
+    col.missing_gpu = _launches_without_gpu_event(col, rt_corr, rt_start, order, base_ns)
 
     def shift(e: Event) -> Event:
         return replace(e, start_ns=e.start_ns + base_ns, end_ns=e.end_ns + base_ns)
@@ -133,6 +134,34 @@ def collected_events(
         anomalies.add("gpu_before_launch", rank, f"up to {lead / 1000:g} us before its launch: {example}",
                       col.before_launch_count)  # fmt: skip
     return out
+
+
+def _launches_without_gpu_event(col: _Collector, rt_corr: Any, rt_start: Any, order: Any, base_ns: int) -> list[int]:
+    """Starts (ns, shifted by ``base_ns``) of the launches (:data:`~pnpscale.analysis.kineto.LAUNCH_CALL`) whose GPU
+    event is not in a file that Kineto did not close (no end marker) but that holds GPU events, when the latest
+    launch is one of them (Kineto writes the GPU events after the CPU's, in time order: a cut loses the last
+    launches' work): the work they launched is missing (the file was cut short). Empty otherwise: a complete
+    file, one without GPU events (refused by :func:`pnpscale.analysis.offline`), one with GPU events of unknown
+    launch (correlation 0), or one whose last launch has its GPU event (kernels dropped elsewhere)."""
+    import numpy as np
+
+    if col.end_marker or not len(rt_corr) or not col.gpu_events:
+        return []
+    launch = np.frombuffer(col.rt_launch, dtype=np.int8)[order].astype(bool)
+    seen = np.unique(np.concatenate([np.frombuffer(col.gpu_corr, dtype=np.int64) if len(col.gpu_corr) else
+                                     np.zeros(0, np.int64), np.array([n[4] for n in col.nccl], dtype=np.int64),
+                                     np.array([e.correlation for e in col.bad_gpu], dtype=np.int64)]))  # fmt: skip
+    unknown = np.array(sorted(UNKNOWN_CORRELATIONS), dtype=np.int64)
+    if np.isin(seen, unknown).any():  # GPU events of unknown launch (correlation 0, ROCm): no launch can be vouched for
+        return []
+    known = ~np.isin(rt_corr, unknown)
+    gone = launch & known & ~np.isin(rt_corr, seen)
+    if not gone.any():
+        return []
+    latest = int(np.argmax(np.where(launch & known, rt_start, np.iinfo(np.int64).min)))
+    if not gone[latest]:  # a cut loses the GPU tail: the last launch's work first; else kernels dropped elsewhere
+        return []
+    return sorted((rt_start[gone] + base_ns).tolist())
 
 
 def _ops(col: _Collector, base_ns: int) -> list[Event]:

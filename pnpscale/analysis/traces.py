@@ -46,6 +46,7 @@ from pnpscale.analysis.trace_files import (
     _TAIL,
     NotATraceError,
     TraceError,
+    _closes_json,
     _Fallback,
     _first_line,
     _meta_from_tail,
@@ -75,6 +76,9 @@ class TraceInfo:
         gpu_events, runtime_events, descriptors: device events, runtime launches (with a correlation)
             and collective descriptors (``record_param_comms``, ``nccl:*``...) in the trace.
         unknown_categories: ``X`` events of categories not read, per category (most frequent first).
+        end_marker: the file ends with Kineto's last event (``Record Window End``): Kineto closed it, so it was
+            not cut short. last_ns: the latest start among the events whose times were read (ns, the events'
+            clock), ``None`` when none.
     """
 
     path: Path
@@ -91,14 +95,18 @@ class TraceInfo:
     runtime_events: int = 0
     descriptors: int = 0
     unknown_categories: tuple[tuple[str, int], ...] = ()
+    end_marker: bool = False
+    last_ns: int | None = None
 
 
 @dataclass(frozen=True)
 class Trace:
-    """One rank's trace: its :class:`TraceInfo` and the kept events (ns, Unix epoch)."""
+    """One rank's trace: its :class:`TraceInfo`, the kept events (ns, Unix epoch), and in a file without Kineto's
+    end marker the starts (ns) of the launches whose GPU event is not in the file (the work is missing)."""
 
     info: TraceInfo
     events: list[Event]
+    missing_gpu: tuple[int, ...] = ()
 
 
 def parse_sections(spec: str | Sequence[str]) -> dict[str, str]:
@@ -226,6 +234,8 @@ def read_trace(
         if not tokens:
             ends = any(m in failure.message for m in ("ncomplete", "premature EOF"))
             cut = " (the file ends there: truncated?)" if ends else ""
+            if not ends and not _closes_json(path):  # cut inside a token (a number's decimals): the same cause
+                cut = " (the file does not end with '}' or ']': truncated?)"
             raise TraceError(f"{path}: cannot read trace: invalid JSON at or before byte {failure.offset}: "
                              f"{failure.message}{cut}") from None  # fmt: skip
         try:
@@ -254,8 +264,12 @@ def read_trace(
         runtime_events=len(collector.rt_corr),
         descriptors=sum(1 for e in collector.cpu if is_descriptor(e.name)),
         unknown_categories=tuple(collector.unknown_categories.most_common()),
+        end_marker=collector.end_marker,
+        last_ns=collector.last_start + (int(base) if base is not None else 0)
+        if collector.last_start > -(1 << 62)
+        else None,
     )
-    return Trace(info, events)
+    return Trace(info, events, tuple(collector.missing_gpu))
 
 
 def _info(path: Path, meta: Mapping[str, Any]) -> TraceInfo:
