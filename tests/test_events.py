@@ -88,3 +88,37 @@ def test_payload_bytes_dtypes():
     assert payload_bytes([[8, 3, 16, 16]], ["c10::BFloat16"]) == 8 * 3 * 16 * 16 * 2
     assert payload_bytes([[2]], ["Long"]) == 16
     assert payload_bytes(None, None) is None
+
+
+def test_drop_cut_iterations_drops_only_what_an_unclosed_file_lost():
+    from pnpscale.analysis.anomalies import Anomalies
+    from pnpscale.analysis.events import Collective, SectionRecord, drop_cut_iterations
+
+    def recs(n, colls=1, open_last=False, last_colls=None):
+        out = []
+        for i in range(n):
+            k = last_colls if (i == n - 1 and last_colls is not None) else colls
+            out.append(SectionRecord(i, "s", float(i), 1.0, [Collective(j, "all_reduce", 0.1, 8) for j in range(k)],
+                                     open_end=open_last and i == n - 1))  # fmt: skip
+        return out
+
+    full = recs(3)
+    # fewer iterations in a file Kineto closed: left alone (align_collectives refuses it)
+    assert drop_cut_iterations({0: full, 1: recs(2)}, {}) == {0: full, 1: recs(2)}
+    # fewer iterations, unclosed, the last complete (an event starts after it): the rest dropped, named
+    an = Anomalies()
+    out = drop_cut_iterations({0: full, 1: recs(2)}, {1: "rank1.json"}, an)
+    assert [len(v) for v in out.values()] == [2, 2]
+    (a,) = an.records()
+    assert (a["kind"], a["rank"], a["count"]) == ("trace_cut_short", 1, 1)
+    assert a["example"].startswith("rank1.json: rank 1 holds 2 iteration(s), rank 0 3")
+    assert "iterations 2..2 dropped on every rank" in a["example"]
+    # as many iterations, a CPU rank's open last one with fewer collectives: dropped
+    out = drop_cut_iterations({0: full, 1: recs(3, open_last=True, last_colls=0)}, {1: "rank1.json"})
+    assert [len(v) for v in out.values()] == [2, 2]
+    # ... with as many collectives it may be complete: kept
+    whole = recs(3, open_last=True)
+    assert drop_cut_iterations({0: full, 1: whole}, {1: "r1.json"}) == {0: full, 1: whole}
+    # nothing left: refused naming the file
+    with pytest.raises(SectionError, match="rank1.json: rank 1 holds 1 iteration.*no iteration left"):
+        drop_cut_iterations({0: full, 1: recs(1, open_last=True)}, {1: "rank1.json"})

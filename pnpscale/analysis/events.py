@@ -997,8 +997,8 @@ def drop_cut_iterations(
             return out
         cut = min(count[r] for r in short)
         for r in short:
-            last = [s for s in out[r] if s.iteration == count[r] - 1]
-            if any(s.open_end for s in last):
+            final = [s for s in out[r] if s.iteration == count[r] - 1]
+            if any(s.open_end for s in final):
                 cut = min(cut, count[r] - 1)
             why.append((r, f"holds {count[r]} iteration(s), rank {max(count, key=lambda k: count[k])} {most}"))
     else:
