@@ -24,7 +24,7 @@ from pnpscale import columns as K
 from tests.test_trace_properties import PHASES, analyse, assert_decomposition, results, specs
 from tests.tracegen import ABSOLUTE_NS, BASE_NS, COMPUTE_STREAM, Job, simulate, write
 
-CORRUPTION = settings(max_examples=12, deadline=None, derandomize=True, database=None, phases=PHASES,
+CORRUPTION = settings(max_examples=10, deadline=None, derandomize=True, database=None, phases=PHASES,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
 
 

@@ -190,7 +190,7 @@ def test_generated_traces_are_analysed_to_the_nanosecond(spec: Spec) -> None:
     assert_decomposition(job, table)
 
 
-@settings(PROPERTY, max_examples=12)
+@settings(PROPERTY, max_examples=8)
 @given(spec=specs(backend="nccl", max_world=4, together=True))
 def test_collectives_issued_in_another_order_on_each_rank_are_matched_by_type_and_sequence(spec: Spec) -> None:
     """Untyped kernels (``ncclDevKernel_Generic``, ``SendRecv``) of several process groups, in flight together,

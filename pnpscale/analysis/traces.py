@@ -202,7 +202,9 @@ def read_trace(
     (``runtime_clock_offset``: shifted, see :mod:`pnpscale.analysis.gpu_checks`). Events with a negative
     or missing ``dur``, device events with ``ts <= 0`` or outside the profiler's span, collective kernels
     overlapping their stream's work, and CPU ranges with a negative ``ts`` are kept with ``Event.bad``
-    set and ``end == start`` (their iteration is dropped later).
+    set and ``end == start`` (their iteration is dropped later). A file without Kineto's last event (``Record
+    Window End``: :attr:`TraceInfo.end_marker`) may have been cut short: :attr:`Trace.missing_gpu` then lists
+    its last launches whose GPU event is missing (see :mod:`pnpscale.analysis.trace_select`).
 
     Args:
         path: ``.json`` or ``.json.gz`` Kineto trace.
