@@ -110,12 +110,9 @@ def runtime_clock(job: Job, rng: random.Random) -> Corrupted:
     delta = rng.choice([-1, 1]) * rng.randrange(1, 40_000)
     for e in runtime(evs[r]):
         e["ts"] += delta
-    # without a collective there is no descriptor to find the offset from: only a shift that puts kernels
-    # before their launch is seen then (README: trace contract)
-    has_coll = bool(kernels(evs[r], nccl=True))
+    # without a collective the offset is found from the operators that issued the calls (External id)
     return Corrupted(evs, named=frozenset({"runtime_clock_offset", "gpu_before_launch"}),
-                     refusals=("sections overlap", "non-physical"), extra={"delta": delta},
-                     applies=has_coll)  # fmt: skip
+                     refusals=("sections overlap", "non-physical"), extra={"delta": delta})  # fmt: skip
 
 
 def gpu_clock_ahead(job: Job, rng: random.Random) -> Corrupted:

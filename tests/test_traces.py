@@ -408,3 +408,31 @@ def test_a_file_kineto_did_not_close_and_its_lost_gpu_tail_are_seen_on_both_read
     # the latest launch has its kernel: missing kernels elsewhere are not a cut (the profiler dropped them)
     path = write_trace(tmp_path / "dropped.json", [*evs[:4], launch(160, 3), kernel("k3", 170, 5, 3)])
     assert read_trace(path, ["gradient"]).missing_gpu == ()
+
+
+def test_a_runtime_clock_offset_is_found_from_the_operators_without_any_descriptor(tmp_path):
+    """kineto#1082 in a trace without collectives: every launch starts 40 us late, after its operator ended (the
+    runtime clock ahead): the offset that puts each launch back inside the cpu_op with its External id is applied
+    and named, so kernels land in the section that launched them (fast path and exact path)."""
+    from pnpscale.analysis.anomalies import Anomalies
+
+    def op_launch(name, ts, ext, corr, off):
+        return [X(name, "cpu_op", ts, 10, **{"External id": ext}),
+                X("cudaLaunchKernel", "cuda_runtime", ts + 2 + off, 2, correlation=corr, **{"External id": ext}),
+                kernel(f"k{corr}", ts + 50 + off, 5, corr)]  # fmt: skip
+
+    for token, exact in (("1", False), ("inf", True)):
+        evs = [X("gradient", "user_annotation", 100, 20), *op_launch("aten::mul", 105, 1, 11, 40),
+               X("denoiser", "user_annotation", 200, 20), *op_launch("aten::add", 205, 2, 12, 40),
+               X("aten::fill_", "cpu_op", 5, 1, v="@@TOKEN@@")]  # fmt: skip
+        path = write_trace(tmp_path / f"t{exact}.json", evs)
+        path.write_text(path.read_text().replace('"@@TOKEN@@"', token))
+        an = Anomalies()
+        tr = read_trace(path, ["gradient", "denoiser"], keep_all_gpu=True, anomalies=an, rank=0)
+        (a,) = [x for x in an.records() if x["kind"] == "runtime_clock_offset"]
+        # each launch inside [op start, op end]: -42..-32 us; the one nearest 0 (the launches at their ops' ends)
+        assert "offset of -42000..-32000 ns: runtime events shifted by -32000 ns (2 calls)" in a["example"], exact
+        launches = {e.name: e.launch_ns for e in tr.events if e.kind is Kind.GPU}
+        assert launches == {"k11": 115_000, "k12": 215_000}, exact
+        recs = section_records(tr.events, ["gradient", "denoiser"], rank=0)
+        assert [round(r.section_s * 1e6, 3) for r in recs] == [5.0, 5.0], exact  # each kernel in its own section

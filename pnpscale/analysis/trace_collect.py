@@ -103,6 +103,7 @@ class _Collector:
         self.names: dict[str, int] = {}
         self.rt_corr, self.rt_start = array("q"), array("q")
         self.rt_launch = array("b")  # per runtime event: 1 when it puts work on the device (LAUNCH_CALL)
+        self.rt_ext, self.op_ext = array("q"), array("q")  # External id of runtime events and operators (-1: none)
         self.end_marker = False  # Kineto's last event (END_MARKER) seen: the file was closed by Kineto
         self.last_start = -(1 << 62)  # the latest start (ns) of an event whose times were read
         self.missing_gpu: list[int] = []  # set by trace_select: launches whose GPU event is not in the file
@@ -177,7 +178,10 @@ class _Collector:
                 if times is None:
                     self._no_ts(ev)
                     return
-                self.add_runtime(corr, times[0], bool(LAUNCH_CALL.search(str(ev.get("name", "")))))
+                ext = int_or_none((ev.get("args") or {}).get("External id"))
+                self.add_runtime(
+                    corr, times[0], bool(LAUNCH_CALL.search(str(ev.get("name", "")))), -1 if ext is None else ext
+                )
             return
         if cat in GPU_CATS:
             self._add_gpu(ev)
@@ -200,7 +204,8 @@ class _Collector:
             if cat == "cpu_op":
                 times = self._times(ev)
                 if times is not None and times[2] is None:
-                    self.add_op(name, times[0], times[1], int_or_none(ev.get("tid")) or 0)
+                    ext = int_or_none((ev.get("args") or {}).get("External id"))
+                    self.add_op(name, times[0], times[1], int_or_none(ev.get("tid")) or 0, -1 if ext is None else ext)
             return
         times = self._times(ev)
         if times is None:
@@ -225,8 +230,10 @@ class _Collector:
             return
         self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad, **fields))
 
-    def add_runtime(self, corr: int, start: int, launch: bool) -> None:
-        """A runtime call with a correlation id (start in ns); ``launch``: it puts work on the device (LAUNCH_CALL)."""
+    def add_runtime(self, corr: int, start: int, launch: bool, ext: int = -1) -> None:
+        """A runtime call with a correlation id (start in ns); ``launch``: it puts work on the device (LAUNCH_CALL);
+        ``ext``: its ``External id`` (the operator that issued it), -1 when absent."""
+        self.rt_ext.append(ext)
         self.rt_corr.append(corr)
         self.rt_start.append(start)
         self.rt_launch.append(1 if launch else 0)
@@ -234,8 +241,10 @@ class _Collector:
         if start < 0:
             self.rt_unset.append(corr)
 
-    def add_op(self, name: str, start: int, end: int, tid: int) -> None:
-        """A ``cpu_op`` operator that is neither a section nor a collective range (times in ns)."""
+    def add_op(self, name: str, start: int, end: int, tid: int, ext: int = -1) -> None:
+        """A ``cpu_op`` operator that is neither a section nor a collective range (times in ns; ``ext``: its
+        ``External id``, -1 when absent)."""
+        self.op_ext.append(ext)
         self.last_start = max(self.last_start, start)
         self.op_start.append(start)
         self.op_end.append(end)

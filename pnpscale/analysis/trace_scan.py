@@ -270,7 +270,10 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                                 name = text(cpu_name)
                                 collector.range_names[name] += 1
                                 ots = _ns_text(op.group(2))
-                                collector.add_op(name, ots, ots + _ns_text(op.group(3)), int(op.group(1)))
+                                at = data.find(b'"External id"', op.end(), e)
+                                v = _INT_VALUE.match(data, at + 13) if at >= 0 else None
+                                collector.add_op(name, ots, ots + _ns_text(op.group(3)), int(op.group(1)),
+                                                 int(v.group(1)) if v is not None else -1)  # fmt: skip
                         else:
                             collector.count_range(text(cpu_name), cpu_cat.decode())
                         continue
@@ -299,7 +302,9 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                             launch = launches.get(rawname)
                             if launch is None:
                                 launch = launches[rawname] = bool(LAUNCH_CALL.search(text(rawname)))
-                            collector.add_runtime(corr, start, launch)
+                            at = data.find(b'"External id"', body, e)
+                            v = _INT_VALUE.match(data, at + 13) if at >= 0 else None
+                            collector.add_runtime(corr, start, launch, int(v.group(1)) if v is not None else -1)
                         continue
                     coll = collective.get((cat, rawname))
                     if coll is None:

@@ -228,14 +228,16 @@ def _clock_offset(col: _Collector, launch_of: Any, anomalies: Anomalies, rank: i
     """The offset (ns) that puts the runtime clock on the CPU ranges' clock (:func:`runtime_offset`), 0 if none."""
     import numpy as np
 
-    if not col.nccl or not len(col.rt_corr):
+    if not len(col.rt_corr):
         return 0
+    if not col.nccl:
+        return _clock_offset_from_operators(col, anomalies, rank)
     launches, _ = launch_of(np.array([n[4] for n in col.nccl], dtype=np.int64))
     known = [int(x) for x in launches if x >= 0]
     descs = [e for e in col.cpu if is_named_descriptor(e.name)] or [e for e in col.cpu if e.name == PARAM_COMMS]
     fit = runtime_offset(known, [(d.start_ns, d.end_ns) for d in descs])
     if fit is None:
-        return 0
+        return _clock_offset_from_operators(col, anomalies, rank)
     off = nearest_zero(*fit)
     first = min(known)
     d0 = min(descs, key=lambda d: d.start_ns)
@@ -246,6 +248,46 @@ def _clock_offset(col: _Collector, launch_of: Any, anomalies: Anomalies, rank: i
         f"[{d0.start_ns}, {d0.end_ns}] ns; "
         f"every launch fits its descriptor with an offset of {fit[0]}..{fit[1]} ns: runtime events shifted by "
         f"{off:+d} ns ({len(known)} collectives)",
+        len(col.rt_corr),
+    )
+    return off
+
+
+def _clock_offset_from_operators(col: _Collector, anomalies: Anomalies, rank: int | None) -> int:
+    """The runtime clock's offset found from the operators that issued the runtime calls (the ``cpu_op`` with the
+    call's ``External id``, which Kineto links them by): the offsets ``[lo, hi]`` (ns) that put every linked
+    call's start inside its operator; applied (the one nearest 0) only when they exclude 0, else 0 (the clocks
+    agree, no call is linked, or no offset fits every pair). Recorded as ``runtime_clock_offset``."""
+    import numpy as np
+
+    if not len(col.rt_ext) or not len(col.op_ext):
+        return 0
+    op_ext = np.frombuffer(col.op_ext, dtype=np.int64)
+    linked = np.flatnonzero(op_ext >= 0)
+    if not len(linked):
+        return 0
+    by_ext = linked[np.argsort(op_ext[linked], kind="stable")]
+    keys = op_ext[by_ext]
+    rt_ext = np.frombuffer(col.rt_ext, dtype=np.int64)
+    rt_start = np.frombuffer(col.rt_start, dtype=np.int64)
+    j = np.minimum(np.searchsorted(keys, rt_ext), len(keys) - 1)
+    hit = (rt_ext >= 0) & (keys[j] == rt_ext)
+    if not hit.any():
+        return 0
+    op = by_ext[j[hit]]
+    start = np.frombuffer(col.op_start, dtype=np.int64)[op]
+    end = np.frombuffer(col.op_end, dtype=np.int64)[op]
+    calls = rt_start[hit]
+    lo, hi = int(np.max(start - calls)), int(np.min(end - calls))
+    if lo > hi or lo <= 0 <= hi:
+        return 0
+    off = nearest_zero(lo, hi)
+    anomalies.add(
+        "runtime_clock_offset",
+        rank,
+        f"runtime calls lie outside the operators that issued them (External id; e.g. one at ts {int(calls[0])} ns, "
+        f"its operator [{int(start[0])}, {int(end[0])}] ns); every call fits its operator with an offset of "
+        f"{lo}..{hi} ns: runtime events shifted by {off:+d} ns ({int(hit.sum())} calls)",
         len(col.rt_corr),
     )
     return off
