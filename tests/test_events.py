@@ -122,3 +122,19 @@ def test_drop_cut_iterations_drops_only_what_an_unclosed_file_lost():
     # nothing left: refused naming the file
     with pytest.raises(SectionError, match="rank1.json: rank 1 holds 1 iteration.*no iteration left"):
         drop_cut_iterations({0: full, 1: recs(1, open_last=True)}, {1: "rank1.json"})
+
+
+def test_drop_cut_iterations_by_step_drops_a_cut_step_or_refuses_when_none_is_left():
+    from pnpscale.analysis.anomalies import Anomalies
+    from pnpscale.analysis.events import Collective, SectionRecord, drop_cut_iterations
+
+    def step(i, n, open_end=False):
+        return SectionRecord(i, "s", float(i), 1.0, [Collective(j, "all_reduce", 0.1, 8) for j in range(n)],
+                             step=40 + i, open_end=open_end)  # fmt: skip
+
+    an = Anomalies()
+    out = drop_cut_iterations({0: [step(0, 2), step(1, 2)], 1: [step(0, 2), step(1, 1, True)]}, {1: "r1.json"}, an)
+    assert [s.step for s in out[1]] == [40] and [s.step for s in out[0]] == [40, 41]  # match_steps drops 41 next
+    assert an.records()[0]["example"].startswith("r1.json: rank 1 holds 1 collective(s) in ProfilerStep#41")
+    with pytest.raises(SectionError, match="r1.json: rank 1 .*ProfilerStep#40.*no step left on rank 1"):
+        drop_cut_iterations({0: [step(0, 2)], 1: [step(0, 0, True)]}, {1: "r1.json"})

@@ -983,10 +983,13 @@ def drop_cut_iterations(
             if other:
                 o, sec, theirs, n = other[0]
                 out[r] = [s for s in out[r] if s.step != last]
+                message = (f"{unclosed[r]}: rank {r} holds {n} collective(s) in ProfilerStep#{last} section {sec!r}, "
+                           f"rank {o} {theirs}, in a file Kineto did not close (no {END_MARKER!r}): cut short; that "
+                           f"step dropped")  # fmt: skip
+                if not out[r]:
+                    raise SectionError(f"{message}: no step left on rank {r}")
                 if anomalies is not None:
-                    anomalies.add("trace_cut_short", r, f"{unclosed[r]}: rank {r} holds {n} collective(s) in "
-                                  f"ProfilerStep#{last} section {sec!r}, rank {o} {theirs}, in a file Kineto did not "
-                                  f"close (no {END_MARKER!r}): cut short; that step dropped")  # fmt: skip
+                    anomalies.add("trace_cut_short", r, message)
         return out
     most = max(count.values())
     cut: int | None = None
