@@ -88,3 +88,53 @@ def test_payload_bytes_dtypes():
     assert payload_bytes([[8, 3, 16, 16]], ["c10::BFloat16"]) == 8 * 3 * 16 * 16 * 2
     assert payload_bytes([[2]], ["Long"]) == 16
     assert payload_bytes(None, None) is None
+
+
+def test_drop_cut_iterations_drops_only_what_an_unclosed_file_lost():
+    from pnpscale.analysis.anomalies import Anomalies
+    from pnpscale.analysis.events import Collective, SectionRecord, drop_cut_iterations
+
+    def recs(n, colls=1, open_last=False, last_colls=None):
+        out = []
+        for i in range(n):
+            k = last_colls if (i == n - 1 and last_colls is not None) else colls
+            out.append(SectionRecord(i, "s", float(i), 1.0, [Collective(j, "all_reduce", 0.1, 8) for j in range(k)],
+                                     open_end=open_last and i == n - 1))  # fmt: skip
+        return out
+
+    full = recs(3)
+    # fewer iterations in a file Kineto closed: left alone (align_collectives refuses it)
+    assert drop_cut_iterations({0: full, 1: recs(2)}, {}) == {0: full, 1: recs(2)}
+    # fewer iterations, unclosed, the last complete (an event starts after it): the rest dropped, named
+    an = Anomalies()
+    out = drop_cut_iterations({0: full, 1: recs(2)}, {1: "rank1.json"}, an)
+    assert [len(v) for v in out.values()] == [2, 2]
+    (a,) = an.records()
+    assert (a["kind"], a["rank"], a["count"]) == ("trace_cut_short", 1, 1)
+    assert a["example"].startswith("rank1.json: rank 1 holds 2 iteration(s), rank 0 3")
+    assert "iterations 2..2 dropped on every rank" in a["example"]
+    # as many iterations, a CPU rank's open last one with fewer collectives: dropped
+    out = drop_cut_iterations({0: full, 1: recs(3, open_last=True, last_colls=0)}, {1: "rank1.json"})
+    assert [len(v) for v in out.values()] == [2, 2]
+    # ... with as many collectives it may be complete: kept
+    whole = recs(3, open_last=True)
+    assert drop_cut_iterations({0: full, 1: whole}, {1: "r1.json"}) == {0: full, 1: whole}
+    # nothing left: refused naming the file
+    with pytest.raises(SectionError, match="rank1.json: rank 1 holds 1 iteration.*no iteration left"):
+        drop_cut_iterations({0: full, 1: recs(1, open_last=True)}, {1: "rank1.json"})
+
+
+def test_drop_cut_iterations_by_step_drops_a_cut_step_or_refuses_when_none_is_left():
+    from pnpscale.analysis.anomalies import Anomalies
+    from pnpscale.analysis.events import Collective, SectionRecord, drop_cut_iterations
+
+    def step(i, n, open_end=False):
+        return SectionRecord(i, "s", float(i), 1.0, [Collective(j, "all_reduce", 0.1, 8) for j in range(n)],
+                             step=40 + i, open_end=open_end)  # fmt: skip
+
+    an = Anomalies()
+    out = drop_cut_iterations({0: [step(0, 2), step(1, 2)], 1: [step(0, 2), step(1, 1, True)]}, {1: "r1.json"}, an)
+    assert [s.step for s in out[1]] == [40] and [s.step for s in out[0]] == [40, 41]  # match_steps drops 41 next
+    assert an.records()[0]["example"].startswith("r1.json: rank 1 holds 1 collective(s) in ProfilerStep#41")
+    with pytest.raises(SectionError, match="r1.json: rank 1 .*ProfilerStep#40.*no step left on rank 1"):
+        drop_cut_iterations({0: [step(0, 2)], 1: [step(0, 0, True)]}, {1: "r1.json"})

@@ -133,7 +133,28 @@ def test_case_08_steps_matched_by_number(tmp_path, capsys):
 
 
 def test_case_19b_dropped_kernels_named(tmp_path, capsys):
+    """Rank 1's last kernels missing from a file Kineto did not close: what a file cut short looks like (Kineto
+    writes the GPU events last); the iteration is dropped on every rank, both causes named, the others kept."""
     code, _, err = analyze(capsys, CASES / "19b_dropped_kernels", "--sections", SECTIONS, "--out", tmp_path)
+    assert code == 0, err
+    (a,) = anomalies_of(tmp_path)["trace_cut_short"]
+    assert a["rank"] == 1 and a["example"].startswith("iteration 2 section 'gradient': 2 launch(es) inside it")
+    assert "cut short (or the profiler dropped those GPU records)" in a["example"]
+    assert sorted(set(pd.read_parquet(tmp_path / layout.SECTIONS)[K.ITERATION])) == [0, 1]
+    (d,) = anomalies_of(tmp_path)["collective_without_kernel"]
+    assert d["rank"] == 1 and d["example"].startswith("iteration 2 section 'gradient'")
+
+
+def test_dropped_kernels_in_a_file_kineto_closed_are_refused_naming_the_profiler(tmp_path, capsys):
+    """The same kernels missing from a file that ends with Kineto's last event: not a cut; refused as before."""
+    job = tmp_path / "job"
+    job.mkdir()
+    marker = ',{"ph": "i", "cat": "", "name": "Record Window End", "s": "g", "pid": "", "tid": "", "ts": 9e9}]'
+    for f in (CASES / "19b_dropped_kernels").glob("*.json"):
+        text = f.read_text()
+        cut = text.rindex("]")
+        (job / f.name).write_text(text[:cut].rstrip() + marker + text[cut + 1 :])
+    code, _, err = analyze(capsys, job, "--sections", SECTIONS, "--out", tmp_path / "o")
     assert code == 1
     assert (
         "iteration 2 section 'gradient': rank 1 has 1 collective(s) on the CPU side (record_param_comms / nccl:*) "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -31,8 +32,18 @@ PROPERTY = settings(max_examples=40, deadline=None, derandomize=True, database=N
 
 
 @st.composite
-def specs(draw, backend: str | None = None, max_world: int = 8, max_iterations: int = 3) -> Spec:
-    """A random job (see :class:`tests.tracegen.Spec`)."""
+def specs(
+    draw,
+    backend: str | None = None,
+    max_world: int = 8,
+    max_iterations: int = 3,
+    together: bool | None = None,
+    asynchronous: bool = False,
+) -> Spec:
+    """A random job (see :class:`tests.tracegen.Spec`); ``together``: CUDA sections of 2 or more collectives
+    run them together, issued in another order on each rank (``None``: drawn per section); ``asynchronous``:
+    CUDA sections without a synchronisation at their end, with GPU tails that may run into the next section
+    (not with ``together`` sections)."""
     backend = backend or draw(st.sampled_from(["nccl", "gloo"]))
     cuda = backend == "nccl"
     world = draw(st.integers(1, max_world))
@@ -79,7 +90,7 @@ def specs(draw, backend: str | None = None, max_world: int = 8, max_iterations: 
         work.append(tuple(wr))
         kernels.append(tuple(kr))
         gap.append(tuple(gr))
-    return Spec(
+    spec = Spec(
         backend=backend,
         world=world,
         sections=sections,
@@ -96,6 +107,38 @@ def specs(draw, backend: str | None = None, max_world: int = 8, max_iterations: 
         first_step=draw(st.integers(0, 50)),
         memcpy=draw(st.booleans()),
     )
+    # drawn last, so that the examples drawn before this existed keep their other values
+    orders: tuple = ()
+    if cuda and any(len(sec) >= 2 for it in plan for sec in it):
+        flags = [[len(sec) >= 2 and (together if together is not None else draw(st.booleans())) for sec in it]
+                 for it in plan]  # fmt: skip
+        if any(f for it in flags for f in it):
+            orders = tuple(
+                tuple(
+                    tuple(
+                        tuple(draw(st.permutations(range(len(sec))))) if flags[i][s] else () for s, sec in enumerate(it)
+                    )
+                    for i, it in enumerate(plan)
+                )
+                for _ in range(world)
+            )
+    tails: tuple = ()
+    if cuda and not orders and asynchronous:
+        occ = [(i, s) for i in range(iterations) for s in range(len(sections))]
+        tails = tuple(
+            tuple(
+                tuple(
+                    # shorter than the next section's first compute segment: it ends before that one's collectives
+                    draw(st.integers(0, max(0, spec.work[r][occ[k + 1][0]][occ[k + 1][1]][0] // u - 1))) * u
+                    if k + 1 < len(occ)
+                    else dur(0, 60)
+                    for k in (occ.index((i, s)) for s in range(len(sections)))
+                )
+                for i in range(iterations)
+            )
+            for r in range(world)
+        )
+    return replace(spec, orders=orders, tails=tails)
 
 
 def analyse(folder: Path, sections: tuple[str, ...]) -> tuple[int, str, Path]:
@@ -145,3 +188,56 @@ def test_generated_traces_are_analysed_to_the_nanosecond(spec: Spec) -> None:
     else:
         assert anomalies == []
     assert_decomposition(job, table)
+
+
+@settings(PROPERTY, max_examples=8)
+@given(spec=specs(backend="nccl", max_world=4, together=True))
+def test_collectives_issued_in_another_order_on_each_rank_are_matched_by_type_and_sequence(spec: Spec) -> None:
+    """Untyped kernels (``ncclDevKernel_Generic``, ``SendRecv``) of several process groups, in flight together,
+    issued in each rank's own order on streams each rank numbers differently: matched by the descriptors'
+    (process group, ``Seq``), typed by them, and decomposed to the nanosecond."""
+    job = simulate(spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "job"
+        write(job, folder)
+        code, err, out = analyse(folder, spec.sections)
+        assert code == 0, err
+        table, anomalies = results(out)
+        colls = pd.read_parquet(out / layout.COLLECTIVES)
+    if spec.world > 1 and not any(c for it in spec.plan for sec in it for c in sec):
+        return  # no collective at all: the main property covers it
+    assert anomalies == []
+    assert_decomposition(job, table)
+    for (i, sec), group in colls.groupby([K.ITERATION, K.SECTION]):
+        assert group.groupby(K.SEQ)[K.COLLECTIVE].nunique().max() == 1, (i, sec)  # one type per match
+        want = sorted([c.op for c in job.truth.colls[(int(i), str(sec))]] * spec.world)
+        assert sorted(group[K.COLLECTIVE]) == want, (i, sec)
+
+
+def test_gpu_work_past_the_next_section_is_clipped_to_a_known_answer() -> None:
+    """Asynchronous CUDA sections (no synchronisation at their end) whose last kernel, on another stream, runs
+    past the next section's first GPU start (issue 21): each such section is clipped there, named per rank
+    (``gpu_work_past_next_section``, as many as the generator clipped), and decomposed to the nanosecond."""
+    clipped_in_all: list[int] = []
+
+    @settings(PROPERTY, max_examples=12)
+    @given(spec=specs(backend="nccl", max_world=4, together=False, asynchronous=True))
+    def prop(spec: Spec) -> None:
+        job = simulate(spec)
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "job"
+            write(job, folder)
+            code, err, out = analyse(folder, spec.sections)
+            assert code == 0, err
+            table, anomalies = results(out)
+        if spec.world > 1 and not any(c for it in spec.plan for sec in it for c in sec):
+            anomalies = [a for a in anomalies if a["kind"] != "no_collectives"]
+            table = table.assign(**{K.TRANSFER_S: 0.0, K.WAIT_S: 0.0})
+        clipped = {a["rank"]: a["count"] for a in anomalies if a["kind"] == "gpu_work_past_next_section"}
+        assert {a["kind"] for a in anomalies} <= {"gpu_work_past_next_section"}
+        assert clipped == {r: n for r, n in job.truth.clipped.items() if n}
+        assert_decomposition(job, table)
+        clipped_in_all.append(sum(job.truth.clipped.values()))
+
+    prop()
+    assert sum(clipped_in_all) > 0, "no generated job ran GPU work past its next section"

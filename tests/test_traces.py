@@ -298,7 +298,8 @@ def test_real_gloo_trace_worker_threads(shared_traces):
 
 def _both_paths(path: Path, sections=("gradient",), keep_all_gpu=True):
     """(events of the fast path, events of the exact ijson path) of one trace; the fast path must not fall back."""
-    from pnpscale.analysis import traces as T
+    from pnpscale.analysis import trace_scan as T
+    from pnpscale.analysis.trace_select import collected_events
 
     pats = {s: s for s in sections}
     fast = T._scan(path, pats, keep_all_gpu)
@@ -306,7 +307,7 @@ def _both_paths(path: Path, sections=("gradient",), keep_all_gpu=True):
     assert fast[1] == exact[1] and fast[2] == exact[2]
     assert fast[0].read == exact[0].read and fast[0].range_names == exact[0].range_names
     base = int(exact[1].get("baseTimeNanoseconds") or 0)
-    return fast[0].events(base), exact[0].events(base)
+    return collected_events(fast[0], base), collected_events(exact[0], base)
 
 
 def test_timestamps_of_1_7e15_us_are_exact_to_the_nanosecond(tmp_path):
@@ -382,3 +383,56 @@ def test_fast_reader_agrees_with_the_exact_path_on_odd_layouts(tmp_path):
     compact.write_text(json.dumps(events, separators=(",", ":")))  # array at the top, no spaces
     fast, exact = _both_paths(compact)
     assert fast == exact
+
+
+def test_a_file_kineto_did_not_close_and_its_lost_gpu_tail_are_seen_on_both_reading_paths(tmp_path):
+    """Kineto's last event (Record Window End) says the file was closed; without it, launches whose GPU event is
+    missing, the latest among them, mark the work lost to a cut (fast path and exact ijson path alike)."""
+    end = {"ph": "i", "cat": "", "name": "Record Window End", "s": "g", "pid": "", "tid": "", "ts": 900}
+    evs = [X("gradient", "user_annotation", 100, 200), launch(110, 1), kernel("k1", 120, 10, 1), launch(150, 2)]
+    evs.append(X("aten::fill_", "cpu_op", 5, 1, v="@@TOKEN@@"))
+    for token, exact in (("1", False), ("inf", True)):  # a bare inf token sends the file to the exact path
+        for closed in (False, True):
+            path = write_trace(tmp_path / f"t{closed}{exact}.json", evs + ([end] if closed else []))
+            path.write_text(path.read_text().replace('"@@TOKEN@@"', token))
+            tr = read_trace(path, ["gradient"])
+            assert tr.info.end_marker is closed, (closed, exact)
+            assert tr.missing_gpu == (() if closed else (150_000,)), (closed, exact)
+            assert tr.info.last_ns == 150_000  # the launch at 150 us starts last (the marker's time is not read)
+            recs = section_records(tr.events, ["gradient"], rank=0, file_end_ns=None if closed else tr.info.last_ns,
+                                   missing_gpu=tr.missing_gpu)  # fmt: skip
+            assert (recs[0].bad_kind, recs[0].open_end) == (
+                ("non_physical_timing", False) if closed else ("trace_cut_short", True)
+            )
+            assert (recs[0].bad is None) is closed
+    # the latest launch has its kernel: missing kernels elsewhere are not a cut (the profiler dropped them)
+    path = write_trace(tmp_path / "dropped.json", [*evs[:4], launch(160, 3), kernel("k3", 170, 5, 3)])
+    assert read_trace(path, ["gradient"]).missing_gpu == ()
+
+
+def test_a_runtime_clock_offset_is_found_from_the_operators_without_any_descriptor(tmp_path):
+    """kineto#1082 in a trace without collectives: every launch starts 40 us late, after its operator ended (the
+    runtime clock ahead): the offset that puts each launch back inside the cpu_op with its External id is applied
+    and named, so kernels land in the section that launched them (fast path and exact path)."""
+    from pnpscale.analysis.anomalies import Anomalies
+
+    def op_launch(name, ts, ext, corr, off):
+        return [X(name, "cpu_op", ts, 10, **{"External id": ext}),
+                X("cudaLaunchKernel", "cuda_runtime", ts + 2 + off, 2, correlation=corr, **{"External id": ext}),
+                kernel(f"k{corr}", ts + 50 + off, 5, corr)]  # fmt: skip
+
+    for token, exact in (("1", False), ("inf", True)):
+        evs = [X("gradient", "user_annotation", 100, 20), *op_launch("aten::mul", 105, 1, 11, 40),
+               X("denoiser", "user_annotation", 200, 20), *op_launch("aten::add", 205, 2, 12, 40),
+               X("aten::fill_", "cpu_op", 5, 1, v="@@TOKEN@@")]  # fmt: skip
+        path = write_trace(tmp_path / f"t{exact}.json", evs)
+        path.write_text(path.read_text().replace('"@@TOKEN@@"', token))
+        an = Anomalies()
+        tr = read_trace(path, ["gradient", "denoiser"], keep_all_gpu=True, anomalies=an, rank=0)
+        (a,) = [x for x in an.records() if x["kind"] == "runtime_clock_offset"]
+        # each launch inside [op start, op end]: -42..-32 us; the one nearest 0 (the launches at their ops' ends)
+        assert "offset of -42000..-32000 ns: runtime events shifted by -32000 ns (2 calls)" in a["example"], exact
+        launches = {e.name: e.launch_ns for e in tr.events if e.kind is Kind.GPU}
+        assert launches == {"k11": 115_000, "k12": 215_000}, exact
+        recs = section_records(tr.events, ["gradient", "denoiser"], rank=0)
+        assert [round(r.section_s * 1e6, 3) for r in recs] == [5.0, 5.0], exact  # each kernel in its own section

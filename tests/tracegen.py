@@ -14,6 +14,12 @@ rank's compute) in global time and writes one trace per rank in the layout torch
   ``record_param_comms`` on the main thread and the ``gloo:<op>`` work range (``Input Dims``, ``Input
   type``) on a gloo worker thread from the rank's arrival to the collective's exit.
 
+With ``Spec.orders`` a CUDA section's collectives run together instead (one process group and stream each,
+issued in another order on each rank, kernels whose names do not say their type): matched only by the
+descriptors' type and ``(process group, Seq)``. With ``Spec.tails`` the CUDA sections are asynchronous (no
+synchronisation at their end) and a last kernel on another stream may run into the next section: the truth
+clips the section there, as the analysis must. Every file ends with Kineto's last event (``Record Window End``).
+
 Both carry ``distributedInfo`` (backend, rank, world_size, pg_config, nccl_version), ``deviceProperties``
 (CUDA), and ``ts``/``dur`` in microseconds with 3 decimals (or integers), relative to
 ``baseTimeNanoseconds`` or absolute. Each rank has its own clock (``rank_skew_ns``) and, on CUDA, a GPU
@@ -53,7 +59,7 @@ OLD_ARGS = "(ncclDevComm*, unsigned long, ncclWork*)"
 GENERIC = "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)"
 BASE_NS = 1_790_000_000_000_000_000
 ABSOLUTE_NS = 1_790_000_000_000_000_000  # the first event of an absolute trace, ns since the epoch
-MAIN_TID, GLOO_TID, COMPUTE_STREAM, COMM_STREAM = 1001, 2002, 7, 20
+MAIN_TID, GLOO_TID, COMPUTE_STREAM, COMM_STREAM, TAIL_STREAM = 1001, 2002, 7, 20, 8
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,23 @@ class Spec:
         time_base: ``"base"`` (``baseTimeNanoseconds``) or ``"absolute"``. integer_ts: integer microseconds.
         steps: ``ProfilerStep#N`` ranges around each iteration, N from ``first_step``.
         memcpy: the first piece of each compute segment is a ``gpu_memcpy`` (``cudaMemcpyAsync``).
+        orders: ``orders[r][i][s]``: CUDA only; a permutation of the section's collectives (``()``: issued one
+            at a time, blocking, as above). Given, the section's collectives run **together**: after segment
+            0's compute the rank issues all of them, in its own order, each in its own process group (``"1"``,
+            ``"2"``... by position in the plan, with its own ``Seq``) on that group's stream, whose id the rank
+            gives at the group's first use (so ranks that issue in another order number the streams
+            differently); the kernels' names do not say their type (``ncclDevKernel_Generic``, or
+            ``ncclDevKernel_SendRecv`` / ``ncclKernel_SendRecv_*`` for all_to_all); the compute stream waits
+            for all of them, then runs segments 1.. . Only the descriptors' type and ``(group, Seq)`` match
+            them across ranks.
+        tails: ``tails[r][i][s]``: CUDA only, not with ``orders``; given, the sections are **asynchronous**: no
+            ``cudaDeviceSynchronize`` at their end (the CPU runs on while the GPU works, the compute stream's
+            work queues across sections), and a section with a tail launches last a kernel of that many ns on
+            another stream (``TAIL_STREAM``) after its work, which may run past the next section's first GPU
+            start: that section's time is then clipped there (the truth: ``S = next first GPU start - first GPU
+            start``; ``Truth.clipped`` counts them per rank). A tail shorter than the next section's first
+            compute segment ends before the next section's first collective (the generator's strategy draws
+            it so), so the next section's numbers are unchanged by it.
     """
 
     backend: str
@@ -98,6 +121,12 @@ class Spec:
     steps: bool = False
     first_step: int = 1
     memcpy: bool = False
+    orders: tuple = ()
+    tails: tuple = ()
+
+    def order(self, r: int, i: int, s: int) -> tuple[int, ...]:
+        """The issue order of section ``s`` of iteration ``i`` on rank ``r`` (``()``: one at a time)."""
+        return tuple(self.orders[r][i][s]) if self.orders else ()
 
     @property
     def iterations(self) -> int:
@@ -111,12 +140,15 @@ class Spec:
 
 @dataclass
 class Truth:
-    """What the job did, per (iteration, section): ``arrive[c][r]``, ``exit[c]``, ``section[r]`` (ns)."""
+    """What the job did, per (iteration, section): ``arrive[c][r]``, ``exit[c]``, ``section[r]`` (ns); the keys
+    whose collectives ran together (``together``: no compute while any is in flight)."""
 
     arrive: dict[tuple[int, str], list[list[int]]] = field(default_factory=dict)
     exit: dict[tuple[int, str], list[int]] = field(default_factory=dict)
     section: dict[tuple[int, str], list[int]] = field(default_factory=dict)
     colls: dict[tuple[int, str], tuple[Coll, ...]] = field(default_factory=dict)
+    together: set[tuple[int, str]] = field(default_factory=set)
+    clipped: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -135,15 +167,41 @@ def expected(truth: Truth) -> dict[tuple[int, str], tuple[float, float, float]]:
     With ``D_rc = X_c - A_rc`` (the rank's time in collective c: from its arrival to the common exit),
     ``T = sum_c min_r D_rc`` (the last rank to arrive waits for nobody: the collective's own time),
     ``W = mean_r sum_c (D_rc - min_r D_rc)``, ``C = mean_r S_r - T - W``.
+
+    Collectives that ran together (``truth.together``; every rank blocked, no compute, from its first
+    arrival to the last exit) follow the rule of overlapped communication: each instant of a rank's union
+    of ``[A_rc, X_c)`` belongs to the collective in flight that ends first (``b_rc``); of it, the part in
+    ``[X_c - t_c, X_c)`` with ``t_c = min_r D_rc`` is transfer, the rest wait (for collectives one at a
+    time this is the rule above).
     """
     out = {}
     for key, sec in truth.section.items():
         n = len(sec)
         d = [[truth.exit[key][c] - a for a in arr] for c, arr in enumerate(truth.arrive[key])]
-        t = sum(min(dc) for dc in d)
-        w = sum(sum(x - min(dc) for x in dc) for dc in d) / n
+        if key in truth.together:
+            t, w = _together(truth.arrive[key], truth.exit[key], n)
+        else:
+            t = sum(min(dc) for dc in d)
+            w = sum(sum(x - min(dc) for x in dc) for dc in d) / n
         out[key] = (sum(sec) / n - t - w, float(t), w)
     return out
+
+
+def _together(arrive: list[list[int]], exits: list[int], n: int) -> tuple[float, float]:
+    """(T, W) of collectives in flight together, by brute force over the instants where anything changes."""
+    t_c = [min(x - a for a in arr) for arr, x in zip(arrive, exits, strict=True)]
+    transfer = wait = 0
+    for r in range(n):
+        cuts = sorted({arr[r] for arr in arrive} | set(exits))
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            flying = [c for c in range(len(exits)) if arrive[c][r] <= lo and exits[c] >= hi]
+            if not flying:
+                continue
+            c = min(flying, key=lambda c: exits[c])  # the generator makes exits distinct
+            inside = max(0, hi - max(lo, exits[c] - t_c[c]))
+            transfer += inside
+            wait += hi - lo - inside
+    return transfer / n, wait / n
 
 
 def _kernel_name(spec: Spec, c: Coll) -> str:
@@ -164,6 +222,11 @@ def simulate(spec: Spec) -> Job:
     corr = {r: 1 for r in range(spec.world)}
     ext = {r: 1 for r in range(spec.world)}
     seq = {r: 0 for r in range(spec.world)}
+    pg_seq: dict[int, dict[str, int]] = {r: {} for r in range(spec.world)}
+    pg_stream: dict[int, dict[str, int]] = {r: {} for r in range(spec.world)}  # given at a group's first use
+    stream7 = {r: 0 for r in range(spec.world)}  # asynchronous sections: the compute stream's time, carried over
+    spans: dict[int, list[tuple[tuple[int, str], int, int]]] = {r: [] for r in range(spec.world)}
+    assert not (spec.tails and spec.orders), "tails and orders do not combine"
     now = 10_000_000  # global time every rank leaves the previous barrier (ns)
 
     def cpu(r: int, name: str, cat: str, start: int, end: int, tid: int = MAIN_TID, **args: Any) -> None:
@@ -182,6 +245,96 @@ def simulate(spec: Spec) -> Job:
         cpu(r, name, "cuda_runtime", at, at + 2 * u, correlation=c, cbid=211, **{"External id": ext[r]})
         return c
 
+    def compute(r: int, i: int, s: int, k: int, t: int) -> tuple[list[tuple[int, int]], int]:
+        """Launch segment k's compute kernels from ``t``: ((launch, correlation) per kernel, the CPU time after)."""
+        seg = []
+        for j in range(spec.kernels[r][i][s][k]):
+            copy = spec.memcpy and j == 0
+            cpu(r, "aten::copy_" if copy else "aten::mul", "cpu_op", t, t + 4 * u, **{"External id": ext[r]})
+            seg.append((t + u, launch(r, t + u, "cudaMemcpyAsync" if copy else "cudaLaunchKernel")))
+            ext[r] += 1
+            t += 5 * u
+        return seg, t
+
+    def run(r: int, i: int, s: int, k: int, seg: list[tuple[int, int]], at: int) -> int:
+        """Run segment k's kernels on the compute stream from ``at``; returns the stream's time after."""
+        w = spec.work[r][i][s][k]
+        for j, (t, cid) in enumerate(seg):
+            begin = max(at, t + u)
+            dur = w // len(seg) + (w % len(seg) if j == len(seg) - 1 else 0)
+            if spec.memcpy and j == 0:
+                gpu(r, "Memcpy DtoD (Device -> Device)", begin, begin + dur, COMPUTE_STREAM, cid,
+                    cat="gpu_memcpy", bytes=4096, **{"memory bandwidth (GB/s)": 512.0})  # fmt: skip
+            else:
+                gpu(r, "void at::native::vectorized_elementwise_kernel<4>", begin, begin + dur, COMPUTE_STREAM, cid)
+            at = begin + dur
+        return at
+
+    def together(i: int, s: int, name: str, colls: tuple[Coll, ...], starts: dict[int, int]) -> None:
+        """A CUDA section whose collectives run together, issued in each rank's order (see Spec.orders)."""
+        key = (i, name)
+        entry: dict[int, int] = {}
+        issued: dict[int, dict[int, tuple[int, int, str, int, int]]] = {}
+        after: dict[int, tuple] = {}
+        first: dict[int, int] = {}
+        for r in range(spec.world):
+            entry[r] = starts[r] + spec.gap[r][i][s]
+            seg0, t = compute(r, i, s, 0, entry[r] + u)
+            issued[r] = {}
+            for c in spec.order(r, i, s):
+                pg = str(c + 1)
+                sq = pg_seq[r].get(pg, 0)
+                pg_seq[r][pg] = sq + 1
+                stream = pg_stream[r].setdefault(pg, COMM_STREAM + 1 + len(pg_stream[r]))
+                desc: dict[str, Any] = {"Collective name": OPS[colls[c].op][0], "In msg nelems": colls[c].nelems,
+                        "Out msg nelems": colls[c].nelems * (spec.world if colls[c].op == "all_gather" else 1),
+                        "dtype": colls[c].dtype, "Group size": spec.world, "Process Group Name": pg,
+                        "Process Group Description": f"group_{pg}", "Seq": sq, "External id": ext[r]}  # fmt: skip
+                cpu(r, "record_param_comms", "cpu_op", t, t + 5 * u, **desc)
+                cpu(r, OPS[colls[c].op][1], "user_annotation", t + u, t + 4 * u)
+                issued[r][c] = (t + 2 * u, launch(r, t + 2 * u), pg, sq, stream)
+                ext[r] += 1
+                t += 6 * u
+            rest = []
+            for k in range(1, len(colls) + 1):
+                seg, t = compute(r, i, s, k, t)
+                rest.append(seg)
+            after[r] = (seg0, rest, t)
+        cursor = {r: run(r, i, s, 0, after[r][0], entry[r] + 2 * u) for r in range(spec.world)}
+        arrive = [[max(cursor[r], issued[r][c][0] + u) for r in range(spec.world)] for c in range(len(colls))]
+        exits: list[int] = []
+        for c in range(len(colls)):
+            x = max(arrive[c]) + colls[c].transfer_ns
+            while x in exits:  # distinct ends: which collective a rank waits for is then never a tie
+                x += u
+            exits.append(x)
+        truth.together.add(key)
+        sec_times = []
+        for r in range(spec.world):
+            seg0 = after[r][0]
+            starts_gpu = [arrive[c][r] for c in range(len(colls))]
+            starts_gpu += [max(entry[r] + 2 * u, seg0[0][0] + u)] if seg0 else []
+            first[r] = min(starts_gpu)
+            for c in range(len(colls)):
+                at, cid, pg, sq, stream = issued[r][c]
+                op = colls[c].op
+                kname = (OPS[op][2] + KERNEL_ARGS if spec.names != "old" else OPS[op][3] + OLD_ARGS) \
+                    if op == "all_to_all" else GENERIC  # fmt: skip
+                gpu(r, kname, arrive[c][r], exits[c], stream, cid, **{
+                    "Collective name": OPS[op][0], "In msg nelems": colls[c].nelems, "dtype": colls[c].dtype,
+                    "Group size": spec.world, "Process Group Name": pg, "Seq": sq})  # fmt: skip
+            at = max(exits)
+            for k, seg in enumerate(after[r][1], start=1):
+                at = run(r, i, s, k, seg, at)
+            t_end = after[r][2]
+            sync_end = max(t_end + u, at) + u
+            cpu(r, "cudaDeviceSynchronize", "cuda_runtime", t_end, sync_end, correlation=corr[r], cbid=165)
+            corr[r] += 1
+            sec_times.append(at - first[r])
+            cpu(r, name, "user_annotation", entry[r], sync_end + u)
+            starts[r] = sync_end + u
+        truth.arrive[key], truth.exit[key], truth.section[key] = arrive, exits, sec_times
+
     for i in range(spec.iterations):
         starts = {r: now for r in range(spec.world)}
         for s, name in enumerate(spec.sections):
@@ -192,6 +345,9 @@ def simulate(spec: Spec) -> Job:
             cursor: dict[int, int] = {}
             first_gpu: dict[int, int] = {}
             launches: dict[int, tuple[list[list[tuple[int, int]]], list[tuple[int, int]], int]] = {}
+            if cuda and colls and spec.order(0, i, s):
+                together(i, s, name, colls, starts)
+                continue
             for r in range(spec.world):
                 entry[r] = starts[r] + spec.gap[r][i][s]
                 t = entry[r] + u
@@ -227,7 +383,7 @@ def simulate(spec: Spec) -> Job:
             arrive: list[list[int]] = []
             exits: list[int] = []
             for r in range(spec.world):
-                cursor[r] = entry[r] + (2 * u if cuda else 0)
+                cursor[r] = max(entry[r] + 2 * u, stream7[r]) if spec.tails else entry[r] + (2 * u if cuda else 0)
             for k in range(len(colls) + 1):
                 for r in range(spec.world):
                     w = spec.work[r][i][s][k]
@@ -277,7 +433,23 @@ def simulate(spec: Spec) -> Job:
                 exits.append(x)
             sec_times = []
             for r in range(spec.world):
-                if cuda:
+                if spec.tails:
+                    t_end = launches[r][2]
+                    last = cursor[r]
+                    tail = spec.tails[r][i][s]
+                    if tail:
+                        cpu(r, "aten::mul", "cpu_op", t_end, t_end + 4 * u, **{"External id": ext[r]})
+                        cid = launch(r, t_end + u)
+                        ext[r] += 1
+                        begin = max(cursor[r], t_end + 2 * u)
+                        gpu(r, "void at::native::vectorized_elementwise_kernel<4>", begin, begin + tail, TAIL_STREAM,
+                            cid)  # fmt: skip
+                        last = max(last, begin + tail)
+                    end = t_end + 6 * u
+                    stream7[r] = cursor[r]
+                    spans[r].append((key, first_gpu[r], last))
+                    sec_times.append(last - first_gpu[r])
+                elif cuda:
                     t_end = launches[r][2]
                     sync_end = max(t_end + u, cursor[r]) + u
                     cpu(r, "cudaDeviceSynchronize", "cuda_runtime", t_end, sync_end, correlation=corr[r], cbid=165)
@@ -296,6 +468,12 @@ def simulate(spec: Spec) -> Job:
             if spec.steps:
                 cpu(r, f"ProfilerStep#{spec.first_step + i}", "user_annotation", now - u, done - u)
         now = done + 2 * u
+    for r in range(spec.world):  # a section's GPU work past the next one's first GPU start is clipped there
+        truth.clipped[r] = 0
+        for (key, first, last), (_, nfirst, _) in zip(spans[r], spans[r][1:], strict=False):
+            if last > nfirst > first:
+                truth.section[key][r] = nfirst - first
+                truth.clipped[r] += 1
     meta = {}
     for r in range(spec.world):
         d: dict[str, Any] = {"schemaVersion": 1}
@@ -314,6 +492,9 @@ def simulate(spec: Spec) -> Job:
         ev[r].append({"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
                       "tid": "PyTorch Profiler", "ts": first - 1000, "dur": last - first + 2000,
                       "args": {"Op count": 0}})  # fmt: skip
+        # Kineto's last event, written when it closes the file (ChromeTraceLogger::finalizeTrace)
+        ev[r].append({"ph": "i", "cat": "", "name": "Record Window End", "s": "g", "pid": "", "tid": "",
+                      "ts": last + 1000, "args": {}})  # fmt: skip
         ev[r].insert(0, {"ph": "M", "name": "process_name", "pid": 100 + r, "tid": 0, "args": {"name": "python"}})
     return Job(spec, ev, meta, truth)
 

@@ -3,6 +3,10 @@
 * :mod:`~pnpscale.analysis.kineto`: the Kineto vocabulary (event categories, NCCL/gloo names, dtypes);
 * :mod:`~pnpscale.analysis.events`: plain events and their reduction to section records;
 * :mod:`~pnpscale.analysis.traces`: streaming reader of Kineto JSON traces (offline);
+  its parts: :mod:`~pnpscale.analysis.trace_files` (a file's bytes: gzip, head, tail keys, non-finite
+  tokens, exact numbers), :mod:`~pnpscale.analysis.trace_scan` (the fast and the exact pass over a file),
+  :mod:`~pnpscale.analysis.trace_collect` (what a pass keeps), :mod:`~pnpscale.analysis.trace_select`
+  (duplicates, runtime clock, device checks, the kept events);
 * :mod:`~pnpscale.analysis.gpu_checks`: physical checks of device events and the runtime clock;
 * :mod:`~pnpscale.analysis.anomalies`: what an analysis dropped, assumed or repaired, per kind;
 * :mod:`~pnpscale.analysis.nccl_log`: NCCL debug logs -> topology and algorithm per collective;

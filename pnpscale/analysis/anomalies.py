@@ -45,6 +45,9 @@ KINDS: dict[str, str] = {
     "it (FSDP's reduce_scatter runs as gloo:all_reduce): the c10d call wins",
     "gpu_work_past_next_section": "a section's GPU work runs past the start of the next section's (asynchronous "
     "GPU pipeline): clipped to its own section, so no GPU time is counted twice",
+    "trace_cut_short": "a file Kineto did not close (no 'Record Window End': cut short, then completed by a "
+    "tool) lost the end of its events (its last launches without their GPU event, fewer iterations or collectives "
+    "than another rank): the iterations it lost, or may have lost, dropped on every rank",
     "nested_sections": "section nested in another: the 'all' row counts the outer section only",
     "step_not_on_every_rank": "ProfilerStep numbers missing on another rank: those steps dropped",
     "rank_overridden": "--rank given for a trace that states another rank: --rank used",

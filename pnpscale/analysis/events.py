@@ -56,6 +56,7 @@ from enum import StrEnum
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.kineto import (
     DTYPE_BYTES,
+    END_MARKER,
     PARAM_COMMS,
     collective_type,
     is_collective_kernel,
@@ -184,6 +185,9 @@ class SectionRecord:
         gpu_span_s: on CUDA, first GPU start to last GPU end of the work launched inside (seconds;
             ``None`` without GPU work, and on CPU backends).
         hidden_s: the collectives' time overlapped by the rank's compute, their union (seconds).
+        bad_kind: the anomaly kind under which :func:`drop_bad_iterations` records ``bad``.
+        open_end: read from a file that may be cut short (no Kineto end marker), and no event of the file
+            starts after this range ends: whether it is complete cannot be seen (:func:`drop_cut_iterations`).
     """
 
     iteration: int
@@ -197,6 +201,8 @@ class SectionRecord:
     missing_kernels: int = 0
     gpu_span_s: float | None = None
     hidden_s: float = 0.0
+    bad_kind: str = "non_physical_timing"
+    open_end: bool = False
 
     @property
     def comm_s(self) -> float:
@@ -226,6 +232,8 @@ def section_records(
     rank: int | None = None,
     require_gpu: bool = False,
     cpu_start: bool = False,
+    file_end_ns: int | None = None,
+    missing_gpu: Sequence[int] = (),
 ) -> list[SectionRecord]:
     """Reduce one rank's events to its section occurrences and their collectives.
 
@@ -240,6 +248,12 @@ def section_records(
         cpu_start: CUDA section time from the CPU range start to the last GPU end (pnpscale's runs,
             whose sections start with the GPU idle), else the GPU span (foreign traces, where the GPU
             may still run earlier work when a range starts).
+        file_end_ns: given for a file that may be cut short (no Kineto end marker): the latest event start
+            in it (ns). Then section names occurring a different number of times keep their first ``m``
+            occurrences (``m`` the fewest, at least 1; ``trace_cut_short``), and a range ending after it is
+            ``open_end``.
+        missing_gpu: starts (ns) of launches whose GPU event is not in the file (cut short): the
+            occurrence holding one is ``bad`` (kind ``trace_cut_short``; dropped on every rank).
 
     Returns:
         Records ordered by start; ``iteration`` counts occurrences per name from 0. Times
@@ -256,11 +270,31 @@ def section_records(
     evs = sorted(events, key=lambda e: (e.start_ns, -e.end_ns))
     ranges = [e for e in evs if e.kind in _RANGE_KINDS and e.name in sections]
     counts = {s: sum(1 for r in ranges if r.name == s) for s in sections}
+    if file_end_ns is not None and len(set(counts.values())) > 1 and min(counts.values()) > 0:
+        keep = min(counts.values())
+        anomalies.add(
+            "trace_cut_short",
+            rank,
+            "section ranges found per name: " + ", ".join(f"{s}={n}" for s, n in counts.items())
+            + f", in a file Kineto did not close (no {END_MARKER!r}): cut short? iteration {keep} on dropped",
+        )  # fmt: skip
+        seen: dict[str, int] = defaultdict(int)
+        kept = []
+        for e in ranges:
+            seen[e.name] += 1
+            if seen[e.name] <= keep:
+                kept.append(e)
+        ranges = kept
+        counts = {s: keep for s in sections}
     if not ranges or len(set(counts.values())) != 1:
+        cut = ""
+        if file_end_ns is not None and any(counts.values()):
+            cut = f"; or the file was cut short: Kineto did not close it (no {END_MARKER!r})"
         error = SectionError(
             "section ranges found per name: "
             + ", ".join(f"{s}={n}" for s, n in counts.items())
             + " (expected the same non-zero count for every section)"
+            + cut
         )
         error.counts = dict(counts)
         raise error
@@ -278,6 +312,7 @@ def section_records(
             "profiler attached, or CUPTI unavailable); see the Kineto messages in the rank's stderr"
         )
     works = [e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)]
+    _refuse_unplaceable([*gpu_events, *works], ranges)
     typed, issued = _typed_by_c10d(works, evs, anomalies, rank)
     cpu_comm = _Window(typed)
     descriptors = _Window(descriptor_events)
@@ -292,6 +327,7 @@ def section_records(
         i = bisect_right(step_starts, r.start_ns) - 1
         step = step_number(step_ranges[i].name) if i >= 0 and step_ranges[i].end_ns >= r.end_ns else None
         bad = f"{r.name!r} range: {r.bad}" if r.bad else None
+        bad_kind = "non_physical_timing"
         missing = 0
         if gpu:
             launched = sorted(gpu.between(r.start_ns, r.end_ns), key=lambda e: (e.start_ns, -e.end_ns))
@@ -338,6 +374,13 @@ def section_records(
                 colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
             hidden_ns = busy.split(colls, kernels, busy.gpu, window, waits=False)
             bad = bad or next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
+            lost = bisect_right(missing_gpu, r.end_ns) - bisect_left(missing_gpu, r.start_ns)
+            if lost and not bad:
+                first_lost = missing_gpu[bisect_left(missing_gpu, r.start_ns)]
+                bad = (f"{lost} launch(es) inside it (the first at ts {first_lost / 1000:.3f} us), among the "
+                       f"file's last, have no GPU event, in a file Kineto did not close (no {END_MARKER!r}): cut "
+                       f"short (or the profiler dropped those GPU records); its GPU work is missing")  # fmt: skip
+                bad_kind = "trace_cut_short"
         else:
             gpu_span_ns = None
             works = cpu_comm.between(r.start_ns, r.end_ns)
@@ -373,9 +416,34 @@ def section_records(
                 missing,
                 None if gpu_span_ns is None else gpu_span_ns * 1e-9,
                 hidden_ns * 1e-9,
+                bad_kind,
+                file_end_ns is not None and r.end_ns > file_end_ns,
             )  # fmt: skip
         )
     return out
+
+
+#: what a non-physical event's ``bad`` says when its time (or its launch's) is not a time: it cannot be placed
+UNPLACEABLE = "negative timestamp"
+
+
+def _refuse_unplaceable(events: Sequence[Event], ranges: Sequence[Event]) -> None:
+    """Refuse a collective range or GPU event whose time (or its launch's) is not a time and that therefore lies in
+    no section range: its section would silently lose it (a collective missing from the transfer and wait).
+
+    Raises:
+        SectionError: naming the event and why its time is not one.
+    """
+    spans = [(r.start_ns, r.end_ns) for r in ranges]
+    for e in events:
+        if not e.bad or UNPLACEABLE not in e.bad:
+            continue
+        at = _launch_key(e) if e.kind is Kind.GPU else e.start_ns
+        if not any(a <= at <= b for a, b in spans):
+            raise SectionError(
+                f"{e.name.split('(')[0]!r}: {e.bad}: a non-physical timestamp, so it cannot be placed in its section "
+                f"(whose numbers would silently lack it)"
+            )
 
 
 #: kinds of events that may be a section or ``ProfilerStep`` range (``record_function`` ranges are
@@ -858,7 +926,8 @@ def drop_bad_iterations(
     with the event in the example.
 
     Raises:
-        SectionError: every iteration holds a non-physical event (the message names the first).
+        SectionError: every iteration holds a non-physical event, or is dropped for another ``bad_kind`` (the
+            message names the first).
     """
     bad: dict[int, tuple[int, SectionRecord]] = {}
     for r, recs in sorted(records.items()):
@@ -867,14 +936,108 @@ def drop_bad_iterations(
                 bad[s.iteration] = (r, s)
     for it, (r, s) in sorted(bad.items()):
         if anomalies is not None:
-            anomalies.add("non_physical_timing", r, f"iteration {it} section {s.section!r}: {s.bad}")
+            anomalies.add(s.bad_kind, r, f"iteration {it} section {s.section!r}: {s.bad}")
     out = {r: [s for s in recs if s.iteration not in bad] for r, recs in records.items()}
     if bad and not any(out.values()):
         it, (r, s) = min(bad.items())
         raise SectionError(
             f"every iteration holds a non-physical event, e.g. rank {r} iteration {it} section {s.section!r}: {s.bad}"
+            if s.bad_kind == "non_physical_timing"
+            else f"every iteration is dropped ({s.bad_kind}), e.g. rank {r} iteration {it} section {s.section!r}: "
+            f"{s.bad}"
         )
     return out
+
+
+def drop_cut_iterations(
+    records: Mapping[int, Sequence[SectionRecord]], unclosed: Mapping[int, str], anomalies: Anomalies | None = None
+) -> dict[int, list[SectionRecord]]:
+    """Drop, on every rank, the iterations a file cut short lost (the profiler killed while writing, the file
+    completed by a tool).
+
+    A rank whose file Kineto did not close (``unclosed``: rank -> file name) and that holds fewer iterations
+    than another rank lost its last ones: iterations from its count on are dropped everywhere, and its last
+    one too when that one is ``open_end`` (no event of the file starts after it: it may be cut inside). With
+    as many iterations everywhere (or iterations matched by ``ProfilerStep`` number), a CPU rank's last
+    iteration (step) that is ``open_end`` and holds fewer collectives than another rank's is dropped (on CUDA a
+    cut loses the GPU events, written last: found from the launches by :func:`section_records`).
+    Recorded as ``trace_cut_short`` naming the file, rank and iterations. Ranks with fewer iterations whose
+    file Kineto closed are left alone (their records cannot be matched: :func:`align_collectives` refuses them).
+
+    Raises:
+        SectionError: the cut leaves no iteration (the message names the file and rank).
+
+    >>> a = [SectionRecord(i, "s", float(i), 1.0) for i in range(3)]
+    >>> b = [SectionRecord(0, "s", 0.0, 1.0), SectionRecord(1, "s", 1.0, 1.0, open_end=True)]
+    >>> out = drop_cut_iterations({0: a, 1: b}, {1: "rank1.json"})
+    >>> [s.iteration for s in out[0]], [s.iteration for s in out[1]]
+    ([0], [0])
+    """
+    out = {r: list(recs) for r, recs in records.items()}
+    count = {r: 1 + max((s.iteration for s in recs), default=-1) for r, recs in out.items()}
+    if not out:
+        return out
+    if all(s.step is not None for recs in out.values() for s in recs):  # matched by step number: a step is cut
+        for r in sorted(unclosed):  # when it holds fewer collectives than the same step on another rank
+            steps = {int(s.step) for s in out.get(r, []) if s.step is not None}
+            if not steps:
+                continue
+            last = max(steps)
+            if any(s.gpu_span_s is not None for s in out[r]):
+                continue  # CUDA: a cut loses the GPU tail, found from the launches (section_records)
+            mine = {s.section: len(s.collectives) for s in out[r] if s.step == last and s.open_end}
+            other = [(o, s.section, len(s.collectives), mine[s.section]) for o in out if o != r for s in out[o]
+                     if s.step == last and s.section in mine and len(s.collectives) > mine[s.section]]  # fmt: skip
+            if other:
+                o, sec, theirs, n = other[0]
+                out[r] = [s for s in out[r] if s.step != last]
+                message = (f"{unclosed[r]}: rank {r} holds {n} collective(s) in ProfilerStep#{last} section {sec!r}, "
+                           f"rank {o} {theirs}, in a file Kineto did not close (no {END_MARKER!r}): cut short; that "
+                           f"step dropped")  # fmt: skip
+                if not out[r]:
+                    raise SectionError(f"{message}: no step left on rank {r}")
+                if anomalies is not None:
+                    anomalies.add("trace_cut_short", r, message)
+        return out
+    most = max(count.values())
+    cut: int | None = None
+    why: list[tuple[int, str]] = []
+    short = [r for r, n in count.items() if n < most]
+    if short:
+        if not all(r in unclosed for r in short):
+            return out
+        cut = min(count[r] for r in short)
+        for r in short:
+            final = [s for s in out[r] if s.iteration == count[r] - 1]
+            if any(s.open_end for s in final):
+                cut = min(cut, count[r] - 1)
+            why.append((r, f"holds {count[r]} iteration(s), rank {max(count, key=lambda k: count[k])} {most}"))
+    else:
+        last_it = most - 1
+        n_colls = {
+            r: {s.section: len(s.collectives) for s in recs if s.iteration == last_it} for r, recs in out.items()
+        }
+        for r in sorted(unclosed):
+            if r not in out or not any(s.open_end for s in out[r] if s.iteration == last_it):
+                continue
+            if any(s.gpu_span_s is not None for s in out[r]):
+                continue  # CUDA: a cut loses the GPU tail, found from the launches (section_records)
+            fewer = [(sec, n, o) for o in out for sec, n in n_colls[r].items() if n < n_colls[o].get(sec, n)]
+            if fewer:
+                sec, n, o = fewer[0]
+                cut = last_it
+                why.append((r, f"holds {n} collective(s) in iteration {last_it} section {sec!r}, rank {o} "
+                               f"{n_colls[o][sec]}"))  # fmt: skip
+    if cut is None:
+        return out
+    for r, text in why:
+        message = (f"{unclosed[r]}: rank {r} {text}, in a file Kineto did not close (no {END_MARKER!r}): cut "
+                   f"short; iterations {cut}..{most - 1} dropped on every rank")  # fmt: skip
+        if cut == 0:
+            raise SectionError(f"{message}: no iteration left")
+        if anomalies is not None:
+            anomalies.add("trace_cut_short", r, message, most - cut)
+    return {r: [s for s in recs if s.iteration < cut] for r, recs in out.items()}
 
 
 def nested_sections(records: Mapping[int, Sequence[SectionRecord]]) -> dict[str, str]:

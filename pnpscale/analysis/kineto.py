@@ -48,6 +48,13 @@ IGNORED_CATS = SKIP_CATS | frozenset({
 COLLECTIVE_WORDS = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all", re.IGNORECASE)
 #: correlation ids that mean "unknown" (ROCm tracers write 0 for every kernel; -1: absent).
 UNKNOWN_CORRELATIONS = frozenset({0, -1})
+#: runtime calls that put work on the device, each recorded by the profiler as a GPU event with its
+#: correlation (kernels, copies, memsets: ``cudaLaunchKernel``, ``cuLaunchKernel``, ``hipExtLaunchKernel``,
+#: ``cudaMemcpyAsync``, ``cudaMemsetAsync``, ``cudaGraphLaunch``...); not ``cudaLaunchHostFunc`` (runs on the CPU).
+LAUNCH_CALL = re.compile(r"Launch(?!HostFunc)|Memcpy|Memset")
+#: the last event Kineto writes when it closes a trace file (``ChromeTraceLogger::finalizeTrace``, since 2020):
+#: a file without it was not closed by Kineto (cut short and completed by a tool, or written by another tool).
+END_MARKER = "Record Window End"
 
 #: the CPU-side collective descriptor PyTorch records around every c10d call.
 PARAM_COMMS = "record_param_comms"

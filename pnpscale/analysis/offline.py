@@ -43,12 +43,13 @@ from pnpscale.analysis.events import (
     SectionRecord,
     align_collectives,
     drop_bad_iterations,
+    drop_cut_iterations,
     match_steps,
     nested_sections,
     rank_rows,
     section_records,
 )
-from pnpscale.analysis.kineto import GPU_CATS
+from pnpscale.analysis.kineto import END_MARKER, GPU_CATS
 from pnpscale.analysis.metrics import (
     DecompositionError,
     NoMeasuredIteration,
@@ -258,6 +259,8 @@ def analyze_traces(
         done.append(RankedTrace(t.rank, t.path, t.source, info))
     seen = any(s.collectives for recs in records.values() for s in recs)
     try:
+        unclosed = {t.rank: t.path.name for t in done if not t.info.end_marker}
+        records = drop_cut_iterations(records, unclosed, anomalies)
         records = drop_bad_iterations(match_steps(records, anomalies), anomalies)
         nested = nested_sections(records)
         aligned = align_collectives(records)
@@ -406,9 +409,19 @@ def _rank_records(
             f"every GPU record (kineto#996: a full CUPTI buffer, or a new profiler session per iteration), so "
             f"transfer and wait cannot be measured (a live run refuses this too); fix: one profiler session for "
             f"every iteration"
-        )
+            + ("" if info.end_marker else f"; or the file was cut short before its GPU events (Kineto writes them "
+                                          f"after the CPU's) and closed by another tool: no {END_MARKER!r}")
+        )  # fmt: skip
     try:
-        records = section_records(trace.events, list(sections), anomalies, t.rank, cpu_start=cpu_start)
+        records = section_records(
+            trace.events,
+            list(sections),
+            anomalies,
+            t.rank,
+            cpu_start=cpu_start,
+            file_end_ns=None if info.end_marker else info.last_ns,
+            missing_gpu=trace.missing_gpu,
+        )
     except SectionError as exc:
         missing = [pat for name, pat in sections.items() if (exc.counts or {}).get(name) == 0]
         hint = section_hint(missing, info) if missing else ""
