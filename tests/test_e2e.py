@@ -183,7 +183,12 @@ def test_ctrl_c_stops_the_whole_sweep_and_records_the_point(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(lines) + out
-    (d,) = run_dirs(tmp_path)  # the second point never started
+    dirs = {read_run(x)["gpus"]: x for x in run_dirs(tmp_path)}
+    assert sorted(dirs) == [1, 2]
+    second = read_run(dirs[2])  # the second point never started: recorded as not run, no tables
+    assert second["status"] == layout.STATUS_NOT_RUN and "interrupted" in second["error"]
+    assert not any((dirs[2] / name).exists() for name in layout.TABLES)
+    d = dirs[1]
     run = read_run(d)
     assert run["gpus"] == 1 and run["status"] == "failed" and run["error"].startswith("interrupted")
     assert not any((d / name).exists() for name in layout.TABLES)

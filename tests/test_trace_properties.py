@@ -78,7 +78,9 @@ def specs(
         for i in range(iterations):
             wi, ki, gi = [], [], []
             for s in range(len(sections)):
-                segs = [dur(1 if (cuda and k == 0) else 0, 60) for k in range(len(plan[i][s]) + 1)]
+                # every section starts with compute (>= 1 tick): a zero-length range that starts where the next
+                # section starts (integer µs) cannot be placed on either side of it, in any analysis
+                segs = [dur(1 if k == 0 else 0, 60) for k in range(len(plan[i][s]) + 1)]
                 if r == straggler:
                     segs[draw(st.integers(0, len(segs) - 1))] += extra
                 wi.append(tuple(segs))

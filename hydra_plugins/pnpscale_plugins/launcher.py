@@ -209,9 +209,10 @@ class PnpscaleBasicLauncher(BasicLauncher):
         lock = FolderLock(run_dir)
         try:
             lock.acquire()
+            taken = True
         except (Busy, OSError):
-            lock = None  # another process's folder, or not even its lock fits: nothing written
-        if lock is not None:
+            taken = False  # another process's folder, or not even its lock fits: nothing written
+        if taken:
             try:
                 point = resolve_point(cfg, run_dir)  # validated before the sweep: memoised
                 record_failure_or_say(run_dir, point.spec, None, error, point.label, lock)
