@@ -13,9 +13,17 @@ from pnpscale.core.errors import Abort, PnpscaleError, report_lines
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from pnpscale.sweep.task import run
 
-    run(cfg)
+    try:
+        run(cfg)
+    except PnpscaleError as exc:
+        if HydraConfig.get().mode == RunMode.RUN:  # a single run: one line, not Hydra's three
+            raise Abort(exc) from None
+        raise  # a sweep point: its launcher records it and ends the sweep with one line
 
 
 def main() -> None:

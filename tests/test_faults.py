@@ -361,10 +361,31 @@ def test_2_a_run_folder_in_use_is_refused_and_left_untouched(tmp_path):
     run_dir = tmp_path / "run"
     with FolderLock(run_dir):
         (run_dir / layout.RUN_JSON).write_text('{"status": "running"}')
-        proc = run_cli("gpus=1", *TINY_2D, f"hydra.run.dir={run_dir}", root=tmp_path, timeout=120)
-    assert proc.returncode == 1, proc.stderr
-    assert f"refused, {run_dir} is in use by pid {os.getpid()}" in proc.stderr
-    assert "Traceback" not in proc.stderr
+        (run_dir / ".hydra").mkdir()
+        (run_dir / ".hydra" / "overrides.yaml").write_text("- gpus=2\n")  # the holder's record
+        proc = run_cli("gpus=1", "seed=5", *TINY_2D, f"hydra.run.dir={run_dir}", root=tmp_path, timeout=120)
+        # refused by the pre-check, before Hydra writes .hydra/ or __main__.log: one line, exit 2
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(
+            f"pnpscale: error: hydra.run.dir={run_dir}: is in use by pid {os.getpid()} on host {socket.gethostname()}"
+        ), line
+        assert (run_dir / ".hydra" / "overrides.yaml").read_text() == "- gpus=2\n"
+        assert not (run_dir / "__main__.log").exists()
+        # in a sweep, the point whose folder is held fails with one line; nothing of its folder is written
+        sweep = tmp_path / "sweep"
+        with FolderLock(sweep / "problem=2d/mode=inference/num_operators=4/gpus=1"):
+            swept = run_cli("-m", "gpus=1", *TINY_2D, f"hydra.sweep.dir={sweep}", "report=false",
+                            root=tmp_path, timeout=120)  # fmt: skip
+        assert swept.returncode == 1, swept.stderr
+        assert "is in use by pid" in swept.stdout + swept.stderr and "Traceback" not in swept.stderr
+        # the failed sweep's end: one line naming every failed point and the command that re-runs them
+        assert "Error executing job" not in swept.stderr and "HYDRA_FULL_ERROR" not in swept.stderr
+        last = swept.stderr.strip().splitlines()[-1]
+        assert last.startswith("pnpscale: error: 1 of 1 sweep point(s) failed "
+                               "(problem=2d mode=inference num_operators=4 gpus=1); "), last  # fmt: skip
+        assert "to re-run only the failed points: python -m pnpscale -m gpus=1 " in last
+        assert not (sweep / "problem=2d/mode=inference/num_operators=4/gpus=1/.hydra").exists()
     assert (run_dir / layout.RUN_JSON).read_text() == '{"status": "running"}'
 
 

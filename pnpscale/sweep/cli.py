@@ -265,7 +265,24 @@ def check_single_point(argv: Sequence[str]) -> None:
         (str(ov.value()) for ov in parsed if ov.key_or_group == "hydra.run.dir" and "${" not in str(ov.value())),
         None,
     )
+    if run_dir is not None:
+        check_folder_free("hydra.run.dir", Path(run_dir))
     resolve_point(cfg, Path(run_dir) if run_dir else Path(str(cfg.output.root)) / "__not_created__")
+
+
+def check_folder_free(key: str, folder: Path) -> None:
+    """A run or sweep folder another live process holds (its lock) is refused before Hydra writes
+    anything into it (its ``.hydra/``, ``__main__.log``, ``multirun.yaml``).
+
+    Raises:
+        ConfigError: naming ``key``, the folder and its holder (exit 2).
+    """
+    from pnpscale.core.lock import in_use
+
+    busy = in_use(folder)
+    if busy is not None:
+        who = busy.holder.text() if busy.holder is not None else "another process (not yet recorded)"
+        raise ConfigError(key, str(folder), f"is in use by {who}: wait for it to end, or use another folder")
 
 
 def _show(ov: Any) -> str:
