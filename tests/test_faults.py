@@ -656,7 +656,32 @@ ONE_SCHEMA = {
                           "hosts is [1]: must be an array of strings"),
     "metrics.sections an array": (lambda d: _edit_nested(d, "metrics.sections", []), layout.RUN_JSON,
                                   "metrics.sections is []: must be an object"),
+    # the invariants the writer checks, re-checked on read by its own functions, and run.json against the tables
+    "compute x10 (C + T + W != S)": (lambda d: _edit_last(d / layout.SECTIONS, "compute_s", lambda v: v * 10),
+                                     layout.SECTIONS, "iteration 1 section 'denoiser': compute + transfer + wait = "),
+    "negative wait": (lambda d: _edit_last(d / layout.SECTIONS, "wait_s", lambda v: -1.0), layout.SECTIONS,
+                      "iteration 1 section 'denoiser': wait_s = -1 s is negative"),
+    "compute above its maximum": (lambda d: _edit_table(d / layout.SECTIONS, lambda t: t.assign(
+        compute_s=t["compute_s"] + 1, section_s=t["section_s"] + 1)), layout.SECTIONS,
+        "iteration 0 section 'gradient': compute_s = 1.4 s exceeds compute_max_s = 0.4 s"),
+    "collectives past the section": (lambda d: _edit_last(d / layout.RANKS, "comm_s", lambda v: 10.0), layout.RANKS,
+                                     "iteration 1 section 'denoiser' rank 1: collectives take 10 s of a 1.6 s section"),
+    "sections not the ranks decomposed": (lambda d: _edit_last(d / layout.RANKS, "section_s", lambda v: v * 2),
+                                          layout.SECTIONS, "iteration 1 section 'denoiser': section_s = 1.6 s, but "
+                                          "the mean over ranks of the ranks table is 2.4 s"),
+    "metrics.lb edited": (lambda d: _edit_nested(d, "metrics.lb", 0.1), layout.RUN_JSON,
+                          "metrics.lb = 0.1, the tables give 1 (run.json's metrics are computed from them)"),
+    "a section total edited": (lambda d: _edit_nested(d, "metrics.sections.gradient.compute_total_s", 99.0),
+                               layout.RUN_JSON, "metrics.sections.gradient.compute_total_s = 99, the tables give 0.4"),
 }  # fmt: skip
+
+
+def _edit_last(path: Path, column: str, change) -> None:
+    """Change ``column`` of the table's last row of iteration 1, section ``denoiser`` (rank 1 in ``ranks``)."""
+    t = pd.read_parquet(path)
+    rows = t.index[(t["iteration"] == 1) & (t["section"] == "denoiser") & ((t["rank"] == 1) if "rank" in t else True)]
+    t.loc[rows[-1], column] = change(t.loc[rows[-1], column])
+    t.to_parquet(path, index=False)
 
 
 @pytest.mark.parametrize("label", list(ONE_SCHEMA))
@@ -684,6 +709,7 @@ def test_4_a_damaged_point_is_unreadable_for_load_and_the_report_alike(tmp_path,
     assert f"gpus=2: {error}" in out, out
     readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
     assert "missing (unreadable)" in readme and "| complete " in readme
+    assert main([str(sweep), "--strict"]) == 1
 
 
 @pytest.mark.parametrize(
