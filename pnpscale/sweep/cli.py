@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pnpscale.core.config import CONF_DIR, ConfigError, check_value, open_keys, schema_keys
+from pnpscale.core.config import CONF_DIR, ConfigError, check_type, check_value, open_keys, schema_keys
 from pnpscale.core.errors import InputError
 from pnpscale.sweep.point import writable_dir
 
@@ -187,6 +187,12 @@ def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = (), backends: M
                 for backend in (backends or {}).values():
                     if base.removeprefix("cluster.") in backend.rules:
                         backend.check_value(base.removeprefix("cluster."), v)
+            # a value OmegaConf cannot convert to the schema's type (Hydra's merge would print a traceback)
+            check_type(base, v)
+            if base.startswith("cluster."):
+                for backend in (backends or {}).values():
+                    if backend.params is not None:
+                        check_type(base.removeprefix("cluster."), v, backend.params)
         except ConfigError as exc:
             problems.append(str(exc))
     if base == "output.root" and not ov.is_sweep_override() and not writable_dir(Path(str(ov.value()))):
