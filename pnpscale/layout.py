@@ -285,3 +285,43 @@ def _jsonable(obj: Any) -> Any:
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
         return _jsonable(obj.item())
     return obj
+
+
+def writable_dir(path: Path | str) -> bool:
+    """Whether ``path`` is, or can be created as, a folder this process can write into.
+
+    Nothing is created: a temporary file is written and removed in ``path`` or in its nearest
+    existing ancestor (permission bits alone say nothing for root or special file systems).
+    """
+    p = Path(path).absolute()
+    while not p.exists():
+        if p.parent == p:
+            return False
+        p = p.parent
+    if not p.is_dir():
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError:
+        return False
+    return True
+
+
+def out_dir_problem(path: Path | str) -> str | None:
+    """Why ``path`` cannot be an output folder (``--out`` of ``analyze``, ``report``, ``project``), or ``None``.
+
+    >>> out_dir_problem("/proc/version")
+    'is a file, not a folder'
+    """
+    p = Path(path).absolute()
+    if p.exists() and not p.is_dir():
+        return "is a file, not a folder"
+    above = p
+    while not above.exists() and above.parent != above:
+        above = above.parent
+    if above.exists() and not above.is_dir():
+        return f"{above} is a file, so no folder can be made under it"
+    if not writable_dir(p):
+        return "must be a folder this user can create and write"
+    return None

@@ -377,7 +377,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ProjectionError(f"{what}={text}: give positive integers, comma-separated")
         return vals
 
+    from pnpscale.results.report import out_problem
+
     try:
+        problem = out_problem(args.path, args.out)
+        if problem is not None:  # refused before any run folder is read
+            raise ProjectionError(problem)
         if args.gpus_per_node is not None and args.gpus_per_node < 1:
             raise ProjectionError(f"--gpus-per-node={args.gpus_per_node}: must be >= 1")
         if args.devices is not None and args.devices < 1:

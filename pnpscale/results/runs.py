@@ -134,6 +134,8 @@ def discover(root: str | Path) -> pd.DataFrame:
         NoRunsError: ``root`` does not exist or holds no run folder.
     """
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise NoRunsError(f"{root}: is a file, not a folder of run folders (give the sweep folder)")
     if not root.is_dir():
         raise NoRunsError(f"{root}: no such directory")
     rows, configured = [], []  # configured: the variant keys as the run's spec set them
