@@ -179,6 +179,68 @@ def test_2_sigkill_of_the_launcher_leaves_no_process(tmp_path):
         proc.wait(timeout=10)
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
+
+
+def _forkserver_preloading(launcher: subprocess.Popen, timeout_s: float = 120) -> int:
+    """The pid of ``launcher``'s forkserver once it ignores SIGINT (``pnpscale.rank.forkserver``, its first
+    preload, is in) and before torch is loaded (no ``libtorch`` mapped: the heavy preloads still import)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        assert launcher.poll() is None, "the command ended before its forkserver started"
+        for pid in _descendants(launcher.pid):
+            try:
+                cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+                status = (Path("/proc") / str(pid) / "status").read_text()
+            except OSError:
+                continue
+            ignored = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+            if b"multiprocessing.forkserver import main" in cmdline and ignored & (1 << (signal.SIGINT - 1)):
+                with contextlib.suppress(OSError):
+                    if "libtorch" in (Path("/proc") / str(pid) / "maps").read_text():
+                        pytest.skip("torch was loaded before the test could look: no preload window to test")
+                return pid
+        time.sleep(0.02)
+    pytest.fail("no forkserver preloading")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGKILL of the launcher", "SIGINT to the process group"])
+def test_2_a_stop_while_the_forkserver_preloads_leaves_no_process_and_no_traceback(tmp_path, how):
+    """The launcher watch and the ignored SIGINT come first in RANK_PRELOAD: a launcher killed while torch
+    imports takes the forkserver and the resource tracker with it within seconds (they used to live 8-21 s),
+    and a Ctrl-C then prints no KeyboardInterrupt traceback from multiprocessing/forkserver.py."""
+    proc = _cli("-m", "gpus=2", *TINY_2D, f"output.root={tmp_path}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                cwd=tmp_path)  # fmt: skip
+    below: set[int] = set()
+    try:
+        server = _forkserver_preloading(proc)
+        below = _descendants(proc.pid)
+        assert server in below
+        if how.startswith("SIGKILL"):
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        out = proc.communicate(timeout=120)[0]  # until every process holding the pipe is gone
+        end = time.monotonic() + 4
+        while any(_alive(p) for p in below) and time.monotonic() < end:
+            time.sleep(0.05)
+        left = {p: _cmdline(p) for p in below if _alive(p)}
+        assert not left, f"{left} outlived the command by 4 s"
+        assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+        if how.startswith("SIGINT"):
+            assert proc.returncode == 130, out
+    finally:
+        for p in [proc.pid, *below]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
 @pytest.mark.slow
 def test_2_sigkill_of_a_sweep_leaves_no_process(tmp_path):
     # the same through the command a user runs: python -m pnpscale killed while its ranks iterate
