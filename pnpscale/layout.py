@@ -49,6 +49,9 @@ PROJECTION = "projection.parquet"
 PROJECTION_VALIDATION = "projection_validation.parquet"
 PROJECTION_PNG = "projection.png"
 PROJECTION_MD = "projection.md"
+#: The options of a ``python -m pnpscale.project`` run written into a report folder: a rebuilt report projects
+#: again with them (its projection kept, with the numbers of the runs then present).
+PROJECTION_OPTIONS = "projection_options.json"
 LOCK = ".pnpscale.lock"  # pnpscale.core.lock: the holder (pid, host, start) as JSON
 RESERVE = ".pnpscale.reserve"  # pnpscale.core.record.reserve_space
 STAGING_PREFIX = ".staging-"  # commit_files' staging folders (never read as results)

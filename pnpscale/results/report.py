@@ -48,7 +48,7 @@ WAIT_RANKS = layout.WAIT_RANKS
 REPORT_FILES = (
     SUMMARY, README, TRANSFER, RATES, TRANSFER_PNG, WAIT_RANKS,
     layout.PROJECTION, layout.PROJECTION_VALIDATION, layout.PROJECTION_PNG, layout.PROJECTION_MD,
-    layout.COMPARE, "compare.png", layout.TIMELINE_PNG,
+    layout.PROJECTION_OPTIONS, layout.COMPARE, "compare.png", layout.TIMELINE_PNG,
 )  # fmt: skip
 
 
@@ -93,7 +93,7 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         extra = comparison_section(table, stage, files)
         for name, write in files.items():
             write(stage / name)
-        projected = project_sweep(view, stage)
+        projected = project_sweep(view, stage, out)
         if (stage / layout.PROJECTION_PNG).exists():  # drawn only when something was projected
             charts.append(layout.PROJECTION_PNG)
         timeline = timeline_chart(view, stage)
@@ -200,9 +200,14 @@ def run_anomalies(table: pd.DataFrame) -> dict[str, list[dict[str, Any]] | None]
     return out
 
 
-def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
-    """The report's projection: every (problem, mode) with >= 3 measured GPU counts, to the powers of two
-    above the largest measured N up to 16 times it (:mod:`pnpscale.results.projection`, default options).
+def project_sweep(table: pd.DataFrame, out: Path, report_dir: Path | None = None) -> list[str]:
+    """The report's projection (:mod:`pnpscale.results.projection`).
+
+    A projection a user made into this report folder with ``python -m pnpscale.project`` (its options
+    recorded in :data:`pnpscale.layout.PROJECTION_OPTIONS` of ``report_dir``) is kept: projected again with
+    those options on the runs now present, its options file carried over. Otherwise (or when its options no
+    longer give a projection: said in the README, the options file kept) every (problem, mode) with >= 3
+    measured GPU counts, to the powers of two above the largest measured N up to 16 times it, default options.
 
     Writes projection.parquet, projection_validation.parquet, projection.png and projection.md into ``out``
     (the report's staging folder) when some (problem, mode) qualifies.
@@ -212,21 +217,43 @@ def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
     """
     from pnpscale.results.projection import (
         Options,
+        ProjectionError,
         default_targets,
+        options_command,
         project,
         readme_section,
+        user_projection,
         with_algorithms,
         write_files,
     )
 
     done = table[table["status"] == "complete"]
+    kept: list[str] = []
+    if report_dir is not None and (Path(report_dir) / layout.PROJECTION_OPTIONS).is_file():
+        recorded = Path(report_dir) / layout.PROJECTION_OPTIONS
+        (out / layout.PROJECTION_OPTIONS).write_bytes(recorded.read_bytes())  # kept either way
+        try:
+            mine = user_projection(report_dir, done)
+        except ProjectionError as exc:
+            kept = [f"- the projection made by `{recorded.name}`'s options no longer projects "
+                    f"({md_escape(str(exc))}): the report's default projection instead", ""]  # fmt: skip
+        else:
+            if mine is not None:
+                p, options = mine
+                lines = write_files(p, out)
+                return readme_section(
+                    lines, f"Written by the report with the options of your `{options_command(options)}` "
+                    f"(kept in `{layout.PROJECTION_OPTIONS}`; delete it for the default projection)"
+                )  # fmt: skip
     if done.empty or not (done.groupby(["problem", "mode"])["gpus"].nunique() >= 3).any():
-        return []
+        return ["## Projection", "", *kept] if kept else []
     p = project(with_algorithms(done), default_targets(int(done["gpus"].max())), Options(), min_points=3)
     if not p.findings:
-        return ["## Projection", "", *(f"- {k[0]} {k[1]}: not projected: {v}" for k, v in p.skipped.items()), ""]
+        return ["## Projection", "", *kept, *(f"- {k[0]} {k[1]}: not projected: {v}" for k, v in p.skipped.items()),
+                ""]  # fmt: skip
     lines = write_files(p, out)
-    return readme_section(lines, "Written by the report (default options)")
+    section = readme_section(lines, "Written by the report (default options)")
+    return [*section[:2], *kept, *section[2:]] if kept else section
 
 
 def comparison_section(table: pd.DataFrame, out: Path, files: dict[str, Callable[[Path], None]]) -> list[str]:
