@@ -53,8 +53,15 @@ def main() -> None:
             print(line, file=sys.stderr)
         raise SystemExit(stop.error.exit_code) from None
     except KeyboardInterrupt as exc:
+        from pnpscale.sweep.task import STOPPED_POINTS
+
         stop_ = signals.as_interrupted(exc)
-        print(f"pnpscale: {stop_}; a point that was running is recorded as failed in its run folder", file=sys.stderr)
+        running = (
+            f"; the point that was running is recorded as failed in its run folder {STOPPED_POINTS[-1]}"
+            if STOPPED_POINTS
+            else ""  # stopped between points (or before any ran): nothing was running
+        )
+        print(f"pnpscale: {stop_}{running}", file=sys.stderr)
         raise SystemExit(signals.exit_code(exc)) from None
 
 

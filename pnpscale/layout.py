@@ -328,3 +328,35 @@ def out_dir_problem(path: Path | str) -> str | None:
     if not writable_dir(p):
         return "must be a folder this user can create and write"
     return None
+
+
+def report_not_written(out: Path | str) -> str:
+    """What a report stopped or failed before its renames leaves: ``report not written, the previous one is
+    intact`` when ``out`` holds one (its files are renamed into place only at the end), else ``report not
+    written`` (there was none).
+
+    >>> report_not_written("/nonexistent")
+    'report not written'
+    """
+    return "report not written, the previous one is intact" if (Path(out) / REPORT_README).is_file() else (
+        "report not written")  # fmt: skip
+
+
+def report_folder(argv: list[str]) -> Path | None:
+    """The report folder a ``python -m pnpscale.report PATH [--out OUT]`` command line names, read without
+    argparse (for a stop before the command's own imports); ``None`` when it names none.
+
+    >>> report_folder(["s", "--strict"]), report_folder(["s", "--out", "o"]), report_folder(["--out=o", "s"])
+    (PosixPath('s/report'), PosixPath('o'), PosixPath('o'))
+    """
+    out, path, it = None, None, iter(argv)
+    for arg in it:
+        if arg == "--out":
+            out = next(it, None)
+        elif arg.startswith("--out="):
+            out = arg.removeprefix("--out=")
+        elif not arg.startswith("-") and path is None:
+            path = arg
+    if out is not None:
+        return Path(out)
+    return Path(path) / REPORT_DIR if path is not None else None

@@ -261,3 +261,17 @@ def test_overlap_is_a_variant_with_its_own_folder(composer):
     digest = hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert plain.fingerprint() == digest  # a run recorded before the keys existed still resumes
     assert plain.fingerprint() != spec.fingerprint()
+
+
+def test_the_unknown_key_message_lists_every_top_level_key():
+    """Derived from the schema and the config groups (``sweeps`` has no schema field), never a list by hand."""
+    import dataclasses
+
+    from pnpscale.core.config import Config
+
+    with pytest.raises(CommandLineError) as info:
+        check_overrides(["gpuz=2"])
+    (line,) = info.value.problems
+    listed = line.split("top-level keys: ")[1].split(", ")
+    assert set(listed) == {f.name for f in dataclasses.fields(Config)} | {p.name for p in CONF.iterdir() if p.is_dir()}
+    assert "sweeps" in listed

@@ -277,8 +277,12 @@ def test_1_sigint_between_points_records_reports_and_prints_the_resume_command(t
     assert _no_survivor(proc.pid)
     runs = {read_run(d)["gpus"]: read_run(d) for d in sorted(p.parent for p in sweep.glob("**/run.json"))}
     assert runs[1]["status"] == "complete"
+    last = out.strip().splitlines()[-1]
     if 2 in runs:  # the signal landed once point 2 had started
         assert runs[2]["status"] == "failed" and runs[2]["error"].startswith("interrupted (SIGINT)")
+        assert "the point that was running is recorded as failed in its run folder" in last, last
+    else:  # between the points: no point was running, and the last line does not say one was
+        assert last == "pnpscale: interrupted (SIGINT)", last
     assert (
         "gpus=1 " in (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
         or (sweep / layout.REPORT_DIR / layout.SUMMARY).is_file()
@@ -302,6 +306,7 @@ def test_1_sigterm_in_the_first_moments_of_a_point_records_it_terminated(tmp_pat
     assert proc.returncode == 143, out
     assert _no_survivor(proc.pid)
     assert "Traceback" not in out and "Error" not in out.split("pnpscale: terminated (SIGTERM)")[-1], out
+    assert f"the point that was running is recorded as failed in its run folder {run_dir}" in out, out
     run = read_run(run_dir)
     assert run["status"] == "failed" and run["error"].startswith("terminated (SIGTERM)"), run["error"]
     assert not any((run_dir / t).exists() for t in layout.TABLES)
@@ -389,6 +394,8 @@ def test_1_sigint_while_the_report_is_written_is_never_swallowed(tmp_path):
         assert proc.returncode == 130, (delay, proc.returncode, err)
         assert "Traceback" not in err and "Exception ignored" not in err, (delay, err)
         assert len(err.strip().splitlines()) == 1 and "interrupted (SIGINT)" in err, (delay, err)
+        # whenever it is true (a previous report exists here), the line says it is intact, at 1 s too
+        assert "report not written, the previous one is intact" in err or "after the report was written" in err, err
         assert not list(report.glob(f"{layout.STAGING_PREFIX}*"))
         assert {layout.SUMMARY, layout.REPORT_README} <= {p.name for p in report.iterdir()}
         pd.read_parquet(report / layout.SUMMARY)  # whole, never half-written

@@ -185,6 +185,13 @@ def test_algorithm_per_node_count_logged_only_where_logged():
     assert row[K.TRANSFER_S] == pytest.approx(2 * P * 3 / 4 / (TREE * 1e9), rel=1e-9)
     with pytest.raises(ProjectionError, match="no rate for route 'inter-node ring'.*--rate ring=GBps"):
         evaluate(fit(measured), [16])
+    # nothing measured across nodes: the message says so (not the measured one-node point's fault), and what to pass
+    one_node = sweep([1, 2, 4])
+    one_node = one_node.assign(**{K.NODES: 1}) if K.NODES in one_node else one_node
+    with pytest.raises(ProjectionError) as info:
+        evaluate(fit(one_node, Options(gpus_per_node=3)), [8])
+    text = str(info.value)
+    assert "no measured point has a multi-node route" in text and "--rate ring=GBps" in text, text
 
 
 def test_one_rate_per_gpu_count_on_one_node_with_the_true_reason():

@@ -705,10 +705,18 @@ def evaluate(
                 route, algo, source = _obs_route(model, n, nodes, sm.section, algos.get(sm.section))
                 rate, _ = rate_at(model, n, route)
                 if rate is None:
+                    flag = f"{'intra:' + str(n) if route.startswith(INTRA) else route.split()[-1]}=GBps"
+                    measured = ", ".join(sorted(model.rates)) or "none"
+                    if not route.startswith(INTRA) and all(r.startswith(INTRA) for r in model.rates):
+                        raise ProjectionError(  # not the measured point's fault: nothing measured across nodes
+                            f"{model.problem} {model.mode}: no rate for route {route!r}: no measured point has a "
+                            f"multi-node route (measured: {measured}), and gpus={n} on {nodes} nodes "
+                            f"({model.gpus_per_node} GPUs per node) takes it; give --rate {flag} "
+                            f"(e.g. --rate {route.split()[-1]}=10.5), or --gpus-per-node of the measured nodes"
+                        )
                     raise ProjectionError(
                         f"{model.problem} {model.mode} gpus={n}: no rate for route {route!r} (measured routes: "
-                        f"{', '.join(sorted(model.rates)) or 'none'}); give --rate "
-                        f"{'intra:' + str(n) if route.startswith(INTRA) else route.split()[-1]}=GBps"
+                        f"{measured}); give --rate {flag}"
                     )
                 tr = sm.latency_s + _bytes(sm.payload_bytes, n, nodes, algo) / (rate * GB)
                 wait = (cmax - c) + sm.excess * expected_max_normal(n) * cmax
@@ -1028,8 +1036,8 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
             proj = evaluate(model, sorted(set(allowed) | set(model.fitted_gpus)))
             found[key] = findings(model, max([*allowed, *model.fitted_gpus]), options.pe_min)
             checks = pd.concat([residuals(rows, model), leave_one_out(rows, options, model)], ignore_index=True)
-        except ProjectionError as exc:
-            skipped[key] = str(exc)
+        except ProjectionError as exc:  # said after the key: the message's own "<problem> <mode>: " goes
+            skipped[key] = str(exc).removeprefix(f"{key[0]} {key[1]}: ")
             continue
         frames += [measured_rows(rows, model), proj]
         vals.append(checks)

@@ -590,6 +590,7 @@ def main(argv: list[str] | None = None) -> int:
             unreadable.append(line)
 
     signals.install()
+    target = Path(args.out) if args.out is not None else Path(args.path) / layout.REPORT_DIR
     problem = out_problem(args.path, args.out)
     if problem is not None:  # refused before any run folder is read
         print(f"pnpscale.report: error: {problem}", file=sys.stderr)
@@ -599,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         stop = signals.as_interrupted(exc)
         what = str(stop) if stop is not None else "interrupted"
-        print(f"pnpscale.report: {what}: report not written, the previous one is intact", file=sys.stderr)
+        print(f"pnpscale.report: {what}: {layout.report_not_written(target)}", file=sys.stderr)
         return signals.exit_code(exc)
     except NoRunsError as exc:
         print(f"pnpscale.report: error: {exc}", file=sys.stderr)
@@ -607,10 +608,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - any failure: one line, non-zero, previous report intact
         stop = signals.stop_behind(exc)
         if stop is not None:  # a Ctrl-C a library turned into another error
-            print(f"pnpscale.report: {stop}: report not written, the previous one is intact", file=sys.stderr)
+            print(f"pnpscale.report: {stop}: {layout.report_not_written(target)}", file=sys.stderr)
             return stop.exit_code
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"pnpscale.report: error: report not written ({type(exc).__name__}: {first})", file=sys.stderr)
+        said = layout.report_not_written(target)
+        print(f"pnpscale.report: error: {said.split(',')[0]} ({type(exc).__name__}: {first})"
+              f"{',' + said.split(',', 1)[1] if ',' in said else ''}", file=sys.stderr)  # fmt: skip
         return 1
     stop = signals.received()  # a stop whose exception Python swallowed after the report was published
     if stop is not None:

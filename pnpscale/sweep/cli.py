@@ -153,6 +153,18 @@ def check_hydra_override(key: str, value: Any) -> None:
             raise ConfigError(key, text, "must be a plain file name (no '/', not '..'): it names the log file")
 
 
+def top_level_keys(known: set[str] | None = None) -> list[str]:
+    """Every key a command line may start with: the schema's top-level fields and the config groups of
+    ``pnpscale/conf`` (``sweeps`` has no schema field), derived, never listed by hand.
+
+    >>> {"gpus", "problem", "sweeps", "resume"} <= set(top_level_keys())
+    True
+    """
+    keys = set(schema_keys()) if known is None else known
+    groups = {p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    return sorted({k for k in keys if "." not in k} | groups)
+
+
 def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = (), backends: Mapping[str, Any] | None = None) -> None:
     key = ov.key_or_group
     if key == "hydra" or key.startswith(("hydra.", "hydra/")):
@@ -173,7 +185,7 @@ def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = (), backends: M
     if base not in known and not free_form:
         close = difflib.get_close_matches(base, sorted(known), n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        top = sorted(k for k in known if "." not in k)
+        top = top_level_keys(known)
         raise ConfigError(key, _show(ov), f"unknown key; {hint}top-level keys: {', '.join(top)}")
     if (ov.is_add() or ov.is_force_add()) and not free_form:
         raise ConfigError(key, _show(ov), f"'{base}' already exists: drop the leading '+'")
