@@ -360,3 +360,16 @@ def report_folder(argv: list[str]) -> Path | None:
     if out is not None:
         return Path(out)
     return Path(path) / REPORT_DIR if path is not None else None
+
+
+def report_out_problem(path: str | Path, out: str | Path | None) -> str | None:
+    """The one-line refusal of a report or projection output folder, before any run folder is read:
+    ``--out`` (or the default ``PATH/report`` when ``PATH`` is a folder) that is a file or cannot be created
+    and written (:func:`out_dir_problem`); else ``None``. Shared by ``pnpscale.report`` and ``pnpscale.project``."""
+    target = Path(out) if out is not None else Path(path) / REPORT_DIR
+    if out is None and not Path(path).is_dir():
+        return None  # the folder itself is refused (a file, or no such folder) by the reader
+    problem = out_dir_problem(target)
+    if problem is None:
+        return None
+    return f"--out {target}: {problem}" if out is not None else f"{target} (the default --out): {problem}"

@@ -495,13 +495,12 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from pnpscale import layout
-    from pnpscale.results.report import out_problem
     from pnpscale.results.runs import NoRunsError, build_table
 
     argv = list(argv if argv is not None else sys.argv[1:])
     args = _parser().parse_args(argv)
     try:
-        problem = out_problem(args.path, args.out)
+        problem = layout.report_out_problem(args.path, args.out)
         if problem is not None:  # refused before any run folder is read
             raise ProjectionError(problem)
         check_options(args)

@@ -551,19 +551,6 @@ def _transfer_markdown(rows: pd.DataFrame, rates: pd.DataFrame) -> list[str]:
     return lines
 
 
-def out_problem(path: str | Path, out: str | Path | None) -> str | None:
-    """The one-line refusal of an output folder, before any run folder is read: ``--out`` (or the default
-    ``PATH/report`` when ``PATH`` is a folder) that is a file or cannot be created and written; else ``None``.
-    Shared by ``pnpscale.report`` and ``pnpscale.project``."""
-    target = Path(out) if out is not None else Path(path) / layout.REPORT_DIR
-    if out is None and not Path(path).is_dir():
-        return None  # the folder itself is refused (a file, or no such folder) by the reader
-    problem = layout.out_dir_problem(target)
-    if problem is None:
-        return None
-    return f"--out {target}: {problem}" if out is not None else f"{target} (the default --out): {problem}"
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m pnpscale.report DIR [--out OUT] [--strict]``.
 
@@ -591,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signals.install()
     target = Path(args.out) if args.out is not None else Path(args.path) / layout.REPORT_DIR
-    problem = out_problem(args.path, args.out)
+    problem = layout.report_out_problem(args.path, args.out)
     if problem is not None:  # refused before any run folder is read
         print(f"pnpscale.report: error: {problem}", file=sys.stderr)
         return 2
