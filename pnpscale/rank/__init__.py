@@ -8,7 +8,8 @@
   overlapped band by band (async chunks, autograd-aware);
 * :mod:`~pnpscale.rank.profiling`: the torch.profiler session and its events;
 * :mod:`~pnpscale.rank.worker`: a rank's main (process group, iterations, sections, report to rank 0);
-* :mod:`~pnpscale.rank.forkserver`: what a forked rank does when its launcher is gone before it starts;
+* :mod:`~pnpscale.rank.forkserver`: the forkserver's first preload: it ends with the launcher, quiet Ctrl-C;
+* :mod:`~pnpscale.rank.preloaded`: the forkserver's last preload (hands the launcher watch to its loop);
 * :mod:`~pnpscale.rank.commit`: rank 0's last step: decompose and write the run folder;
 * :mod:`~pnpscale.rank.assignment`: who holds which operator and tile (pure).
 """

@@ -436,7 +436,8 @@ def check_consistent(run_dir: Path, ranks: pd.DataFrame, sections: pd.DataFrame,
     :func:`~pnpscale.analysis.metrics.check_section_rows`), the sections table as the decomposition of the
     ranks table (:func:`~pnpscale.analysis.metrics.check_tables_agree`), and ``run.json``'s ``metrics``
     (``lb``, ``comm_e``, ``pe``, ``gpu_seconds_per_iteration``, ``iterations`` and every per-section total it
-    has) equal to :func:`~pnpscale.analysis.metrics.run_metrics` of the tables within :data:`METRICS_REL`.
+    has; records of the current schema version only: older ones used older definitions) equal to
+    :func:`~pnpscale.analysis.metrics.run_metrics` of the tables within :data:`METRICS_REL`.
 
     Raises:
         ValueError: ``<file>: iteration <i> section <s> [rank <r>]: <the invariant and its numbers>``, or
@@ -457,9 +458,13 @@ def check_consistent(run_dir: Path, ranks: pd.DataFrame, sections: pd.DataFrame,
             check()
         except InvariantError as exc:
             raise ValueError(f"{run_dir / name}: {exc}") from None
+    from pnpscale.core.record import SCHEMA_VERSION
+
     try:
+        if layout.read_json(run_dir / layout.RUN_JSON).get("schema_version") != SCHEMA_VERSION:
+            return  # an older record's metrics follow the definitions of its version (CommE over mean S)
         recorded = read_record(run_dir).metrics or {}
-    except RecordError:
+    except (RecordError, OSError, ValueError):
         return  # discover() already made it unreadable
     computed = run_metrics(sections, gpus)
     headline = ("lb", "comm_e", "pe", "gpu_seconds_per_iteration", "iterations")
