@@ -13,9 +13,17 @@ from pnpscale.core.errors import Abort, PnpscaleError, report_lines
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from pnpscale.sweep.task import run
 
-    run(cfg)
+    try:
+        run(cfg)
+    except PnpscaleError as exc:
+        if HydraConfig.get().mode == RunMode.RUN:  # a single run: one line, not Hydra's three
+            raise Abort(exc) from None
+        raise  # a sweep point: its launcher records it and ends the sweep with one line
 
 
 def main() -> None:
@@ -48,8 +56,15 @@ def main() -> None:
             print(line, file=sys.stderr)
         raise SystemExit(stop.error.exit_code) from None
     except KeyboardInterrupt as exc:
+        from pnpscale.sweep.task import STOPPED_POINTS
+
         stop_ = signals.as_interrupted(exc)
-        print(f"pnpscale: {stop_}; a point that was running is recorded as failed in its run folder", file=sys.stderr)
+        running = (
+            f"; the point that was running is recorded as failed in its run folder {STOPPED_POINTS[-1]}"
+            if STOPPED_POINTS
+            else ""  # stopped between points (or before any ran): nothing was running
+        )
+        print(f"pnpscale: {stop_}{running}", file=sys.stderr)
         raise SystemExit(signals.exit_code(exc)) from None
 
 

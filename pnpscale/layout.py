@@ -49,6 +49,9 @@ PROJECTION = "projection.parquet"
 PROJECTION_VALIDATION = "projection_validation.parquet"
 PROJECTION_PNG = "projection.png"
 PROJECTION_MD = "projection.md"
+#: The options of a ``python -m pnpscale.project`` run written into a report folder: a rebuilt report projects
+#: again with them (its projection kept, with the numbers of the runs then present).
+PROJECTION_OPTIONS = "projection_options.json"
 PROJECTION_OVERLAP = "projection_overlap.parquet"  # the pipelined series projected from the blocking one
 LOCK = ".pnpscale.lock"  # pnpscale.core.lock: the holder (pid, host, start) as JSON
 RESERVE = ".pnpscale.reserve"  # pnpscale.core.record.reserve_space
@@ -301,3 +304,88 @@ def _jsonable(obj: Any) -> Any:
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
         return _jsonable(obj.item())
     return obj
+
+
+def writable_dir(path: Path | str) -> bool:
+    """Whether ``path`` is, or can be created as, a folder this process can write into.
+
+    Nothing is created: a temporary file is written and removed in ``path`` or in its nearest
+    existing ancestor (permission bits alone say nothing for root or special file systems).
+    """
+    p = Path(path).absolute()
+    while not p.exists():
+        if p.parent == p:
+            return False
+        p = p.parent
+    if not p.is_dir():
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError:
+        return False
+    return True
+
+
+def out_dir_problem(path: Path | str) -> str | None:
+    """Why ``path`` cannot be an output folder (``--out`` of ``analyze``, ``report``, ``project``), or ``None``.
+
+    >>> out_dir_problem("/proc/version")
+    'is a file, not a folder'
+    """
+    p = Path(path).absolute()
+    if p.exists() and not p.is_dir():
+        return "is a file, not a folder"
+    above = p
+    while not above.exists() and above.parent != above:
+        above = above.parent
+    if above.exists() and not above.is_dir():
+        return f"{above} is a file, so no folder can be made under it"
+    if not writable_dir(p):
+        return "must be a folder this user can create and write"
+    return None
+
+
+def report_not_written(out: Path | str) -> str:
+    """What a report stopped or failed before its renames leaves: ``report not written, the previous one is
+    intact`` when ``out`` holds one (its files are renamed into place only at the end), else ``report not
+    written`` (there was none).
+
+    >>> report_not_written("/nonexistent")
+    'report not written'
+    """
+    return "report not written, the previous one is intact" if (Path(out) / REPORT_README).is_file() else (
+        "report not written")  # fmt: skip
+
+
+def report_folder(argv: list[str]) -> Path | None:
+    """The report folder a ``python -m pnpscale.report PATH [--out OUT]`` command line names, read without
+    argparse (for a stop before the command's own imports); ``None`` when it names none.
+
+    >>> report_folder(["s", "--strict"]), report_folder(["s", "--out", "o"]), report_folder(["--out=o", "s"])
+    (PosixPath('s/report'), PosixPath('o'), PosixPath('o'))
+    """
+    out, path, it = None, None, iter(argv)
+    for arg in it:
+        if arg == "--out":
+            out = next(it, None)
+        elif arg.startswith("--out="):
+            out = arg.removeprefix("--out=")
+        elif not arg.startswith("-") and path is None:
+            path = arg
+    if out is not None:
+        return Path(out)
+    return Path(path) / REPORT_DIR if path is not None else None
+
+
+def report_out_problem(path: str | Path, out: str | Path | None) -> str | None:
+    """The one-line refusal of a report or projection output folder, before any run folder is read:
+    ``--out`` (or the default ``PATH/report`` when ``PATH`` is a folder) that is a file or cannot be created
+    and written (:func:`out_dir_problem`); else ``None``. Shared by ``pnpscale.report`` and ``pnpscale.project``."""
+    target = Path(out) if out is not None else Path(path) / REPORT_DIR
+    if out is None and not Path(path).is_dir():
+        return None  # the folder itself is refused (a file, or no such folder) by the reader
+    problem = out_dir_problem(target)
+    if problem is None:
+        return None
+    return f"--out {target}: {problem}" if out is not None else f"{target} (the default --out): {problem}"

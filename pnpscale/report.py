@@ -16,7 +16,11 @@ def _main() -> int:
 
         return main()
     except KeyboardInterrupt as exc:  # main() handles the stops it sees; this is one before it started
-        print(f"pnpscale.report: {signals.as_interrupted(exc)}: report not written", file=sys.stderr)
+        from pnpscale import layout
+
+        out = layout.report_folder(sys.argv[1:])
+        said = layout.report_not_written(out) if out is not None else "report not written"
+        print(f"pnpscale.report: {signals.as_interrupted(exc)}: {said}", file=sys.stderr)
         return signals.exit_code(exc)
 
 

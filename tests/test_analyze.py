@@ -267,3 +267,34 @@ def test_transfer_table_of_a_live_gloo_run(live_run):
     # 32x32 RGB float32 image, ring on 2 ranks: each rank sends one payload
     assert (table[K.PAYLOAD_BYTES] == 3 * 32 * 32 * 4).all() and (table[K.BYTES_PER_GPU] == 3 * 32 * 32 * 4).all()
     assert (table[K.RATE_GBPS] > 0).all() and np.isfinite(table[K.REL_ERROR]).all()
+
+
+@pytest.mark.parametrize("kind", ["a file", "under a file", "unwritable"])
+def test_a_bad_out_is_refused_before_any_trace_or_run_is_read(tmp_path, capsys, kind):
+    """analyze, report and project refuse the same --out the same way: one line naming --out, exit 2, before
+    reading anything (the trace here is garbage and the folder holds no run: reading either would say so)."""
+    from pnpscale.results.projection import main as project
+    from pnpscale.results.report import main as report
+
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "rank0.json").write_text("{garbage")
+    (tmp_path / "file").write_text("x")
+    out = {"a file": tmp_path / "file", "under a file": tmp_path / "file" / "sub", "unwritable": Path("/proc/x")}[kind]
+    why = {"a file": "is a file, not a folder", "under a file": f"{tmp_path / 'file'} is a file, so no folder",
+           "unwritable": "must be a folder this user can create and write"}[kind]  # fmt: skip
+    for prog, command in (("pnpscale.analyze", lambda: main([str(tmp_path / "traces"), "--sections", "gradient",
+                                                             "--out", str(out)])),
+                          ("pnpscale.report", lambda: report([str(tmp_path), "--out", str(out)])),
+                          ("pnpscale.project", lambda: project([str(tmp_path), "--out", str(out)]))):  # fmt: skip
+        assert command() == 2, prog
+        captured = capsys.readouterr()
+        (line,) = captured.err.strip().splitlines()
+        assert line.startswith(f"{prog}: error: --out {out}: {why}"), line
+        assert not captured.out
+    assert not (tmp_path / "report").exists() and (tmp_path / "file").read_text() == "x"
+    if kind == "a file":  # a file given as the folder of runs is named a file, not "no such directory"
+        assert report([str(tmp_path / "file")]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"pnpscale.report: error: {tmp_path / 'file'}: is a file, not a folder of run folders "
+            "(give the sweep folder)"
+        )

@@ -166,6 +166,49 @@ def test_cli_bad_value_exits_at_once_with_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert lines == ["pnpscale: error: gpus=65: must be an integer in 1..64"]
     assert time.monotonic() - t0 < 30 and not (tmp_path / "outputs").exists()
+    # a value OmegaConf cannot convert to the schema's type: one line naming key, type and value, not 85
+    proc = run_cli("problem.nc=abc", root=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "pnpscale: error: problem.nc=abc: expected a list of integers or null, got 'abc'"
+    ]
+
+
+def _typed_fields():
+    """Every field of the schema's dataclasses whose type is not a plain string (a string takes any scalar)."""
+    from pnpscale.cluster import cluster_backends
+    from pnpscale.core.config import schema_types
+
+    def typed(hint) -> bool:
+        return hint not in (str, str | None)
+
+    fields = [(k, t) for k, t in schema_types().items() if typed(t)]
+    for name, backend in cluster_backends().items():
+        if backend.params is not None:
+            fields += [(f"cluster={name} cluster.{k}", t) for k, t in schema_types(backend.params).items() if typed(t)]
+    return fields
+
+
+def test_every_typed_field_refuses_an_unconvertible_value_in_one_line():
+    """Iterates the schema (never a list of names): each int, float, bool, list or nested field given a
+    value OmegaConf cannot convert is one line naming the key and the value (the type, when no value rule
+    of the key speaks first), never Hydra's merge traceback."""
+    from pnpscale.core.config import type_text
+
+    fields = _typed_fields()
+    assert len(fields) > 40 and any(k.startswith("problem.scales.") for k, _ in fields)
+    for key, hint in fields:
+        *selector, key = key.split(" ")
+        with pytest.raises(CommandLineError) as info:
+            check_overrides([*selector, f"{key}=abc"])
+        (line,) = info.value.problems
+        assert line.startswith(f"{key}=abc: "), line
+        if "must" not in line:  # no value rule of its own: the type's words
+            assert line == f"{key}=abc: expected {type_text(hint)}, got 'abc'", line
+    with pytest.raises(CommandLineError, match=r"^problem.nc=\[a\]: expected a list of integers or null"):
+        check_overrides(["problem.nc=[a]"])
+    with pytest.raises(CommandLineError, match=r"^iterations=null: "):
+        check_overrides(["iterations=null"])
 
 
 @pytest.mark.parametrize(
@@ -243,6 +286,20 @@ def test_overlap_is_a_variant_with_its_own_folder(composer):
 
     assert plain.fingerprint() == _digest_before_the_solver_keys(plain)  # a run recorded before still resumes
     assert plain.fingerprint() != spec.fingerprint()
+
+
+def test_the_unknown_key_message_lists_every_top_level_key():
+    """Derived from the schema and the config groups (``sweeps`` has no schema field), never a list by hand."""
+    import dataclasses
+
+    from pnpscale.core.config import Config
+
+    with pytest.raises(CommandLineError) as info:
+        check_overrides(["gpuz=2"])
+    (line,) = info.value.problems
+    listed = line.split("top-level keys: ")[1].split(", ")
+    assert set(listed) == {f.name for f in dataclasses.fields(Config)} | {p.name for p in CONF.iterdir() if p.is_dir()}
+    assert "sweeps" in listed
 
 
 def test_gradient_collective_is_a_variant_with_its_own_folder(composer):

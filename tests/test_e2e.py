@@ -111,6 +111,10 @@ def test_failing_rank_ends_the_run_quickly_with_its_error(tmp_path):
     assert elapsed < 60
     assert "rank 1 failed: InjectedFailure: rank 1: injected failure in section 'denoiser'" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # one line: neither Hydra's "Error executing job with overrides" nor its HYDRA_FULL_ERROR hint
+    assert proc.stderr.strip().splitlines() == [
+        line for line in proc.stderr.strip().splitlines() if line.startswith("pnpscale: error: ")
+    ][-1:], proc.stderr
     (d,) = run_dirs(tmp_path)
     run = read_run(d)
     assert run["status"] == "failed" and "InjectedFailure" in run["error"]

@@ -179,6 +179,68 @@ def test_2_sigkill_of_the_launcher_leaves_no_process(tmp_path):
         proc.wait(timeout=10)
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
+
+
+def _forkserver_preloading(launcher: subprocess.Popen, timeout_s: float = 120) -> int:
+    """The pid of ``launcher``'s forkserver once it ignores SIGINT (``pnpscale.rank.forkserver``, its first
+    preload, is in) and before torch is loaded (no ``libtorch`` mapped: the heavy preloads still import)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        assert launcher.poll() is None, "the command ended before its forkserver started"
+        for pid in _descendants(launcher.pid):
+            try:
+                cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+                status = (Path("/proc") / str(pid) / "status").read_text()
+            except OSError:
+                continue
+            ignored = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+            if b"multiprocessing.forkserver import main" in cmdline and ignored & (1 << (signal.SIGINT - 1)):
+                with contextlib.suppress(OSError):
+                    if "libtorch" in (Path("/proc") / str(pid) / "maps").read_text():
+                        pytest.skip("torch was loaded before the test could look: no preload window to test")
+                return pid
+        time.sleep(0.02)
+    pytest.fail("no forkserver preloading")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGKILL of the launcher", "SIGINT to the process group"])
+def test_2_a_stop_while_the_forkserver_preloads_leaves_no_process_and_no_traceback(tmp_path, how):
+    """The launcher watch and the ignored SIGINT come first in RANK_PRELOAD: a launcher killed while torch
+    imports takes the forkserver and the resource tracker with it within seconds (they used to live 8-21 s),
+    and a Ctrl-C then prints no KeyboardInterrupt traceback from multiprocessing/forkserver.py."""
+    proc = _cli("-m", "gpus=2", *TINY_2D, f"output.root={tmp_path}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                cwd=tmp_path)  # fmt: skip
+    below: set[int] = set()
+    try:
+        server = _forkserver_preloading(proc)
+        below = _descendants(proc.pid)
+        assert server in below
+        if how.startswith("SIGKILL"):
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        out = proc.communicate(timeout=120)[0]  # until every process holding the pipe is gone
+        end = time.monotonic() + 4
+        while any(_alive(p) for p in below) and time.monotonic() < end:
+            time.sleep(0.05)
+        left = {p: _cmdline(p) for p in below if _alive(p)}
+        assert not left, f"{left} outlived the command by 4 s"
+        assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+        if how.startswith("SIGINT"):
+            assert proc.returncode == 130, out
+    finally:
+        for p in [proc.pid, *below]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
 @pytest.mark.slow
 def test_2_sigkill_of_a_sweep_leaves_no_process(tmp_path):
     # the same through the command a user runs: python -m pnpscale killed while its ranks iterate
@@ -221,10 +283,13 @@ def test_1_sigint_between_points_records_reports_and_prints_the_resume_command(t
     assert sorted(runs) == [1, 2, 4], sorted(runs)  # every point has its record
     assert runs[1]["status"] == "complete"
     not_run = "not run: the sweep was interrupted (SIGINT) before this point started"
+    said = "the point that was running is recorded as failed in its run folder"
     if runs[2]["status"] == "failed":  # the signal landed once point 2 had started
         assert runs[2]["error"].startswith("interrupted (SIGINT)")
-    else:
+        assert said in out, out[-3000:]
+    else:  # between the points: no point was running, and no line says one was
         assert runs[2]["status"] == layout.STATUS_NOT_RUN and runs[2]["error"] == not_run, runs[2]
+        assert said not in out, out[-3000:]
     assert runs[4]["status"] == layout.STATUS_NOT_RUN and runs[4]["error"] == not_run, runs[4]
     table = pnpscale.load(sweep).query("section == 'all'").set_index("gpus")
     assert sorted(table.index) == [1, 2, 4] and table.loc[4, "status"] == "not_run"
@@ -285,6 +350,7 @@ def test_1_sigterm_in_the_first_moments_of_a_point_records_it_terminated(tmp_pat
     assert proc.returncode == 143, out
     assert _no_survivor(proc.pid)
     assert "Traceback" not in out and "Error" not in out.split("pnpscale: terminated (SIGTERM)")[-1], out
+    assert f"the point that was running is recorded as failed in its run folder {run_dir}" in out, out
     run = read_run(run_dir)
     assert run["status"] == "failed" and run["error"].startswith("terminated (SIGTERM)"), run["error"]
     assert not any((run_dir / t).exists() for t in layout.TABLES)
@@ -372,6 +438,8 @@ def test_1_sigint_while_the_report_is_written_is_never_swallowed(tmp_path):
         assert proc.returncode == 130, (delay, proc.returncode, err)
         assert "Traceback" not in err and "Exception ignored" not in err, (delay, err)
         assert len(err.strip().splitlines()) == 1 and "interrupted (SIGINT)" in err, (delay, err)
+        # whenever it is true (a previous report exists here), the line says it is intact, at 1 s too
+        assert "report not written, the previous one is intact" in err or "after the report was written" in err, err
         assert not list(report.glob(f"{layout.STAGING_PREFIX}*"))
         assert {layout.SUMMARY, layout.REPORT_README} <= {p.name for p in report.iterdir()}
         pd.read_parquet(report / layout.SUMMARY)  # whole, never half-written
@@ -443,10 +511,31 @@ def test_2_a_run_folder_in_use_is_refused_and_left_untouched(tmp_path):
     run_dir = tmp_path / "run"
     with FolderLock(run_dir):
         (run_dir / layout.RUN_JSON).write_text('{"status": "running"}')
-        proc = run_cli("gpus=1", *TINY_2D, f"hydra.run.dir={run_dir}", root=tmp_path, timeout=120)
-    assert proc.returncode == 1, proc.stderr
-    assert f"refused, {run_dir} is in use by pid {os.getpid()}" in proc.stderr
-    assert "Traceback" not in proc.stderr
+        (run_dir / ".hydra").mkdir()
+        (run_dir / ".hydra" / "overrides.yaml").write_text("- gpus=2\n")  # the holder's record
+        proc = run_cli("gpus=1", "seed=5", *TINY_2D, f"hydra.run.dir={run_dir}", root=tmp_path, timeout=120)
+        # refused by the pre-check, before Hydra writes .hydra/ or __main__.log: one line, exit 2
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(
+            f"pnpscale: error: hydra.run.dir={run_dir}: is in use by pid {os.getpid()} on host {socket.gethostname()}"
+        ), line
+        assert (run_dir / ".hydra" / "overrides.yaml").read_text() == "- gpus=2\n"
+        assert not (run_dir / "__main__.log").exists()
+        # in a sweep, the point whose folder is held fails with one line; nothing of its folder is written
+        sweep = tmp_path / "sweep"
+        with FolderLock(sweep / "problem=2d/mode=inference/num_operators=4/gpus=1"):
+            swept = run_cli("-m", "gpus=1", *TINY_2D, f"hydra.sweep.dir={sweep}", "report=false",
+                            root=tmp_path, timeout=120)  # fmt: skip
+        assert swept.returncode == 1, swept.stderr
+        assert "is in use by pid" in swept.stdout + swept.stderr and "Traceback" not in swept.stderr
+        # the failed sweep's end: one line naming every failed point and the command that re-runs them
+        assert "Error executing job" not in swept.stderr and "HYDRA_FULL_ERROR" not in swept.stderr
+        last = swept.stderr.strip().splitlines()[-1]
+        assert last.startswith("pnpscale: error: 1 of 1 sweep point(s) failed "
+                               "(problem=2d mode=inference num_operators=4 gpus=1); "), last  # fmt: skip
+        assert "to re-run only the failed points: python -m pnpscale -m gpus=1 " in last
+        assert not (sweep / "problem=2d/mode=inference/num_operators=4/gpus=1/.hydra").exists()
     assert (run_dir / layout.RUN_JSON).read_text() == '{"status": "running"}'
 
 
@@ -610,8 +699,9 @@ def test_3_a_full_point_disk_in_a_sweep_is_said_and_the_others_run(tmp_path):
         assert proc.returncode == 1, out
         assert _no_survivor(proc.pid)
         said = [line for line in out.splitlines() if line.startswith("pnpscale: error: ")]
-        assert said == [f"pnpscale: error: problem=2d mode=inference num_operators=4 gpus=2: no status record could "
-                        f"be written in {full} (ENOSPC: No space left on device); the point failed"], out  # fmt: skip
+        assert said[0] == (f"pnpscale: error: problem=2d mode=inference num_operators=4 gpus=2: no status record "
+                           f"could be written in {full} (ENOSPC: No space left on device); the point failed"), out
+        assert len(said) == 2 and said[1].startswith("pnpscale: error: 1 of 2 sweep point(s) failed (gpus=2 "), out
         assert "Traceback" not in out and "Logging error" not in out
         (done,) = [p.parent for p in sweep.glob("**/run.json")]
         assert read_run(done)["gpus"] == 1 and read_run(done)["status"] == "complete"
@@ -803,7 +893,32 @@ ONE_SCHEMA = {
                           "hosts is [1]: must be an array of strings"),
     "metrics.sections an array": (lambda d: _edit_nested(d, "metrics.sections", []), layout.RUN_JSON,
                                   "metrics.sections is []: must be an object"),
+    # the invariants the writer checks, re-checked on read by its own functions, and run.json against the tables
+    "compute x10 (C + T + W != S)": (lambda d: _edit_last(d / layout.SECTIONS, "compute_s", lambda v: v * 10),
+                                     layout.SECTIONS, "iteration 1 section 'denoiser': compute + transfer + wait = "),
+    "negative wait": (lambda d: _edit_last(d / layout.SECTIONS, "wait_s", lambda v: -1.0), layout.SECTIONS,
+                      "iteration 1 section 'denoiser': wait_s = -1 s is negative"),
+    "compute above its maximum": (lambda d: _edit_table(d / layout.SECTIONS, lambda t: t.assign(
+        compute_s=t["compute_s"] + 1, section_s=t["section_s"] + 1)), layout.SECTIONS,
+        "iteration 0 section 'gradient': compute_s = 1.4 s exceeds compute_max_s = 0.4 s"),
+    "collectives past the section": (lambda d: _edit_last(d / layout.RANKS, "comm_s", lambda v: 10.0), layout.RANKS,
+                                     "iteration 1 section 'denoiser' rank 1: collectives take 10 s of a 1.6 s section"),
+    "sections not the ranks decomposed": (lambda d: _edit_last(d / layout.RANKS, "section_s", lambda v: v * 2),
+                                          layout.SECTIONS, "iteration 1 section 'denoiser': section_s = 1.6 s, but "
+                                          "the mean over ranks of the ranks table is 2.4 s"),
+    "metrics.lb edited": (lambda d: _edit_nested(d, "metrics.lb", 0.1), layout.RUN_JSON,
+                          "metrics.lb = 0.1, the tables give 1 (run.json's metrics are computed from them)"),
+    "a section total edited": (lambda d: _edit_nested(d, "metrics.sections.gradient.compute_total_s", 99.0),
+                               layout.RUN_JSON, "metrics.sections.gradient.compute_total_s = 99, the tables give 0.4"),
 }  # fmt: skip
+
+
+def _edit_last(path: Path, column: str, change) -> None:
+    """Change ``column`` of the table's last row of iteration 1, section ``denoiser`` (rank 1 in ``ranks``)."""
+    t = pd.read_parquet(path)
+    rows = t.index[(t["iteration"] == 1) & (t["section"] == "denoiser") & ((t["rank"] == 1) if "rank" in t else True)]
+    t.loc[rows[-1], column] = change(t.loc[rows[-1], column])
+    t.to_parquet(path, index=False)
 
 
 @pytest.mark.parametrize("label", list(ONE_SCHEMA))
@@ -831,6 +946,7 @@ def test_4_a_damaged_point_is_unreadable_for_load_and_the_report_alike(tmp_path,
     assert f"gpus=2: {error}" in out, out
     readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
     assert "missing (unreadable)" in readme and "| complete " in readme
+    assert main([str(sweep), "--strict"]) == 1
 
 
 @pytest.mark.parametrize(

@@ -185,6 +185,13 @@ def test_algorithm_per_node_count_logged_only_where_logged():
     assert row[K.TRANSFER_S] == pytest.approx(2 * P * 3 / 4 / (TREE * 1e9), rel=1e-9)
     with pytest.raises(ProjectionError, match="no rate for route 'inter-node ring'.*--rate ring=GBps"):
         evaluate(fit(measured), [16])
+    # nothing measured across nodes: the message says so (not the measured one-node point's fault), and what to pass
+    one_node = sweep([1, 2, 4])
+    one_node = one_node.assign(**{K.NODES: 1}) if K.NODES in one_node else one_node
+    with pytest.raises(ProjectionError) as info:
+        evaluate(fit(one_node, Options(gpus_per_node=3)), [8])
+    text = str(info.value)
+    assert "no measured point has a multi-node route" in text and "--rate ring=GBps" in text, text
 
 
 def test_one_rate_per_gpu_count_on_one_node_with_the_true_reason():
@@ -450,9 +457,43 @@ def test_failed_command_leaves_the_report_as_it_was(tmp_path, capsys, many_cores
     md = (report / layout.PROJECTION_MD).read_text()
     assert "PE >= 0.5" in md and all(line in readme for line in md.splitlines()[2:] if line)
     after = _snapshot(report)
-    changed = {k for k in after if after[k] != before[k]}
+    changed = {k for k in after if after[k] != before.get(k)}
     assert changed >= {layout.PROJECTION, layout.PROJECTION_MD, layout.REPORT_README}
     assert after[layout.SUMMARY] == before[layout.SUMMARY]
+
+
+def test_rebuilding_the_report_keeps_a_users_projection(tmp_path, capsys, many_cores):
+    """A projection made with the user's options into the report folder is made again with those options when
+    the report is rebuilt (its files and README section, not the default projection and not "not projected");
+    options that no longer project fall back to the default, saying so, and keep the options file."""
+    import json
+
+    from pnpscale import layout
+    from pnpscale.results.projection import main
+    from pnpscale.results.report import write_report
+    from tests.test_compare import write_collective_sweep
+
+    root = write_collective_sweep(tmp_path / "sweep")
+    write_report(root, echo=lambda _: None)
+    assert main([str(root), "--gpus", "32", "--pe-min", "0.5"]) == 0
+    report = root / layout.REPORT_DIR
+    mine = _snapshot(report)
+    recorded = json.loads(mine[layout.PROJECTION_OPTIONS])
+    assert recorded["options"] == ["--gpus", "32", "--pe-min", "0.5"]
+    capsys.readouterr()
+    write_report(root, echo=lambda _: None)  # rebuilt: the user's projection, made again with its options
+    again = _snapshot(report)
+    for name in (layout.PROJECTION, layout.PROJECTION_VALIDATION, layout.PROJECTION_MD, layout.PROJECTION_OPTIONS):
+        assert again[name] == mine[name], name
+    readme = again[layout.REPORT_README].decode()
+    assert "python -m pnpscale.project SWEEP --gpus 32 --pe-min 0.5" in readme and "PE >= 0.5" in readme
+    assert set(pd.read_parquet(report / layout.PROJECTION)[K.GPUS]) >= {32}
+    # options that no longer project: the default projection, said, the options kept for the next time
+    (report / layout.PROJECTION_OPTIONS).write_text(json.dumps({"options": ["--fit-gpus", "1"]}))
+    write_report(root, echo=lambda _: None)
+    readme = (report / layout.REPORT_README).read_text()
+    assert "no longer projects (nothing could be projected" in readme and "default projection instead" in readme
+    assert (report / layout.PROJECTION_OPTIONS).is_file() and (report / layout.PROJECTION).is_file()
 
 
 def test_one_gpu_count_writes_nothing(tmp_path, capsys):

@@ -153,6 +153,7 @@ class PnpscaleBasicLauncher(BasicLauncher):
                 log.error("to resume (complete points are skipped): %s", sweep_resume_command(self.config))
             raise
         finish_sweep(self.config, rets, total=len(job_overrides))
+        end_if_failed(self.config, rets, sweep_resume_command(self.config))
         return rets
 
     def _run_point(self, idx: int, overrides: Sequence[str]) -> JobReturn:
@@ -169,6 +170,20 @@ class PnpscaleBasicLauncher(BasicLauncher):
             cfg.hydra.job.id = idx
             cfg.hydra.job.num = idx
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        from pnpscale.core.lock import in_use
+
+        busy = in_use(run_dir)  # before Hydra writes the point's .hydra/ over the holder's
+        if busy is not None:
+            from hydra.core.utils import JobStatus
+
+            from pnpscale.sweep.point import resolve_point
+            from pnpscale.sweep.task import RunFailed
+
+            label = resolve_point(cfg, run_dir).label  # validated before the sweep started: memoised
+            log.error("%s refused: %s", label, busy)
+            ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
+            ret.return_value = RunFailed(label, run_dir, f"refused, {busy}")
+            return ret
         from pnpscale.sweep.point import NoSpace, check_room
 
         try:
@@ -324,3 +339,37 @@ def finish_sweep(
                   f"the run folders are intact: python -m pnpscale.report {sweep_dir}"  # fmt: skip
             log.error(msg)
             raise ReportFailed(msg) from None
+
+
+class SweepFailed(PnpscaleError, RuntimeError):
+    """Some sweep points failed (each recorded in its run folder's ``run.json``): the sweep's last line, exit 1."""
+
+
+#: The most failed points the last line names one by one (beyond it: their count and where they are).
+NAMED_FAILURES = 8
+
+
+def end_if_failed(config: DictConfig, rets: Sequence[JobReturn], resume: str) -> None:
+    """End a sweep that had failed points with one line naming every one of them (or, beyond
+    :data:`NAMED_FAILURES`, their count), where their records are, and the command that runs them again.
+
+    Raised as :class:`~pnpscale.core.errors.Abort`, so Hydra prints neither its "Error executing job"
+    line nor its ``HYDRA_FULL_ERROR`` hint (it would name only the first failed point).
+
+    Raises:
+        Abort: carrying a :class:`SweepFailed` (exit 1) when any point failed.
+    """
+    from hydra.core.utils import JobStatus
+
+    failed = [r for r in rets if r.status == JobStatus.FAILED]
+    if not failed:
+        return
+    labels = [getattr(r._return_value, "label", None) or _label(r.overrides or []) for r in failed]
+    sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+    named = "; ".join(labels) if len(labels) <= NAMED_FAILURES else f"see {sweep_dir}/*/run.json"
+    raise Abort(
+        SweepFailed(
+            f"{len(failed)} of {len(rets)} sweep point(s) failed ({named}); each run.json under {sweep_dir} "
+            f"says why; to re-run only the failed points: {resume}"
+        )
+    )

@@ -45,6 +45,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, open_dict
 
 from hydra_plugins.pnpscale_plugins.launcher import (
+    end_if_failed,
     finish_sweep,
     refuse,
     validate_points,
@@ -157,8 +158,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         self._wait(jobs, folder, rets)
         ordered = [rets[p.index] for p in points]
         finish_sweep(config, ordered)
-        if any(r.status == JobStatus.FAILED for r in ordered):
-            log.error("to re-run only the failed points: %s", self._resume_command(sweep_dir))
+        end_if_failed(config, ordered, self._resume_command(sweep_dir))
         return ordered
 
     # ---------------------------------------------------------------------------------- steps

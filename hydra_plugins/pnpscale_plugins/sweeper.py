@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional  # noqa: UP035 - OmegaConf reads these an
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 
-from hydra_plugins.pnpscale_plugins.launcher import refuse
+from hydra_plugins.pnpscale_plugins.launcher import SweepFailed, refuse
 from pnpscale.core.errors import Abort, PnpscaleError
 
 MULTIRUN_YAML = "multirun.yaml"  # Hydra's name
@@ -64,7 +64,9 @@ class PnpscaleBasicSweeper(BasicSweeper):
         refused = False
         try:
             return super().sweep(arguments)
-        except Abort:  # refused by the launcher: leave the folder as it was
+        except Abort as stop:  # refused by the launcher: leave the folder as it was
+            if isinstance(stop.error, SweepFailed):  # the points ran: a failed sweep's end, nothing to undo
+                raise
             refused = True
             if before is not None:
                 layout.atomic_write_bytes(multirun, before)

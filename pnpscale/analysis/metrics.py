@@ -59,13 +59,8 @@ INVARIANT_REL = 1e-9
 
 
 def check_invariants(ranks: pd.DataFrame, sections: pd.DataFrame) -> None:
-    """Check, before anything is written, that every row is physical.
-
-    With ``tol = 1e-9 s + 1e-9 x S`` (:data:`INVARIANT_ABS_S`, :data:`INVARIANT_REL`):
-
-    * per rank row (``ranks``): ``S_r >= 0``, ``sum_c b_rc >= 0`` and ``sum_c b_rc <= S_r + tol`` (COMM_S: the
-      time blocked on the collectives, :mod:`pnpscale.analysis.overlap`);
-    * per section row (``sections``): ``T, W, C >= -tol`` and ``|C + T + W - mean_r S_r| <= tol``.
+    """Check, before anything is written, that every row is physical (the readers re-check the same:
+    :func:`check_rank_rows`, :func:`check_section_rows`).
 
     Args:
         ranks: the ``ranks`` table (RANK, ITERATION, SECTION, SECTION_S, COMM_S; seconds).
@@ -74,36 +69,124 @@ def check_invariants(ranks: pd.DataFrame, sections: pd.DataFrame) -> None:
     Raises:
         InvariantError: the first violation, naming iteration, section, rank and the numbers.
     """
+    check_rank_rows(ranks)
+    check_section_rows(sections)
+
+
+def _tol(seconds: pd.Series) -> pd.Series:
+    return INVARIANT_ABS_S + INVARIANT_REL * seconds.abs()
+
+
+def _first(table: pd.DataFrame, bad: pd.Series) -> pd.Series:
+    return table[bad.fillna(False).astype(bool)].iloc[0]
+
+
+def _fail(row: pd.Series, text: str, rank: Any = None) -> InvariantError:
+    where = f"iteration {row[K.ITERATION]} section {row[K.SECTION]!r}" + ("" if rank is None else f" rank {rank}")
+    it = row[K.ITERATION]
+    return InvariantError(f"{where}: {text}", iteration=int(it) if pd.notna(it) else None,
+                          rank=None if rank is None else int(rank))  # fmt: skip
+
+
+def check_rank_rows(ranks: pd.DataFrame) -> None:
+    """Per rank row, with ``tol = 1e-9 s + 1e-9 x S`` (:data:`INVARIANT_ABS_S`, :data:`INVARIANT_REL`):
+    ``S_r >= 0`` and finite, ``0 <= sum_c b_rc <= S_r + tol`` (COMM_S: the time blocked on the collectives,
+    :mod:`pnpscale.analysis.overlap`; skipped for a table without COMM_S, written before it existed).
+
+    Raises:
+        InvariantError: the first violation, naming iteration, section, rank and the numbers.
+    """
     s = ranks[K.SECTION_S].astype("float64")
-    comm = ranks[K.COMM_S].astype("float64")
-    tol = INVARIANT_ABS_S + INVARIANT_REL * s.abs()
+    comm = ranks[K.COMM_S].astype("float64") if K.COMM_S in ranks else pd.Series(0.0, index=ranks.index)
+    tol = _tol(s)
     bad = (s < -tol) | (comm < -tol) | (comm > s + tol) | ~np.isfinite(s) | ~np.isfinite(comm)
     if bad.any():
-        row = ranks[bad].iloc[0]
-        raise InvariantError(
-            f"iteration {row[K.ITERATION]} section {row[K.SECTION]!r} rank {row[K.RANK]}: collectives take "
-            f"{row[K.COMM_S]:.9g} s of a {row[K.SECTION_S]:.9g} s section (need 0 <= sum_c b_rc <= S_r, the time "
-            f"blocked on them; they run past the section): compute would be negative, nothing written"
+        row = _first(ranks, bad)
+        raise _fail(
+            row,
+            f"collectives take {comm[bad].iloc[0]:.9g} s of a {row[K.SECTION_S]:.9g} s section (need 0 <= sum_c "
+            f"b_rc <= S_r, the time blocked on them; they run past the section): compute would be negative",
+            row[K.RANK],
         )
+
+
+def check_section_rows(sections: pd.DataFrame) -> None:
+    """Per section row, with ``tol = 1e-9 s + 1e-9 x S``: ``T, W, C >= -tol`` and finite,
+    ``|C + T + W - mean_r S_r| <= tol``, ``C <= C_max + tol`` (a mean never exceeds its maximum),
+    ``C_max <= S_max + tol`` and ``S <= S_max + tol`` (where SECTION_MAX_S is known), and
+    ``LB = C / C_max`` (where both are known and ``C_max > 0``, to 1e-6).
+
+    Raises:
+        InvariantError: the first violation, naming iteration, section and the numbers.
+    """
     m = sections[K.SECTION_S].astype("float64")
-    tol = INVARIANT_ABS_S + INVARIANT_REL * m.abs()
+    tol = _tol(m)
     c, t, w = (sections[k].astype("float64") for k in (K.COMPUTE_S, K.TRANSFER_S, K.WAIT_S))
     for name, v in ((K.COMPUTE_S, c), (K.TRANSFER_S, t), (K.WAIT_S, w)):
         neg = (v < -tol) | ~np.isfinite(v)
         if neg.any():
-            row = sections[neg].iloc[0]
-            raise InvariantError(
-                f"iteration {row[K.ITERATION]} section {row[K.SECTION]!r}: {name} = {row[name]:.9g} s is negative "
-                f"or not finite: not physical, nothing written"
-            )
+            row = _first(sections, neg)
+            raise _fail(row, f"{name} = {row[name]:.9g} s is negative or not finite: not physical")
     off = (c + t + w - m).abs() > tol
     if off.any():
-        row = sections[off].iloc[0]
-        raise InvariantError(
-            f"iteration {row[K.ITERATION]} section {row[K.SECTION]!r}: compute + transfer + wait = "
-            f"{row[K.COMPUTE_S] + row[K.TRANSFER_S] + row[K.WAIT_S]:.9g} s differs from the mean section time "
-            f"{row[K.SECTION_S]:.9g} s: nothing written"
+        row = _first(sections, off)
+        raise _fail(
+            row,
+            f"compute + transfer + wait = {row[K.COMPUTE_S] + row[K.TRANSFER_S] + row[K.WAIT_S]:.9g} s differs "
+            f"from the mean section time {row[K.SECTION_S]:.9g} s (C + T + W = mean_r S_r)",
         )
+    cmax = sections[K.COMPUTE_MAX_S].astype("float64") if K.COMPUTE_MAX_S in sections else None
+    smax = sections[K.SECTION_MAX_S].astype("float64") if K.SECTION_MAX_S in sections else None
+    pairs = [(K.COMPUTE_S, c, K.COMPUTE_MAX_S, cmax), (K.COMPUTE_MAX_S, cmax, K.SECTION_MAX_S, smax),
+             (K.SECTION_S, m, K.SECTION_MAX_S, smax)]  # fmt: skip
+    for low_name, low, high_name, high in pairs:
+        if low is None or high is None:
+            continue
+        over = high.notna() & low.notna() & (low > high + tol)
+        if over.any():
+            row = _first(sections, over)
+            raise _fail(row, f"{low_name} = {row[low_name]:.9g} s exceeds {high_name} = {row[high_name]:.9g} s "
+                             "(a mean over ranks never exceeds their maximum)")  # fmt: skip
+    if cmax is not None and K.LB in sections:
+        lb = sections[K.LB].astype("float64")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            off = lb.notna() & (cmax > 0) & ((lb - c / cmax).abs() > 1e-6)
+        if off.any():
+            row = _first(sections, off)
+            raise _fail(row, f"lb = {row[K.LB]:.9g} is not compute / compute_max = "
+                             f"{row[K.COMPUTE_S] / row[K.COMPUTE_MAX_S]:.9g}")  # fmt: skip
+
+
+def check_tables_agree(ranks: pd.DataFrame, sections: pd.DataFrame) -> None:
+    """The sections table is the decomposition of the ranks table (:func:`decompose`): per iteration and
+    section, SECTION_S is ``mean_r S_r`` and SECTION_MAX_S (where known) ``max_r S_r`` of the ranks rows,
+    within ``1e-9 s + 1e-9 x S``, and each has the other's (iteration, section) rows.
+
+    Raises:
+        InvariantError: the first disagreement, naming iteration, section and both numbers.
+    """
+    s = ranks[K.SECTION_S].astype("float64")
+    by = s.groupby([ranks[K.ITERATION], ranks[K.SECTION].astype(str)], sort=False)
+    per = pd.DataFrame({"mean": by.mean(), "max": by.max()})
+    sec = sections.assign(**{K.SECTION: sections[K.SECTION].astype(str)}).set_index([K.ITERATION, K.SECTION])
+    only = sorted(set(sec.index) ^ set(per.index), key=str)
+    if only:
+        it, name = only[0]
+        side = "sections" if (it, name) in sec.index else "ranks"
+        raise InvariantError(f"iteration {it} section {name!r}: in the {side} table only (the sections table "
+                             "is the ranks table decomposed)", iteration=int(it))  # fmt: skip
+    per = per.reindex(sec.index)
+    checks = [(K.SECTION_S, "mean")] + ([(K.SECTION_MAX_S, "max")] if K.SECTION_MAX_S in sec else [])
+    for col, agg in checks:
+        mine = sec[col].astype("float64")
+        off = mine.notna() & ((mine - per[agg]).abs() > _tol(mine))
+        if off.any():
+            it, name = off[off].index[0]
+            raise InvariantError(
+                f"iteration {it} section {name!r}: {col} = {mine[(it, name)]:.9g} s, but the {agg} over ranks of "
+                f"the ranks table is {per[agg][(it, name)]:.9g} s",
+                iteration=int(it),
+            )
 
 
 #: Collectives whose recorded payload is one rank's share of the image (nccl-tests' size = ranks × payload).

@@ -566,6 +566,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = [p for p in paths if not p.exists()]
         if missing:
             raise AnalyzeError(f"{missing[0]}: no such file or folder")
+        out = args.out or ((paths[0] if paths[0].is_dir() else paths[0].parent) / ANALYSIS_DIR)
+        problem = layout.out_dir_problem(out)
+        if problem is not None:  # refused before any trace is read
+            raise AnalyzeError(f"--out {out}: {problem}" if args.out else f"{out} (the default --out): {problem}")
     except (AnalyzeError, TraceError, ValueError, OSError) as exc:
         print(f"pnpscale.analyze: error: {exc}", file=sys.stderr)
         return InputError.exit_code
@@ -574,7 +578,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         headers = _headers(paths, anomalies)
         traces, world = assign_ranks(headers, explicit, args.partial)
         warmup, warmup_from = (args.warmup, "--warmup") if args.warmup is not None else _default_warmup(paths)
-        out = args.out or ((paths[0] if paths[0].is_dir() else paths[0].parent) / ANALYSIS_DIR)
         own = _pnpscale_run(paths)  # its sections start with the GPU idle: S_r from the CPU range start
         analysis = analyze_traces(traces, sections, warmup, world, anomalies, cpu_start=own, jobs=args.jobs)
         meta = {"sections": sections, "warmup": warmup, "warmup_from": warmup_from,

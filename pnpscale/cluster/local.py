@@ -406,12 +406,15 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
 #: ``torch.cuda.is_available()``, and on a GPU machine ``mem_get_info`` on every GPU): each rank
 #: imports it itself, after its GPU binding (0.13 s with these preloaded). Checked by
 #: ``tests/test_gpu_path.py`` (a fork after importing these is not a bad fork) and by every rank
-#: (:func:`pnpscale.rank.process.refuse_bad_fork`). ``pnpscale.rank.forkserver`` keeps a rank that cannot start
-#: because the launcher is gone silent.
+#: (:func:`pnpscale.rank.process.refuse_bad_fork`). ``pnpscale.rank.forkserver`` comes first (standard library
+#: only): it ends the server as soon as the launcher is gone and ignores SIGINT while the heavy modules import,
+#: and keeps a rank that cannot start because the launcher is gone silent; ``pnpscale.rank.preloaded`` comes
+#: last and hands the watch over to the server's own loop.
 RANK_PRELOAD = (
+    "pnpscale.rank.forkserver",
     "torch", "torch.distributed", "torchvision", "h5py", "requests", "natsort", "tqdm", "pandas", "pyarrow",
     "pnpscale.rank.worker", "pnpscale.rank.solver", "pnpscale.rank.profiling", "pnpscale.core.record",
-    "pnpscale.rank.forkserver",
+    "pnpscale.rank.preloaded",
 )  # fmt: skip
 
 
@@ -645,6 +648,10 @@ def _probe_rank(spec_dict: dict[str, Any], run_dir: str) -> None:
 PROBE_PID_ENV = "PNPSCALE_PROBE_PID"
 
 
+#: The command that started the footprint probe (:func:`rank_footprint`): the probe ends when it does.
+PROBE_LAUNCHER_ENV = "PNPSCALE_PROBE_LAUNCHER"
+
+
 def probe_footprint() -> tuple[int, int, str]:
     """Run the probe point (:data:`PROBE_OVERRIDES`) the launcher's way and measure its ranks (see the
     module doc); run it in a fresh process (:func:`rank_footprint` does).
@@ -657,7 +664,10 @@ def probe_footprint() -> tuple[int, int, str]:
     import tempfile
 
     from pnpscale.core.config import resolve_spec
+    from pnpscale.rank.process import watch_launcher
 
+    if os.environ.get(PROBE_LAUNCHER_ENV, "").isdigit():  # ends with the command, and its forkserver and ranks
+        watch_launcher(int(os.environ[PROBE_LAUNCHER_ENV]))
     spec = resolve_spec(_compose(PROBE_OVERRIDES), cuda_available=False)
     os.environ[PROBE_PID_ENV] = str(os.getpid())
     with tempfile.TemporaryDirectory() as tmp:
@@ -709,7 +719,7 @@ def rank_footprint(measure: bool = True) -> tuple[int, int] | None:
     try:
         proc = subprocess.run(
             [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            env={**os.environ, "OMP_NUM_THREADS": "1", PROBE_LAUNCHER_ENV: str(os.getpid())},
         )  # fmt: skip
         line = next(ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("footprint "))
         _, per_text, shared_text, method = line.split()

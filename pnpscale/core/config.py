@@ -63,6 +63,8 @@ class ConfigError(InputError, ValueError, CompactHydraException):
 
 
 def _show(value: Any) -> str:
+    if value is None:
+        return "null"  # as the command line and the YAML spell it
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
@@ -813,3 +815,69 @@ def moved_key_error(key: str, value: Any) -> ConfigError | None:
     """
     where = MOVED_KEYS.get(key)
     return None if where is None else ConfigError(key, value, f"moved to {where}")
+
+
+def schema_types(cls: type = Config, prefix: str = "") -> dict[str, Any]:
+    """Every typed leaf of a schema dataclass and its annotation (``{"gpus": int, "problem.nc": list[int] |
+    None, ...}``); free-form dict nodes (``cluster``, ``problem.params``) are not leaves.
+
+    >>> schema_types()["problem.scales.small.inference.nc"]
+    list[int] | None
+    """
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        key, hint = f"{prefix}{f.name}", hints[f.name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            out.update(schema_types(hint, key + "."))
+        elif typing.get_origin(hint) is not dict:
+            out[key] = hint
+    return out
+
+
+def type_text(hint: Any) -> str:
+    """A schema annotation in words: ``int | None`` -> ``an integer or null``.
+
+    >>> type_text(list[int] | None), type_text(bool), type_text(float)
+    ('a list of integers or null', 'a boolean (true or false)', 'a number')
+    """
+    import types
+    import typing
+
+    words = {int: "an integer", float: "a number", bool: "a boolean (true or false)", str: "a string"}
+    plural = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        text = " or ".join(type_text(a) for a in args if a is not type(None))
+        return text + (" or null" if type(None) in args else "")
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return f"a list of {plural.get(item, str(item))}"
+    return words.get(hint, str(hint))
+
+
+def check_type(key: str, value: Any, schema: type = Config) -> None:
+    """Whether OmegaConf can convert ``value`` to the type ``schema`` gives ``key`` (what Hydra does when it
+    merges the override; keys of free-form nodes and keys not in the schema pass).
+
+    Raises:
+        ConfigError: ``<key>=<value>: expected <type>, got <value>`` (one line).
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    hint = schema_types(schema).get(key)
+    if hint is None:
+        return
+    *parents, leaf = key.split(".")
+    node: Any = OmegaConf.structured(schema)
+    for part in parents:
+        node = node[part]
+    try:
+        node[leaf] = value
+    except (OmegaConfBaseException, ValueError, TypeError):
+        got = "null" if value is None else repr(value)
+        raise ConfigError(key, value, f"expected {type_text(hint)}, got {got}") from None

@@ -166,6 +166,38 @@ class FolderLock:
         self.release()
 
 
+def in_use(folder: Path | str) -> Busy | None:
+    """Whether another live process holds ``folder``'s lock, without taking it or creating anything.
+
+    The pre-checks ask this before Hydra writes a ``.hydra/`` record into the folder: the lock
+    file is opened read-only and ``flock(2)``-tested (a free lock is unlocked at once, its file
+    and holder left as they were).
+
+    Returns:
+        the :class:`Busy` error naming the folder and its holder, or ``None`` when the folder has
+        no lock file or its lock is free (also when the file cannot be read: the task's own
+        :meth:`FolderLock.acquire` then decides).
+    """
+    import fcntl
+
+    path = Path(folder) / layout.LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return Busy(Path(folder), _read_holder(path))
+    except OSError:
+        return None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def process_gone(pid: Any, host: Any, started_at: Any = None) -> bool:
     """Whether the process ``pid`` on ``host`` that started a record at ``started_at`` is gone.
 

@@ -13,7 +13,8 @@
 * :mod:`~pnpscale.rank.process`: a rank's process: tied to its launcher, bound to one GPU, its environment;
 * :mod:`~pnpscale.rank.group`: the ranks' process group, the backend chosen from every rank's GPU, NCCL's log;
 * :mod:`~pnpscale.rank.loop`: the measured loop (sections under one profiler, injections, the heartbeat);
-* :mod:`~pnpscale.rank.forkserver`: what a forked rank does when its launcher is gone before it starts;
+* :mod:`~pnpscale.rank.forkserver`: the forkserver's first preload: it ends with the launcher, quiet Ctrl-C;
+* :mod:`~pnpscale.rank.preloaded`: the forkserver's last preload (hands the launcher watch to its loop);
 * :mod:`~pnpscale.rank.commit`: rank 0's last step: decompose and write the run folder;
 * :mod:`~pnpscale.rank.assignment`: who holds which operator and tile (pure).
 """

@@ -1,34 +1,59 @@
-"""Imported by the forkserver that forks the local ranks (:data:`pnpscale.cluster.local.RANK_PRELOAD`).
+"""Imported FIRST by the forkserver that forks the local ranks (:data:`pnpscale.cluster.local.RANK_PRELOAD`),
+before the heavy preloads (torch takes 10-20 s to import on a loaded machine); light on purpose: it
+imports nothing but the standard library.
 
-A rank forked from the server first unpickles its process object from the launcher. When the launcher
-was stopped (SIGTERM, Ctrl-C) while it was handing that object over, the launcher is gone and the
-object names semaphores it already removed: the unpickling fails, and the forkserver prints the rank's
-traceback (``multiprocessing.forkserver`` calls ``sys.excepthook``) on the terminal after the
-launcher's last line. :func:`quiet_when_orphaned` (installed at import, in the server only) keeps
-that silent when the launcher is gone; a rank that fails to start under a live launcher still prints
-its traceback.
+In the server only (anywhere else importing it changes nothing), at import:
+
+* **the launcher is watched** (:func:`watch_launcher`): a daemon thread waits for the launcher's end
+  (pidfd, else a poll every :data:`POLL_S`) and ends the server at once. ``multiprocessing.forkserver``
+  itself notices the launcher's end only in its fork loop, after every preload is imported: a launcher
+  killed (SIGKILL, SIGTERM, SIGHUP) while torch loads left the server, and the resource tracker that
+  waits for it, alive for the rest of the import. The thread is stopped and joined by the last
+  preload, :mod:`pnpscale.rank.preloaded`, so the server never forks with a second thread;
+* **SIGINT is ignored while the preloads import** (the server's fork loop ignores it too): a Ctrl-C to
+  the process group used to interrupt the import with a 30-line ``KeyboardInterrupt`` traceback from
+  ``multiprocessing/forkserver.py``. The launcher handles the Ctrl-C; :mod:`pnpscale.rank.preloaded`
+  puts Python's handler back so the ranks get it as before;
+* :func:`quiet_when_orphaned` becomes ``sys.excepthook``: a rank forked from the server first unpickles
+  its process object from the launcher; when the launcher was stopped while handing it over, the
+  unpickling fails, and the server would print the rank's traceback on the terminal after the
+  launcher's last line. Silent when the launcher is gone; a rank that fails to start under a live
+  launcher still prints its traceback.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
-from pnpscale.rank.process import PARENT_PID_ENV, parent_of
-
-#: The launching process: the local launcher exports its pid (``PNPSCALE_PARENT_PID``, set while the
-#: server starts); the server's parent otherwise (it may be gone by the time this is imported).
+#: The launcher exports its pid under this name while the server starts (the value of
+#: :data:`pnpscale.rank.process.PARENT_PID_ENV`, not imported from there: that module imports torch).
+PARENT_PID_ENV = "PNPSCALE_PARENT_PID"
+#: The launching process: the local launcher exports its pid (:data:`PARENT_PID_ENV`); the server's parent
+#: otherwise (it may be gone by the time this is imported).
 LAUNCHER_PID = int(os.environ.get(PARENT_PID_ENV) or os.getppid())
 #: How long a failing rank waits for its launcher to finish exiting before it prints its traceback.
 ORPHAN_GRACE_S = 2.0
+#: Seconds between two looks at the launcher where no pidfd can be opened.
+POLL_S = 0.1
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def launcher_gone(server_pid: int, launcher_pid: int = LAUNCHER_PID) -> bool:
     """Whether the forkserver ``server_pid`` no longer has ``launcher_pid`` as its parent (reparented:
     the launcher exited)."""
-    return parent_of(server_pid) != launcher_pid
+    return _parent_of(server_pid) != launcher_pid
 
 
 def quiet_when_orphaned(kind: type[BaseException], value: BaseException, tb: Any) -> None:
@@ -51,11 +76,73 @@ def in_forkserver() -> bool:
         return False
 
 
+class LauncherWatch:
+    """A daemon thread that ends this process (``os._exit(0)``) once the launcher ``pid`` is gone:
+    woken by a pidfd (Linux >= 5.3), else polling the parent every :data:`POLL_S`; :meth:`stop` ends
+    the thread (it returns once the thread has)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._stop_r, self._stop_w = os.pipe()
+        self.thread = threading.Thread(target=self._run, name=f"pnpscale-launcher-{pid}", daemon=True)
+        self.thread.start()
+
+    def _gone(self) -> bool:
+        return os.getppid() != self.pid  # reparented: the launcher, this process's parent, exited
+
+    def _run(self) -> None:
+        import select
+
+        try:
+            fd: int | None = os.pidfd_open(self.pid)
+        except (OSError, AttributeError):  # gone already, or no pidfd (old kernel, gVisor)
+            fd = None
+        try:
+            while not self._gone():
+                ready, _, _ = select.select([self._stop_r] + ([fd] if fd is not None else []), [], [], POLL_S)
+                if self._stop_r in ready:
+                    return
+                if fd is not None and fd in ready:
+                    break
+        finally:
+            if fd is not None:
+                os.close(fd)
+        os._exit(0)
+
+    def stop(self) -> None:
+        os.write(self._stop_w, b"x")
+        self.thread.join()
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+
+
+#: The server's watch while its preloads import (stopped by :mod:`pnpscale.rank.preloaded`), else ``None``.
+WATCH: LauncherWatch | None = None
+#: The server's SIGINT handler before :func:`install` ignored it (put back by :func:`preloaded`).
+_SIGINT_BEFORE: Any = None
+
+
 def install() -> None:
-    """Set :func:`quiet_when_orphaned` as ``sys.excepthook`` in the forkserver only (the parent of every
-    rank it forks); anywhere else importing this module changes nothing."""
-    if in_forkserver():
-        sys.excepthook = quiet_when_orphaned
+    """In the forkserver only: watch the launcher, ignore SIGINT, and set :func:`quiet_when_orphaned` as
+    ``sys.excepthook`` (see the module doc); anywhere else importing this module changes nothing."""
+    global WATCH, _SIGINT_BEFORE
+    if not in_forkserver():
+        return
+    if WATCH is None:
+        _SIGINT_BEFORE = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.excepthook = quiet_when_orphaned
+    if WATCH is None:
+        WATCH = LauncherWatch(LAUNCHER_PID)
+
+
+def preloaded() -> None:
+    """The preloads are imported: the server's own fork loop watches the launcher from here (its "alive"
+    pipe), so the watch thread ends; SIGINT gets Python's handler back, which the ranks inherit."""
+    global WATCH
+    if WATCH is not None:
+        WATCH.stop()
+        WATCH = None
+        signal.signal(signal.SIGINT, signal.default_int_handler if _SIGINT_BEFORE is None else _SIGINT_BEFORE)
 
 
 install()

@@ -75,10 +75,18 @@ def evaluate(
                 route, algo, source = _obs_route(model, n, nodes, sm.section, algos.get(sm.section))
                 rate, _ = rate_at(model, n, route)
                 if rate is None:
+                    flag = f"{'intra:' + str(n) if route.startswith(INTRA) else route.split()[-1]}=GBps"
+                    measured = ", ".join(sorted(model.rates)) or "none"
+                    if not route.startswith(INTRA) and all(r.startswith(INTRA) for r in model.rates):
+                        raise ProjectionError(  # not the measured point's fault: nothing measured across nodes
+                            f"{model.problem} {model.mode}: no rate for route {route!r}: no measured point has a "
+                            f"multi-node route (measured: {measured}), and gpus={n} on {nodes} nodes "
+                            f"({model.gpus_per_node} GPUs per node) takes it; give --rate {flag} "
+                            f"(e.g. --rate {route.split()[-1]}=10.5), or --gpus-per-node of the measured nodes"
+                        )
                     raise ProjectionError(
                         f"{model.problem} {model.mode} gpus={n}: no rate for route {route!r} (measured routes: "
-                        f"{', '.join(sorted(model.rates)) or 'none'}); give --rate "
-                        f"{'intra:' + str(n) if route.startswith(INTRA) else route.split()[-1]}=GBps"
+                        f"{measured}); give --rate {flag}"
                     )
                 tr = sm.latency_s + _bytes(sm.payload_bytes, n, nodes, algo) / (rate * GB)
                 wait = (cmax - c) + sm.excess * expected_max_normal(n) * cmax

@@ -211,8 +211,8 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
             proj = evaluate(model, sorted(set(allowed) | set(model.fitted_gpus)))
             found[key] = findings(model, max([*allowed, *model.fitted_gpus]), options.pe_min)
             checks = pd.concat([residuals(rows, model), leave_one_out(rows, options, model)], ignore_index=True)
-        except ProjectionError as exc:
-            skipped[key] = str(exc)
+        except ProjectionError as exc:  # said after the key: the message's own "<problem> <mode>: " goes
+            skipped[key] = str(exc).removeprefix(f"{key[0]} {key[1]}: ")
             continue
         models[key] = model
         frames += [measured_rows(rows, model), proj]

@@ -48,7 +48,7 @@ WAIT_RANKS = layout.WAIT_RANKS
 REPORT_FILES = (
     SUMMARY, README, TRANSFER, RATES, TRANSFER_PNG, WAIT_RANKS,
     layout.PROJECTION, layout.PROJECTION_VALIDATION, layout.PROJECTION_PNG, layout.PROJECTION_MD,
-    layout.PROJECTION_OVERLAP,
+    layout.PROJECTION_OPTIONS, layout.PROJECTION_OVERLAP,
     layout.COMPARE, "compare.png", layout.TIMELINE_PNG,
 )  # fmt: skip
 
@@ -94,7 +94,7 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         extra = comparison_section(table, stage, files)
         for name, write in files.items():
             write(stage / name)
-        projected = project_sweep(view, stage)
+        projected = project_sweep(view, stage, out)
         if (stage / layout.PROJECTION_PNG).exists():  # drawn only when something was projected
             charts.append(layout.PROJECTION_PNG)
         timeline = timeline_chart(view, stage)
@@ -201,9 +201,14 @@ def run_anomalies(table: pd.DataFrame) -> dict[str, list[dict[str, Any]] | None]
     return out
 
 
-def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
-    """The report's projection: every (problem, mode) with >= 3 measured GPU counts, to the powers of two
-    above the largest measured N up to 16 times it (:mod:`pnpscale.results.projection`, default options).
+def project_sweep(table: pd.DataFrame, out: Path, report_dir: Path | None = None) -> list[str]:
+    """The report's projection (:mod:`pnpscale.results.projection`).
+
+    A projection a user made into this report folder with ``python -m pnpscale.project`` (its options
+    recorded in :data:`pnpscale.layout.PROJECTION_OPTIONS` of ``report_dir``) is kept: projected again with
+    those options on the runs now present, its options file carried over. Otherwise (or when its options no
+    longer give a projection: said in the README, the options file kept) every (problem, mode) with >= 3
+    measured GPU counts, to the powers of two above the largest measured N up to 16 times it, default options.
 
     Writes projection.parquet, projection_validation.parquet, projection.png and projection.md into ``out``
     (the report's staging folder) when some (problem, mode) qualifies.
@@ -213,22 +218,43 @@ def project_sweep(table: pd.DataFrame, out: Path) -> list[str]:
     """
     from pnpscale.results.projection import (
         Options,
+        ProjectionError,
         default_targets,
+        options_command,
         project,
         readme_section,
+        user_projection,
         with_algorithms,
         write_files,
     )
 
     done = table[table["status"] == "complete"]
+    kept: list[str] = []
+    if report_dir is not None and (Path(report_dir) / layout.PROJECTION_OPTIONS).is_file():
+        recorded = Path(report_dir) / layout.PROJECTION_OPTIONS
+        (out / layout.PROJECTION_OPTIONS).write_bytes(recorded.read_bytes())  # kept either way
+        try:
+            mine = user_projection(report_dir, done)
+        except ProjectionError as exc:
+            kept = [f"- the projection made by `{recorded.name}`'s options no longer projects "
+                    f"({md_escape(str(exc))}): the report's default projection instead", ""]  # fmt: skip
+        else:
+            if mine is not None:
+                p, options = mine
+                lines = write_files(p, out)
+                return readme_section(
+                    lines, f"Written by the report with the options of your `{options_command(options)}` "
+                    f"(kept in `{layout.PROJECTION_OPTIONS}`; delete it for the default projection)"
+                )  # fmt: skip
     if done.empty or not (done.groupby(["problem", "mode"])["gpus"].nunique() >= 3).any():
-        return []
+        return ["## Projection", "", *kept] if kept else []
     p = project(with_algorithms(done), default_targets(int(done["gpus"].max())), Options(), min_points=3)
     if not p.findings:
         skipped = [f"- {k[0]} {k[1]}: not projected: {v}" for k, v in p.skipped.items()]
-        return ["## Projection", "", *skipped, *(f"- {n}" for n in p.overlap_notes), ""]
+        return ["## Projection", "", *kept, *skipped, *(f"- {n}" for n in p.overlap_notes), ""]
     lines = write_files(p, out)
-    return readme_section(lines, "Written by the report (default options)")
+    section = readme_section(lines, "Written by the report (default options)")
+    return [*section[:2], *kept, *section[2:]] if kept else section
 
 
 def comparison_section(table: pd.DataFrame, out: Path, files: dict[str, Callable[[Path], None]]) -> list[str]:
@@ -560,12 +586,17 @@ def main(argv: list[str] | None = None) -> int:
             unreadable.append(line)
 
     signals.install()
+    target = Path(args.out) if args.out is not None else Path(args.path) / layout.REPORT_DIR
+    problem = layout.report_out_problem(args.path, args.out)
+    if problem is not None:  # refused before any run folder is read
+        print(f"pnpscale.report: error: {problem}", file=sys.stderr)
+        return 2
     try:
         out = write_report(args.path, args.out, echo=echo)
     except KeyboardInterrupt as exc:
         stop = signals.as_interrupted(exc)
         what = str(stop) if stop is not None else "interrupted"
-        print(f"pnpscale.report: {what}: report not written, the previous one is intact", file=sys.stderr)
+        print(f"pnpscale.report: {what}: {layout.report_not_written(target)}", file=sys.stderr)
         return signals.exit_code(exc)
     except NoRunsError as exc:
         print(f"pnpscale.report: error: {exc}", file=sys.stderr)
@@ -573,10 +604,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - any failure: one line, non-zero, previous report intact
         stop = signals.stop_behind(exc)
         if stop is not None:  # a Ctrl-C a library turned into another error
-            print(f"pnpscale.report: {stop}: report not written, the previous one is intact", file=sys.stderr)
+            print(f"pnpscale.report: {stop}: {layout.report_not_written(target)}", file=sys.stderr)
             return stop.exit_code
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"pnpscale.report: error: report not written ({type(exc).__name__}: {first})", file=sys.stderr)
+        said = layout.report_not_written(target)
+        print(f"pnpscale.report: error: {said.split(',')[0]} ({type(exc).__name__}: {first})"
+              f"{',' + said.split(',', 1)[1] if ',' in said else ''}", file=sys.stderr)  # fmt: skip
         return 1
     stop = signals.received()  # a stop whose exception Python swallowed after the report was published
     if stop is not None:

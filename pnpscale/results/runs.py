@@ -138,6 +138,8 @@ def discover(root: str | Path) -> pd.DataFrame:
         NoRunsError: ``root`` does not exist or holds no run folder.
     """
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise NoRunsError(f"{root}: is a file, not a folder of run folders (give the sweep folder)")
     if not root.is_dir():
         raise NoRunsError(f"{root}: no such directory")
     rows, configured = [], []  # configured: the variant keys as the run's spec set them
@@ -403,12 +405,15 @@ def check_columns(table: pd.DataFrame, path: Path, columns: tuple[str, ...] | li
             raise UnreadableFile(path, f"column {c} is {table[c].dtype}, not numeric")
 
 
-def check_run_files(run_dir: Path, gpus: int | None = None) -> None:
+def check_run_files(run_dir: Path, gpus: int | None = None) -> pd.DataFrame:
     """Read every file of a complete run folder that the report reads besides ``sections.parquet``:
     ``ranks.parquet``, ``collectives.parquet`` (whole, with their :data:`REQUIRED_COLUMNS`; every rank
     ``0..gpus-1`` present in ``ranks.parquet``, none other) and the NCCL logs ``nccl/rank*.log``
     (:func:`pnpscale.results.transfer.run_nccl_log`), so that a damaged one makes its point
     ``unreadable`` here, for the report and :func:`load` alike, instead of stopping the report later.
+
+    Returns:
+        the ``ranks.parquet`` table (for :func:`check_consistent`).
 
     Raises:
         UnreadableFile: ``<file>: <reason>`` of the first unreadable file.
@@ -423,6 +428,79 @@ def check_run_files(run_dir: Path, gpus: int | None = None) -> None:
                                  f"expected 0..{gpus - 1} (gpus={gpus})")  # fmt: skip
     read_table(run_dir / layout.COLLECTIVES, required=REQUIRED_COLUMNS[layout.COLLECTIVES])
     run_nccl_log(run_dir)
+    return ranks
+
+
+#: Relative tolerance of run.json's metrics against the same metrics computed from the tables (plus 1e-9
+#: absolute): the record is written from those tables, so only a damaged or hand-edited file differs.
+METRICS_REL = 1e-6
+
+
+def check_consistent(run_dir: Path, ranks: pd.DataFrame, sections: pd.DataFrame, gpus: int) -> None:
+    """A complete run folder's tables and ``run.json`` hold together: the invariants checked before the
+    run was written, by the writer's own functions (:func:`pnpscale.analysis.metrics.check_rank_rows`,
+    :func:`~pnpscale.analysis.metrics.check_section_rows`), the sections table as the decomposition of the
+    ranks table (:func:`~pnpscale.analysis.metrics.check_tables_agree`), and ``run.json``'s ``metrics``
+    (``lb``, ``comm_e``, ``pe``, ``gpu_seconds_per_iteration``, ``iterations`` and every per-section total it
+    has; records of the current schema version only: older ones used older definitions) equal to
+    :func:`~pnpscale.analysis.metrics.run_metrics` of the tables within :data:`METRICS_REL`.
+
+    Raises:
+        UnreadableFile: (a ``ValueError``) ``<file>: iteration <i> section <s> [rank <r>]: <the invariant>``, or
+            ``<run.json>: metrics.<key> = <recorded>, the tables give <computed>``.
+    """
+    from pnpscale.analysis.metrics import (
+        InvariantError,
+        check_rank_rows,
+        check_section_rows,
+        check_tables_agree,
+        run_metrics,
+    )
+
+    checks = ((layout.RANKS, lambda: check_rank_rows(ranks)), (layout.SECTIONS, lambda: check_section_rows(sections)),
+              (layout.SECTIONS, lambda: check_tables_agree(ranks, sections)))  # fmt: skip
+    for name, check in checks:
+        try:
+            check()
+        except InvariantError as exc:
+            raise UnreadableFile(run_dir / name, str(exc)) from None
+    from pnpscale.core.record import SCHEMA_VERSION
+
+    try:
+        if layout.read_json(run_dir / layout.RUN_JSON).get("schema_version") != SCHEMA_VERSION:
+            return  # an older record's metrics follow the definitions of its version (CommE over mean S)
+        recorded = read_record(run_dir).metrics or {}
+    except (RecordError, OSError, ValueError):
+        return  # discover() already made it unreadable
+    computed = run_metrics(sections, gpus)
+    headline = ("lb", "comm_e", "pe", "gpu_seconds_per_iteration", "iterations")
+    pairs: list[tuple[str, Any, Any]] = [(k, recorded.get(k), computed.get(k)) for k in headline if k in recorded]
+    for sec, totals in (recorded.get("sections") or {}).items():
+        mine = computed["sections"].get(sec)
+        if mine is None:
+            pairs.append((f"sections.{sec}", "recorded", None))
+            continue
+        pairs += [(f"sections.{sec}.{k}", v, mine.get(k)) for k, v in (totals or {}).items() if k in mine]
+    for key, rec, comp in pairs:
+        if not _agrees(rec, comp):
+            raise UnreadableFile(run_dir / layout.RUN_JSON, f"metrics.{key} = {_num(rec)}, the tables give "
+                                 f"{_num(comp)} (run.json's metrics are computed from them)")  # fmt: skip
+
+
+def _num(value: Any) -> str:
+    return f"{value:.9g}" if isinstance(value, float) else str(value)
+
+
+def _agrees(recorded: Any, computed: Any) -> bool:
+    if recorded is None or computed is None:
+        return recorded is None and computed is None
+    try:
+        a, b = float(recorded), float(computed)
+    except (TypeError, ValueError):
+        return recorded == computed
+    if a != a or b != b:  # NaN
+        return a != a and b != b
+    return abs(a - b) <= 1e-9 + METRICS_REL * abs(b)
 
 
 def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | None, dict[str, str]]:
@@ -435,7 +513,8 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | 
         try:
             sections = read_sections(Path(run_dir) / layout.SECTIONS, base)
             gpus = int(sections["gpus"].iloc[0]) if "gpus" in sections else int(info["gpus"])
-            check_run_files(Path(run_dir), gpus)
+            ranks = check_run_files(Path(run_dir), gpus)
+            check_consistent(Path(run_dir), ranks, sections, gpus)
             summ = summarize(sections, gpus)
         except Exception as exc:  # noqa: BLE001 - one damaged folder never hides the others
             text = str(exc) if isinstance(exc, UnreadableFile) else (  # it names its file; else sections.parquet

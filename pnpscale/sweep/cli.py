@@ -13,7 +13,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pnpscale.core.config import CONF_DIR, ConfigError, check_value, moved_key_error, open_keys, schema_keys
+from pnpscale.core.config import (
+    CONF_DIR,
+    ConfigError,
+    check_type,
+    check_value,
+    moved_key_error,
+    open_keys,
+    schema_keys,
+)
 from pnpscale.core.errors import InputError
 from pnpscale.sweep.point import writable_dir
 
@@ -153,6 +161,18 @@ def check_hydra_override(key: str, value: Any) -> None:
             raise ConfigError(key, text, "must be a plain file name (no '/', not '..'): it names the log file")
 
 
+def top_level_keys(known: set[str] | None = None) -> list[str]:
+    """Every key a command line may start with: the schema's top-level fields and the config groups of
+    ``pnpscale/conf`` (``sweeps`` has no schema field), derived, never listed by hand.
+
+    >>> {"gpus", "problem", "sweeps", "resume"} <= set(top_level_keys())
+    True
+    """
+    keys = set(schema_keys()) if known is None else known
+    groups = {p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    return sorted({k for k in keys if "." not in k} | groups)
+
+
 def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = (), backends: Mapping[str, Any] | None = None) -> None:
     key = ov.key_or_group
     if key == "hydra" or key.startswith(("hydra.", "hydra/")):
@@ -176,7 +196,7 @@ def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = (), backends: M
     if base not in known and not free_form:
         close = difflib.get_close_matches(base, sorted(known), n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        top = sorted(k for k in known if "." not in k)
+        top = top_level_keys(known)
         raise ConfigError(key, _show(ov), f"unknown key; {hint}top-level keys: {', '.join(top)}")
     if (ov.is_add() or ov.is_force_add()) and not free_form:
         raise ConfigError(key, _show(ov), f"'{base}' already exists: drop the leading '+'")
@@ -190,6 +210,12 @@ def _check_one(ov: Any, known: set[str], extra: Sequence[Path] = (), backends: M
                 for backend in (backends or {}).values():
                     if base.removeprefix("cluster.") in backend.rules:
                         backend.check_value(base.removeprefix("cluster."), v)
+            # a value OmegaConf cannot convert to the schema's type (Hydra's merge would print a traceback)
+            check_type(base, v)
+            if base.startswith("cluster."):
+                for backend in (backends or {}).values():
+                    if backend.params is not None:
+                        check_type(base.removeprefix("cluster."), v, backend.params)
         except ConfigError as exc:
             problems.append(str(exc))
     if base == "output.root" and not ov.is_sweep_override() and not writable_dir(Path(str(ov.value()))):
@@ -309,11 +335,28 @@ def check_single_point(argv: Sequence[str]) -> None:
         (str(ov.value()) for ov in parsed if ov.key_or_group == "hydra.run.dir" and "${" not in str(ov.value())),
         None,
     )
+    if run_dir is not None:
+        check_folder_free("hydra.run.dir", Path(run_dir))
     folder = Path(run_dir) if run_dir else Path(str(cfg.output.root)) / "__not_created__"
     resolve_point(cfg, folder)
     from pnpscale.sweep.point import check_room
 
     check_room(Path(run_dir) if run_dir else Path(str(cfg.output.root)))  # before Hydra writes into it
+
+
+def check_folder_free(key: str, folder: Path) -> None:
+    """A run or sweep folder another live process holds (its lock) is refused before Hydra writes
+    anything into it (its ``.hydra/``, ``__main__.log``, ``multirun.yaml``).
+
+    Raises:
+        ConfigError: naming ``key``, the folder and its holder (exit 2).
+    """
+    from pnpscale.core.lock import in_use
+
+    busy = in_use(folder)
+    if busy is not None:
+        who = busy.holder.text() if busy.holder is not None else "another process (not yet recorded)"
+        raise ConfigError(key, str(folder), f"is in use by {who}: wait for it to end, or use another folder")
 
 
 def _show(ov: Any) -> str:

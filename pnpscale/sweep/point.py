@@ -326,23 +326,6 @@ status (ENOSPC: No space left on device); nothing was started
 
 
 def writable_dir(path: Path) -> bool:
-    """Whether ``path`` is, or can be created as, a folder this process can write into.
-
-    Nothing is created: a temporary file is written and removed in ``path`` or in its nearest
-    existing ancestor (permission bits alone say nothing for root or special file systems).
-    """
-    import tempfile
-
-    p = path.absolute()
-    while not p.exists():
-        if p.parent == p:
-            return False
-        p = p.parent
-    if not p.is_dir():
-        return False
-    try:
-        with tempfile.TemporaryFile(dir=p):
-            pass
-    except OSError:
-        return False
-    return True
+    """Whether ``path`` is, or can be created as, a folder this process can write into
+    (:func:`pnpscale.layout.writable_dir`; nothing is created)."""
+    return layout.writable_dir(path)

@@ -20,6 +20,10 @@ from pnpscale.sweep.point import Point, resolve_point
 
 log = logging.getLogger("pnpscale")
 
+#: The run folders of points a stop signal ended while they ran (each recorded as failed): the command's
+#: last line names them, and says nothing of a running point when the stop came between points.
+STOPPED_POINTS: list[Path] = []
+
 
 class RunFailed(PnpscaleError, RuntimeError, CompactHydraException):
     """A sweep point that did not complete; its folder holds ``run.json`` with the error.
@@ -112,6 +116,7 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any, lock: Any = None) -
         stop = stop_behind(exc)
         if stop is not None:
             _record_failure(point, config, f"{stop}: the ranks were stopped", lock)
+            STOPPED_POINTS.append(point.run_dir)
             _log_single_run_resume(point)
             raise stop from None  # stops the whole sweep, not only this point
         if not isinstance(exc, Exception):
