@@ -172,9 +172,9 @@ def assert_decomposition(job: Job, table: pd.DataFrame, iterations: set[int] | N
         assert row[K.N_COLLECTIVES] == len(job.truth.colls[key]), key
 
 
-@PROPERTY
-@given(spec=specs())
-def test_generated_traces_are_analysed_to_the_nanosecond(spec: Spec) -> None:
+def _analysed(spec: Spec, collectives: bool = False) -> tuple[Job, pd.DataFrame, list[dict], pd.DataFrame | None]:
+    """``spec`` simulated, written as traces and analysed (exit 0 required): (job, sections table, anomalies,
+    the collectives table when ``collectives``)."""
     job = simulate(spec)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "job"
@@ -182,8 +182,20 @@ def test_generated_traces_are_analysed_to_the_nanosecond(spec: Spec) -> None:
         code, err, out = analyse(folder, spec.sections)
         assert code == 0, err
         table, anomalies = results(out)
-    no_collectives = spec.world > 1 and not any(c for it in spec.plan for sec in it for c in sec)
-    if no_collectives:  # transfer and wait unknown: NaN, never 0
+        colls = pd.read_parquet(out / layout.COLLECTIVES) if collectives else None
+    return job, table, anomalies, colls
+
+
+def _no_collectives(spec: Spec) -> bool:
+    """Several ranks and not one collective: transfer and wait are unknown (NaN, anomaly ``no_collectives``)."""
+    return spec.world > 1 and not any(c for it in spec.plan for sec in it for c in sec)
+
+
+@PROPERTY
+@given(spec=specs())
+def test_generated_traces_are_analysed_to_the_nanosecond(spec: Spec) -> None:
+    job, table, anomalies, _ = _analysed(spec)
+    if _no_collectives(spec):  # transfer and wait unknown: NaN, never 0
         assert [a["kind"] for a in anomalies] == ["no_collectives"]
         assert table[K.TRANSFER_S].isna().all() and table[K.WAIT_S].isna().all()
         table = table.assign(**{K.TRANSFER_S: 0.0, K.WAIT_S: 0.0})
@@ -198,15 +210,9 @@ def test_collectives_issued_in_another_order_on_each_rank_are_matched_by_type_an
     """Untyped kernels (``ncclDevKernel_Generic``, ``SendRecv``) of several process groups, in flight together,
     issued in each rank's own order on streams each rank numbers differently: matched by the descriptors'
     (process group, ``Seq``), typed by them, and decomposed to the nanosecond."""
-    job = simulate(spec)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "job"
-        write(job, folder)
-        code, err, out = analyse(folder, spec.sections)
-        assert code == 0, err
-        table, anomalies = results(out)
-        colls = pd.read_parquet(out / layout.COLLECTIVES)
-    if spec.world > 1 and not any(c for it in spec.plan for sec in it for c in sec):
+    job, table, anomalies, colls = _analysed(spec, collectives=True)
+    assert colls is not None
+    if _no_collectives(spec):
         return  # no collective at all: the main property covers it
     assert anomalies == []
     assert_decomposition(job, table)
@@ -225,14 +231,8 @@ def test_gpu_work_past_the_next_section_is_clipped_to_a_known_answer() -> None:
     @settings(PROPERTY, max_examples=12)
     @given(spec=specs(backend="nccl", max_world=4, together=False, asynchronous=True))
     def prop(spec: Spec) -> None:
-        job = simulate(spec)
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp) / "job"
-            write(job, folder)
-            code, err, out = analyse(folder, spec.sections)
-            assert code == 0, err
-            table, anomalies = results(out)
-        if spec.world > 1 and not any(c for it in spec.plan for sec in it for c in sec):
+        job, table, anomalies, _ = _analysed(spec)
+        if _no_collectives(spec):
             anomalies = [a for a in anomalies if a["kind"] != "no_collectives"]
             table = table.assign(**{K.TRANSFER_S: 0.0, K.WAIT_S: 0.0})
         clipped = {a["rank"]: a["count"] for a in anomalies if a["kind"] == "gpu_work_past_next_section"}
