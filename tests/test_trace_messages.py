@@ -38,12 +38,18 @@ def anomalies(out: Path) -> dict[str, list[dict]]:
     return by
 
 
-def test_unknown_runtime_category_is_named_with_its_count_not_correlation_0(tmp_path, capsys):
+def _recategorised(old: str, new: str) -> dict:
+    """The reference case of ``tests/data/traces-turn3`` with every event of category ``old`` moved to ``new``."""
     docs = cases.build("ref")
     for d in docs.values():
         for e in d["traceEvents"]:
-            if e["cat"] == "cuda_runtime":
-                e["cat"] = "acme_runtime"
+            if e["cat"] == old:
+                e["cat"] = new
+    return docs
+
+
+def test_unknown_runtime_category_is_named_with_its_count_not_correlation_0(tmp_path, capsys):
+    docs = _recategorised("cuda_runtime", "acme_runtime")
     code, out, _, o = run(tmp_path, docs, capsys)
     assert code == 0
     by = anomalies(o)
@@ -55,11 +61,7 @@ def test_unknown_runtime_category_is_named_with_its_count_not_correlation_0(tmp_
 
 
 def test_kernels_of_an_unknown_category_are_named_in_the_refusal(tmp_path, capsys):
-    docs = cases.build("ref")
-    for d in docs.values():
-        for e in d["traceEvents"]:
-            if e["cat"] == "kernel":
-                e["cat"] = "acme_kernel"
+    docs = _recategorised("kernel", "acme_kernel")
     code, _, err, _ = run(tmp_path, docs, capsys)
     assert code == 1
     assert "no GPU event of a category pnpscale reads" in err and "'acme_kernel' (12)" in err
