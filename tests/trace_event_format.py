@@ -60,6 +60,16 @@ class _Float(str):
     """A JSON number with a fraction or exponent, kept as its text."""
 
 
+def _ns_or_none(value: object) -> int | None:
+    """A ``ts`` / ``dur`` in µs as Perfetto's importer reads it, in ns (:func:`perfetto_ns`); None if not a number."""
+    if not isinstance(value, (_Int, _Float)):
+        return None
+    try:
+        return perfetto_ns(value)
+    except ValueError:
+        return None
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON: Perfetto's importer stops at it")
 
@@ -136,10 +146,7 @@ def check_trace(text: str) -> tuple[dict[str, Any], list[str]]:
         if "tid" not in ids:
             problems.append(f"{where}: {ph} event without tid")
             continue
-        try:
-            ts = perfetto_ns(e["ts"]) if isinstance(e.get("ts"), (_Int, _Float)) else None
-        except ValueError:
-            ts = None
+        ts = _ns_or_none(e.get("ts"))
         if ts is None or ts < 0:
             problems.append(f"{where}: ts {e.get('ts')!r} is not a number of microseconds >= 0 (dropped on import)")
             continue
@@ -148,10 +155,7 @@ def check_trace(text: str) -> tuple[dict[str, Any], list[str]]:
         if ph in ("i", "I") and e.get("s", "t") not in ("g", "p", "t"):
             problems.append(f"{where}: instant scope {e.get('s')!r} not g/p/t")
         if ph == "X":
-            try:
-                dur = perfetto_ns(e["dur"]) if isinstance(e.get("dur"), (_Int, _Float)) else None
-            except ValueError:
-                dur = None
+            dur = _ns_or_none(e.get("dur"))
             if dur is None or dur < 0:
                 problems.append(f"{where}: dur {e.get('dur')!r} is not a number of microseconds >= 0")
                 continue
