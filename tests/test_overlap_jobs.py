@@ -1,14 +1,14 @@
 """Real 2-rank gloo jobs whose communication overlaps computation (tests/overlap_jobs.py), analysed by
-``python -m pnpscale.analyze``; the truth is each job's own clock (schedstat, ``time.perf_counter`` around
-``wait()``).
+``python -m pnpscale.analyze``; the truth is each job's own wall clock (``time.perf_counter`` around its
+collective calls and ``wait()``, DDP's through its comm hook).
 
 Tolerance: the communication share of each rank x section (summed over the measured iterations) within
 10 points of the blocked share the job measured itself. The machine these run on is shared and loaded: a
-thread preempted while a collective is in flight looks blocked in the trace (no operator runs) but is in
-the run queue for schedstat; the jobs use 60-80 ms of compute against collectives of a few ms to keep the
-signal well above that. The job's clock also counts what the trace cannot see: the wake-up latency after a
-collective ends until ``wait()`` returns (milliseconds when the machine is loaded); short blocking sections
-(the last rank's, a few ms) are made longer (16 MB) to keep it small beside them.
+thread preempted while a collective is in flight and no operator runs looks blocked in the trace but is
+outside the job's timed calls; the jobs use 60-80 ms of compute against collectives of a few ms to keep
+the signal well above that. The job's clock also counts what the trace cannot see: the wake-up latency
+after a collective ends until ``wait()`` returns (milliseconds when the machine is loaded); short blocking
+sections (the last rank's, a few ms) are made longer (16 MB) to keep it small beside them.
 """
 
 from __future__ import annotations
