@@ -120,16 +120,20 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
         else:
             sigma, where = 0.0, "no balanced multi-GPU point: jitter not modelled"
         coef, used = _fit_compute(s, units, m, t, sigma, options.tolerance, label)
+        unidentified = ""
         if used != units:
+            at = ", ".join(str(int(g)) for g in s[K.GPUS])
+            unidentified = (f"on the fitted points {at} every rank holds the same share of the {m} operators and "
+                            f"{t} tiles, so the fit cannot tell an operator's compute from a tile's")  # fmt: skip
             assumptions.append(
-                f"{name}: operators and tiles cannot be told apart on these points (every rank holds the same share "
-                "of both): one unit ops/M + tiles/T, the operators weighing as much as the tiles"
+                f"{name}: {unidentified}: one unit ops/M + tiles/T, exact at N where every rank holds the same "
+                "share of both; C_max and wait at any other N depend on the unknown split and are not projected"
             )
         multi = s[s[K.GPUS] > 1]
         payload = _payload(multi)
         if payload is None:
             raise ProjectionError(f"{label} {name}: no measured multi-GPU point with a payload: no transfer model")
-        sm = SectionModel(name, used, coef, 0.0, payload, sigma, 0.0)
+        sm = SectionModel(name, used, coef, 0.0, payload, sigma, 0.0, unidentified)
         sm.excess = _excess(multi, sm, m, t)
         sections.append(sm)
         parts = ", ".join(f"{u} {v:.4g} s" for u, v in zip(("fixed", *used), coef, strict=True))
