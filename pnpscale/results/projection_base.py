@@ -46,9 +46,10 @@ class ProjectionError(InputError, ValueError):
     """A projection that cannot be made honestly (too few points, unknown assignment or rate, a fit)."""
 
 
-class SplitUnidentified(ProjectionError):
+class Unidentified(ProjectionError):
     """A critical path the fitted points cannot identify: a section whose points never told an operator's
-    compute from a tile's, evaluated at an N where the ranks hold unequal shares of the two."""
+    compute from a tile's, evaluated at an N where the ranks hold unequal shares of the two; or a jitter
+    never measured apart from uneven work, evaluated at an N where every rank holds the same work."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,8 @@ class SectionModel:
     excess: float  # ψ: wait beyond C_max − C, per e(N)·C_max
     #: why the operators' and the tiles' weights are unknown (one ``combined`` unit fitted), else ""
     unidentified: str = ""
+    #: why the jitter σ is unknown (no balanced point in any section: σ = 0 assumed), else ""
+    jitter_unknown: str = ""
 
 
 @dataclass

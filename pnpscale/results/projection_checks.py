@@ -25,7 +25,7 @@ from pnpscale.results.projection_base import (
     Model,
     Options,
     ProjectionError,
-    SplitUnidentified,
+    Unidentified,
     _points,
     _row_algorithm,
     _row_nodes,
@@ -43,9 +43,9 @@ def _own(pts: pd.DataFrame, n: int, gpn: int | None) -> dict[int, tuple[int, dic
 
 
 def _compare(kind: str, model: Model, pts: pd.DataFrame, n: int, fitted_on: Sequence[int], headline: bool,
-             past_cores: bool = False, even_split: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+             past_cores: bool = False, assumed: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     pred = evaluate(model, [n], _own(pts, n, model.gpus_per_node), past_cores=past_cores,
-                    even_split=even_split).set_index(K.SECTION)  # fmt: skip
+                    assumed=assumed).set_index(K.SECTION)  # fmt: skip
     meas = measured_rows(pts[pts[K.GPUS] == n], model).set_index(K.SECTION)
     out = []
     for section in pred.index:
@@ -123,7 +123,7 @@ def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model
                         "its transfer is not a prediction")  # fmt: skip
             try:
                 rows_n = _compare(LOO, sub, pts, held, rest_gpus, held == gpus[-1])
-            except SplitUnidentified as exc:  # refused: say what the even-weight assumption would have given
+            except Unidentified as exc:  # refused: say what the stated assumption would have given
                 why = f"{exc}{_assumed_errors(sub, pts, held, rest_gpus, own_rate=bool(note))}"
                 out.append(_failed(LOO, full, held, rest_gpus, why))
                 continue
@@ -141,18 +141,18 @@ def _has_rate(model: Model, route: str) -> bool:
 
 
 def _assumed_errors(sub: Model, pts: pd.DataFrame, held: int, rest: Sequence[int], own_rate: bool) -> str:
-    """The errors at the held-out point of the refused even-weight assumption (ops/M + tiles/T), section
-    ``all``, :data:`HEADLINE` metrics (not the transfer when it took the point's own rate): what printing
-    the refused number would have cost."""
+    """The errors at the held-out point of the refused assumption (operators weighing as much as tiles, or
+    jitter 0), section ``all``, :data:`HEADLINE` metrics (not the transfer when it took the point's own
+    rate): what printing the refused number would have cost."""
     try:
-        rows = _compare(LOO, sub, pts, held, rest, False, even_split=True)
+        rows = _compare(LOO, sub, pts, held, rest, False, assumed=True)
     except ProjectionError:
         return ""
     names = {K.SECTION_S: "time", K.TRANSFER_S: "transfer", K.WAIT_S: "wait", K.PE: "PE"}
     errs = [f"{names[r['metric']]} {100 * r[K.REL_ERROR]:+.0f} %" for r in rows
             if r[K.SECTION] == ALL and r["metric"] in HEADLINE and math.isfinite(r[K.REL_ERROR])
             and not (own_rate and r["metric"] == K.TRANSFER_S)]  # fmt: skip
-    return f" (the operators weighing as much as the tiles would miss it: {', '.join(errs)})" if errs else ""
+    return f" (the assumption would miss it: {', '.join(errs)})" if errs else ""
 
 
 def misses(validation: pd.DataFrame, tolerance: float) -> pd.DataFrame:

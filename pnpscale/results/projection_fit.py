@@ -109,6 +109,7 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
     sig_all = [v for vals in sigmas.values() for v in vals]
     sections: list[SectionModel] = []
     for name in names:
+        jitter_unknown = ""
         s = pts[pts[K.SECTION] == name].sort_values(K.GPUS)
         units = section_work(name)
         if sigmas[name]:
@@ -119,6 +120,9 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
             where = "the other sections' balanced points (it has none)"
         else:
             sigma, where = 0.0, "no balanced multi-GPU point: jitter not modelled"
+            jitter_unknown = (f"no fitted point ({', '.join(str(int(g)) for g in fitted)}) gives the ranks of any "
+                              "section the same work, so the jitter (same work, different finishing time) was never "
+                              "measured apart from the uneven work")  # fmt: skip
         coef, used = _fit_compute(s, units, m, t, sigma, options.tolerance, label)
         unidentified = ""
         if used != units:
@@ -133,14 +137,16 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
         payload = _payload(multi)
         if payload is None:
             raise ProjectionError(f"{label} {name}: no measured multi-GPU point with a payload: no transfer model")
-        sm = SectionModel(name, used, coef, 0.0, payload, sigma, 0.0, unidentified)
+        sm = SectionModel(name, used, coef, 0.0, payload, sigma, 0.0, unidentified, jitter_unknown)
         sm.excess = _excess(multi, sm, m, t)
         sections.append(sm)
         parts = ", ".join(f"{u} {v:.4g} s" for u, v in zip(("fixed", *used), coef, strict=True))
         assumptions.append(
             f"{name}: compute per rank = {parts} (non-negative fit, weights 1/value); jitter σ = {sigma:.3g} "
             f"(from {where})" + (f"; wait beyond C_max − C: ψ = {sm.excess:.3g} x e(N)·C_max" if sm.excess else "")
-        )
+            + ("; C_max and wait at N where every rank holds the same work (jitter alone) are not projected"
+               if jitter_unknown else "")
+        )  # fmt: skip
     assumptions.append(
         "C_max = E[max_r μ_r·(1 + σ·Z_r)], Z_r independent standard normals (equal work: μ·(1 + σ·e(N)), e(N) "
         "the expected maximum of N standard normals); wait = uneven work + jitter = C_max − C (+ ψ·e(N)·C_max); "
