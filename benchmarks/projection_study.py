@@ -349,6 +349,9 @@ def run(iterations: int = 200, shares: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0
                 warnings.append(f"{name} from <= {up_to}: leave-one-out misses by more than 10 %: " + "; ".join(
                     f"N={int(r[K.GPUS])} from {r['fitted_on']} {r['metric']} {100 * r[K.REL_ERROR]:+.0f} %"
                     for _, r in far.iterrows()))  # fmt: skip
+            refused = loo[(loo["metric"] == "") & (loo["note"].astype(str) != "")]
+            for _, r in refused.iterrows():  # a term the other points cannot identify: refused, with its error
+                warnings.append(f"{name} from <= {up_to}: left out {int(r[K.GPUS])}: not predicted: {r['note']}")
             if loo.empty:
                 fitted = ", ".join(map(str, model.fitted_gpus))
                 warnings.append(f"{name} from <= {up_to}: leave-one-out not made: fitted on {fitted} only "
@@ -372,14 +375,18 @@ def run(iterations: int = 200, shares: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0
             if not h.empty and h["note"].iloc[0]:  # its own rate: its transfer is no prediction
                 h = h[h["metric"] != K.TRANSFER_S]
             worst = h.loc[h[K.REL_ERROR].abs().idxmax()] if not h.empty else None
+            top = max(model.fitted_gpus)
+            top_refused = h.empty and top in set(refused[K.GPUS].astype(int))
             heads.append({"configuration": name, "fitted on": f"<= {up_to}",
-                          "held out": int(worst[K.GPUS]) if worst is not None else None,
-                          "worst metric": worst["metric"] if worst is not None else None,
+                          "held out": int(worst[K.GPUS]) if worst is not None else (top if top_refused else None),
+                          "worst metric": worst["metric"] if worst is not None else
+                          ("refused" if top_refused else None),
                           "error %": 100 * worst[K.REL_ERROR] if worst is not None else math.nan,
                           "worst residual": f"{worst_res['metric']} at {int(worst_res[K.GPUS])}",
                           "residual %": 100 * worst_res[K.REL_ERROR],
                           "note": h["note"].iloc[0] if not h.empty else
-                          "no leave-one-out: 2 fitted GPU counts"})  # fmt: skip
+                          ("not predicted: a term the smaller points cannot identify (see WARNING)" if top_refused
+                           else "no leave-one-out: 2 fitted GPU counts")})  # fmt: skip
         for fig_name, study in STUDY[name].items():
             rows.append({
                 "configuration": name, "figure": fig_name, "study": _fmt(study),

@@ -46,6 +46,12 @@ class ProjectionError(InputError, ValueError):
     """A projection that cannot be made honestly (too few points, unknown assignment or rate, a fit)."""
 
 
+class Unidentified(ProjectionError):
+    """A critical path the fitted points cannot identify: a section whose points never told an operator's
+    compute from a tile's, evaluated at an N where the ranks hold unequal shares of the two; or a jitter
+    never measured apart from uneven work, evaluated at an N where every rank holds the same work."""
+
+
 @dataclass(frozen=True)
 class Options:
     """Projection settings.
@@ -153,6 +159,10 @@ class SectionModel:
     payload_bytes: float
     sigma: float  # jitter: relative spread of one rank's compute
     excess: float  # ψ: wait beyond C_max − C, per e(N)·C_max
+    #: why the operators' and the tiles' weights are unknown (one ``combined`` unit fitted), else ""
+    unidentified: str = ""
+    #: why the jitter σ is unknown (no balanced point in any section: σ = 0 assumed), else ""
+    jitter_unknown: str = ""
 
 
 @dataclass
@@ -197,6 +207,17 @@ def _work(units: Sequence[str], m: int, t: int, n: int) -> np.ndarray:
         else:  # combined
             cols.append(_counts(m, n) / m + _counts(t, n) / t)
     return np.column_stack(cols)
+
+
+def split_matters(m: int, t: int, n: int) -> bool:
+    """Whether on N ranks some rank's share of the M operators differs from its share of the T tiles
+    (round-robin): there a ``combined`` unit ``ops/M + tiles/T`` is an assumption, elsewhere it is exact
+    (``μ_r = a + (b·M + c·T)·ops_r/M`` whenever ``ops_r/M = tiles_r/T`` for every rank).
+
+    >>> split_matters(4, 256, 4), split_matters(4, 256, 8), split_matters(4, 256, 3)
+    (False, True, True)
+    """
+    return not np.allclose(_counts(m, n) / m, _counts(t, n) / t)
 
 
 def _balanced(units: Sequence[str], m: int, t: int, n: int) -> bool:

@@ -18,19 +18,21 @@ from pnpscale import columns as K
 from pnpscale.results.projection_base import (
     ALL,
     HEADLINE,
+    INTRA,
     LOO,
     RESIDUAL,
     VALIDATED,
     Model,
     Options,
     ProjectionError,
+    Unidentified,
     _points,
     _row_algorithm,
     _row_nodes,
 )
 from pnpscale.results.projection_eval import evaluate, measured_rows
 from pnpscale.results.projection_fit import fit
-from pnpscale.results.projection_routes import _obs_route, rate_at
+from pnpscale.results.projection_routes import _obs_route
 
 
 def _own(pts: pd.DataFrame, n: int, gpn: int | None) -> dict[int, tuple[int, dict[str, str]]]:
@@ -41,8 +43,9 @@ def _own(pts: pd.DataFrame, n: int, gpn: int | None) -> dict[int, tuple[int, dic
 
 
 def _compare(kind: str, model: Model, pts: pd.DataFrame, n: int, fitted_on: Sequence[int], headline: bool,
-             past_cores: bool = False) -> list[dict[str, Any]]:  # fmt: skip
-    pred = evaluate(model, [n], _own(pts, n, model.gpus_per_node), past_cores=past_cores).set_index(K.SECTION)
+             past_cores: bool = False, assumed: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    pred = evaluate(model, [n], _own(pts, n, model.gpus_per_node), past_cores=past_cores,
+                    assumed=assumed).set_index(K.SECTION)  # fmt: skip
     meas = measured_rows(pts[pts[K.GPUS] == n], model).set_index(K.SECTION)
     out = []
     for section in pred.index:
@@ -107,10 +110,10 @@ def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model
         try:
             sub = fit(pts[pts[K.GPUS].isin(rest_gpus)], opts)
             own = _own(pts, held, full.gpus_per_node)[held]
-            lacking = sorted({
+            lacking = sorted({  # a route of its own: none of the other points measured it (one-node counts too)
                 route for sm in sub.sections
-                if rate_at(sub, held, route := _obs_route(sub, held, own[0], sm.section,
-                                                          own[1].get(sm.section))[0])[0] is None
+                if not _has_rate(sub, route := _obs_route(sub, held, own[0], sm.section,
+                                                          own[1].get(sm.section))[0]) and route in full.rates
             } if held > 1 else set())  # fmt: skip
             note = ""
             if lacking:  # no other point takes its route: its own rate, and its transfer is no prediction
@@ -118,13 +121,38 @@ def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model
                           replace(opts, rates={**opts.rates, **{r: full.rates[r] for r in lacking}}))  # fmt: skip
                 note = (f"rate of {', '.join(lacking)} from this point itself (no other point takes that route): "
                         "its transfer is not a prediction")  # fmt: skip
-            rows_n = _compare(LOO, sub, pts, held, rest_gpus, held == gpus[-1])
+            try:
+                rows_n = _compare(LOO, sub, pts, held, rest_gpus, held == gpus[-1])
+            except Unidentified as exc:  # refused: say what the stated assumption would have given
+                why = f"{exc}{_assumed_errors(sub, pts, held, rest_gpus, own_rate=bool(note))}"
+                out.append(_failed(LOO, full, held, rest_gpus, why))
+                continue
             for r in rows_n:
                 r["note"] = note
             out += rows_n
         except (ProjectionError, KeyError) as exc:
             out.append(_failed(LOO, full, held, rest_gpus, str(exc)))
     return pd.DataFrame(out, columns=list(K.VALIDATION_COLUMNS))
+
+
+def _has_rate(model: Model, route: str) -> bool:
+    """Whether a route has a rate of its own in the model (given or fitted), not a neighbour's."""
+    return route in model.rates or (route.startswith(INTRA) and INTRA in model.rates)
+
+
+def _assumed_errors(sub: Model, pts: pd.DataFrame, held: int, rest: Sequence[int], own_rate: bool) -> str:
+    """The errors at the held-out point of the refused assumption (operators weighing as much as tiles, or
+    jitter 0), section ``all``, :data:`HEADLINE` metrics (not the transfer when it took the point's own
+    rate): what printing the refused number would have cost."""
+    try:
+        rows = _compare(LOO, sub, pts, held, rest, False, assumed=True)
+    except ProjectionError:
+        return ""
+    names = {K.SECTION_S: "time", K.TRANSFER_S: "transfer", K.WAIT_S: "wait", K.PE: "PE"}
+    errs = [f"{names[r['metric']]} {100 * r[K.REL_ERROR]:+.0f} %" for r in rows
+            if r[K.SECTION] == ALL and r["metric"] in HEADLINE and math.isfinite(r[K.REL_ERROR])
+            and not (own_rate and r["metric"] == K.TRANSFER_S)]  # fmt: skip
+    return f" (the assumption would miss it: {', '.join(errs)})" if errs else ""
 
 
 def misses(validation: pd.DataFrame, tolerance: float) -> pd.DataFrame:

@@ -23,12 +23,16 @@ from pnpscale.results.projection_base import (
     INTRA,
     Model,
     ProjectionError,
+    Unidentified,
+    _balanced,
     _bytes,
     _compute,
+    _counts,
     _nodes,
     _points,
     _row_algorithm,
     _row_nodes,
+    split_matters,
 )
 from pnpscale.results.projection_routes import _obs_route, rate_at
 from pnpscale.results.transfer import GB
@@ -39,6 +43,7 @@ def evaluate(
     gpus: Iterable[int],
     at: Mapping[int, tuple[int, Mapping[str, str]]] | None = None,
     past_cores: bool = False,
+    assumed: bool = False,
 ) -> pd.DataFrame:
     """The model's numbers at each N: one row per N x section plus section ``all``.
 
@@ -47,6 +52,10 @@ def evaluate(
         at: N -> (nodes, {section: algorithm}) to use instead of the model's (a measured point's own
             nodes and NCCL-logged algorithms: :func:`leave_one_out`, :func:`residuals`).
         past_cores: evaluate N past a CPU sweep's cores too (only to compare with a measured point).
+        assumed: evaluate the terms the fitted points cannot identify under the stated assumption (one
+            ``combined`` unit: operators weigh as much as tiles; no balanced point: jitter 0) where
+            :class:`Unidentified` would refuse them (only to show what that assumption would give against
+            a measured point: :func:`leave_one_out`).
 
     Returns:
         Columns :data:`pnpscale.columns.PROJECTION_COLUMNS` with MEASURED False (seconds per iteration).
@@ -54,6 +63,9 @@ def evaluate(
     Raises:
         ProjectionError: a route at some N with neither a measured nor a given rate; N past the cores
             of CPU ranks; an impossible number (a bug: C, T, W < 0 or LB, CommE, PE > 1).
+        Unidentified: a section whose fitted points never told an operator's compute from a tile's,
+            at an N where ranks hold unequal shares of the two; or a jitter never measured apart from
+            uneven work, at an N where every rank holds the same work (C_max and wait unknown there).
     """
     rows = []
     m, t = model.num_operators, model.num_tiles
@@ -64,6 +76,8 @@ def evaluate(
             raise ProjectionError(f"{model.problem} {model.mode} gpus={n}: more ranks than the {model.cores} cores "
                                   "they share: time-sharing is not modelled")  # fmt: skip
         nodes, algos = (at or {}).get(n, (_nodes(n, model.gpus_per_node), {}))
+        if not assumed:
+            _refuse_unidentified(model, n)
         per = []
         for sm in model.sections:
             c, cmax = _compute(sm, m, t, n)
@@ -97,6 +111,32 @@ def evaluate(
     out = pd.DataFrame(rows, columns=list(K.PROJECTION_COLUMNS))
     check_possible(out)
     return out
+
+
+def _refuse_unidentified(model: Model, n: int) -> None:
+    """Raise :class:`Unidentified` when a term the fitted points cannot identify sets C_max and wait at N."""
+    m, t = model.num_operators, model.num_tiles
+    for sm in model.sections:
+        if sm.jitter_unknown and _balanced(sm.units, m, t, n):
+            ops, tiles = _counts(m, n), _counts(t, n)
+            hint = next((k for k in range(2, 4 * max(model.fitted_gpus) + 2) if _balanced(sm.units, m, t, k)), None)
+            raise Unidentified(
+                f"{model.problem} {model.mode} {sm.section}: compute_max and wait at gpus={n} not projected: "
+                f"{sm.jitter_unknown}, and on {n} ranks every rank holds the same work ({ops[0]:g} of {m} "
+                f"operators, {tiles[0]:g} of {t} tiles), where the wait is jitter alone"
+                + (f"; measure a GPU count where the work is even (e.g. gpus={hint})" if hint else "")
+            )
+        if sm.unidentified and split_matters(m, t, n):
+            ops, tiles = _counts(m, n), _counts(t, n)
+            top = int(max(model.fitted_gpus))
+            hint = next((k for k in range(top + 1, 4 * top + 2) if split_matters(m, t, k)), None)
+            raise Unidentified(
+                f"{model.problem} {model.mode} {sm.section}: compute_max and wait at gpus={n} not projected: "
+                f"{sm.unidentified}, and on {n} ranks the shares differ (rank 0: {ops[0]:g} of {m} operators, "
+                f"{tiles[0]:g} of {t} tiles; rank {n - 1}: {ops[-1]:g}, {tiles[-1]:g}), where the critical path "
+                "depends on that split"
+                + (f"; measure a GPU count where they differ (e.g. gpus={hint}) to project past {top}" if hint else "")
+            )
 
 
 def _row(model: Model, n: int, nodes: int, section: str, c: float, cmax: float, tr: float, wait: float,

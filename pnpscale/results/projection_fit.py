@@ -109,6 +109,7 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
     sig_all = [v for vals in sigmas.values() for v in vals]
     sections: list[SectionModel] = []
     for name in names:
+        jitter_unknown = ""
         s = pts[pts[K.SECTION] == name].sort_values(K.GPUS)
         units = section_work(name)
         if sigmas[name]:
@@ -119,24 +120,33 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
             where = "the other sections' balanced points (it has none)"
         else:
             sigma, where = 0.0, "no balanced multi-GPU point: jitter not modelled"
+            jitter_unknown = (f"no fitted point ({', '.join(str(int(g)) for g in fitted)}) gives the ranks of any "
+                              "section the same work, so the jitter (same work, different finishing time) was never "
+                              "measured apart from the uneven work")  # fmt: skip
         coef, used = _fit_compute(s, units, m, t, sigma, options.tolerance, label)
+        unidentified = ""
         if used != units:
+            at = ", ".join(str(int(g)) for g in s[K.GPUS])
+            unidentified = (f"on the fitted points {at} every rank holds the same share of the {m} operators and "
+                            f"{t} tiles, so the fit cannot tell an operator's compute from a tile's")  # fmt: skip
             assumptions.append(
-                f"{name}: operators and tiles cannot be told apart on these points (every rank holds the same share "
-                "of both): one unit ops/M + tiles/T, the operators weighing as much as the tiles"
+                f"{name}: {unidentified}: one unit ops/M + tiles/T, exact at N where every rank holds the same "
+                "share of both; C_max and wait at any other N depend on the unknown split and are not projected"
             )
         multi = s[s[K.GPUS] > 1]
         payload = _payload(multi)
         if payload is None:
             raise ProjectionError(f"{label} {name}: no measured multi-GPU point with a payload: no transfer model")
-        sm = SectionModel(name, used, coef, 0.0, payload, sigma, 0.0)
+        sm = SectionModel(name, used, coef, 0.0, payload, sigma, 0.0, unidentified, jitter_unknown)
         sm.excess = _excess(multi, sm, m, t)
         sections.append(sm)
         parts = ", ".join(f"{u} {v:.4g} s" for u, v in zip(("fixed", *used), coef, strict=True))
         assumptions.append(
             f"{name}: compute per rank = {parts} (non-negative fit, weights 1/value); jitter σ = {sigma:.3g} "
             f"(from {where})" + (f"; wait beyond C_max − C: ψ = {sm.excess:.3g} x e(N)·C_max" if sm.excess else "")
-        )
+            + ("; C_max and wait at N where every rank holds the same work (jitter alone) are not projected"
+               if jitter_unknown else "")
+        )  # fmt: skip
     assumptions.append(
         "C_max = E[max_r μ_r·(1 + σ·Z_r)], Z_r independent standard normals (equal work: μ·(1 + σ·e(N)), e(N) "
         "the expected maximum of N standard normals); wait = uneven work + jitter = C_max − C (+ ψ·e(N)·C_max); "

@@ -14,11 +14,15 @@ seconds per measured iteration), optionally with an ``algorithm`` column (the on
   work: ``μ·(1 + σ_s·e(N))``, ``e(n)`` the expected maximum of n standard normals
   (:func:`pnpscale.results.jitter.expected_max_normal`; e(1) = 0, e(2) = 0.564, e(64) = 2.344).
   ``σ_s`` is the mean of ``(C_max/C − 1)/e(N)`` over the section's measured *balanced* points (every
-  rank the same work; N > 1); none: the mean over the other sections' balanced points, else 0 (stated).
+  rank the same work; N > 1); none: the mean over the other sections' balanced points, else 0 (stated),
+  and then C_max and wait at N where every rank holds the same work (jitter alone) are refused
+  (:class:`~pnpscale.results.projection_base.Unidentified`).
 * the fit — ``a, b, c`` by non-negative least squares (weights 1/value) on the measured ``C`` and
   ``C_max`` (:func:`pnpscale.results.jitter.nonnegative_lstsq`). When the points cannot tell ``b`` from
-  ``c`` apart (every rank holds the same share of both), one combined unit ``ops_r/M + tiles_r/T``: the
-  operators weigh as much as the tiles (stated; wrong when one dominates, which leave-one-out shows).
+  ``c`` apart (every rank holds the same share of both), one combined unit ``ops_r/M + tiles_r/T``: exact
+  at N where every rank holds the same share of both; at any other N the critical path depends on the
+  unknown split, so C_max and wait there are refused (:class:`~pnpscale.results.projection_base.Unidentified`,
+  naming the section, N, the fitted points and the ranks' shares), not guessed.
   Refused (naming the points) when the unconstrained fit needs a negative coefficient and the
   non-negative one misses a measured compute by more than the tolerance (default 10 %): points that
   scale faster than 1/N.
