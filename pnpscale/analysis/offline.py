@@ -38,6 +38,7 @@ import pandas as pd
 from pnpscale import columns as K
 from pnpscale import layout
 from pnpscale.analysis.anomalies import Anomalies, summary_lines
+from pnpscale.analysis.clocks import clock_conflicts, conflict_text
 from pnpscale.analysis.events import (
     SectionError,
     SectionRecord,
@@ -276,6 +277,8 @@ def analyze_traces(
         raise AnalyzeError(f"{exc}{hint}") from exc
     for inner, outer in nested.items():
         anomalies.add("nested_sections", None, f"{inner!r} inside {outer!r}")
+    for conflict in clock_conflicts(colls):
+        anomalies.add("rank_clocks_inconsistent", conflict.blamed, conflict_text(conflict))
     analysis = Analysis(ranks, colls, table, done, world, anomalies, nested, seen)
     if analysis.no_collectives:
         anomalies.add("no_collectives", None, no_collectives_text(done, world))
