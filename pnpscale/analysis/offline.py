@@ -60,6 +60,7 @@ from pnpscale.analysis.metrics import (
     summarize,
 )
 from pnpscale.analysis.tables import frames, table_writers
+from pnpscale.analysis.trace_cut import drop_unvouched_end
 from pnpscale.analysis.traces import (
     NotATraceError,
     TraceError,
@@ -262,6 +263,9 @@ def analyze_traces(
     try:
         unclosed = {t.rank: t.path.name for t in done if not t.info.end_marker}
         records = drop_cut_iterations(records, unclosed, anomalies)
+        unvouched = {t.rank: t.path.name for t in done if t.info.kineto_header and not t.info.end_marker
+                     and not t.info.profiler_span}  # fmt: skip
+        records = drop_unvouched_end(records, unvouched, anomalies)
         records = drop_bad_iterations(match_steps(records, anomalies), anomalies)
         nested = nested_sections(records)
         aligned = align_collectives(records)

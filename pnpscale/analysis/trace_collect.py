@@ -105,6 +105,7 @@ class _Collector:
         self.rt_launch = array("b")  # per runtime event: 1 when it puts work on the device (LAUNCH_CALL)
         self.rt_ext, self.op_ext = array("q"), array("q")  # External id of runtime events and operators (-1: none)
         self.end_marker = False  # Kineto's last event (END_MARKER) seen: the file was closed by Kineto
+        self.profiler_span = False  # Kineto's "PyTorch Profiler (N)" span seen: written after every activity
         self.last_start = -(1 << 62)  # the latest start (ns) of an event whose times were read
         self.missing_gpu: list[int] = []  # set by trace_select: launches whose GPU event is not in the file
         # other cpu_op operators (compute or c10d calls), for the time a thread is blocked on its collectives
@@ -188,6 +189,7 @@ class _Collector:
             return
         if cat not in CPU_CATS:
             if cat == "Trace" and str(ev.get("name", "")).startswith("PyTorch Profiler"):
+                self.profiler_span = True
                 times = self._times(ev)
                 if times is not None and times[2] is None:
                     self.window = (times[0], times[1])
