@@ -104,6 +104,7 @@ class _Collector:
         self.rt_corr, self.rt_start = array("q"), array("q")
         self.rt_launch = array("b")  # per runtime event: 1 when it puts work on the device (LAUNCH_CALL)
         self.rt_ext, self.op_ext = array("q"), array("q")  # External id of runtime events and operators (-1: none)
+        self.rt_tid, self.rt_end = array("q"), array("q")  # thread (-1: unknown) and end (ns) of runtime events
         self.end_marker = False  # Kineto's last event (END_MARKER) seen: the file was closed by Kineto
         self.profiler_span = False  # Kineto's "PyTorch Profiler (N)" span seen: written after every activity
         self.last_start = -(1 << 62)  # the latest start (ns) of an event whose times were read
@@ -180,9 +181,11 @@ class _Collector:
                     self._no_ts(ev)
                     return
                 ext = int_or_none((ev.get("args") or {}).get("External id"))
+                tid = int_or_none(ev.get("tid"))
                 self.add_runtime(
-                    corr, times[0], bool(LAUNCH_CALL.search(str(ev.get("name", "")))), -1 if ext is None else ext
-                )
+                    corr, times[0], bool(LAUNCH_CALL.search(str(ev.get("name", "")))), -1 if ext is None else ext,
+                    -1 if tid is None else tid, times[1],
+                )  # fmt: skip
             return
         if cat in GPU_CATS:
             self._add_gpu(ev)
@@ -232,10 +235,15 @@ class _Collector:
             return
         self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad, **fields))
 
-    def add_runtime(self, corr: int, start: int, launch: bool, ext: int = -1) -> None:
+    def add_runtime(
+        self, corr: int, start: int, launch: bool, ext: int = -1, tid: int = -1, end: int | None = None
+    ) -> None:
         """A runtime call with a correlation id (start in ns); ``launch``: it puts work on the device (LAUNCH_CALL);
-        ``ext``: its ``External id`` (the operator that issued it), -1 when absent."""
+        ``ext``: its ``External id`` (the operator that issued it), -1 when absent; ``tid``: its thread (-1:
+        unknown); ``end``: its end in ns (``start`` when unknown or not physical)."""
         self.rt_ext.append(ext)
+        self.rt_tid.append(tid)
+        self.rt_end.append(start if end is None or end < start else end)
         self.rt_corr.append(corr)
         self.rt_start.append(start)
         self.rt_launch.append(1 if launch else 0)
