@@ -85,30 +85,37 @@ def offset_bounds(
     >>> offset_bounds(c, 1, 0)[:2]  # rank 1 ends at 1.4, rank 0 at 1.5: o1 - o0 in [0.4 - 1.5, 1.4 - 1.0]
     (-1.1, 0.3999999999999999)
     """
-    none = (-np.inf, np.inf, None, None)
+    got = _bounds_against(collectives[collectives[K.RANK].isin([rank, other])], other)
+    return got.get(rank, (-np.inf, np.inf, None, None))
+
+
+_Bounds = tuple[float, float, "tuple[int, str, int] | None", "tuple[int, str, int] | None"]
+
+
+def _bounds_against(collectives: pd.DataFrame, ref: int) -> dict[int, _Bounds]:
+    """:func:`offset_bounds` of every other rank against ``ref`` at once (one pivot: O(ranks x collectives));
+    only ranks with a causal collective of the same type in common with ``ref``."""
     if collectives.empty or K.START_S not in collectives or K.COLLECTIVE not in collectives:
-        return none
-    c = collectives[collectives[K.RANK].isin([rank, other])]
-    c = c[c[K.COLLECTIVE].astype(str).isin(CAUSAL) & c[K.START_S].notna()]
-    a = c[c[K.RANK] == rank].set_index(_KEY)
-    b = c[c[K.RANK] == other].set_index(_KEY)
-    a, b = a[~a.index.duplicated()], b[~b.index.duplicated()]
-    both = a.index.intersection(b.index)
-    if not len(both):
-        return none
-    a, b = a.loc[both], b.loc[both]
-    same = a[K.COLLECTIVE].astype(str).to_numpy() == b[K.COLLECTIVE].astype(str).to_numpy()
-    if not same.any():
-        return none
-    a, b = a[same], b[same]
-    a_start, b_start = a[K.START_S].to_numpy(float), b[K.START_S].to_numpy(float)
-    a_end = a_start + a[K.DURATION_S].to_numpy(float)
-    b_end = b_start + b[K.DURATION_S].to_numpy(float)
-    upper = a_end - b_start  # o_rank - o_other <= end on rank - start on other
-    lower = a_start - b_end  # o_rank - o_other >= start on rank - end on other
-    i, j = int(np.argmin(upper)), int(np.argmax(lower))
-    at = [(int(x), str(s), int(q)) for x, s, q in a.index]
-    return float(lower[j]), float(upper[i]), at[j], at[i]
+        return {}
+    c = collectives[collectives[K.COLLECTIVE].astype(str).isin(CAUSAL) & collectives[K.START_S].notna()]
+    c = c.assign(**{K.SECTION: c[K.SECTION].astype(str), K.COLLECTIVE: c[K.COLLECTIVE].astype(str)})
+    c = c.drop_duplicates([*_KEY, K.RANK])
+    if c.empty or ref not in set(c[K.RANK].tolist()):
+        return {}
+    start = c.pivot(index=_KEY, columns=K.RANK, values=K.START_S).astype(float)
+    end = start + c.pivot(index=_KEY, columns=K.RANK, values=K.DURATION_S).astype(float)
+    kind = c.pivot(index=_KEY, columns=K.RANK, values=K.COLLECTIVE)
+    same = kind.eq(kind[ref], axis=0).to_numpy() & start.notna().to_numpy() & start[ref].notna().to_numpy()[:, None]
+    upper = np.where(same, end.to_numpy() - start[ref].to_numpy()[:, None], np.inf)  # <= end on r - start on ref
+    lower = np.where(same, start.to_numpy() - end[ref].to_numpy()[:, None], -np.inf)  # >= start on r - end on ref
+    at = [(int(x), str(sec), int(q)) for x, sec, q in start.index]
+    out: dict[int, _Bounds] = {}
+    for k, rank in enumerate(int(r) for r in start.columns):
+        if rank == ref or not same[:, k].any():
+            continue
+        i, j = int(np.argmin(upper[:, k])), int(np.argmax(lower[:, k]))
+        out[rank] = (float(lower[j, k]), float(upper[i, k]), at[j], at[i])
+    return out
 
 
 def clock_conflicts(collectives: pd.DataFrame, tolerance_s: float = TOLERANCE_S) -> list[ClockConflict]:
@@ -138,8 +145,7 @@ def clock_conflicts(collectives: pd.DataFrame, tolerance_s: float = TOLERANCE_S)
         return []
     ref = ranks[0]
     found: list[ClockConflict] = []
-    for r in ranks[1:]:
-        lo, hi, lo_at, hi_at = offset_bounds(collectives, r, ref)
+    for r, (lo, hi, lo_at, hi_at) in sorted(_bounds_against(collectives, ref).items()):
         if lo_at is not None and hi_at is not None and lo - hi > tolerance_s:
             found.append(ClockConflict(r, ref, lo, hi, lo_at, hi_at))
     blamed = _blamed([x.rank for x in found], ranks)
