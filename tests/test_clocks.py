@@ -183,7 +183,7 @@ def test_runtime_calls_across_their_threads_operators_are_refused_when_nothing_l
     another clock (kineto#1082): refused, naming it, instead of placing kernels by launches in the wrong section."""
     from pnpscale.analysis.traces import TraceError, read_trace
 
-    with pytest.raises(TraceError, match=r"runtime call\(s\) cross the start or end of an operator .*kineto#1082"):
+    with pytest.raises(TraceError, match=r"runtime call\(s\) cross the start or end of a CPU range .*kineto#1082"):
         read_trace(_linkless_trace(tmp_path / "rank0.json", shift_us), ["gradient"])
 
 
