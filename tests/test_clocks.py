@@ -196,7 +196,7 @@ def test_runtime_calls_inside_their_operators_are_read(tmp_path, shift_us):
     assert sum(1 for e in trace.events if e.name == "gradient") == 2
 
 
-def test_a_real_trace_nests_its_runtime_calls_in_its_operators() -> None:
+def test_a_real_trace_nests_its_runtime_calls_in_its_operators(shared_traces: Path) -> None:
     """HolisticTraceAnalysis' NCCL trace (8740 runtime calls): none crosses an operator of its thread at offset 0;
     shifted 5 us earlier, hundreds do (skipped without the shared traces)."""
     import gzip
@@ -205,11 +205,8 @@ def test_a_real_trace_nests_its_runtime_calls_in_its_operators() -> None:
     import numpy as np
 
     from pnpscale.analysis.trace_select import crossing_calls
-    from tests.helpers import ROOT
 
-    path = ROOT.parent.parent / "shared" / "traces" / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
-    if not path.exists():
-        pytest.skip(f"{path} absent")
+    path = shared_traces / "nccl_parser_config" / "nccl_data.json.gz"
     evs = [e for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"] if e.get("ph") == "X"]
     rt = [e for e in evs if e.get("cat") == "cuda_runtime"]
     ops = [e for e in evs if e.get("cat") == "cpu_op"]
