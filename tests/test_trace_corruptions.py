@@ -292,8 +292,8 @@ def cut_and_closed(job: Job, rng: random.Random) -> Corrupted:
     """A file cut short and then closed as valid JSON (the profiler killed while writing, the file completed by
     a tool): one rank's events end at some point of the order Kineto writes them in (the CPU events by start,
     the profiler's span, then the GPU events by start; ChromeTraceLogger), and Kineto's last event (``Record
-    Window End``) is gone. A CPU trace of one rank cut inside its last iteration cannot be told from a complete
-    one (README: trace contract): not applied."""
+    Window End``) is gone, and the span with it (a CPU trace of one rank, which no other rank vouches for, is
+    told cut by that: it holds Kineto's header but neither the span nor the marker, pnpscale/analysis/trace_cut.py)."""
     evs = copy.deepcopy(job.events)
     r = rng.randrange(job.spec.world)
     gpu = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -305,8 +305,7 @@ def cut_and_closed(job: Job, rng: random.Random) -> Corrupted:
     lo = n_cpu if n_cpu < len(body) and rng.random() < 0.7 else len(body) // 3
     cut = rng.randrange(lo, len(body))
     evs[r] = head + body[:cut]
-    return Corrupted(evs, named=frozenset({"trace_cut_short"}), refusals=("cut short",),
-                     applies=job.spec.backend == "nccl" or job.spec.world > 1)  # fmt: skip
+    return Corrupted(evs, named=frozenset({"trace_cut_short"}), refusals=("cut short",))
 
 
 def non_finite_token(job: Job, rng: random.Random) -> Corrupted:
@@ -476,3 +475,61 @@ def test_untyped_kernels_issued_in_another_order_are_matched_by_descriptor_type_
     by = {(row["rank"], row["collective"]): round(row["duration_s"] * 1e9) for _, row in c.iterrows()}
     assert by[(0, "broadcast")] == durations[0][0] and by[(1, "broadcast")] == durations[1][1]
     assert by[(0, "all_reduce")] == durations[0][1] and by[(1, "all_reduce")] == durations[1][0]
+
+
+def test_a_lone_cpu_trace_cut_inside_its_last_iteration_is_named_not_read_as_complete() -> None:
+    """One CPU rank, its file cut in Kineto's writing order and closed as valid JSON: no other rank vouches for
+    it, and its ranges are complete events, so a cut inside the last iteration silently lost that iteration's
+    last ``gloo:*`` work ranges (a smaller transfer). Kineto's header without its span or end marker tells the
+    cut: the last iteration is dropped and named (``trace_cut_short``: file, rank, iteration), the others exact,
+    or the cut refused when it leaves nothing."""
+    seen: list[str] = []
+
+    @settings(CORRUPTION, max_examples=12)
+    @given(spec=specs(backend="gloo", max_world=1), seed=st.integers(0, 2**32 - 1))
+    def prop(spec, seed):
+        job = simulate(spec)
+        bad = cut_and_closed(job, random.Random(seed))
+        seen.append(check_contract(job, bad))
+
+    prop()
+    assert "named" in seen, seen
+
+
+def _complete_cpu_job(world: int = 1) -> Job:
+    from tests.tracegen import Coll, Spec
+
+    plan = ((((Coll("all_reduce", 64, "Float", 3000),),),) * 3)
+    work = (((((5000, 4000),),) * 3),) * world
+    return simulate(Spec("gloo", world, ("gradient",), plan, work=work, kernels=(((((0, 0),),) * 3),) * world,
+                         gap=((((0,),) * 3),) * world, rank_skew_ns=(0,) * world, gpu_lag_ns=(0,) * world))  # fmt: skip
+
+
+@pytest.mark.parametrize("drop", ["marker", "marker_and_span_not_kineto"])
+def test_a_complete_lone_cpu_trace_that_kineto_did_not_close_is_read_exactly(drop: str) -> None:
+    """No false alarm: a complete one-rank CPU file without ``Record Window End`` but with Kineto's span (as
+    HolisticTraceAnalysis' sampled traces), or without span and marker and without Kineto's header (another
+    tool's trace), is read exactly with no anomaly."""
+    job = _complete_cpu_job()
+    evs = copy.deepcopy(job.events)
+    evs[0] = [e for e in evs[0] if e.get("name") != "Record Window End"]
+    if drop == "marker_and_span_not_kineto":
+        evs[0] = [e for e in evs[0] if e.get("cat") != "Trace"]
+        job.meta[0].pop("schemaVersion")
+    assert check_contract(job, Corrupted(evs, exact=True)) == "exact"
+
+
+def test_a_kineto_cpu_file_without_span_and_marker_drops_its_last_iteration_by_name(tmp_path: Path) -> None:
+    """The cost of the rule: a complete one-rank Kineto file stripped of both its span and its end marker cannot
+    be told from a cut one, so its last iteration is dropped, named with file, rank and iteration."""
+    job = _complete_cpu_job()
+    evs = copy.deepcopy(job.events)
+    evs[0] = [e for e in evs[0] if e.get("name") != "Record Window End" and e.get("cat") != "Trace"]
+    write(job, tmp_path / "job", events=evs)
+    code, err, out = analyse(tmp_path / "job", job.spec.sections)
+    assert code == 0, err
+    table, anomalies = results(out)
+    assert [(a["kind"], a["rank"]) for a in anomalies] == [("trace_cut_short", 0)]
+    assert "rank0.json: rank 0, iteration 2" in anomalies[0]["example"]
+    assert sorted(table[K.ITERATION]) == [0, 1]
+    assert_decomposition(job, table, iterations={0, 1})

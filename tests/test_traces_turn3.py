@@ -94,3 +94,29 @@ def test_kernels_overlapping_on_one_stream_are_refused_naming_them(tmp_path, cap
     assert code == 1 and not o.exists()
     assert "rank 1 iteration 0 section 'gradient'" in err
     assert "starts 10 us before 'void compute_kernel' ends on stream 7: a collective cannot overlap work" in err
+
+
+@pytest.mark.parametrize("case", ["ref", "skew"])
+def test_runtime_clock_skew_without_descriptors_or_external_id_is_refused_not_read_as_compute_0(
+    tmp_path, capsys, case
+):
+    """The skew case with its descriptors removed (no ``record_param_comms``/``nccl:*``; the case has no
+    ``External id``): nothing links a launch to what issued it, and read as it is compute is 0 with "anomalies:
+    none". Each compute launch, 11 us early, crosses the start of its section range on its own thread: refused
+    naming the call and kineto#1082. Without the skew the same stripped trace reads as the reference."""
+    docs = cases.build(case)
+    (tmp_path / "job").mkdir()
+    for r, doc in docs.items():
+        drop = ("record_param_comms", "nccl:all_reduce")
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if e["name"] not in drop]
+        (tmp_path / "job" / f"rank{r}.json").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    code = main([str(tmp_path / "job"), "--sections", "gradient,denoiser", "--out", str(out), "--jobs", "1"])
+    err = capsys.readouterr().err
+    if case == "ref":
+        assert code == 0, err
+        assert_reference(out)
+        return
+    assert code == 1 and not out.exists()
+    assert "rank0.json (rank 0): 6 runtime call(s) cross the start or end of a CPU range of their own thread" in err
+    assert "kineto#1082" in err

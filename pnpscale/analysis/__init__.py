@@ -6,7 +6,10 @@
   its parts: :mod:`~pnpscale.analysis.trace_files` (a file's bytes: gzip, head, tail keys, non-finite
   tokens, exact numbers), :mod:`~pnpscale.analysis.trace_scan` (the fast and the exact pass over a file),
   :mod:`~pnpscale.analysis.trace_collect` (what a pass keeps), :mod:`~pnpscale.analysis.trace_select`
-  (duplicates, runtime clock, device checks, the kept events);
+  (duplicates, runtime clock, device checks, the kept events); :mod:`~pnpscale.analysis.trace_cut` (a lone
+  rank's file Kineto began but did not finish: its last iteration);
+* :mod:`~pnpscale.analysis.clocks`: whether the ranks' clocks fit together, a causality bound from the
+  matched collectives (a clock that stepped during the trace);
 * :mod:`~pnpscale.analysis.gpu_checks`: physical checks of device events and the runtime clock;
 * :mod:`~pnpscale.analysis.anomalies`: what an analysis dropped, assumed or repaired, per kind;
 * :mod:`~pnpscale.analysis.nccl_log`: NCCL debug logs -> topology and algorithm per collective;

@@ -47,7 +47,12 @@ KINDS: dict[str, str] = {
     "GPU pipeline): clipped to its own section, so no GPU time is counted twice",
     "trace_cut_short": "a file Kineto did not close (no 'Record Window End': cut short, then completed by a "
     "tool) lost the end of its events (its last launches without their GPU event, fewer iterations or collectives "
-    "than another rank): the iterations it lost, or may have lost, dropped on every rank",
+    "than another rank, or, a lone CPU rank, Kineto's header without its span): the iterations it lost, or may "
+    "have lost, dropped on every rank",
+    "rank_clocks_inconsistent": "no constant offset between two ranks' clocks lets every causal collective "
+    "(all_reduce, all_gather, reduce_scatter, all_to_all, barrier) end after the other rank started it: a clock "
+    "stepped while the trace was recorded, or collectives matched across ranks are not the same ones; numbers "
+    "kept, those of the iterations between the two collectives named may be wrong",
     "nested_sections": "section nested in another: the 'all' row counts the outer section only",
     "step_not_on_every_rank": "ProfilerStep numbers missing on another rank: those steps dropped",
     "rank_overridden": "--rank given for a trace that states another rank: --rank used",

@@ -38,6 +38,7 @@ import pandas as pd
 from pnpscale import columns as K
 from pnpscale import layout
 from pnpscale.analysis.anomalies import Anomalies, summary_lines
+from pnpscale.analysis.clocks import clock_conflicts, conflict_text
 from pnpscale.analysis.events import (
     SectionError,
     SectionRecord,
@@ -59,6 +60,7 @@ from pnpscale.analysis.metrics import (
     summarize,
 )
 from pnpscale.analysis.tables import frames, table_writers
+from pnpscale.analysis.trace_cut import drop_unvouched_end
 from pnpscale.analysis.traces import (
     NotATraceError,
     TraceError,
@@ -261,6 +263,9 @@ def analyze_traces(
     try:
         unclosed = {t.rank: t.path.name for t in done if not t.info.end_marker}
         records = drop_cut_iterations(records, unclosed, anomalies)
+        unvouched = {t.rank: t.path.name for t in done if t.info.kineto_header and not t.info.end_marker
+                     and not t.info.profiler_span}  # fmt: skip
+        records = drop_unvouched_end(records, unvouched, anomalies)
         records = drop_bad_iterations(match_steps(records, anomalies), anomalies)
         nested = nested_sections(records)
         aligned = align_collectives(records)
@@ -276,6 +281,8 @@ def analyze_traces(
         raise AnalyzeError(f"{exc}{hint}") from exc
     for inner, outer in nested.items():
         anomalies.add("nested_sections", None, f"{inner!r} inside {outer!r}")
+    for conflict in clock_conflicts(colls):
+        anomalies.add("rank_clocks_inconsistent", conflict.blamed, conflict_text(conflict))
     analysis = Analysis(ranks, colls, table, done, world, anomalies, nested, seen)
     if analysis.no_collectives:
         anomalies.add("no_collectives", None, no_collectives_text(done, world))

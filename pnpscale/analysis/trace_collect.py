@@ -104,7 +104,9 @@ class _Collector:
         self.rt_corr, self.rt_start = array("q"), array("q")
         self.rt_launch = array("b")  # per runtime event: 1 when it puts work on the device (LAUNCH_CALL)
         self.rt_ext, self.op_ext = array("q"), array("q")  # External id of runtime events and operators (-1: none)
+        self.rt_tid, self.rt_end = array("q"), array("q")  # thread (-1: unknown) and end (ns) of runtime events
         self.end_marker = False  # Kineto's last event (END_MARKER) seen: the file was closed by Kineto
+        self.profiler_span = False  # Kineto's "PyTorch Profiler (N)" span seen: written after every activity
         self.last_start = -(1 << 62)  # the latest start (ns) of an event whose times were read
         self.missing_gpu: list[int] = []  # set by trace_select: launches whose GPU event is not in the file
         # other cpu_op operators (compute or c10d calls), for the time a thread is blocked on its collectives
@@ -179,15 +181,18 @@ class _Collector:
                     self._no_ts(ev)
                     return
                 ext = int_or_none((ev.get("args") or {}).get("External id"))
+                tid = int_or_none(ev.get("tid"))
                 self.add_runtime(
-                    corr, times[0], bool(LAUNCH_CALL.search(str(ev.get("name", "")))), -1 if ext is None else ext
-                )
+                    corr, times[0], bool(LAUNCH_CALL.search(str(ev.get("name", "")))), -1 if ext is None else ext,
+                    -1 if tid is None else tid, times[1],
+                )  # fmt: skip
             return
         if cat in GPU_CATS:
             self._add_gpu(ev)
             return
         if cat not in CPU_CATS:
             if cat == "Trace" and str(ev.get("name", "")).startswith("PyTorch Profiler"):
+                self.profiler_span = True
                 times = self._times(ev)
                 if times is not None and times[2] is None:
                     self.window = (times[0], times[1])
@@ -230,10 +235,15 @@ class _Collector:
             return
         self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad, **fields))
 
-    def add_runtime(self, corr: int, start: int, launch: bool, ext: int = -1) -> None:
+    def add_runtime(
+        self, corr: int, start: int, launch: bool, ext: int = -1, tid: int = -1, end: int | None = None
+    ) -> None:
         """A runtime call with a correlation id (start in ns); ``launch``: it puts work on the device (LAUNCH_CALL);
-        ``ext``: its ``External id`` (the operator that issued it), -1 when absent."""
+        ``ext``: its ``External id`` (the operator that issued it), -1 when absent; ``tid``: its thread (-1:
+        unknown); ``end``: its end in ns (``start`` when unknown or not physical)."""
         self.rt_ext.append(ext)
+        self.rt_tid.append(tid)
+        self.rt_end.append(start if end is None or end < start else end)
         self.rt_corr.append(corr)
         self.rt_start.append(start)
         self.rt_launch.append(1 if launch else 0)

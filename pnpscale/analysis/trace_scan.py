@@ -304,7 +304,9 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                                 launch = launches[rawname] = bool(LAUNCH_CALL.search(text(rawname)))
                             at = data.find(b'"External id"', body, e)
                             v = _INT_VALUE.match(data, at + 13) if at >= 0 else None
-                            collector.add_runtime(corr, start, launch, int(v.group(1)) if v is not None else -1)
+                            d = int(dur.replace(b".", b"")) if len(dur) > 4 and dur[-4] == 46 else _ns_text(dur)
+                            collector.add_runtime(corr, start, launch, int(v.group(1)) if v is not None else -1,
+                                                  int(tid), start + d)  # fmt: skip
                         continue
                     coll = collective.get((cat, rawname))
                     if coll is None:

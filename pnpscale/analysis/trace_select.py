@@ -261,10 +261,12 @@ def _clock_offset_from_operators(col: _Collector, anomalies: Anomalies, rank: in
     import numpy as np
 
     if not len(col.rt_ext) or not len(col.op_ext):
+        _refuse_crossing_calls(col, rank)
         return 0
     op_ext = np.frombuffer(col.op_ext, dtype=np.int64)
     linked = np.flatnonzero(op_ext >= 0)
     if not len(linked):
+        _refuse_crossing_calls(col, rank)
         return 0
     by_ext = linked[np.argsort(op_ext[linked], kind="stable")]
     keys = op_ext[by_ext]
@@ -273,6 +275,7 @@ def _clock_offset_from_operators(col: _Collector, anomalies: Anomalies, rank: in
     j = np.minimum(np.searchsorted(keys, rt_ext), len(keys) - 1)
     hit = (rt_ext >= 0) & (keys[j] == rt_ext)
     if not hit.any():
+        _refuse_crossing_calls(col, rank)
         return 0
     op = by_ext[j[hit]]
     start = np.frombuffer(col.op_start, dtype=np.int64)[op]
@@ -291,6 +294,90 @@ def _clock_offset_from_operators(col: _Collector, anomalies: Anomalies, rank: in
         len(col.rt_corr),
     )
     return off
+
+
+#: how far (ns) a runtime call must reach over a range's start or end to count as crossing it: a trace in whole
+#: microseconds rounds ts and dur apart (a start by up to 0.5 us, an end by up to 1 us); other traces keep ns
+CROSSING_SLACK_NS = 1000
+CROSSING_SLACK_FINE_NS = 100
+
+
+def crossing_calls(
+    call_tid: Any,
+    call_start: Any,
+    call_end: Any,
+    op_tid: Any,
+    op_start: Any,
+    op_end: Any,
+    slack_ns: int = CROSSING_SLACK_NS,
+) -> tuple[int, int, int]:
+    """Runtime calls that cross the start or end of a CPU range (operator, ``record_function`` range) of their
+    own thread by more than ``slack_ns``: ``(count, index of the first, the boundary it crosses in ns)``,
+    ``(0, -1, 0)`` when none. A thread's calls nest: a runtime call (a leaf, made while the thread's ranges are
+    open) lies inside a range or between two, never across a boundary, unless the runtime events are on another
+    clock than the ranges (kineto#1082). Arrays of int64 ns; threads -1 (unknown) are skipped.
+
+    >>> import numpy as np
+    >>> a = lambda *x: np.array(x, dtype=np.int64)
+    >>> crossing_calls(a(1, 1), a(1_000, 8_000), a(3_000, 12_000), a(1), a(0), a(10_000))  # [8, 12] us crosses 10
+    (1, 1, 10000)
+    >>> crossing_calls(a(1), a(1_000), a(3_000), a(1), a(0), a(10_000))
+    (0, -1, 0)
+    """
+    import numpy as np
+
+    count, first, boundary = 0, -1, 0
+    for tid in np.intersect1d(np.unique(call_tid[call_tid >= 0]), np.unique(op_tid)).tolist():
+        bounds = np.sort(np.concatenate([op_start[op_tid == tid], op_end[op_tid == tid]]))
+        idx = np.flatnonzero(call_tid == tid)
+        lo = np.searchsorted(bounds, call_start[idx] + slack_ns, side="right")
+        hi = np.searchsorted(bounds, call_end[idx] - slack_ns, side="left")
+        crossing = idx[lo < hi]
+        if len(crossing):
+            count += len(crossing)
+            i = int(crossing[0])
+            if first < 0 or call_start[i] < call_start[first]:
+                first = i
+                boundary = int(bounds[np.searchsorted(bounds, call_start[i] + slack_ns, side="right")])
+    return count, first, boundary
+
+
+def _refuse_crossing_calls(col: _Collector, rank: int | None) -> None:
+    """Refuse a trace whose runtime calls cross its CPU ranges (``cpu_op`` operators and section ranges:
+    :func:`crossing_calls`, by more than 1 us in a trace of whole microseconds, 0.1 us otherwise) when nothing links
+    a call to what issued it (no collective descriptor fits, no ``External id``): the runtime clock differs from the CPU
+    ranges' and its offset cannot be found, so launches, and the kernels placed by them, would fall into the
+    wrong section.
+
+    Raises:
+        TraceError: naming the file, rank, the count and the first crossing call.
+    """
+    import numpy as np
+
+    ranges = [e for e in col.sections if e.bad is None]
+    if not len(col.rt_tid) or not (len(col.op_tid) or ranges):
+        return
+    tid = np.frombuffer(col.rt_tid, dtype=np.int64)
+    start = np.frombuffer(col.rt_start, dtype=np.int64)
+    end = np.frombuffer(col.rt_end, dtype=np.int64)
+    ops = [
+        np.concatenate([np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64),
+                        np.array([getattr(e, f) for e in ranges], dtype=np.int64)])
+        for a, f in ((col.op_tid, "tid"), (col.op_start, "start_ns"), (col.op_end, "end_ns"))
+    ]  # fmt: skip
+    whole_us = all(not (x % 1000).any() for x in (start, end, ops[1], ops[2]))
+    slack = CROSSING_SLACK_NS if whole_us else CROSSING_SLACK_FINE_NS
+    n, i, at = crossing_calls(tid, start, end, ops[0], ops[1], ops[2], slack_ns=slack)
+    if not n:
+        return
+    who = "" if rank is None else f" (rank {rank})"
+    raise TraceError(
+        f"{col.path}{who}: {n} runtime call(s) cross the start or end of a CPU range of their own thread (e.g. the "
+        f"call of correlation {col.rt_corr[i]} on thread {tid[i]}, [{start[i]}, {end[i]}] ns, across a range "
+        f"boundary at {at} ns): the runtime events are on another clock than the CPU ranges (kineto#1082), and the "
+        f"trace links no call to what issued it (no collective descriptor that fits, no 'External id'), so the "
+        f"offset cannot be found and launches would fall into the wrong sections"
+    )
 
 
 def _faults(col: _Collector, launch_of: Any) -> list[str | None]:

@@ -76,9 +76,13 @@ class TraceInfo:
         gpu_events, runtime_events, descriptors: device events, runtime launches (with a correlation)
             and collective descriptors (``record_param_comms``, ``nccl:*``...) in the trace.
         unknown_categories: ``X`` events of categories not read, per category (most frequent first).
-        end_marker: the file ends with Kineto's last event (``Record Window End``): Kineto closed it, so it was
-            not cut short. last_ns: the latest start among the events whose times were read (ns, the events'
-            clock), ``None`` when none.
+        end_marker: the file ends with Kineto's last event (``Record Window End``): Kineto closed it, so it
+            was not cut short. profiler_span: the file holds Kineto's ``PyTorch Profiler (N)`` span (category
+            ``Trace``), which Kineto writes after the activities (``processCpuTrace`` ends with it; its
+            in-memory logger replays it after every activity): the activities were all written. kineto_header:
+            the file starts as Kineto starts one (``schemaVersion``, written before the events by
+            ``ChromeTraceLogger::handleTraceStart``). last_ns: the latest start among the events whose times
+            were read (ns, the events' clock), ``None`` when none.
     """
 
     path: Path
@@ -97,6 +101,8 @@ class TraceInfo:
     unknown_categories: tuple[tuple[str, int], ...] = ()
     end_marker: bool = False
     last_ns: int | None = None
+    profiler_span: bool = False
+    kineto_header: bool = False
 
 
 @dataclass(frozen=True)
@@ -267,6 +273,8 @@ def read_trace(
         descriptors=sum(1 for e in collector.cpu if is_descriptor(e.name)),
         unknown_categories=tuple(collector.unknown_categories.most_common()),
         end_marker=collector.end_marker,
+        profiler_span=collector.profiler_span,
+        kineto_header="schemaVersion" in meta,
         last_ns=collector.last_start + (int(base) if base is not None else 0)
         if collector.last_start > -(1 << 62)
         else None,
