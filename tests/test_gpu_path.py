@@ -23,8 +23,9 @@ import torch.distributed as dist
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.analysis.events import Event, Kind, SectionError, rank_rows, section_records
+from pnpscale.analysis.events import Event, Kind, SectionError, rank_rows
 from pnpscale.analysis.metrics import DecompositionError, decompose
+from pnpscale.analysis.sections import section_records
 from pnpscale.analysis.tables import frames
 from pnpscale.rank import group, loop, process
 from pnpscale.rank.profiling import IncompleteTrace, check_trace_complete
@@ -574,7 +575,7 @@ def test_a_collective_on_the_copy_engines_is_named_in_the_refusal():
     rng = Event("denoiser", Kind.CPU, 0, 100 * US)
     copy = Event("Memcpy PtoP (Device -> Device)", Kind.GPU, 10 * US, 50 * US, launch_ns=5 * US)
     with pytest.raises(SectionError, match=r"1 memcpy\(s\) \(e\.g\. 'Memcpy PtoP .*copy engines"):
-        from pnpscale.analysis.events import cuda_section_span
+        from pnpscale.analysis.section_gpu import cuda_section_span
 
         cuda_section_span(rng, [copy], 1, 0, 3)
 
