@@ -339,9 +339,9 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from pnpscale.core.signals import preserved
+    from pnpscale.rank.gpus import NODE_GPUS_ENV
     from pnpscale.rank.process import (
         LAUNCH_T0_ENV,
-        NODE_GPUS_ENV,
         PARENT_PID_ENV,
         in_environment,
         kineto_config_env,
@@ -433,10 +433,10 @@ def rank_start_method() -> str:
 
 
 def node_gpus(environ: Any) -> str:
-    """The GPUs this machine's ranks share out (:data:`pnpscale.rank.process.NODE_GPUS_ENV`): this
+    """The GPUs this machine's ranks share out (:data:`pnpscale.rank.gpus.NODE_GPUS_ENV`): this
     process's ``CUDA_VISIBLE_DEVICES`` when set, else ``0..n-1`` for the ``n`` CUDA devices torch sees
     (``""`` without CUDA). Local rank ``r`` is then bound to entry ``r mod n``
-    (:func:`pnpscale.rank.process.bind_gpu`), so each rank opens a context on its own GPU only."""
+    (:func:`pnpscale.rank.gpus.bind_gpu`), so each rank opens a context on its own GPU only."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return ",".join(g.strip() for g in visible.split(",") if g.strip())

@@ -518,11 +518,11 @@ def bind_task_gpu(environ: Any) -> str | None:
 
     SLURM gives every task of a job the node's GPUs (``CUDA_VISIBLE_DEVICES=0,1,2,3`` with
     ``--gpus-per-node``): task ``SLURM_LOCALID`` keeps entry ``SLURM_LOCALID mod n``
-    (:func:`pnpscale.rank.process.bind_gpu`); a task SLURM bound to one GPU already keeps it; without
+    (:func:`pnpscale.rank.gpus.bind_gpu`); a task SLURM bound to one GPU already keeps it; without
     ``CUDA_VISIBLE_DEVICES`` the node's GPUs are counted by NVML (no CUDA initialisation). Returns the
     binding, ``None`` when nothing changed.
     """
-    from pnpscale.rank.process import bind_gpu, nvml_device_count
+    from pnpscale.rank.gpus import bind_gpu, nvml_device_count
 
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     count = nvml_device_count() if visible is None else None
