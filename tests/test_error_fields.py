@@ -42,8 +42,9 @@ def test_errors_carry_the_facts_their_readers_need_as_fields():
     import pytest
 
     from pnpscale import columns as K
-    from pnpscale.analysis.events import SectionError, section_records
+    from pnpscale.analysis.events import SectionError
     from pnpscale.analysis.metrics import DecompositionError, NoMeasuredIteration, summarize
+    from pnpscale.analysis.sections import section_records
     from pnpscale.core.errors import UnreadableFile
     from pnpscale.results.runs import read_table
 
@@ -64,9 +65,10 @@ def test_the_root_cause_is_chosen_on_the_records_before_any_words():
     from pnpscale.cluster.local import root_failure
     from pnpscale.cluster.slurm import ranks_by_cause
 
-    worded = {0: (5, "RuntimeError: Connection closed by peer"), 1: (6, "InputError: Connection reset by peer")}
-    assert root_failure(worded, 2) == 0 and root_failure(worded, 2, own={1}) == 1
-    errors = {0: "RuntimeError: odd", 1: "InputError: dist.timeout_s=1 timed out"}
+    closed = "RuntimeError: [/g/pair.cc:561] Connection closed by peer [127.0.0.1]:5. This is typically caused"
+    worded = {0: (5, closed), 1: (6, "InputError: " + closed.split(": ", 1)[1])}
+    assert root_failure(worded, 2) == 0 and root_failure(worded, 2, records={1: {"own": True}}) == 1
+    errors = {0: "RuntimeError: odd", 1: "InputError: [/g/unbound_buffer.cc:78] Timed out waiting 1000ms for recv"}
     records = {0: {"kind": TIMEOUT, "own": False}, 1: {"kind": "InputError", "own": True}}
-    assert ranks_by_cause(errors) == [0, 1]  # by the words alone: rank 1 reads as an echo
+    assert ranks_by_cause(errors) == [0, 1]  # by the words alone: rank 1 reads as an echo (gloo's timeout)
     assert ranks_by_cause(errors, records) == [1, 0]  # by the records: rank 0 timed out waiting for rank 1

@@ -23,8 +23,9 @@ import torch.distributed as dist
 
 from pnpscale import columns as K
 from pnpscale import layout
-from pnpscale.analysis.events import Event, Kind, SectionError, rank_rows, section_records
+from pnpscale.analysis.events import Event, Kind, SectionError, rank_rows
 from pnpscale.analysis.metrics import DecompositionError, decompose
+from pnpscale.analysis.sections import section_records
 from pnpscale.analysis.tables import frames
 from pnpscale.rank import group, loop, process
 from pnpscale.rank.profiling import IncompleteTrace, check_trace_complete
@@ -401,7 +402,7 @@ def test_a_launched_local_rank_is_not_a_bad_fork_and_is_bound_to_its_gpu(tmp_pat
 
 
 def test_gpu_binding_rules():
-    from pnpscale.rank.process import gpu_binding
+    from pnpscale.rank.gpus import gpu_binding
 
     assert [gpu_binding(r, "0,1,2,3") for r in range(5)] == ["0", "1", "2", "3", "0"]
     assert gpu_binding(1, " 2, 3 ") == "3"
@@ -411,19 +412,19 @@ def test_gpu_binding_rules():
 
 def test_slurm_task_binding_by_local_id(monkeypatch):
     from pnpscale.cluster import slurm
-    from pnpscale.rank import process
+    from pnpscale.rank import gpus
 
     env = {"SLURM_LOCALID": "2", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-    monkeypatch.delenv(process.GPU_BINDING_ENV, raising=False)
+    monkeypatch.delenv(gpus.GPU_BINDING_ENV, raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     assert slurm.bind_task_gpu(env) == "2"
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2" and os.environ[process.GPU_BINDING_ENV] == "2"
-    monkeypatch.setattr(process, "nvml_device_count", lambda: None)  # no NVML: nothing known, nothing bound
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2" and os.environ[gpus.GPU_BINDING_ENV] == "2"
+    monkeypatch.setattr(gpus, "nvml_device_count", lambda: None)  # no NVML: nothing known, nothing bound
     assert slurm.bind_task_gpu({"SLURM_LOCALID": "1"}) is None
 
 
 def test_a_binding_that_did_not_take_is_refused():
-    from pnpscale.rank.process import check_binding
+    from pnpscale.rank.gpus import check_binding
 
     check_binding("1", 1, 0)
     with pytest.raises(RuntimeError, match=r"rank 3: bound to GPU 1 .* sees 4 GPUs: CUDA was initialised"):
@@ -574,7 +575,7 @@ def test_a_collective_on_the_copy_engines_is_named_in_the_refusal():
     rng = Event("denoiser", Kind.CPU, 0, 100 * US)
     copy = Event("Memcpy PtoP (Device -> Device)", Kind.GPU, 10 * US, 50 * US, launch_ns=5 * US)
     with pytest.raises(SectionError, match=r"1 memcpy\(s\) \(e\.g\. 'Memcpy PtoP .*copy engines"):
-        from pnpscale.analysis.events import cuda_section_span
+        from pnpscale.analysis.section_gpu import cuda_section_span
 
         cuda_section_span(rng, [copy], 1, 0, 3)
 

@@ -11,7 +11,7 @@ import pytest
 
 from pnpscale import columns as K
 from pnpscale.analysis.anomalies import Anomalies
-from pnpscale.analysis.events import Event, Kind, align_collectives, rank_rows, section_records
+from pnpscale.analysis.events import Event, Kind, rank_rows
 from pnpscale.analysis.metrics import check_invariants, decompose, summarize
 from pnpscale.analysis.offline import ANALYSIS_JSON, main
 from pnpscale.analysis.overlap import (
@@ -22,6 +22,8 @@ from pnpscale.analysis.overlap import (
     split_blocked,
     waited,
 )
+from pnpscale.analysis.section_align import align_collectives
+from pnpscale.analysis.sections import section_records
 from pnpscale.analysis.tables import frames
 from tests.test_traces import X, kernel, launch, write_trace
 

@@ -379,7 +379,7 @@ def _snapshot(folder):
 
 
 def test_command_refuses_bad_input_with_exit_code_2(tmp_path, capsys):
-    from pnpscale.results.projection import main
+    from pnpscale.results.projection_command import main
 
     assert main([str(tmp_path / "nowhere"), "--gpus", "8"]) == 2
     assert "no such directory" in capsys.readouterr().err
@@ -391,7 +391,7 @@ def test_command_refuses_bad_input_with_exit_code_2(tmp_path, capsys):
 
 def test_command_projects_each_variant_of_a_sweep(tmp_path, capsys, many_cores):
     from pnpscale import layout
-    from pnpscale.results.projection import main
+    from pnpscale.results.projection_command import main
     from tests.test_compare import write_collective_sweep
 
     root = write_collective_sweep(tmp_path / "sweep")
@@ -415,7 +415,7 @@ def test_command_projects_each_variant_of_a_sweep(tmp_path, capsys, many_cores):
 
 
 def test_command_on_cpu_runs_refuses_past_the_cores(tmp_path, capsys):
-    from pnpscale.results.projection import main
+    from pnpscale.results.projection_command import main
     from tests.test_compare import write_collective_sweep
 
     root = write_collective_sweep(tmp_path / "sweep")
@@ -426,7 +426,7 @@ def test_command_on_cpu_runs_refuses_past_the_cores(tmp_path, capsys):
 
 def test_failed_command_leaves_the_report_as_it_was(tmp_path, capsys, many_cores):
     from pnpscale import layout
-    from pnpscale.results.projection import main
+    from pnpscale.results.projection_command import main
     from pnpscale.results.report import write_report
     from tests.test_compare import write_collective_sweep
 
@@ -469,7 +469,7 @@ def test_rebuilding_the_report_keeps_a_users_projection(tmp_path, capsys, many_c
     import json
 
     from pnpscale import layout
-    from pnpscale.results.projection import main
+    from pnpscale.results.projection_command import main
     from pnpscale.results.report import write_report
     from tests.test_compare import write_collective_sweep
 
@@ -498,7 +498,7 @@ def test_rebuilding_the_report_keeps_a_users_projection(tmp_path, capsys, many_c
 
 def test_one_gpu_count_writes_nothing(tmp_path, capsys):
     from pnpscale import layout
-    from pnpscale.results.projection import main
+    from pnpscale.results.projection_command import main
     from tests.test_compare import write_collective_sweep
 
     root = write_collective_sweep(tmp_path / "sweep", gpus=(2,))
@@ -612,7 +612,7 @@ def test_pipelined_variant_projected_with_the_held_hidden_share(overlap_sweep, m
 
 
 def test_command_prints_both_crossovers(overlap_sweep, tmp_path, capsys, many_cores):
-    from pnpscale.results.projection import main
+    from pnpscale.results.projection_command import main
     from pnpscale.results.projection_overlap import NO_PIPELINED
 
     assert main([str(overlap_sweep), "--gpus", "16,64", "--out", str(tmp_path / "out")]) == 0

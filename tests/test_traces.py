@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pnpscale.analysis.events import Kind, section_records
+from pnpscale.analysis.events import Kind
+from pnpscale.analysis.sections import section_records
 from pnpscale.analysis.traces import TraceError, comm_fields, parse_sections, read_header, read_trace
 
 BASE_NS = 1_790_000_000_000_000_000  # a baseTimeNanoseconds

@@ -1,7 +1,14 @@
 """Stage 3 (floor 1), analysis: profiler events -> per-section records -> the POP decomposition (pure, no torch).
 
 * :mod:`~pnpscale.analysis.kineto`: the Kineto vocabulary (event categories, NCCL/gloo names, dtypes);
-* :mod:`~pnpscale.analysis.events`: plain events and their reduction to section records;
+* :mod:`~pnpscale.analysis.events`: plain events and section records (and a rank's rows of them);
+* :mod:`~pnpscale.analysis.sections`: one rank's events -> its section records; its parts:
+  :mod:`~pnpscale.analysis.section_gpu` (CUDA: collective kernels, launches, descriptors, section spans),
+  :mod:`~pnpscale.analysis.section_gloo` (gloo work ranges typed by their ``c10d::`` calls),
+  :mod:`~pnpscale.analysis.section_busy` (where a rank computes: each collective's blocked and hidden time);
+* :mod:`~pnpscale.analysis.section_align`: collectives matched across ranks, nested sections;
+* :mod:`~pnpscale.analysis.section_iterations`: the iterations kept on every rank (by ``ProfilerStep``,
+  without non-physical events, without what a file cut short lost);
 * :mod:`~pnpscale.analysis.traces`: streaming reader of Kineto JSON traces (offline);
   its parts: :mod:`~pnpscale.analysis.trace_files` (a file's bytes: gzip, head, tail keys, non-finite
   tokens, exact numbers), :mod:`~pnpscale.analysis.trace_scan` (the fast and the exact pass over a file),

@@ -13,8 +13,8 @@ ranks present, e.g. a sampled pair of a 128-rank job). Sections are range names,
 ``NAME=PATTERN`` (``step=ProfilerStep#*``).
 
 The traces are streamed (:mod:`pnpscale.analysis.traces`), reduced per rank to section records
-(:func:`pnpscale.analysis.events.section_records`), matched across ranks
-(:func:`pnpscale.analysis.events.align_collectives`), and decomposed by the live run's own code
+(:func:`pnpscale.analysis.sections.section_records`), matched across ranks
+(:func:`pnpscale.analysis.section_align.align_collectives`), and decomposed by the live run's own code
 (:func:`pnpscale.analysis.tables.frames`, :func:`pnpscale.analysis.metrics.decompose`). ``ranks.parquet``,
 ``collectives.parquet``, ``sections.parquet`` and ``timeline.json`` (:mod:`pnpscale.analysis.timeline`) are
 written together (:func:`pnpscale.layout.commit_files`), then ``analysis.json`` (provenance and run metrics; not
@@ -39,17 +39,7 @@ from pnpscale import columns as K
 from pnpscale import layout
 from pnpscale.analysis.anomalies import Anomalies, summary_lines
 from pnpscale.analysis.clocks import clock_conflicts, conflict_text
-from pnpscale.analysis.events import (
-    SectionError,
-    SectionRecord,
-    align_collectives,
-    drop_bad_iterations,
-    drop_cut_iterations,
-    match_steps,
-    nested_sections,
-    rank_rows,
-    section_records,
-)
+from pnpscale.analysis.events import SectionError, SectionRecord, rank_rows
 from pnpscale.analysis.kineto import END_MARKER, GPU_CATS
 from pnpscale.analysis.metrics import (
     DecompositionError,
@@ -59,6 +49,9 @@ from pnpscale.analysis.metrics import (
     run_metrics,
     summarize,
 )
+from pnpscale.analysis.section_align import align_collectives, nested_sections
+from pnpscale.analysis.section_iterations import drop_bad_iterations, drop_cut_iterations, match_steps
+from pnpscale.analysis.sections import section_records
 from pnpscale.analysis.tables import frames, table_writers
 from pnpscale.analysis.trace_cut import drop_unvouched_end
 from pnpscale.analysis.traces import (
@@ -224,10 +217,10 @@ def analyze_traces(
 ) -> Analysis:
     """Stream each rank's trace, reduce it to section records, match collectives, decompose.
 
-    Steps are matched by ``ProfilerStep#N`` number (:func:`pnpscale.analysis.events.match_steps`);
+    Steps are matched by ``ProfilerStep#N`` number (:func:`pnpscale.analysis.section_iterations.match_steps`);
     iterations holding a non-physical event are dropped on every rank
-    (:func:`pnpscale.analysis.events.drop_bad_iterations`); nested sections are found
-    (:func:`pnpscale.analysis.events.nested_sections`). Everything dropped, assumed or repaired is
+    (:func:`pnpscale.analysis.section_iterations.drop_bad_iterations`); nested sections are found
+    (:func:`pnpscale.analysis.section_align.nested_sections`). Everything dropped, assumed or repaired is
     in ``Analysis.anomalies``.
 
     Args:

@@ -2,7 +2,7 @@
 
 The offline twin of :mod:`pnpscale.rank.profiling`: a trace of any job (``*.json`` or ``*.json.gz``,
 told apart by content, not name) is read event by event with ``ijson`` and only what
-:func:`pnpscale.analysis.events.section_records` needs is kept, so traces of hundreds of MB per rank never
+:func:`pnpscale.analysis.sections.section_records` needs is kept, so traces of hundreds of MB per rank never
 sit whole in memory:
 
 * section ranges: CPU ranges (``cpu_op``/``user_annotation``) whose name matches a section pattern,
@@ -216,7 +216,7 @@ def read_trace(
         path: ``.json`` or ``.json.gz`` Kineto trace.
         sections: section name -> name pattern (:func:`parse_sections`), or a list of exact names.
         keep_all_gpu: keep every GPU event instead of the two per section occurrence that give
-            the same :func:`pnpscale.analysis.events.section_records` result (for checks; uses more memory).
+            the same :func:`pnpscale.analysis.sections.section_records` result (for checks; uses more memory).
         anomalies, rank: where to record anomalies, and the rank to record them under.
 
     Returns:

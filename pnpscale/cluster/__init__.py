@@ -3,6 +3,8 @@
 * :mod:`~pnpscale.cluster.base`: the :class:`~pnpscale.cluster.base.Cluster` interface (an ABC);
 * :mod:`~pnpscale.cluster.local`: ranks on this machine (torch.distributed elastic);
 * :mod:`~pnpscale.cluster.exits`: how each local rank ended, as the launcher saw it (order, signal);
+* :mod:`~pnpscale.cluster.peer_errors`: which rank's failure is the echo of another's (its failure record
+  first; gloo's and NCCL's exact words in one function after);
 * :mod:`~pnpscale.cluster.slurm`: one SLURM task per rank (submitit), pure sbatch builders;
 * :mod:`~pnpscale.cluster.resources`: will a local point fit in this machine's memory?
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from pnpscale import layout
 from pnpscale.cluster import resources
 from pnpscale.cluster.base import Cluster
 from pnpscale.cluster.exits import RankExit
+from pnpscale.cluster.peer_errors import PEER_LOST, echo_kind
 from pnpscale.core.config import RunSpec
 from pnpscale.core.errors import TIMEOUT, PnpscaleError
 from pnpscale.core.record import clear_rank_failures, read_rank_failures
@@ -339,9 +339,9 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from pnpscale.core.signals import preserved
+    from pnpscale.rank.gpus import NODE_GPUS_ENV
     from pnpscale.rank.process import (
         LAUNCH_T0_ENV,
-        NODE_GPUS_ENV,
         PARENT_PID_ENV,
         in_environment,
         kineto_config_env,
@@ -381,9 +381,9 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         seen = {r: (f.timestamp, _failure_message(f)) for r, f in exc.failures.items()}
         recorded = _recorded_errors(log_dir)
         known = {**recorded, **seen}
-        own = {r for r, f in read_rank_failures(log_dir.parent, nprocs).items() if f.get("own")}
+        records = read_rank_failures(log_dir.parent, nprocs)
         exits = watch.exits()
-        rank = root_failure(known, nprocs, exits, own)
+        rank = root_failure(known, nprocs, exits, records)
         message = known[rank][1] if rank in known else silent_death(exits.get(rank))
         failures = {r: m for r, (_, m) in known.items()} | ({} if rank in known else {rank: message})
         raise RankFailed(rank, message, _rank_log(log_dir, rank), failures) from None
@@ -433,26 +433,16 @@ def rank_start_method() -> str:
 
 
 def node_gpus(environ: Any) -> str:
-    """The GPUs this machine's ranks share out (:data:`pnpscale.rank.process.NODE_GPUS_ENV`): this
+    """The GPUs this machine's ranks share out (:data:`pnpscale.rank.gpus.NODE_GPUS_ENV`): this
     process's ``CUDA_VISIBLE_DEVICES`` when set, else ``0..n-1`` for the ``n`` CUDA devices torch sees
     (``""`` without CUDA). Local rank ``r`` is then bound to entry ``r mod n``
-    (:func:`pnpscale.rank.process.bind_gpu`), so each rank opens a context on its own GPU only."""
+    (:func:`pnpscale.rank.gpus.bind_gpu`), so each rank opens a context on its own GPU only."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return ",".join(g.strip() for g in visible.split(",") if g.strip())
     from pnpscale.cluster.resources import cuda_device_count
 
     return ",".join(str(i) for i in range(cuda_device_count()))
-
-
-#: errors a rank raises because another rank died (gloo/NCCL losing its peer): never the root cause. These
-#: are gloo's and NCCL's own texts, raised as a plain ``RuntimeError`` (no type tells them), so only they are
-#: read, and never for an error pnpscale raised itself (``own`` in the rank's failure record).
-_PEER_LOST = re.compile(
-    r"Connection closed by peer|Connection reset by peer|remote worker crash|remote process exit|"
-    r"communicator was aborted|NCCL error.*remote",
-    re.IGNORECASE,
-)
 
 
 #: The error of a rank that left no error behind while its peers lost their connection to it.
@@ -482,15 +472,18 @@ def root_failure(
     failures: dict[int, tuple[int, str]],
     world: int | None = None,
     exits: dict[int, RankExit] | None = None,
-    own: Iterable[int] = (),
+    records: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> int:
     """The rank whose failure caused the others.
 
     The rule, in order:
 
-    1. a rank that raised an error of its own (recorded as pnpscale's own in ``own``, whatever its words;
-       or not a lost peer: :data:`_PEER_LOST`), the earliest (by the
-       error's timestamp, then the order in which the ranks ended, then the rank);
+    1. a rank whose error is not the echo of a lost peer (:func:`pnpscale.cluster.peer_errors.echo_kind`: on its
+       failure record first, pnpscale's own error or an error of a class no transport raises being a cause
+       whatever its words; a transport error's words, or those of a rank without a record, against gloo's and
+       NCCL's exact texts), the earliest (by the error's timestamp, then the order in which the ranks ended,
+       then the rank); a timeout is such a cause (:func:`hung_message` then names the rank that did not
+       arrive);
     2. else the rank that ended first as the launcher saw it (``exits``: :class:`pnpscale.cluster.exits.ExitWatch`)
        without recording an error: killed (SIGKILL, the OOM killer) or crashed; its peers failed with a lost
        peer after it, and the ranks the agent stopped ended after them (a rank that exited 0 is not one);
@@ -502,25 +495,26 @@ def root_failure(
         failures: rank -> (timestamp in s, message), every failure known (error files, torch elastic's report).
         world: the ranks of the run (``0..world-1``), when known.
         exits: rank -> how it ended, as the launcher saw it, when known.
-        own: ranks whose failure record says pnpscale raised the error itself (a cause, whatever its words).
+        records: rank -> its failure record (:func:`pnpscale.core.record.read_rank_failures`), when it wrote one.
 
-    >>> root_failure({0: (5, "RuntimeError: Connection closed by peer [127.0.0.1]:5"), 1: (5, "InjectedFailure: x")})
-    1
-    >>> root_failure({0: (5, "RuntimeError: Connection closed by peer"), 1: (6, "exit code -15")})
-    1
-    >>> root_failure({2: (7, "Connection reset by peer"), 3: (6, "Connection closed by peer")})
-    3
-    >>> root_failure({0: (5, "RuntimeError: [pair.cc:589] Read error [127.0.0.1]:4: Connection reset by peer")}, 2)
-    1
+    gloo's words for a lost peer (``GLOO_ERROR_MSG`` of ``gloo/transport/tcp/pair.cc``, as a rank records them):
+
+    >>> closed = "RuntimeError: [/g/pair.cc:561] Connection closed by peer [127.0.0.1]:5. This is typically caused"
+    >>> reset = ("RuntimeError: [/g/pair.cc:545] Read error [127.0.0.1]:4: Connection reset by peer. This is "
+    ...          "typically caused by a remote worker hanging or bugs in the application. ")
+    >>> root_failure({0: (5, closed), 1: (5, "InjectedFailure: x")}), root_failure({0: (5, closed), 1: (6, "exit 1")})
+    (1, 1)
+    >>> root_failure({2: (7, reset), 3: (6, closed)}), root_failure({0: (5, reset)}, 2)
+    (3, 1)
 
     Four ranks, rank 2 killed; ranks 0 and 3 lose their peer, rank 1 is stopped by the agent (two ranks silent):
 
-    >>> lost = {0: (5, "RuntimeError: Connection reset by peer"), 3: (5, "RuntimeError: Connection closed by peer")}
+    >>> lost = {0: (5, reset), 3: (5, closed)}
     >>> root_failure(lost, 4), root_failure(lost, 4, {2: RankExit(0, 9), 0: RankExit(1, 256), 3: RankExit(1, 256),
     ...                                                1: RankExit(2, 15)})
     (0, 2)
-    >>> words = {0: (5, "RuntimeError: Connection closed by peer"), 1: (6, "InputError: Connection reset by peer")}
-    >>> root_failure(words, 2), root_failure(words, 2, own={1})  # rank 1's own error, whatever its words
+    >>> words = {0: (5, closed), 1: (6, "InputError: " + reset)}
+    >>> root_failure(words, 2), root_failure(words, 2, records={1: {"kind": "InputError", "own": True}})
     (0, 1)
     """
     ends = exits or {}
@@ -530,8 +524,8 @@ def root_failure(
         return failures[r][0], ends[r].order if r in ends else late, r
 
     order = sorted(failures, key=when)
-    mine = set(own)
-    cause = next((r for r in order if r in mine or not _PEER_LOST.search(failures[r][1])), None)
+    recs = records or {}
+    cause = next((r for r in order if echo_kind(failures[r][1], recs.get(r)) != PEER_LOST), None)
     if cause is not None:
         return cause
     ended = {r: e for r, e in ends.items() if not e.clean}

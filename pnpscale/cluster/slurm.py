@@ -39,8 +39,8 @@ from typing import Any
 
 from pnpscale import layout
 from pnpscale.cluster.base import Cluster
+from pnpscale.cluster.peer_errors import echo_kind
 from pnpscale.core.config import ConfigError, RunSpec, plain
-from pnpscale.core.errors import TIMEOUT
 
 #: Set (to "1") by the launcher in every SLURM task before pnpscale code runs there.
 IN_TASK_ENV = "PNPSCALE_SLURM_TASK"
@@ -384,8 +384,8 @@ def failure_text(
 
     >>> failure_text("7_2", "CANCELLED by 0", {"exit_code": "0:15", "reason": "None"}, {}, "/s/7_2_0_log.err")
     'SLURM job 7_2 CANCELLED by 0 (exit code 0:15); log: /s/7_2_0_log.err'
-    >>> failure_text("7_3", "FAILED", {"reason": "None"}, {0: "Connection closed by peer", 1: "ValueError: x"}, None)
-    'SLURM job 7_3 FAILED; rank 1: ValueError: x; rank 0: Connection closed by peer'
+    >>> failure_text("7_3", "FAILED", {}, {0: "NCCL communicator was aborted on rank 0. ", 1: "E: x"}, None)
+    'SLURM job 7_3 FAILED; rank 1: E: x; rank 0: NCCL communicator was aborted on rank 0. '
 
     Ranks whose error is the echo of another's (:func:`is_secondary_error`, on their failure ``records``) come last.
     """
@@ -402,48 +402,29 @@ def failure_text(
     return text
 
 
-#: Errors a rank gets because another rank died first (listed after the root cause): gloo's, NCCL's and torch's
-#: own texts, read only for a rank that left no failure record (:func:`is_secondary_error`).
-SECONDARY_ERRORS = (
-    "connection closed by peer",
-    "connection reset by peer",
-    "remote worker",
-    "broken pipe",
-    "communicator was aborted",
-    "nccl communicator",
-    "timed out",
-    "timeout",
-)
-
-
 def is_secondary_error(message: str, record: Mapping[str, Any] | None = None) -> bool:
-    """Whether a rank's error is the echo of another rank's failure.
+    """Whether a rank's error is the echo of another rank's failure (a lost peer or a timeout), decided by
+    :func:`pnpscale.cluster.peer_errors.echo_kind`: on the rank's failure record when it wrote one
+    (:func:`pnpscale.core.record.read_rank_failures`: pnpscale's own error or one of a class no transport
+    raises is a cause, a recorded timeout an echo, whatever the words), else on gloo's and NCCL's exact texts.
 
-    Decided on the rank's failure record when it wrote one (:func:`pnpscale.core.record.read_rank_failures`):
-    a timeout (``kind``, :func:`pnpscale.core.errors.failure_kind`) is an echo, pnpscale's own error
-    (``own``) never is, whatever its words; else (no record, or a foreign error) on the third-party texts of
-    :data:`SECONDARY_ERRORS` (a closed connection, ...).
-
-    >>> is_secondary_error("RuntimeError: Connection closed by peer"), is_secondary_error("ValueError: x")
-    (True, False)
+    >>> is_secondary_error("RuntimeError: [/g/pair.cc:561] Connection closed by peer [10.0.0.2]:7")
+    True
+    >>> is_secondary_error("ValueError: x"), is_secondary_error("ValueError: connection closed by peer")
+    (False, False)
     >>> is_secondary_error("InputError: dist.timeout_s", {"kind": "InputError", "own": True})
     False
     >>> is_secondary_error("RuntimeError: odd", {"kind": "timeout", "own": False})
     True
     """
-    if record is not None:
-        if record.get("kind") == TIMEOUT:
-            return True
-        if record.get("own"):
-            return False
-    low = message.lower()
-    return any(marker in low for marker in SECONDARY_ERRORS)
+    return echo_kind(message, record) is not None
 
 
 def ranks_by_cause(task_errors: Mapping[int, str], records: Mapping[int, Mapping[str, Any]] | None = None) -> list[int]:
     """Failed ranks, likely root causes first (then by rank); ``records``: rank -> its failure record.
 
-    >>> ranks_by_cause({0: "RuntimeError: Connection closed by peer", 3: "ValueError: x", 1: "KeyError: y"})
+    >>> ranks_by_cause({0: "RuntimeError: [/g/pair.cc:561] Connection closed by peer [10.0.0.2]:7", 3: "ValueError: x",
+    ...                 1: "KeyError: y"})
     [1, 3, 0]
     """
     recs = records or {}
@@ -537,11 +518,11 @@ def bind_task_gpu(environ: Any) -> str | None:
 
     SLURM gives every task of a job the node's GPUs (``CUDA_VISIBLE_DEVICES=0,1,2,3`` with
     ``--gpus-per-node``): task ``SLURM_LOCALID`` keeps entry ``SLURM_LOCALID mod n``
-    (:func:`pnpscale.rank.process.bind_gpu`); a task SLURM bound to one GPU already keeps it; without
+    (:func:`pnpscale.rank.gpus.bind_gpu`); a task SLURM bound to one GPU already keeps it; without
     ``CUDA_VISIBLE_DEVICES`` the node's GPUs are counted by NVML (no CUDA initialisation). Returns the
     binding, ``None`` when nothing changed.
     """
-    from pnpscale.rank.process import bind_gpu, nvml_device_count
+    from pnpscale.rank.gpus import bind_gpu, nvml_device_count
 
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     count = nvml_device_count() if visible is None else None

@@ -10,7 +10,8 @@
   only where each rank's tiles read it (reduce-scatter over the cores, all_gather of the boundaries);
 * :mod:`~pnpscale.rank.profiling`: the torch.profiler session and its events;
 * :mod:`~pnpscale.rank.worker`: a rank's main (set up, measure, its tables gathered on rank 0, which commits);
-* :mod:`~pnpscale.rank.process`: a rank's process: tied to its launcher, bound to one GPU, its environment;
+* :mod:`~pnpscale.rank.process`: a rank's process: tied to its launcher, its environment;
+* :mod:`~pnpscale.rank.gpus`: which GPU a rank uses (bound before its first CUDA call, checked after);
 * :mod:`~pnpscale.rank.group`: the ranks' process group, the backend chosen from every rank's GPU, NCCL's log;
 * :mod:`~pnpscale.rank.loop`: the measured loop (sections under one profiler, injections, the heartbeat);
 * :mod:`~pnpscale.rank.forkserver`: the forkserver's first preload: it ends with the launcher, quiet Ctrl-C;

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale import layout
-from pnpscale.rank.process import GPU_BINDING_ENV, check_binding
+from pnpscale.rank.gpus import GPU_BINDING_ENV, check_binding
 
 #: NCCL refuses ranks sharing a GPU unless this variable is ``1`` (then timings are meaningless).
 SHARED_GPU_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"

@@ -3,7 +3,7 @@
 Used by both launchers (the local forkserver's ranks, SLURM tasks) before and around
 :func:`pnpscale.rank.worker.rank_main`: a rank dies with its launcher (:func:`die_with_parent`), refuses
 to run as a CUDA bad fork (:func:`refuse_bad_fork`), is bound to one GPU before its first CUDA call
-(:func:`bind_gpu`), and runs with the threads and Kineto settings of :func:`rank_environment` /
+(:func:`pnpscale.rank.gpus.bind_gpu`), and runs with the threads and Kineto settings of :func:`rank_environment` /
 :func:`kineto_config_env`.
 """
 
@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from pnpscale.rank.gpus import GPU_BINDING_ENV, NODE_GPUS_ENV, bind_gpu
 
 LAUNCH_T0_ENV = "PNPSCALE_LAUNCH_T0"
 
@@ -135,75 +137,6 @@ def refuse_bad_fork(rank: int) -> None:
 
 
 
-#: set by the local launcher: the GPUs of this machine its ranks share out, one per local rank
-#: (``CUDA_VISIBLE_DEVICES`` entries, comma-separated; empty: no GPU)
-NODE_GPUS_ENV = "PNPSCALE_NODE_GPUS"
-
-
-
-#: set in a rank bound to one GPU by :func:`bind_gpu`: the ``CUDA_VISIBLE_DEVICES`` it was given
-GPU_BINDING_ENV = "PNPSCALE_GPU_BINDING"
-
-
-
-def gpu_binding(local_rank: int, visible: str | None, count: int | None = None) -> str | None:
-    """The ``CUDA_VISIBLE_DEVICES`` that binds local rank ``local_rank`` to one GPU, ``None`` to leave it.
-
-    Args:
-        local_rank: the rank's index on its node (``LOCAL_RANK``, ``SLURM_LOCALID``).
-        visible: the node's ``CUDA_VISIBLE_DEVICES`` (indices, ``GPU-<uuid>`` or MIG names; ``None``: unset).
-        count: the node's GPU count, used when ``visible`` is unset (``None``: unknown).
-
-    Returns:
-        entry ``local_rank % n`` of the node's GPUs (so ranks sharing one GPU for a structure check
-        get the same one), or ``None``: no GPU, or exactly one visible already (bound outside, e.g.
-        SLURM's per-task binding).
-
-    >>> gpu_binding(1, "0,1,2,3"), gpu_binding(3, "GPU-a,GPU-b"), gpu_binding(3, None, 2), gpu_binding(1, "0", 1)
-    ('1', 'GPU-b', '1', None)
-    >>> gpu_binding(0, ""), gpu_binding(0, None, 0), gpu_binding(0, None)
-    (None, None, None)
-    """
-    if visible is not None:
-        gpus = [g.strip() for g in visible.split(",") if g.strip()]
-    else:
-        gpus = [str(i) for i in range(count or 0)]
-    if len(gpus) <= 1 and (visible is not None or not gpus):
-        return None
-    return gpus[local_rank % len(gpus)]
-
-
-
-def bind_gpu(local_rank: int, visible: str | None, count: int | None = None) -> str | None:
-    """Bind this process to its GPU (:func:`gpu_binding`) by setting ``CUDA_VISIBLE_DEVICES``; call it
-    before the process's first CUDA call (CUDA reads the variable once, at its initialisation:
-    :class:`pnpscale.rank.group.Group` checks that the binding took). Returns the binding, or ``None``
-    (nothing changed)."""
-    binding = gpu_binding(local_rank, visible, count)
-    if binding is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = binding
-        os.environ[GPU_BINDING_ENV] = binding
-    return binding
-
-
-
-def nvml_device_count() -> int | None:
-    """GPUs on this node by NVML (``libnvidia-ml``), without initialising CUDA; ``None`` without NVML."""
-    import ctypes
-
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-        if nvml.nvmlInit_v2() != 0:
-            return None
-        count = ctypes.c_uint(0)
-        ok = nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0
-        nvml.nvmlShutdown()
-    except (OSError, AttributeError):
-        return None
-    return int(count.value) if ok else None
-
-
-
 def parent_of(pid: int) -> int | None:
     """The parent pid of ``pid`` (``/proc``), ``None`` when unknown. A rank forked by the launcher's
     forkserver has it as parent: the server exits when the launcher dies, and its ranks with it."""
@@ -295,29 +228,11 @@ def kineto_config_env(environ: Mapping[str, str], folder: str | None = None) -> 
 
 
 
-def check_binding(binding: str | None, visible: int, rank: int) -> None:
-    """Refuse a rank bound to one GPU (:func:`bind_gpu`) that sees several: CUDA had been initialised in
-    the process before the binding, so it opens a context on every GPU (or fails on GPUs in
-    exclusive-process mode).
-
-    >>> check_binding("2", 1, 0), check_binding(None, 4, 0)
-    (None, None)
-
-    Raises:
-        RuntimeError: ``binding`` is set and ``visible > 1``.
-    """
-    if binding is not None and visible > 1:
-        raise RuntimeError(
-            f"rank {rank}: bound to GPU {binding} (CUDA_VISIBLE_DEVICES) but sees {visible} GPUs: CUDA was "
-            "initialised in this process before the binding (something called torch.cuda first)"
-        )
-
-
-
 def process_info() -> dict[str, Any]:
     """How this rank's process was started, for ``run.json``'s ``processes``: ``pid``, ``cuda_bad_fork``
     (:func:`cuda_bad_fork`, always ``False`` in a run that got this far), ``cuda_visible_devices`` (as
-    the rank saw it; ``None`` unset) and ``gpu_binding`` (:func:`bind_gpu`'s, ``None`` when not bound)."""
+    the rank saw it; ``None`` unset) and ``gpu_binding`` (:func:`pnpscale.rank.gpus.bind_gpu`'s, ``None`` when
+    not bound)."""
     return {
         "pid": os.getpid(),
         "cuda_bad_fork": cuda_bad_fork(),
@@ -332,9 +247,9 @@ def in_environment(environ: dict[str, str], ours: dict[str, str], entrypoint: An
 
     A forked rank inherits the forkserver's environment (of the first launch), not the launcher's:
     ``ours`` (this launch's variables) replace it, the launcher's other variables are added where
-    the rank has none (elastic's own, ``RANK``..., are kept). With :data:`NODE_GPUS_ENV` in ``ours``
-    the rank is then bound to its GPU (:func:`bind_gpu`, by ``LOCAL_RANK``). Not decorated with ``record``:
-    ``entrypoint`` records its own error (one error file per rank, written once).
+    the rank has none (elastic's own, ``RANK``..., are kept). With :data:`pnpscale.rank.gpus.NODE_GPUS_ENV` in
+    ``ours`` the rank is then bound to its GPU (:func:`pnpscale.rank.gpus.bind_gpu`, by ``LOCAL_RANK``). Not
+    decorated with ``record``: ``entrypoint`` records its own error (one error file per rank, written once).
     """
     for k, v in environ.items():
         os.environ.setdefault(k, v)

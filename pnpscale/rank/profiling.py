@@ -297,7 +297,7 @@ def check_trace_complete(
     (``warmup + iterations``), and on CUDA every occurrence must have GPU work when any has.
 
     Args:
-        records: one rank's section records (:func:`pnpscale.analysis.events.section_records`).
+        records: one rank's section records (:func:`pnpscale.analysis.sections.section_records`).
         sections: the section names. expected: occurrences per section. cuda: the rank ran on CUDA.
         rank: for messages.
 

@@ -135,7 +135,8 @@ def _measure_and_report(
         t_measure0 = time.time()
         peaks, prof, calls, reserved = run_iterations(spec, solver, ctx.device, group, beat)
         t_measure1 = time.time()
-        from pnpscale.analysis.events import SectionError, rank_rows, section_records
+        from pnpscale.analysis.events import SectionError, rank_rows
+        from pnpscale.analysis.sections import section_records
         from pnpscale.rank.profiling import check_trace_complete, export_trace, profiler_events
 
         if spec.export_traces:

@@ -16,6 +16,8 @@
   :mod:`~pnpscale.results.projection_checks` (residuals, leave-one-out) and
   :mod:`~pnpscale.results.projection_overlap` (the pipelined series from the blocking one and its hidden share);
 * :mod:`~pnpscale.results.jitter`: the expected maximum of N ranks' compute, non-negative least squares;
-* :mod:`~pnpscale.results.projection`: the projection's files, chart and command (``python -m pnpscale.project``);
+* :mod:`~pnpscale.results.projection`: the projection's files and chart;
+* :mod:`~pnpscale.results.projection_command`: its command (``python -m pnpscale.project``): options, the
+  projection they ask for, a report's recorded projection made again;
 * :mod:`~pnpscale.results.report`: ``<sweep>/report/`` (``python -m pnpscale.report``).
 """

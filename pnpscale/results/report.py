@@ -220,13 +220,12 @@ def project_sweep(table: pd.DataFrame, out: Path, report_dir: Path | None = None
         Options,
         ProjectionError,
         default_targets,
-        options_command,
         project,
         readme_section,
-        user_projection,
         with_algorithms,
         write_files,
     )
+    from pnpscale.results.projection_command import options_command, user_projection
 
     done = table[table["status"] == "complete"]
     kept: list[str] = []

@@ -282,7 +282,8 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
     import torch.distributed as dist
     from torch.profiler import record_function
 
-    from pnpscale.analysis.events import rank_rows, section_records
+    from pnpscale.analysis.events import rank_rows
+    from pnpscale.analysis.sections import section_records
     from pnpscale.analysis.tables import frames, table_writers
     from pnpscale.rank.group import Group
     from pnpscale.rank.loop import busy_wait, sleep_rate_hz, sync

@@ -1,0 +1,126 @@
+"""Section records matched across ranks (pure, no torch): the same collective numbered alike on every rank
+(:func:`align_collectives`), and each nested section's enclosing section (:func:`nested_sections`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from pnpscale.analysis.events import Collective, SectionError, SectionRecord
+
+
+def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[int, list[SectionRecord]]:
+    """Number every rank's collectives so that the same collective has the same ``seq`` everywhere.
+
+    :func:`pnpscale.analysis.metrics.decompose` matches collectives across ranks by ``seq``. Per section
+    occurrence (iteration, section), collectives are keyed:
+
+    * by ``(group, group_seq)`` when every collective of that occurrence, on every rank, carries
+      both (the trace recorded the process group and its sequence number), else
+    * by ``(stream ordinal, position within that stream)``: streams are numbered in increasing
+      stream id on each rank (one stream per rank for gloo), positions by start time.
+
+    The new ``seq`` is the key's position in the lowest rank's start order, so a trace with one
+    stream and no sequence numbers keeps the order-in-section numbering of
+    :func:`section_records` unchanged.
+
+    Args:
+        records: rank -> that rank's records (from :func:`section_records`).
+
+    Returns:
+        rank -> new records (inputs untouched), collectives sorted by the new ``seq``.
+
+    Raises:
+        SectionError: ranks disagree on the section occurrences, or a collective of one rank has
+            no counterpart on another (different counts per stream, or unmatched sequence numbers).
+
+    >>> a = [SectionRecord(0, "s", 0.0, 1.0, [Collective(0, "all_reduce", 0.1, 8, 7),
+    ...                                        Collective(1, "broadcast", 0.2, 4, 9)])]
+    >>> b = [SectionRecord(0, "s", 0.0, 1.0, [Collective(0, "broadcast", 0.3, 4, 9),
+    ...                                        Collective(1, "all_reduce", 0.4, 8, 7)])]
+    >>> [(c.seq, c.name) for c in align_collectives({0: a, 1: b})[1][0].collectives]
+    [(0, 'all_reduce'), (1, 'broadcast')]
+    """
+    if not records:
+        return {}
+    ranks = sorted(records)
+    index = {r: {(s.iteration, s.section): s for s in records[r]} for r in ranks}
+    occurrences = list(index[ranks[0]])
+    for r in ranks[1:]:
+        if set(index[r]) != set(occurrences):
+            missing = sorted(set(occurrences) ^ set(index[r]))[0]
+            raise SectionError(
+                f"rank {r} and rank {ranks[0]} disagree on section occurrences (e.g. iteration {missing[0]} "
+                f"section {missing[1]!r})"
+            )
+    out: dict[int, list[SectionRecord]] = {r: [] for r in ranks}
+    new_seq: dict[int, dict[tuple[int, str], list[Collective]]] = {r: {} for r in ranks}
+    for occ in occurrences:
+        colls = {r: index[r][occ].collectives for r in ranks}
+        by_pg = all(c.group is not None and c.group_seq is not None for r in ranks for c in colls[r])
+        keys = {r: _match_keys(colls[r], by_pg) for r in ranks}
+        ref = [k for _, k in sorted(zip((c.seq for c in colls[ranks[0]]), keys[ranks[0]], strict=True))]
+        if len(set(ref)) != len(ref):
+            raise SectionError(f"iteration {occ[0]} section {occ[1]!r}: rank {ranks[0]} repeats a collective key")
+        for r in ranks[1:]:
+            if sorted(keys[r]) != sorted(ref):
+                for rr in (r, ranks[0]):
+                    rec = index[rr][occ]
+                    if rec.missing_kernels:
+                        raise SectionError(
+                            f"iteration {occ[0]} section {occ[1]!r}: rank {rr} has {rec.missing_kernels} "
+                            f"collective(s) on the CPU side (record_param_comms / nccl:*) without a GPU kernel in "
+                            f"the trace ({len(rec.collectives)} kernel(s) for them): the profiler dropped kernels "
+                            f"(seen with repeated profiler sessions); fix: profile every iteration in one profiler "
+                            f"session (prof.step() per iteration)"
+                        )
+                how = "process group and sequence number" if by_pg else "order within each stream"
+                raise SectionError(
+                    f"iteration {occ[0]} section {occ[1]!r}: rank {r} ran {len(keys[r])} collective(s), rank "
+                    f"{ranks[0]} ran {len(ref)}, and they cannot be matched by {how} "
+                    f"(rank {r}: {sorted(keys[r])}; rank {ranks[0]}: {sorted(ref)})"
+                )
+        position = {k: i for i, k in enumerate(ref)}
+        for r in ranks:
+            renum = [replace(c, seq=position[k]) for c, k in zip(colls[r], keys[r], strict=True)]
+            new_seq[r][occ] = sorted(renum, key=lambda c: c.seq)
+    for r in ranks:
+        for s in records[r]:
+            out[r].append(replace(s, collectives=new_seq[r][(s.iteration, s.section)]))
+    return out
+
+
+def nested_sections(records: Mapping[int, Sequence[SectionRecord]]) -> dict[str, str]:
+    """Section -> the section enclosing it, for sections nested in another in every occurrence.
+
+    Raises:
+        SectionError: a section is nested in some occurrences and not in others, or in different
+            sections (the message names rank and iteration).
+    """
+    seen: dict[str, tuple[str | None, int, int]] = {}
+    for r, recs in sorted(records.items()):
+        for s in recs:
+            first = seen.setdefault(s.section, (s.parent, r, s.iteration))
+            if first[0] != s.parent:
+                raise SectionError(
+                    f"section {s.section!r} is inside {first[0]!r} on rank {first[1]} iteration {first[2]} but inside "
+                    f"{s.parent!r} on rank {r} iteration {s.iteration}: the 'all' row cannot be built from "
+                    f"non-overlapping time"
+                )
+    return {name: parent for name, (parent, _, _) in seen.items() if parent is not None}
+
+
+def _match_keys(colls: Sequence[Collective], by_pg: bool) -> list[tuple]:
+    """Match key of each collective of one rank's section occurrence, aligned with ``colls``."""
+    if by_pg:
+        return [("pg", str(c.group), int(c.group_seq)) for c in colls]  # type: ignore[arg-type]
+    streams = sorted({c.stream for c in colls}, key=lambda s: (s is not None, s or 0))
+    ordinal = {s: i for i, s in enumerate(streams)}
+    seen: dict[int | None, int] = defaultdict(int)
+    keys: list[tuple] = [()] * len(colls)
+    for i in sorted(range(len(colls)), key=lambda i: colls[i].seq):
+        c = colls[i]
+        keys[i] = ("stream", ordinal[c.stream], seen[c.stream])
+        seen[c.stream] += 1
+    return keys

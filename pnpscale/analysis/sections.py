@@ -1,0 +1,334 @@
+"""One rank's events -> its per-section records (pure, no torch): :func:`section_records`.
+
+Both the live profiler (:mod:`pnpscale.rank.profiling`) and offline Kineto traces
+(:mod:`pnpscale.analysis.offline`) are turned into lists of :class:`~pnpscale.analysis.events.Event`;
+:func:`section_records` then finds, for one rank, every occurrence of each named section and the
+collectives inside it. That is the only place where "what is a section" and "what is a collective" is
+decided; its parts: :mod:`~pnpscale.analysis.section_gpu` (CUDA: kernels, launches, descriptors, spans),
+:mod:`~pnpscale.analysis.section_gloo` (gloo work ranges typed by their ``c10d::`` calls),
+:mod:`~pnpscale.analysis.section_busy` (where the rank computes: blocked vs hidden). Across ranks:
+:mod:`~pnpscale.analysis.section_align` and :mod:`~pnpscale.analysis.section_iterations`.
+
+Rules:
+
+* A section occurrence is a CPU range event whose name is a section name (a
+  ``torch.profiler.record_function``). The k-th occurrence of a name is iteration k.
+* CPU backends (gloo): section time is the wall span of that range; collectives are the
+  ``gloo:*`` work ranges (on gloo worker threads) that start inside it, typed and timed from the
+  ``c10d::`` call that issued each (:func:`~pnpscale.analysis.section_gloo.typed_by_c10d`).
+* Cost of a collective: the time the rank was blocked on it (:mod:`pnpscale.analysis.overlap`): CPU, the
+  calling thread's time in ``c10d::`` calls and waiting for a collective to end, outside compute operators
+  (``Kind.OP``: profiled ``cpu_op`` operators); CUDA, collective kernels minus the rank's other GPU events.
+  The rest of a collective's time is hidden. In GPU-span mode a section's GPU work that runs past the next
+  section's first GPU start is clipped there (:func:`~pnpscale.analysis.section_gpu.gpu_clips`).
+* CUDA (NCCL): section time is the span of the GPU work launched inside the range (first kernel
+  start to last kernel end, kept as ``gpu_span_s``); for pnpscale's own runs (``cpu_start``: every
+  section starts with the GPU idle, after a synchronize and a barrier) it runs from the CPU range
+  start to the last GPU end (one clock within a process), so a rank late on the CPU before its
+  first kernel shows compute, not its peers' wait (:func:`~pnpscale.analysis.section_gpu.cuda_section_span`).
+  A live CUDA run (``require_gpu``) without GPU events, or with a section whose collectives have no kernel
+  at all, is refused. Collectives are the
+  collective kernels among them (:data:`pnpscale.analysis.kineto.COLLECTIVE_KERNELS`). A kernel
+  belongs to the section whose CPU range contains its launch (``launch_ns``, from the runtime event
+  with the same correlation id). A collective kernel whose launch is unknown (correlation 0) is
+  paired in order with the rank's CPU descriptors that no launched kernel belongs to, else placed
+  by its GPU start (both recorded as anomalies).
+* Collective type, payload bytes, process group and sequence number: from the collective's own
+  shapes/dtype (gloo), from the NCCL kernel's own arguments when the trace carries them, or else
+  from the CPU-side descriptor (``nccl:*`` range or ``record_param_comms``) paired with the
+  kernel: the k-th descriptor in start order with the k-th kernel in launch order, when there are
+  as many and one CPU thread issued them all (or, issued from several threads, when every kernel
+  name allows its descriptor's type). The descriptor wins over the kernel name (an all_reduce may
+  run in a ``SendRecv`` kernel); a disagreeing name is recorded. Descriptors without a kernel are
+  counted (``missing_kernels``) and named when ranks cannot be matched.
+* Sections may nest (``parent``); overlapping without nesting is refused. ``ProfilerStep#N``
+  numbers are kept (``step``) to match ranks by step
+  (:func:`~pnpscale.analysis.section_iterations.match_steps`); non-physical events mark their record
+  ``bad`` (:func:`~pnpscale.analysis.section_iterations.drop_bad_iterations`).
+* Matching across ranks (:func:`~pnpscale.analysis.section_align.align_collectives`): by (process group,
+  sequence number) when every collective of a section occurrence carries both, else by order within each
+  stream (NCCL: the kernel's CUDA stream; gloo: one stream per rank).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+from pnpscale.analysis.anomalies import Anomalies
+from pnpscale.analysis.events import Collective, Event, Kind, SectionError, SectionRecord, Window, launch_key
+from pnpscale.analysis.kineto import (
+    END_MARKER,
+    collective_type,
+    is_descriptor,
+    is_gloo_work,
+    kernel_collective,
+    step_number,
+)
+from pnpscale.analysis.section_busy import Busy
+from pnpscale.analysis.section_gloo import typed_by_c10d
+from pnpscale.analysis.section_gpu import (
+    compatible,
+    cuda_section_span,
+    descriptors_in,
+    gpu_clips,
+    is_nccl_kernel,
+    may_run,
+    place_unknown_launches,
+)
+
+
+def section_records(
+    events: Iterable[Event],
+    sections: Sequence[str],
+    anomalies: Anomalies | None = None,
+    rank: int | None = None,
+    require_gpu: bool = False,
+    cpu_start: bool = False,
+    file_end_ns: int | None = None,
+    missing_gpu: Sequence[int] = (),
+) -> list[SectionRecord]:
+    """Reduce one rank's events to its section occurrences and their collectives.
+
+    Args:
+        events: all events of one rank (any order).
+        sections: section names, e.g. ``("gradient", "denoiser")``.
+        anomalies: where to record what was assumed or repaired (see
+            :mod:`pnpscale.analysis.anomalies`); ``rank`` labels those records.
+        require_gpu: a live CUDA run: a trace without GPU events is refused instead of being read
+            with CPU semantics (zero transfer and wait), and so is a section whose collectives have
+            no kernel at all (see :func:`cuda_section_span`).
+        cpu_start: CUDA section time from the CPU range start to the last GPU end (pnpscale's runs,
+            whose sections start with the GPU idle), else the GPU span (foreign traces, where the GPU
+            may still run earlier work when a range starts).
+        file_end_ns: given for a file that may be cut short (no Kineto end marker): the latest event start
+            in it (ns). Then section names occurring a different number of times keep their first ``m``
+            occurrences (``m`` the fewest, at least 1; ``trace_cut_short``), and a range ending after it is
+            ``open_end``.
+        missing_gpu: starts (ns) of launches whose GPU event is not in the file (cut short): the
+            occurrence holding one is ``bad`` (kind ``trace_cut_short``; dropped on every rank).
+
+    Returns:
+        Records ordered by start; ``iteration`` counts occurrences per name from 0. Times
+        in seconds. When the trace has GPU events, section times are GPU spans, or with ``cpu_start``
+        from the CPU range start to the last GPU end (see module doc).
+        Each record carries its ``ProfilerStep`` number, its enclosing section (nesting), the
+        first non-physical event inside it, and its descriptors without a GPU kernel.
+
+    Raises:
+        SectionError: a section name never occurs, names occur a different number of times, or two
+            section ranges overlap without one enclosing the other; see also ``require_gpu``.
+    """
+    anomalies = anomalies if anomalies is not None else Anomalies()
+    evs = sorted(events, key=lambda e: (e.start_ns, -e.end_ns))
+    ranges = [e for e in evs if e.kind in _RANGE_KINDS and e.name in sections]
+    counts = {s: sum(1 for r in ranges if r.name == s) for s in sections}
+    if file_end_ns is not None and len(set(counts.values())) > 1 and min(counts.values()) > 0:
+        keep = min(counts.values())
+        anomalies.add(
+            "trace_cut_short",
+            rank,
+            "section ranges found per name: " + ", ".join(f"{s}={n}" for s, n in counts.items())
+            + f", in a file Kineto did not close (no {END_MARKER!r}): cut short? iteration {keep} on dropped",
+        )  # fmt: skip
+        seen: dict[str, int] = defaultdict(int)
+        kept = []
+        for e in ranges:
+            seen[e.name] += 1
+            if seen[e.name] <= keep:
+                kept.append(e)
+        ranges = kept
+        counts = {s: keep for s in sections}
+    if not ranges or len(set(counts.values())) != 1:
+        cut = ""
+        if file_end_ns is not None and any(counts.values()):
+            cut = f"; or the file was cut short: Kineto did not close it (no {END_MARKER!r})"
+        error = SectionError(
+            "section ranges found per name: "
+            + ", ".join(f"{s}={n}" for s, n in counts.items())
+            + " (expected the same non-zero count for every section)"
+            + cut
+        )
+        error.counts = dict(counts)
+        raise error
+    parents = _nesting(ranges, counts)
+    step_ranges = [
+        e for e in evs if e.kind in _RANGE_KINDS and e.name not in sections and step_number(e.name) is not None
+    ]
+    step_starts = [e.start_ns for e in step_ranges]
+    descriptor_events = [e for e in evs if e.kind is Kind.CPU and is_descriptor(e.name)]
+    gpu_events = place_unknown_launches([e for e in evs if e.kind is Kind.GPU], descriptor_events, anomalies, rank)
+    gpu = Window(gpu_events, key=launch_key)
+    if require_gpu and not gpu:
+        raise SectionError(
+            "a CUDA run whose profiler recorded no GPU event (kernels, memcpy): CUPTI did not trace (another "
+            "profiler attached, or CUPTI unavailable); see the Kineto messages in the rank's stderr"
+        )
+    works = [e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)]
+    _refuse_unplaceable([*gpu_events, *works], ranges)
+    typed, issued = typed_by_c10d(works, evs, anomalies, rank)
+    cpu_comm = Window(typed)
+    descriptors = Window(descriptor_events)
+    busy = Busy(evs, sections, gpu_events)
+    origin = ranges[0].start_ns
+    clips = {} if cpu_start or not gpu else gpu_clips(ranges, parents, gpu, anomalies, rank)
+    occurrence: dict[str, int] = defaultdict(int)
+    out: list[SectionRecord] = []
+    for r, parent in zip(ranges, parents, strict=True):
+        it = occurrence[r.name]
+        occurrence[r.name] += 1
+        i = bisect_right(step_starts, r.start_ns) - 1
+        step = step_number(step_ranges[i].name) if i >= 0 and step_ranges[i].end_ns >= r.end_ns else None
+        bad = f"{r.name!r} range: {r.bad}" if r.bad else None
+        bad_kind = "non_physical_timing"
+        missing = 0
+        if gpu:
+            launched = sorted(gpu.between(r.start_ns, r.end_ns), key=lambda e: (e.start_ns, -e.end_ns))
+            kernels = [e for e in launched if is_nccl_kernel(e)]
+            descs = descriptors_in(descriptors.between(r.start_ns, r.end_ns))
+            n_descs = len(descs) if require_gpu else 0  # offline: recorded as anomalies below
+            section_ns, gpu_span_ns = cuda_section_span(r, launched, n_descs, len(kernels), it, cpu_start)
+            window = None
+            if id(r) in clips and gpu_span_ns is not None:  # GPU work past the next section's start: clipped
+                first = min(e.start_ns for e in launched)
+                window = (first, clips[id(r)])
+                section_ns = gpu_span_ns = clips[id(r)] - first
+            # by issue order: kernels by launch, descriptors by start; trusted when one CPU thread issued
+            # them all (its order is the kernels' order), else only where every kernel name agrees
+            by_launch = sorted(range(len(kernels)), key=lambda j: (launch_key(kernels[j]), kernels[j].start_ns))
+            paired = len(descs) == len(kernels) and (
+                len({d.tid for d in descs}) <= 1
+                or all(compatible(kernels[j], d) for j, d in zip(by_launch, descs, strict=True))
+            )
+            desc_of = dict(zip(by_launch, descs, strict=True)) if paired else {}
+            if len(descs) > len(kernels):
+                missing = len(descs) - len(kernels)
+                anomalies.add(
+                    "collective_without_kernel",
+                    rank,
+                    f"iteration {it} section {r.name!r}: {len(descs)} descriptor(s) "
+                    f"({', '.join(d.name for d in descs)}), {len(kernels)} kernel(s)",
+                    missing,
+                )
+            colls = []
+            for i, k in enumerate(kernels):
+                d = desc_of.get(i)
+                hint = kernel_collective(k.name)
+                described = k.collective or (d.collective if d else None)
+                if described and hint and hint != described and not may_run(hint, described):
+                    anomalies.add(
+                        "kernel_name_disagrees", rank, f"{k.name.split('(')[0]} ran {described} (iteration {it})"
+                    )
+                name = described or hint or k.name
+                payload = k.payload_bytes if k.payload_bytes is not None else (d.payload_bytes if d else None)
+                group = k.group if k.group is not None else (d.group if d else None)
+                gseq = k.group_seq if k.group_seq is not None else (d.group_seq if d else None)
+                start = (k.start_ns - origin) * 1e-9
+                colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
+            hidden_ns = busy.split(colls, kernels, busy.gpu, window, waits=False)
+            bad = bad or next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
+            lost = bisect_right(missing_gpu, r.end_ns) - bisect_left(missing_gpu, r.start_ns)
+            if lost and not bad:
+                first_lost = missing_gpu[bisect_left(missing_gpu, r.start_ns)]
+                bad = (f"{lost} launch(es) inside it (the first at ts {first_lost / 1000:.3f} us), among the "
+                       f"file's last, have no GPU event, in a file Kineto did not close (no {END_MARKER!r}): cut "
+                       f"short (or the profiler dropped those GPU records); its GPU work is missing")  # fmt: skip
+                bad_kind = "trace_cut_short"
+        else:
+            gpu_span_ns = None
+            works = cpu_comm.between(r.start_ns, r.end_ns)
+            colls = [
+                Collective(
+                    i,
+                    e.collective or collective_type(e.name) or e.name,
+                    e.duration_ns * 1e-9,
+                    e.payload_bytes,
+                    None,
+                    e.group,
+                    e.group_seq,
+                    (e.start_ns - origin) * 1e-9,
+                )
+                for i, e in enumerate(works)
+            ]
+            # from the c10d call on: the calling thread is inside the collective (enqueue, then Work.wait())
+            called = [(min(issued.get(id(e), e.start_ns), e.start_ns), e.end_ns) for e in works]
+            computing, in_calls = busy.cpu(r, works)
+            hidden_ns = busy.split(colls, works, computing, (r.start_ns, r.end_ns), True, called, in_calls)
+            bad = bad or next((f"{e.name!r}: {e.bad}" for e in works if e.bad), None)
+            section_ns = r.duration_ns
+        out.append(
+            SectionRecord(
+                it,
+                r.name,
+                (r.start_ns - origin) * 1e-9,
+                section_ns * 1e-9,
+                colls,
+                step,
+                parent,
+                bad,
+                missing,
+                None if gpu_span_ns is None else gpu_span_ns * 1e-9,
+                hidden_ns * 1e-9,
+                bad_kind,
+                file_end_ns is not None and r.end_ns > file_end_ns,
+            )  # fmt: skip
+        )
+    return out
+
+
+#: what a non-physical event's ``bad`` says when its time (or its launch's) is not a time: it cannot be placed
+UNPLACEABLE = "negative timestamp"
+
+
+def _refuse_unplaceable(events: Sequence[Event], ranges: Sequence[Event]) -> None:
+    """Refuse a collective range or GPU event whose time (or its launch's) is not a time and that therefore lies in
+    no section range: its section would silently lose it (a collective missing from the transfer and wait).
+
+    Raises:
+        SectionError: naming the event and why its time is not one.
+    """
+    spans = [(r.start_ns, r.end_ns) for r in ranges]
+    for e in events:
+        if not e.bad or UNPLACEABLE not in e.bad:
+            continue
+        at = launch_key(e) if e.kind is Kind.GPU else e.start_ns
+        if not any(a <= at <= b for a, b in spans):
+            raise SectionError(
+                f"{e.name.split('(')[0]!r}: {e.bad}: a non-physical timestamp, so it cannot be placed in its section "
+                f"(whose numbers would silently lack it)"
+            )
+
+
+#: kinds of events that may be a section or ``ProfilerStep`` range (``record_function`` ranges are
+#: ``user_annotation``; some ranges, e.g. ``ProfilerStep#N`` in some versions, are ``cpu_op``).
+_RANGE_KINDS = (Kind.CPU, Kind.OP)
+
+
+def _nesting(ranges: Sequence[Event], counts: Mapping[str, int]) -> list[str | None]:
+    """The enclosing section of each range (``None`` at top level), aligned with ``ranges``.
+
+    Raises:
+        SectionError: two ranges overlap without one enclosing the other, or a range encloses one of
+            its own name.
+    """
+    out: list[str | None] = []
+    stack: list[Event] = []
+    occurrence: dict[str, int] = defaultdict(int)
+    index: dict[int, int] = {}
+    for pos, r in enumerate(ranges):
+        index[pos] = occurrence[r.name]
+        occurrence[r.name] += 1
+        while stack and stack[-1].end_ns <= r.start_ns:
+            stack.pop()
+        if stack and r.end_ns > stack[-1].end_ns:
+            o = stack[-1]
+            raise SectionError(
+                f"sections overlap without nesting: {o.name!r} [{o.start_ns} ns, {o.end_ns} ns] and {r.name!r} "
+                f"(iteration {index[pos]}) [{r.start_ns} ns, {r.end_ns} ns]: pnpscale cannot split overlapping time"
+            )
+        if stack and stack[-1].name == r.name:
+            raise SectionError(f"section {r.name!r} (iteration {index[pos]}) lies inside another {r.name!r} range")
+        out.append(stack[-1].name if stack else None)
+        stack.append(r)
+    return out

@@ -1,0 +1,92 @@
+"""Which GPU a rank uses: one per rank, bound before its first CUDA call (pure rules and ``os.environ``; no torch).
+
+The local launcher shares its machine's GPUs out (:data:`NODE_GPUS_ENV`), a SLURM task reads its node's
+(``CUDA_VISIBLE_DEVICES``, else :func:`nvml_device_count`); each rank takes entry ``local_rank mod n``
+(:func:`gpu_binding`, :func:`bind_gpu`) and its process group checks that the binding took
+(:func:`check_binding`).
+"""
+
+from __future__ import annotations
+
+import os
+
+#: set by the local launcher: the GPUs of this machine its ranks share out, one per local rank
+#: (``CUDA_VISIBLE_DEVICES`` entries, comma-separated; empty: no GPU)
+NODE_GPUS_ENV = "PNPSCALE_NODE_GPUS"
+
+
+#: set in a rank bound to one GPU by :func:`bind_gpu`: the ``CUDA_VISIBLE_DEVICES`` it was given
+GPU_BINDING_ENV = "PNPSCALE_GPU_BINDING"
+
+
+def gpu_binding(local_rank: int, visible: str | None, count: int | None = None) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` that binds local rank ``local_rank`` to one GPU, ``None`` to leave it.
+
+    Args:
+        local_rank: the rank's index on its node (``LOCAL_RANK``, ``SLURM_LOCALID``).
+        visible: the node's ``CUDA_VISIBLE_DEVICES`` (indices, ``GPU-<uuid>`` or MIG names; ``None``: unset).
+        count: the node's GPU count, used when ``visible`` is unset (``None``: unknown).
+
+    Returns:
+        entry ``local_rank % n`` of the node's GPUs (so ranks sharing one GPU for a structure check
+        get the same one), or ``None``: no GPU, or exactly one visible already (bound outside, e.g.
+        SLURM's per-task binding).
+
+    >>> gpu_binding(1, "0,1,2,3"), gpu_binding(3, "GPU-a,GPU-b"), gpu_binding(3, None, 2), gpu_binding(1, "0", 1)
+    ('1', 'GPU-b', '1', None)
+    >>> gpu_binding(0, ""), gpu_binding(0, None, 0), gpu_binding(0, None)
+    (None, None, None)
+    """
+    if visible is not None:
+        gpus = [g.strip() for g in visible.split(",") if g.strip()]
+    else:
+        gpus = [str(i) for i in range(count or 0)]
+    if len(gpus) <= 1 and (visible is not None or not gpus):
+        return None
+    return gpus[local_rank % len(gpus)]
+
+
+def bind_gpu(local_rank: int, visible: str | None, count: int | None = None) -> str | None:
+    """Bind this process to its GPU (:func:`gpu_binding`) by setting ``CUDA_VISIBLE_DEVICES``; call it
+    before the process's first CUDA call (CUDA reads the variable once, at its initialisation:
+    :class:`pnpscale.rank.group.Group` checks that the binding took). Returns the binding, or ``None``
+    (nothing changed)."""
+    binding = gpu_binding(local_rank, visible, count)
+    if binding is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = binding
+        os.environ[GPU_BINDING_ENV] = binding
+    return binding
+
+
+def nvml_device_count() -> int | None:
+    """GPUs on this node by NVML (``libnvidia-ml``), without initialising CUDA; ``None`` without NVML."""
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return None
+        count = ctypes.c_uint(0)
+        ok = nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0
+        nvml.nvmlShutdown()
+    except (OSError, AttributeError):
+        return None
+    return int(count.value) if ok else None
+
+
+def check_binding(binding: str | None, visible: int, rank: int) -> None:
+    """Refuse a rank bound to one GPU (:func:`bind_gpu`) that sees several: CUDA had been initialised in
+    the process before the binding, so it opens a context on every GPU (or fails on GPUs in
+    exclusive-process mode).
+
+    >>> check_binding("2", 1, 0), check_binding(None, 4, 0)
+    (None, None)
+
+    Raises:
+        RuntimeError: ``binding`` is set and ``visible > 1``.
+    """
+    if binding is not None and visible > 1:
+        raise RuntimeError(
+            f"rank {rank}: bound to GPU {binding} (CUDA_VISIBLE_DEVICES) but sees {visible} GPUs: CUDA was "
+            "initialised in this process before the binding (something called torch.cuda first)"
+        )
