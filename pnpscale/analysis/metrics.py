@@ -235,10 +235,13 @@ def _banded(collectives: pd.DataFrame, per_seq: pd.Series, image_bytes: float) -
 SCATTERING = ("reduce_scatter", "all_to_all")
 
 
-def _windowed(collectives: pd.DataFrame, per_seq: pd.Series, image_bytes: float) -> pd.Series:
-    """Rows of the windowed gradient exchange (:mod:`pnpscale.rank.gradient`), per iteration x section: a
-    reduce_scatter or all_to_all of at least the image's bytes, and the all_gather issued right after it (the
-    boundaries that complete each rank's windows) when there is one."""
+def _windowed(collectives: pd.DataFrame, per_seq: pd.Series, image_bytes: float, world_size: int) -> pd.Series:
+    """Rows of the windowed gradient exchange (:mod:`pnpscale.rank.gradient`), per iteration x section, in
+    ``seq`` order. Forward: a reduce_scatter or all_to_all of at least the image's bytes (the blocks), and the
+    all_gather issued right after it (the boundaries that complete each rank's windows) when there is one.
+    Backward (its adjoint, :func:`~pnpscale.rank.gradient.windowed_sum_adjoint`): a reduce_scatter or all_to_all
+    (the boundaries) issued right before an all_gather of one rank's cores (``payload × world_size`` at least the
+    image's bytes)."""
     out = pd.Series(False, index=collectives.index)
     kinds = collectives[K.COLLECTIVE].astype(str)
     scatter = kinds.isin(SCATTERING)
@@ -252,10 +255,14 @@ def _windowed(collectives: pd.DataFrame, per_seq: pd.Series, image_bytes: float)
         order = list(seqs.index)
         flagged = set()
         for j, q in enumerate(order):
-            if seqs.at[q, "kind"] in SCATTERING and seqs.at[q, "payload"] >= image_bytes:
-                flagged.add(q)
-                if j + 1 < len(order) and seqs.at[order[j + 1], "kind"] == "all_gather":
-                    flagged.add(order[j + 1])
+            if seqs.at[q, "kind"] not in SCATTERING:
+                continue
+            nxt = order[j + 1] if j + 1 < len(order) else None
+            gather = nxt is not None and seqs.at[nxt, "kind"] == "all_gather"
+            if seqs.at[q, "payload"] >= image_bytes:  # forward: the blocks, then the boundaries
+                flagged.update([q, nxt] if gather else [q])
+            elif gather and seqs.at[nxt, "payload"] * world_size >= image_bytes:  # backward: boundaries, cores
+                flagged.update([q, nxt])
         if flagged:
             out.loc[grp.index[grp[K.SEQ].isin(flagged)]] = True
     return out
@@ -278,8 +285,9 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
     whose payloads add up to exactly ``image_bytes`` carry it together (:func:`band_runs`). Payloads are
     taken as the maximum across ranks for each ``seq``, so every rank flags the same ``seq``. With
     ``solver.gradient_collective=reduce_scatter`` the gradient's image travels as a reduce_scatter (NCCL) or
-    all_to_all (gloo) of at least the image's bytes and the all_gather of the boundaries right after it: both
-    carry it together (:func:`_windowed`).
+    all_to_all (gloo) of at least the image's bytes and the all_gather of the boundaries right after it, and in
+    training's backward (the adjoint) a reduce_scatter or all_to_all of the boundaries and the all_gather of the
+    cores right after it: both carry it together (:func:`_windowed`).
 
     Args:
         collectives: rows of ``collectives.parquet`` (ITERATION, SECTION, SEQ, RANK, PAYLOAD_BYTES,
@@ -305,6 +313,9 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
     ...              payload_bytes=[8, 4160, 512, 8])  # the windowed gradient: blocks, then boundaries
     >>> mark_main(w, image_bytes=4096, world_size=4).tolist()
     [False, True, True, False]
+    >>> a = w.assign(payload_bytes=[8, 512, 1040, 8])  # its adjoint: boundaries, then the cores (4 x 1040)
+    >>> mark_main(a, image_bytes=4096, world_size=4).tolist()
+    [False, True, True, False]
     """
     if collectives.empty:
         return pd.Series([], dtype=bool, index=collectives.index)
@@ -323,7 +334,7 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
             image = image | (gathering & share)
         if K.COLLECTIVE in collectives:
             image = image | _banded(collectives, per_seq, float(image_bytes))
-            image = image | _windowed(collectives, per_seq, float(image_bytes))
+            image = image | _windowed(collectives, per_seq, float(image_bytes), n)
         has_image = image.groupby(section_keys).transform("any")
         is_main = is_main.where(~has_image, image)
     return is_main.astype(bool)

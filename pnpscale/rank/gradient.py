@@ -32,7 +32,9 @@ and ``H = n·max|B_q|`` (the gathered boundaries, times channels and bytes per v
 tile's left and right neighbours on other ranks, so ``H`` grows with the overlap against the tile: ``0.25·P`` at
 the study's tiling (256-pixel tiles, 32-pixel overlap) up to 32 ranks, ``0.43·P`` at 64 (0.62x and 0.72x the
 all_reduce's bytes); ``0.44–0.75·P`` at the small preset's (32 and 8). The all_gather gives every boundary to
-every rank: sending each rank only the pieces its windows read would come closer to half; not built.
+every rank: an all_to_all with uneven splits sending each rank only the pieces its windows read would come
+closer to half from 4 ranks on (0.54x at 4, 0.50x at 64 on the study's tiling: ``benchmarks/windowed_bytes.py``);
+not built, since the byte model and the collective log know only even all_to_alls (README, Remedies).
 
 Training: the exchange is one ``torch.autograd.Function`` (:class:`WindowedSum`); ``g_r = M_r ⊙ Σ_q g_q`` is
 linear, its adjoint sums ``M_r ⊙ ∂L/∂g_r`` over ranks, by the forward's collectives transposed
@@ -179,6 +181,17 @@ def pick_scatter(group: Any = None) -> str:
     return "all_to_all" if str(dist.get_backend(group)) == "gloo" else "reduce_scatter"
 
 
+def _rows(t: torch.Tensor, scatter: str) -> torch.Tensor:
+    """``t`` ``(B, C, *spatial)`` as ``(B·C, pixels)`` (a view where it can be), after checking ``scatter``.
+
+    Raises:
+        ValueError: ``scatter`` not in :data:`SCATTERS`.
+    """
+    if scatter not in SCATTERS:
+        raise ValueError(f"scatter={scatter!r}: allowed values: {', '.join(SCATTERS)}")
+    return t.reshape(t.shape[0] * t.shape[1], -1)
+
+
 def _reduce_scatter(blocks: torch.Tensor, scatter: str, group: Any) -> torch.Tensor:
     """``Σ_ranks blocks[rank]`` on each rank: ``blocks`` ``(n, bc, m)`` -> ``(bc, m)``, by ``scatter``.
 
@@ -225,11 +238,7 @@ def windowed_sum(
     Raises:
         ValueError: ``scatter`` not in :data:`SCATTERS`.
     """
-    if scatter not in SCATTERS:
-        raise ValueError(f"scatter={scatter!r}: allowed values: {', '.join(SCATTERS)}")
-    n = layout.world
-    lead = g_local.shape[:2]
-    flat = g_local.detach().reshape(lead[0] * lead[1], -1)
+    n, flat = layout.world, _rows(g_local.detach(), scatter)
     bc = flat.shape[0]
     blocks = flat.new_zeros((n, bc, layout.block))
     for q, idx in enumerate(layout.owned):
@@ -278,11 +287,7 @@ def windowed_sum_adjoint(
     Raises:
         ValueError: ``scatter`` not in :data:`SCATTERS`.
     """
-    if scatter not in SCATTERS:
-        raise ValueError(f"scatter={scatter!r}: allowed values: {', '.join(SCATTERS)}")
-    n = layout.world
-    lead = grad.shape[:2]
-    flat = grad.reshape(lead[0] * lead[1], -1)
+    n, flat = layout.world, _rows(grad, scatter)
     bc = flat.shape[0]
     own = layout.owned[rank].to(flat.device)
     mine = flat.new_zeros((1, bc, layout.block))
