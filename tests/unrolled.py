@@ -126,3 +126,33 @@ def assert_results_equal(
     for k, what in enumerate(FIELDS[:fields]):
         assert rel_error(got[k], base[k]) <= tol, (*context, what)
     assert all(base[k].abs().sum() > 0 for k in range(2, fields)), (*context, "zero gradients")
+
+
+def cli_remedy_runs(tmp_path: Any, key: str, values: tuple[str, str], *overrides: str) -> dict[tuple[str, str], Any]:
+    """``python -m pnpscale -m gpus=2 mode=inference,training solver.KEY=BASE,OTHER`` on ``TINY_2D``: checks the
+    exit code, the four runs, that only OTHER's folder names ``KEY=OTHER``, and that its image (and training's
+    losses and weight-gradient norms) equal BASE's to 1e-6 with deepinv's real data fidelity.
+
+    Returns:
+        ``(mode, value) -> run folder``.
+    """
+    from tests.helpers import TINY_2D, read_run, run_cli, run_dirs
+
+    base, other = values
+    proc = run_cli(
+        "-m", "gpus=2", "mode=inference,training", f"solver.{key}={base},{other}", *TINY_2D,
+        "output.save_reconstruction=true", *overrides, root=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {(read_run(d)["mode"], read_run(d)["spec"][key]): d for d in run_dirs(tmp_path)}
+    assert set(runs) == {(m, v) for m in ("inference", "training") for v in values}
+    for mode in ("inference", "training"):
+        mine, ref = runs[(mode, other)], runs[(mode, base)]
+        assert f"{key}={other}" in str(mine) and f"{key}=" not in str(ref)
+        a, b = torch.load(mine / "reconstruction.pt"), torch.load(ref / "reconstruction.pt")
+        assert rel_error(a, b) <= 1e-6, mode
+        if mode == "training":
+            for name in ("losses", "grad_norms"):
+                got, want = torch.tensor(read_run(mine)["solver"][name]), torch.tensor(read_run(ref)["solver"][name])
+                assert rel_error(got, want) <= 1e-6, name
+    return runs
