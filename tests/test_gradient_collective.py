@@ -341,7 +341,9 @@ def test_installed_torch_records_the_names_pnpscale_types():
     ``nccl:_reduce_scatter_base`` and ``nccl:_all_gather_base`` (no other title for a single-tensor reduce-scatter
     or all_gather), ``libtorch_cpu.so`` the c10d op ``c10d::_reduce_scatter_base_``; its
     ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` are deprecated aliases of the ``*_single`` calls, which
-    CollectiveLog wraps too (a call through the alias counts once: the innermost)."""
+    CollectiveLog wraps too (a call through the alias counts once: the innermost). Before them (torch 2.x up to
+    2.13, ``distributed_c10d.py``) ``reduce_scatter_tensor`` called the group's ``_reduce_scatter_base``, whose
+    ProcessGroupNCCL title is the same ``nccl:_reduce_scatter_base`` (``ProcessGroupNCCL.cpp``)."""
     import inspect
     import mmap
     import re
