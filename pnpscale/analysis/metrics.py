@@ -282,7 +282,9 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
     (the cores of its tiles, padded to the longest rank's), so it carries the image when
     ``payload × world_size >= image_bytes`` and ``payload <= 2 × image_bytes``. With
     ``solver.overlap=pipelined`` the image travels in row bands: consecutive all_reduces (by ``seq``)
-    whose payloads add up to exactly ``image_bytes`` carry it together (:func:`band_runs`). Payloads are
+    whose payloads add up to exactly ``image_bytes`` carry it together (:func:`band_runs`), in a section where
+    no collective carries the image by the other rules (training's backward, whose image all_reduces are
+    whole, ends in weight-gradient all_reduces that may add up to the image by chance). Payloads are
     taken as the maximum across ranks for each ``seq``, so every rank flags the same ``seq``. With
     ``solver.gradient_collective=reduce_scatter`` the gradient's image travels as a reduce_scatter (NCCL) or
     all_to_all (gloo) of at least the image's bytes and the all_gather of the boundaries right after it, and in
@@ -309,6 +311,9 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
     ...                   "collective": "all_reduce", "payload_bytes": [8, 1024, 3072, 16]})  # two bands
     >>> mark_main(b, image_bytes=4096).tolist()
     [False, True, True, False]
+    >>> t = b.assign(payload_bytes=[4096, 1024, 3072, 16])  # a whole image, then weight gradients adding up to it
+    >>> mark_main(t, image_bytes=4096).tolist()
+    [True, False, False, False]
     >>> w = b.assign(collective=["broadcast", "all_to_all", "all_gather", "broadcast"],
     ...              payload_bytes=[8, 4160, 512, 8])  # the windowed gradient: blocks, then boundaries
     >>> mark_main(w, image_bytes=4096, world_size=4).tolist()
@@ -333,8 +338,11 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
             share = (per_seq * n >= float(image_bytes)) & (per_seq <= 2.0 * float(image_bytes))
             image = image | (gathering & share)
         if K.COLLECTIVE in collectives:
-            image = image | _banded(collectives, per_seq, float(image_bytes))
             image = image | _windowed(collectives, per_seq, float(image_bytes), n)
+            # row bands only where nothing else carries the image: in training's backward deepinv's
+            # weight-gradient all_reduces can add up to exactly the image's bytes by chance
+            carried = image.groupby(section_keys).transform("any")
+            image = image | (_banded(collectives, per_seq, float(image_bytes)) & ~carried)
         has_image = image.groupby(section_keys).transform("any")
         is_main = is_main.where(~has_image, image)
     return is_main.astype(bool)
