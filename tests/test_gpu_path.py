@@ -451,6 +451,7 @@ NCCL_RANGE_OF_CALL = {
     "all_reduce": "nccl:all_reduce", "barrier": "nccl:all_reduce_barrier", "broadcast": "nccl:broadcast",
     "reduce": "nccl:reduce", "all_gather": "nccl:all_gather", "all_gather_into_tensor": "nccl:_all_gather_base",
     "reduce_scatter": "nccl:reduce_scatter", "reduce_scatter_tensor": "nccl:_reduce_scatter_base",
+    "reduce_scatter_single": "nccl:_reduce_scatter_base", "all_gather_single": "nccl:_all_gather_base",
     "all_to_all": "nccl:all_to_all", "all_to_all_single": "nccl:all_to_all", "gather": "nccl:gather",
     "scatter": "nccl:scatter", "send": "nccl:send 0->1", "isend": "nccl:send 0->1", "recv": "nccl:recv 1<-0",
     "irecv": "nccl:recv 1<-0",

@@ -221,3 +221,24 @@ def test_windowed_gradient_scatter_and_boundaries_are_main_together():
                             K.TRANSFER_S: 0.5}])  # fmt: skip
         assert t[K.BYTES_PER_GPU].isna().all() and t[K.BUSBW_GBPS].isna().all()
         assert f"no byte model for {scatter}+all_gather" in t[K.ALGORITHM_NOTE].iloc[0]
+
+
+def test_training_backward_flags_the_windowed_adjoint_and_not_weight_gradients_adding_up_to_the_image():
+    """Training's backward with ``solver.gradient_collective=reduce_scatter`` (2 ranks, 32²×3 float32, as a real
+    run logs it): the denoiser's image all_reduce, the adjoint's boundaries (all_to_all of 2 blocks of 384 px)
+    and cores (all_gather of 512 px) are main; deepinv's weight-gradient all_reduces, seven of which add up to
+    exactly the image's 12,288 bytes, are not (they are not row bands: the section's image travels whole)."""
+    from pnpscale.results.transfer import main_bytes_per_gpu
+
+    image = 3 * 32 * 32 * 4
+    step = [("all_reduce", image), ("all_to_all", 2 * 3 * 384 * 4), ("all_gather", 3 * 512 * 4)]
+    weights = [576, 576, 512, 2304, 1024, 2304, 2304, 1024, 2304, 2304, 1024, 2304, 512, 432]
+    kinds = step * 2 + [("all_reduce", image)] + [("all_reduce", w) for w in weights]
+    rows = [(r, 0, "backward", q, 0.01, p) for r in (0, 1) for q, (_, p) in enumerate(kinds)]
+    coll = coll_table(rows)
+    coll[K.COLLECTIVE] = [k for _ in (0, 1) for k, _ in kinds]
+    coll[K.MAIN] = mark_main(coll, image_bytes=image, world_size=2)
+    assert coll[coll[K.RANK] == 0][K.MAIN].tolist() == [True] * 7 + [False] * len(weights)
+    # ring bytes per GPU: 3 image all_reduces (P each on 2 ranks) and 2 adjoint pairs ((S + H)/2 each)
+    want = 3 * image + 2 * (2 * 3 * 384 * 4 + 2 * 3 * 512 * 4) / 2
+    assert main_bytes_per_gpu(coll.assign(**{K.WARMUP: False}), 2) == pytest.approx(want)

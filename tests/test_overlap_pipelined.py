@@ -3,21 +3,11 @@ image, input gradient and weight gradients (1..5 ranks, 2D and 3D, inference and
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from pnpscale.rank.pipeline import band_bounds, chunk_bounds, reflect_index, window, window_rows
-from tests.helpers import gloo_rank, rank_results, rel_error
-
-
-def _strategy(shape, patch, overlap):
-    from deepinv.distributed.strategies.distributed_strategies import TilingStrategy
-
-    dims = len(shape) - 2
-    return TilingStrategy(shape, tiling_dims=tuple(range(-dims, 0)), patch_size=patch, overlap=overlap)
-
+from tests.unrolled import Setting, assert_results_equal, cli_remedy_runs, tiling, unrolled_results
 
 _SHAPES = [((1, 3, 20, 20), 8, 4), ((1, 3, 32, 32), 8, 4), ((1, 1, 12, 12, 12), 8, 4), ((1, 2, 19, 17), 5, 2)]
 
@@ -26,7 +16,7 @@ _SHAPES = [((1, 3, 20, 20), 8, 4), ((1, 3, 32, 32), 8, 4), ((1, 1, 12, 12, 12), 
 def test_windows_equal_deepinvs_padded_slices(shape, patch, overlap):
     """Every tile's window cut from a band segment = deepinv's reflect-padded slice; bands tile the rows."""
     x = torch.randn(shape)
-    s = _strategy(shape, patch, overlap)
+    s = tiling(shape, patch, overlap)
     bands = band_bounds(s)
     assert bands[0][0] == 0 and bands[-1][1] == shape[2]
     assert all(a[1] == b[0] for a, b in zip(bands, bands[1:], strict=False))
@@ -45,53 +35,33 @@ def test_reflect_index_is_torch_reflect():
     assert torch.equal(v[0, 0, reflect_index(0, 13, 3, 7)], ref)
 
 
-def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
-    with gloo_rank(rank, world, port):
-        _rank_body(rank, world, out_dir)
+#: (overlap, chunks): the blocking path, then pipelined with one chunk per tile row, one chunk, two chunks
+_VARIANTS = (("none", None), ("pipelined", None), ("pipelined", 1), ("pipelined", 2))
 
 
-def _rank_body(rank: int, world: int, out_dir: str) -> None:
-    from deepinv.distributed import DistributedContext
-    from deepinv.models import DRUNet
-
+def _step(st: Setting, variant: tuple):
+    """A PnP step with the rank's local gradient ``weights[r]·x``: blocking, or pipelined in ``chunks`` bands."""
     from pnpscale.rank.denoiser import tiled_denoiser
     from pnpscale.rank.pipeline import PipelinedStep
 
-    results = {}
-    with DistributedContext(backend="gloo", cleanup=False, device_mode="cpu") as ctx:
-        # 2D: 3x3 tiles of 8 (5 ranks: uneven); 3D: 2x2x2 tiles
-        for dims, shape, patch in ((2, (1, 3, 24, 24), 8), (3, (1, 1, 16, 16, 16), 8)):
-            g = torch.Generator().manual_seed(dims)
-            x0 = torch.rand(shape, generator=g)
-            target = torch.rand(shape, generator=g)
-            weights = torch.rand((world, *shape), generator=g)  # rank r's local gradient: weights[r] * x
-            for overlap, chunks in (("none", None), ("pipelined", None), ("pipelined", 1), ("pipelined", 2)):
-                torch.manual_seed(0)
-                net = DRUNet(shape[1], shape[1], nc=(4, 8, 8, 8), nb=1, pretrained=None, device="cpu", dim=dims)
-                den = tiled_denoiser(net, ctx, _strategy(shape, patch, 4), collective="all_reduce", max_batch_size=2)
-                step = PipelinedStep(den, chunks) if overlap == "pipelined" else None
+    overlap, chunks = variant
+    den = tiled_denoiser(st.net, st.ctx, tiling(st.shape, st.patch, 4), collective="all_reduce", max_batch_size=2)
+    pipe = PipelinedStep(den, chunks) if overlap == "pipelined" else None
 
-                def run(x, step=step, den=den, rank=rank, weights=weights):
-                    g_local = weights[rank] * x
-                    if step is None:
-                        return den(x - 0.5 * ctx.all_reduce(g_local), 0.05)
-                    parts, pending = step.issue_gradient(g_local)
-                    return step.denoise(x, 0.5, parts, pending, 0.05)
+    def step(x):
+        g_local = st.weights[st.rank] * x
+        if pipe is None:
+            return den(x - 0.5 * st.ctx.all_reduce(g_local), 0.05)
+        parts, pending = pipe.issue_gradient(g_local)
+        return pipe.denoise(x, 0.5, parts, pending, 0.05)
 
-                with torch.no_grad():
-                    inference = run(run(x0.clone()))  # two PnP steps
-                x = x0.clone().requires_grad_(True)
-                out = run(run(x))  # training: two unrolled steps, gradients through the async exchanges
-                ((out - target) ** 2).mean().backward()
-                grads = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
-                results[(dims, overlap, chunks)] = (inference, out.detach(), grads, x.grad.clone())
-    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    return step
 
 
 @pytest.fixture(scope="module")
 def pipelined(tmp_path_factory):
     """Each world size's rank results (fork-started gloo ranks), keyed by world size."""
-    return rank_results(_rank, tmp_path_factory)
+    return unrolled_results(tmp_path_factory, _step, {2: _VARIANTS, 3: _VARIANTS})
 
 
 @pytest.mark.slow
@@ -103,10 +73,7 @@ def test_pipelined_equals_blocking(pipelined, world, dims):
     for mine in pipelined[world]:
         base = mine[(dims, "none", None)]
         for chunks in (None, 1, 2):
-            got = mine[(dims, "pipelined", chunks)]
-            for k, what in enumerate(("inference image", "training image", "weight gradients", "input gradient")):
-                assert rel_error(got[k], base[k]) <= 1e-6, (world, dims, chunks, what)
-        assert base[2].abs().sum() > 0 and base[3].abs().sum() > 0
+            assert_results_equal(mine[(dims, "pipelined", chunks)], base, (world, dims, chunks))
     first = pipelined[world][0][(dims, "pipelined", None)]
     for mine in pipelined[world][1:]:
         assert torch.equal(mine[(dims, "pipelined", None)][0], first[0])
@@ -121,24 +88,7 @@ def test_cli_pipelined_gives_the_blocking_image_and_the_report_compares_them(tmp
 
     import pandas as pd
 
-    from tests.helpers import TINY_2D, read_run, run_cli, run_dirs
-
-    proc = run_cli(
-        "-m", "gpus=2", "mode=inference,training", "solver.overlap=none,pipelined", *TINY_2D,
-        "output.save_reconstruction=true", root=tmp_path, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = {(read_run(d)["mode"], read_run(d)["spec"]["overlap"]): d for d in run_dirs(tmp_path)}
-    assert set(runs) == {(m, o) for m in ("inference", "training") for o in ("none", "pipelined")}
-    for mode in ("inference", "training"):
-        base, pipe = runs[(mode, "none")], runs[(mode, "pipelined")]
-        assert "overlap=pipelined" in str(pipe) and "overlap=" not in str(base)
-        a, b = torch.load(pipe / "reconstruction.pt"), torch.load(base / "reconstruction.pt")
-        assert rel_error(a, b) <= 1e-6, mode
-        if mode == "training":
-            for key in ("losses", "grad_norms"):
-                got, want = torch.tensor(read_run(pipe)["solver"][key]), torch.tensor(read_run(base)["solver"][key])
-                assert rel_error(got, want) <= 1e-6, key
+    runs = cli_remedy_runs(tmp_path, "overlap", ("none", "pipelined"))
     colls = pd.read_parquet(runs[("inference", "pipelined")] / "collectives.parquet")
     per = colls[(colls["rank"] == 0) & (colls["iteration"] == 1)]
     image = 3 * 32 * 32 * 4

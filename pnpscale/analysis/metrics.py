@@ -235,10 +235,13 @@ def _banded(collectives: pd.DataFrame, per_seq: pd.Series, image_bytes: float) -
 SCATTERING = ("reduce_scatter", "all_to_all")
 
 
-def _windowed(collectives: pd.DataFrame, per_seq: pd.Series, image_bytes: float) -> pd.Series:
-    """Rows of the windowed gradient exchange (:mod:`pnpscale.rank.gradient`), per iteration x section: a
-    reduce_scatter or all_to_all of at least the image's bytes, and the all_gather issued right after it (the
-    boundaries that complete each rank's windows) when there is one."""
+def _windowed(collectives: pd.DataFrame, per_seq: pd.Series, image_bytes: float, world_size: int) -> pd.Series:
+    """Rows of the windowed gradient exchange (:mod:`pnpscale.rank.gradient`), per iteration x section, in
+    ``seq`` order. Forward: a reduce_scatter or all_to_all of at least the image's bytes (the blocks), and the
+    all_gather issued right after it (the boundaries that complete each rank's windows) when there is one.
+    Backward (its adjoint, :func:`~pnpscale.rank.gradient.windowed_sum_adjoint`): a reduce_scatter or all_to_all
+    (the boundaries) issued right before an all_gather of one rank's cores (``payload × world_size`` at least the
+    image's bytes)."""
     out = pd.Series(False, index=collectives.index)
     kinds = collectives[K.COLLECTIVE].astype(str)
     scatter = kinds.isin(SCATTERING)
@@ -252,10 +255,14 @@ def _windowed(collectives: pd.DataFrame, per_seq: pd.Series, image_bytes: float)
         order = list(seqs.index)
         flagged = set()
         for j, q in enumerate(order):
-            if seqs.at[q, "kind"] in SCATTERING and seqs.at[q, "payload"] >= image_bytes:
-                flagged.add(q)
-                if j + 1 < len(order) and seqs.at[order[j + 1], "kind"] == "all_gather":
-                    flagged.add(order[j + 1])
+            if seqs.at[q, "kind"] not in SCATTERING:
+                continue
+            nxt = order[j + 1] if j + 1 < len(order) else None
+            gather = nxt is not None and seqs.at[nxt, "kind"] == "all_gather"
+            if seqs.at[q, "payload"] >= image_bytes:  # forward: the blocks, then the boundaries
+                flagged.update([q, nxt] if gather else [q])
+            elif gather and seqs.at[nxt, "payload"] * world_size >= image_bytes:  # backward: boundaries, cores
+                flagged.update([q, nxt])
         if flagged:
             out.loc[grp.index[grp[K.SEQ].isin(flagged)]] = True
     return out
@@ -275,11 +282,14 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
     (the cores of its tiles, padded to the longest rank's), so it carries the image when
     ``payload × world_size >= image_bytes`` and ``payload <= 2 × image_bytes``. With
     ``solver.overlap=pipelined`` the image travels in row bands: consecutive all_reduces (by ``seq``)
-    whose payloads add up to exactly ``image_bytes`` carry it together (:func:`band_runs`). Payloads are
+    whose payloads add up to exactly ``image_bytes`` carry it together (:func:`band_runs`), in a section where
+    no collective carries the image by the other rules (training's backward, whose image all_reduces are
+    whole, ends in weight-gradient all_reduces that may add up to the image by chance). Payloads are
     taken as the maximum across ranks for each ``seq``, so every rank flags the same ``seq``. With
     ``solver.gradient_collective=reduce_scatter`` the gradient's image travels as a reduce_scatter (NCCL) or
-    all_to_all (gloo) of at least the image's bytes and the all_gather of the boundaries right after it: both
-    carry it together (:func:`_windowed`).
+    all_to_all (gloo) of at least the image's bytes and the all_gather of the boundaries right after it, and in
+    training's backward (the adjoint) a reduce_scatter or all_to_all of the boundaries and the all_gather of the
+    cores right after it: both carry it together (:func:`_windowed`).
 
     Args:
         collectives: rows of ``collectives.parquet`` (ITERATION, SECTION, SEQ, RANK, PAYLOAD_BYTES,
@@ -301,9 +311,15 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
     ...                   "collective": "all_reduce", "payload_bytes": [8, 1024, 3072, 16]})  # two bands
     >>> mark_main(b, image_bytes=4096).tolist()
     [False, True, True, False]
+    >>> t = b.assign(payload_bytes=[4096, 1024, 3072, 16])  # a whole image, then weight gradients adding up to it
+    >>> mark_main(t, image_bytes=4096).tolist()
+    [True, False, False, False]
     >>> w = b.assign(collective=["broadcast", "all_to_all", "all_gather", "broadcast"],
     ...              payload_bytes=[8, 4160, 512, 8])  # the windowed gradient: blocks, then boundaries
     >>> mark_main(w, image_bytes=4096, world_size=4).tolist()
+    [False, True, True, False]
+    >>> a = w.assign(payload_bytes=[8, 512, 1040, 8])  # its adjoint: boundaries, then the cores (4 x 1040)
+    >>> mark_main(a, image_bytes=4096, world_size=4).tolist()
     [False, True, True, False]
     """
     if collectives.empty:
@@ -322,8 +338,11 @@ def mark_main(collectives: pd.DataFrame, image_bytes: int | None = None, world_s
             share = (per_seq * n >= float(image_bytes)) & (per_seq <= 2.0 * float(image_bytes))
             image = image | (gathering & share)
         if K.COLLECTIVE in collectives:
-            image = image | _banded(collectives, per_seq, float(image_bytes))
-            image = image | _windowed(collectives, per_seq, float(image_bytes))
+            image = image | _windowed(collectives, per_seq, float(image_bytes), n)
+            # row bands only where nothing else carries the image: in training's backward deepinv's
+            # weight-gradient all_reduces can add up to exactly the image's bytes by chance
+            carried = image.groupby(section_keys).transform("any")
+            image = image | (_banded(collectives, per_seq, float(image_bytes)) & ~carried)
         has_image = image.groupby(section_keys).transform("any")
         is_main = is_main.where(~has_image, image)
     return is_main.astype(bool)

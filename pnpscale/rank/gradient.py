@@ -32,11 +32,15 @@ and ``H = n·max|B_q|`` (the gathered boundaries, times channels and bytes per v
 tile's left and right neighbours on other ranks, so ``H`` grows with the overlap against the tile: ``0.25·P`` at
 the study's tiling (256-pixel tiles, 32-pixel overlap) up to 32 ranks, ``0.43·P`` at 64 (0.62x and 0.72x the
 all_reduce's bytes); ``0.44–0.75·P`` at the small preset's (32 and 8). The all_gather gives every boundary to
-every rank: sending each rank only the pieces its windows read would come closer to half; not built.
+every rank: an all_to_all with uneven splits sending each rank only the pieces its windows read would come
+closer to half from 4 ranks on (0.54x at 4, 0.50x at 64 on the study's tiling: ``benchmarks/windowed_bytes.py``);
+not built, since the byte model and the collective log know only even all_to_alls (README, Remedies).
 
 Training: the exchange is one ``torch.autograd.Function`` (:class:`WindowedSum`); ``g_r = M_r ⊙ Σ_q g_q`` is
-linear, its adjoint sums ``M_r ⊙ ∂L/∂g_r`` over ranks: one blocking image-sized all_reduce in backward (the
-backward's bytes are the blocking path's). Every rank runs the node, so the backward's collectives match.
+linear, its adjoint sums ``M_r ⊙ ∂L/∂g_r`` over ranks, by the forward's collectives transposed
+(:func:`windowed_sum_adjoint`: a reduce-scatter of the boundaries, then an all_gather of the cores), so the
+backward moves the forward's ``(S + H)·(n−1)/n`` bytes, not an all_reduce's. Every rank runs the node, so the
+backward's collectives match.
 """
 
 from __future__ import annotations
@@ -46,10 +50,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import once_differentiable
 
 from pnpscale.rank.pipeline import _pad_of, window_indices
 
-#: How step 1 is issued: ``reduce_scatter`` (``dist.reduce_scatter_tensor``, NCCL) or ``all_to_all``
+#: How step 1 is issued: ``reduce_scatter`` (torch's single-tensor reduce-scatter, NCCL) or ``all_to_all``
 #: (``dist.all_to_all_single`` and a local sum, gloo); ``None`` in :class:`WindowedSum` picks by backend.
 SCATTERS = ("reduce_scatter", "all_to_all")
 
@@ -176,6 +181,45 @@ def pick_scatter(group: Any = None) -> str:
     return "all_to_all" if str(dist.get_backend(group)) == "gloo" else "reduce_scatter"
 
 
+def _rows(t: torch.Tensor, scatter: str) -> torch.Tensor:
+    """``t`` ``(B, C, *spatial)`` as ``(B·C, pixels)`` (a view where it can be), after checking ``scatter``.
+
+    Raises:
+        ValueError: ``scatter`` not in :data:`SCATTERS`.
+    """
+    if scatter not in SCATTERS:
+        raise ValueError(f"scatter={scatter!r}: allowed values: {', '.join(SCATTERS)}")
+    return t.reshape(t.shape[0] * t.shape[1], -1)
+
+
+def _reduce_scatter(blocks: torch.Tensor, scatter: str, group: Any) -> torch.Tensor:
+    """``Σ_ranks blocks[rank]`` on each rank: ``blocks`` ``(n, bc, m)`` -> ``(bc, m)``, by ``scatter``.
+
+    ``reduce_scatter``: torch's single-tensor reduce-scatter, ``dist.reduce_scatter_single`` where torch has it
+    (``reduce_scatter_tensor`` is its deprecated alias there), else ``dist.reduce_scatter_tensor``; both reach
+    ProcessGroupNCCL's ``_reduce_scatter_base`` (range ``nccl:_reduce_scatter_base``). ``all_to_all``:
+    ``dist.all_to_all_single`` of the blocks, summed on arrival in rank order. Looked up at call time, so
+    :class:`~pnpscale.rank.profiling.CollectiveLog`'s wrappers record them.
+    """
+    if scatter == "reduce_scatter":
+        mine = blocks.new_empty((1, *blocks.shape[1:]))
+        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        rs(mine, blocks, op=dist.ReduceOp.SUM, group=group)
+        return mine[0]
+    received = torch.empty_like(blocks)
+    dist.all_to_all_single(received, blocks, group=group)
+    return received.sum(0)
+
+
+def _all_gather(buf: torch.Tensor, n: int, group: Any) -> torch.Tensor:
+    """Every rank's ``buf`` ``(1, bc, m)`` -> ``(n, bc, m)``: ``dist.all_gather_single`` where torch has it
+    (``all_gather_into_tensor`` is its deprecated alias there), else ``dist.all_gather_into_tensor``."""
+    gathered = buf.new_empty((n, *buf.shape[1:]))
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    ag(gathered, buf, group=group)
+    return gathered
+
+
 def windowed_sum(
     g_local: torch.Tensor, layout: WindowLayout, rank: int, scatter: str, group: Any = None
 ) -> torch.Tensor:
@@ -194,23 +238,12 @@ def windowed_sum(
     Raises:
         ValueError: ``scatter`` not in :data:`SCATTERS`.
     """
-    if scatter not in SCATTERS:
-        raise ValueError(f"scatter={scatter!r}: allowed values: {', '.join(SCATTERS)}")
-    n = layout.world
-    lead = g_local.shape[:2]
-    flat = g_local.detach().reshape(lead[0] * lead[1], -1)
+    n, flat = layout.world, _rows(g_local.detach(), scatter)
     bc = flat.shape[0]
     blocks = flat.new_zeros((n, bc, layout.block))
     for q, idx in enumerate(layout.owned):
         blocks[q, :, : len(idx)] = flat.index_select(1, idx.to(flat.device))
-    if scatter == "reduce_scatter":
-        mine = flat.new_empty((1, bc, layout.block))
-        dist.reduce_scatter_tensor(mine, blocks, op=dist.ReduceOp.SUM, group=group)
-        reduced = mine[0]
-    else:
-        received = torch.empty_like(blocks)
-        dist.all_to_all_single(received, blocks, group=group)
-        reduced = received.sum(0)
+    reduced = _reduce_scatter(blocks, scatter, group)
     out = torch.zeros_like(flat)
     own = layout.owned[rank].to(flat.device)
     out[:, own] = reduced[:, : len(own)]
@@ -218,28 +251,75 @@ def windowed_sum(
         halo = flat.new_zeros((1, bc, layout.halo))
         pos = layout.boundary_pos[rank].to(flat.device)
         halo[0, :, : len(pos)] = reduced.index_select(1, pos)
-        gathered = flat.new_empty((n, bc, layout.halo))
-        dist.all_gather_into_tensor(gathered, halo, group=group)
+        gathered = _all_gather(halo, n, group)
         for q, idx in enumerate(layout.boundary):
             if q != rank:
                 out[:, idx.to(flat.device)] = gathered[q, :, : len(idx)]
     return out.reshape(g_local.shape)
 
 
+def windowed_sum_adjoint(
+    grad: torch.Tensor, layout: WindowLayout, rank: int, scatter: str, group: Any = None
+) -> torch.Tensor:
+    """The adjoint of :func:`windowed_sum`: ``Σ_ranks M_r ⊙ grad_r`` on every rank, by the forward's two
+    collectives transposed (the adjoint of an all_gather is a reduce-scatter, and of a reduce-scatter an
+    all_gather), in reverse order:
+
+    1. **boundary reduce-scatter** (adjoint of the halo all_gather): rank ``r`` lays out ``grad_r`` on each other
+       rank's boundary ``B_q`` as block ``q`` (``halo`` pixels, zero-padded; its own block zero), and the ranks
+       reduce-scatter the blocks (``scatter``: ``reduce_scatter`` on NCCL, ``all_to_all`` and a local sum on
+       gloo); rank ``q`` adds what it receives to ``grad_q`` at ``B_q``: ``d_q`` on ``O_q`` (``block`` pixels).
+    2. **core all_gather** (adjoint of the reduce-scatter over the cores): every rank gathers every ``d_q``
+       and places it on ``O_q``.
+
+    Bytes per GPU: ``(H + S)·(n−1)/n``, the forward's, against the blocking all_reduce's ``2·P·(n−1)/n``. A pixel
+    of ``O_q`` outside ``B_q`` is in ``M_r`` for ``r = q`` only; a pixel of ``B_q`` is in every ``M_r``: so the
+    result is ``Σ_r M_r ⊙ grad_r`` (the sum's order differs from an all_reduce's: equal to rounding).
+    With no boundary (``halo == 0``, overlap 0) every rank skips step 1 alike.
+
+    Args:
+        grad: this rank's output gradient ``∂L/∂g_r``, ``(B, C, *spatial)``.
+        layout, rank, scatter, group: as for :func:`windowed_sum`.
+
+    Returns:
+        ``grad``'s shape: ``∂L/∂g_local`` of this rank, the same on every rank.
+
+    Raises:
+        ValueError: ``scatter`` not in :data:`SCATTERS`.
+    """
+    n, flat = layout.world, _rows(grad, scatter)
+    bc = flat.shape[0]
+    own = layout.owned[rank].to(flat.device)
+    mine = flat.new_zeros((1, bc, layout.block))
+    mine[0, :, : len(own)] = flat.index_select(1, own)
+    if layout.halo:
+        blocks = flat.new_zeros((n, bc, layout.halo))
+        for q, idx in enumerate(layout.boundary):
+            if q != rank:
+                blocks[q, :, : len(idx)] = flat.index_select(1, idx.to(flat.device))
+        pos = layout.boundary_pos[rank].to(flat.device)
+        mine[0, :, pos] += _reduce_scatter(blocks, scatter, group)[:, : len(pos)]
+    gathered = _all_gather(mine, n, group)
+    out = torch.zeros_like(flat)
+    for q, idx in enumerate(layout.owned):
+        out[:, idx.to(flat.device)] = gathered[q, :, : len(idx)]
+    return out.reshape(grad.shape)
+
+
 class WindowedSum(torch.autograd.Function):
-    """:func:`windowed_sum` with its adjoint: backward sums ``M_r ⊙ grad`` over ranks (one blocking all_reduce)."""
+    """:func:`windowed_sum` with its adjoint (:func:`windowed_sum_adjoint`: the forward's collectives transposed)."""
 
     @staticmethod
     def forward(
         ctx: Any, g_local: torch.Tensor, layout: WindowLayout, rank: int, scatter: str, group: Any
     ) -> torch.Tensor:
-        ctx.mask, ctx.group = layout.known(rank), group
+        ctx.layout, ctx.rank, ctx.scatter, ctx.group = layout, rank, scatter, group
         return windowed_sum(g_local, layout, rank, scatter, group)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        out = (grad * ctx.mask.to(grad.device)).contiguous()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=ctx.group)
+        out = windowed_sum_adjoint(grad.contiguous(), ctx.layout, ctx.rank, ctx.scatter, ctx.group)
         return out, None, None, None, None
 
 

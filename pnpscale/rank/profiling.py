@@ -62,6 +62,7 @@ COLLECTIVE_CALLS: dict[str, tuple[int, str] | None] = {
     "all_gather_single": (1, "input_tensor"),
     "reduce_scatter": (1, "input_list"),
     "reduce_scatter_tensor": (1, "input"),
+    "reduce_scatter_single": (1, "input"),
     "all_to_all": (1, "input_tensor_list"),
     "all_to_all_single": (1, "input"),
     "gather": (0, "tensor"),
