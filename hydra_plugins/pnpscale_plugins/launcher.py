@@ -72,13 +72,20 @@ def validate_points(
         Abort: carrying a SweepConfigError, one line per bad point (exit code 2); nothing was launched.
     """
     from pnpscale.core.config import ConfigError
-    from pnpscale.sweep.cli import check_hydra_override
+    from pnpscale.sweep.cli import check_hydra_override, file_key_error
 
     composed: list[Any] = []
     seen: dict[Any, str] = {}
     problems: dict[str, list[str]] = {}
     for overrides in job_overrides:
-        cfg = config_loader.load_sweep_config(config, list(overrides))
+        try:
+            cfg = config_loader.load_sweep_config(config, list(overrides))
+        except Exception as exc:  # a key a user's YAML sets that the schema lacks: one line, not Hydra's six
+            refused = file_key_error(exc)
+            if refused is None:
+                raise
+            problems.setdefault(str(refused), []).append(_label(overrides))
+            continue
         try:
             check(cfg)
         except ConfigError as exc:
@@ -99,11 +106,13 @@ def validate_points(
         composed.append(cfg)
     from pnpscale.sweep.point import mode_key_problems
 
-    refused, warnings = mode_key_problems([(_label(o), c, o) for o, c in zip(job_overrides, composed, strict=True)])
-    for msg, pts in refused.items():  # a key that every point setting it would silently ignore
-        problems.setdefault(msg, []).extend(pts)
-    for line in warnings:  # read by some points, ignored by others: said once
-        log.warning("%s", line)
+    if len(composed) == len(job_overrides):  # the rules across points need every point's config
+        pairs = zip(job_overrides, composed, strict=True)
+        refused, warnings = mode_key_problems([(_label(o), c, o) for o, c in pairs])
+        for msg, pts in refused.items():  # a key that every point setting it would silently ignore
+            problems.setdefault(msg, []).extend(pts)
+        for line in warnings:  # read by some points, ignored by others: said once
+            log.warning("%s", line)
     if problems:
         lines = [f"{msg} (sweep point{'s' if len(pts) > 1 else ''}: {'; '.join(pts)})" for msg, pts in problems.items()]
         raise refuse("invalid sweep, nothing was started:\n" + "\n".join(lines))
