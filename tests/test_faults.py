@@ -1248,3 +1248,65 @@ def test_8_the_footprint_is_measured_on_forked_ranks_and_the_design_card_fits(tm
     spec64 = resolve_spec(compose_config(["gpus=64", "problem=2d"]), cuda_available=False)
     assert resources.memory_refusal(64, footprint, resources.problem_bytes(spec64), 22 * 10**9) is None
     assert local.rank_footprint(measure=False) == footprint  # kept: measured once
+
+
+_KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+from pnpscale import layout
+
+def build(stage):
+    (stage / "summary.parquet").write_bytes(b"half")
+    print("writing", flush=True)
+    time.sleep(60)
+
+layout.commit_folder(Path(sys.argv[1]), build)
+"""
+
+
+def test_8_a_report_killed_mid_write_leaves_staging_the_next_one_removes(tmp_path, caplog):
+    """SIGKILL of a writer (the report, a run's tables: both stage through ``layout.commit_folder``) leaves its
+    ``.staging-*`` folder; the next write into that folder removes it (its writer is gone: the staging lock is
+    free) with one warning line, and never a live writer's."""
+    report = tmp_path / "sweep" / layout.REPORT_DIR
+    writer = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(report)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert writer.stdout.readline().strip() == "writing"
+    (live,) = report.glob(layout.STAGING_PREFIX + "*")
+    assert layout.stale_staging(report) == []  # its writer holds it: never stale
+    writer.kill()
+    writer.wait(timeout=30)
+    writer.stdout.close()
+    assert live.is_dir() and layout.stale_staging(report) == [live]  # SIGKILL: left, its lock free
+    with caplog.at_level("WARNING", logger="pnpscale"):
+        layout.commit_folder(report, lambda stage: (stage / layout.SUMMARY).write_bytes(b"whole"))
+    assert not live.exists() and not list(report.glob(layout.STAGING_PREFIX + "*"))
+    assert f"{live}: removed a staging folder left by a writer that ended mid-write" in caplog.text
+    assert sorted(p.name for p in report.iterdir()) == [layout.SUMMARY]
+    assert (report / layout.SUMMARY).read_bytes() == b"whole"
+
+
+def test_8_a_staging_folder_is_stale_only_when_its_writer_is_gone(tmp_path):
+    """Held lock: live (whatever its age); free lock naming its writer: stale at once; no named lock (a writer
+    killed before it locked, a version before the lock): stale only after STAGING_GRACE_S seconds."""
+
+    seen = {}
+
+    def build(stage: Path) -> None:
+        os.utime(stage, (0, 0))  # very old, still live: its writer holds the lock
+        seen["during"] = layout.stale_staging(tmp_path)
+        (stage / "a.txt").write_text("a")
+
+    assert layout.commit_folder(tmp_path, build) == ["a.txt"]  # the lock file is never published
+    assert seen["during"] == [] and not list(tmp_path.glob(layout.STAGING_PREFIX + "*"))
+    unnamed = tmp_path / f"{layout.STAGING_PREFIX}unnamed"
+    unnamed.mkdir()
+    (unnamed / layout.STAGING_OWNER).touch()  # created, its writer killed before it locked it
+    young = tmp_path / f"{layout.STAGING_PREFIX}young"
+    young.mkdir()
+    now = time.time()
+    assert layout.stale_staging(tmp_path, now=now) == []
+    later = now + layout.STAGING_GRACE_S + 1
+    assert layout.stale_staging(tmp_path, now=later) == [unnamed, young]
+    (unnamed / layout.STAGING_OWNER).write_text("123\n")  # named, lock free: its writer locked it and died
+    assert layout.stale_staging(tmp_path, now=now) == [unnamed]
