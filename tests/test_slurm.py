@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -474,3 +475,142 @@ def test_validation_suite_runs_as_one_slurm_job(slurm_cluster, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "validation submitted as SLURM job" in proc.stdout and "PASSED" in proc.stdout
     assert (out / "validate.json").is_file() and list((out / ".submitit").glob("*_log.out"))
+
+
+def _sweep_lines(proc: subprocess.Popen, until, lines: list[str], timeout_s: float = 240) -> None:
+    """Read the sweep's merged output into ``lines`` until ``until(lines)`` holds (fails after ``timeout_s``)."""
+    end = time.monotonic() + timeout_s
+    for line in proc.stdout:
+        lines.append(line)
+        if until(lines):
+            return
+        if time.monotonic() > end:
+            break
+    pytest.fail("the sweep never got there:\n" + "".join(lines)[-4000:])
+
+
+def _submitted(lines: list[str]) -> dict[int, str]:
+    """gpus -> SLURM job id, from the launcher's ``<point> gpus=N: SLURM job ID submitted`` lines."""
+    import re
+
+    found = (re.search(r"gpus=(\d+): SLURM job (\S+) submitted", line) for line in lines)
+    return {int(m.group(1)): m.group(2) for m in found if m}
+
+
+def _squeue_state(job_id: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                          timeout=30).stdout.strip()  # fmt: skip
+
+
+@pytest.mark.slurm
+def test_a_stopped_slurm_sweep_records_its_pending_point_not_run(slurm_cluster, tmp_path):
+    """Ctrl-C while one job runs and the other waits for nodes (gpus=8 needs both nodes' 4 GPUs, gpus=1 holds
+    one): both are cancelled; the running one is recorded failed (cancelled), the pending one ``not_run`` (as
+    the local launcher records a point a stop came before), the summary and the resume command are logged;
+    exit 130, no traceback, no job left in SLURM."""
+    sweep = tmp_path / "outputs" / "sweep"
+    args = _slurm_args(tmp_path, "cluster.gpus_per_node=4", "inject.rank=0", "inject.section=gradient",
+                       "inject.delay_s=20", "report=false")  # fmt: skip
+    cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,8", *args, f"output.root={tmp_path / 'outputs'}"]
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        try:
+            _sweep_lines(proc, lambda ls: len(_submitted(ls)) == 2, lines)
+            ids = _submitted(lines)
+            deadline = time.monotonic() + 120
+            states = {}
+            while time.monotonic() < deadline:
+                states = {g: _squeue_state(j) for g, j in ids.items()}
+                if sorted(states.values()) == ["PENDING", "RUNNING"]:
+                    break
+                time.sleep(0.5)
+            assert sorted(states.values()) == ["PENDING", "RUNNING"], states
+            time.sleep(1)
+            proc.send_signal(signal.SIGINT)
+            out = "".join(lines) + proc.communicate(timeout=180)[0]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    (ran,) = [g for g, s in states.items() if s == "RUNNING"]
+    (waited,) = [g for g, s in states.items() if s == "PENDING"]
+    dirs = {read_run(p.parent)["gpus"]: p.parent for p in sweep.glob("problem=*/**/run.json")}
+    failed, not_run = read_run(dirs[ran]), read_run(dirs[waited])
+    assert failed["status"] == "failed", failed
+    assert failed["error"].startswith(f"cancelled: the sweep was interrupted (SIGINT); SLURM job {ids[ran]}")
+    assert not_run["status"] == layout.STATUS_NOT_RUN, not_run
+    assert not_run["error"] == "not run: the sweep was interrupted (SIGINT) before this point started"
+    assert not any((dirs[g] / t).exists() for g in dirs for t in layout.TABLES)
+    label = f"problem=2d mode=inference num_operators=4 gpus={waited}"
+    assert f"interrupted (SIGINT): 2 unfinished SLURM job(s) cancelled, 1 recorded as failed; 1 sweep point(s) " \
+           f"not run: {label}" in out, out[-4000:]  # fmt: skip
+    assert f"2 sweep point(s): 0 complete, 1 failed, 1 not run ({label})" in out
+    assert "to resume (complete points are skipped): python -m pnpscale -m gpus=1,8" in out
+    assert all(_squeue_state(j) == "" for j in ids.values())
+
+
+@pytest.mark.slurm
+def test_a_slurm_point_without_room_for_its_record_fails_in_one_line_unsubmitted(slurm_cluster, tmp_path):
+    """The local launcher's room check (32 KiB) on the SLURM path: a sweep whose gpus=2 folder is a full disk is
+    failed with one line naming the point, the folder and ENOSPC, and not submitted; gpus=1 runs; exit 1."""
+    from tests.test_faults import _fill
+
+    sweep = tmp_path / "outputs" / "sweep"
+    full = sweep / layout.point_subdir("2d", "inference", 2, "num_operators=4")
+    full.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        filler = _fill(full)
+        proc = run_cli("-m", "gpus=1,2", *_slurm_args(tmp_path, "report=false"), root=tmp_path, timeout=300)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out[-4000:]
+        said = [line for line in proc.stderr.splitlines() if line.startswith("pnpscale: error: ")]
+        assert said[0] == (f"pnpscale: error: problem=2d mode=inference num_operators=4 gpus=2: no status record "
+                           f"could be written in {full} (ENOSPC: No space left on device); the point failed"), out
+        assert len(said) == 2 and said[1].startswith("pnpscale: error: 1 of 2 sweep point(s) failed (gpus=2 "), said
+        assert out.count("submitted (") == 1 and "gpus=1: SLURM job" in out, out[-4000:]
+        assert "Traceback" not in out and "Logging error" not in out
+        (done,) = [p.parent for p in sweep.glob("problem=*/**/run.json")]
+        assert read_run(done)["gpus"] == 1 and read_run(done)["status"] == "complete"
+        assert sorted(p.name for p in full.iterdir()) == [filler.name]  # nothing half-written, no lock left
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)
+
+
+@pytest.mark.slurm
+def test_a_slurm_job_cancelled_while_pending_is_recorded_not_run(slurm_cluster, tmp_path):
+    """scancel of a job still waiting for nodes (SLURM's record: no node ever allocated): its point never ran, so
+    ``run.json`` says ``not_run`` (not a failure with an empty error), the other point completes, the sweep's last
+    line names it and the resume command; exit 1."""
+    sweep = tmp_path / "outputs" / "sweep"
+    args = _slurm_args(tmp_path, "cluster.gpus_per_node=4", "inject.rank=0", "inject.section=gradient",
+                       "inject.delay_s=3", "report=false")  # fmt: skip
+    cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,8", *args, f"output.root={tmp_path / 'outputs'}"]
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        try:
+            _sweep_lines(proc, lambda ls: len(_submitted(ls)) == 2, lines)
+            ids = _submitted(lines)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and _squeue_state(ids[1]) != "RUNNING":
+                time.sleep(0.5)
+            assert (_squeue_state(ids[1]), _squeue_state(ids[8])) == ("RUNNING", "PENDING")
+            subprocess.run(["scancel", ids[8]], check=True, timeout=30)
+            out = "".join(lines) + proc.communicate(timeout=240)[0]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 1, out[-4000:]
+    assert "Traceback" not in out
+    dirs = {read_run(p.parent)["gpus"]: p.parent for p in sweep.glob("problem=*/**/run.json")}
+    assert read_run(dirs[1])["status"] == "complete"
+    not_run = read_run(dirs[8])
+    assert not_run["status"] == layout.STATUS_NOT_RUN, not_run
+    assert not_run["error"].startswith(f"not run: SLURM job {ids[8]} CANCELLED"), not_run["error"]
+    assert not_run["error"].endswith("before it started"), not_run["error"]
+    label = "problem=2d mode=inference num_operators=4 gpus=8"
+    assert f"2 sweep point(s): 1 complete, 0 failed, 1 not run ({label})" in out, out[-4000:]
+    assert f"1 of 2 sweep point(s) not run ({label}); each run.json under {sweep} says why; to re-run only the " \
+           "points not complete: python -m pnpscale -m gpus=1,8" in out, out[-4000:]  # fmt: skip

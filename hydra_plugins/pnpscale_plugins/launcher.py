@@ -81,10 +81,10 @@ def validate_points(
         try:
             cfg = config_loader.load_sweep_config(config, list(overrides))
         except Exception as exc:  # a key a user's YAML sets that the schema lacks: one line, not Hydra's six
-            refused = file_key_error(exc)
-            if refused is None:
+            unknown = file_key_error(exc)
+            if unknown is None:
                 raise
-            problems.setdefault(str(refused), []).append(_label(overrides))
+            problems.setdefault(str(unknown), []).append(_label(overrides))
             continue
         try:
             check(cfg)
@@ -214,47 +214,63 @@ class PnpscaleBasicLauncher(BasicLauncher):
         return ret
 
     def _unwritable(self, overrides: Sequence[str], cfg: DictConfig, run_dir: Path, exc: OSError) -> JobReturn:
-        """A point whose folder cannot be written (a full disk): failed with one line, its failure recorded
-        when the disk has room for that (:func:`pnpscale.sweep.task.record_failure_or_say`, which says so on
-        stderr otherwise); the sweep goes on with the next point."""
-        from hydra.core.utils import JobStatus
+        """:func:`fail_unwritable`: the point fails with one line, the sweep goes on with the next point."""
+        return fail_unwritable(overrides, cfg, run_dir, exc)
 
-        from pnpscale.core.lock import Busy, FolderLock
-        from pnpscale.sweep.point import resolve_point
-        from pnpscale.sweep.task import RunFailed, record_failure_or_say
 
-        error = f"cannot write its run folder: {exc}"
-        if layout.run_status(run_dir) == layout.STATUS_COMPLETE:  # a complete run (skipped, resume): kept
-            log.warning("%s: %s; its complete run is left as it is", _label(overrides), error)
-            ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.COMPLETED)
-            ret.return_value = None
-            return ret
-        log.error("%s failed: %s", _label(overrides), error)
-        lock = FolderLock(run_dir)
-        try:
-            lock.acquire()
-            taken = True
-        except (Busy, OSError):
-            taken = False  # another process's folder, or not even its lock fits: nothing written
-        if taken:
-            try:
-                point = resolve_point(cfg, run_dir)  # validated before the sweep: memoised
-                record_failure_or_say(run_dir, point.spec, None, error, point.label, lock)
-            finally:
-                lock.release()
-        else:
-            from pnpscale.sweep.task import say_unrecorded
+def fail_unwritable(
+    overrides: Sequence[str], cfg: DictConfig, run_dir: Path, exc: OSError, cuda_devices: int | None = None
+) -> JobReturn:
+    """A point whose folder cannot be written (a full disk, :func:`pnpscale.sweep.point.check_room`): failed with
+    one line, its failure recorded when the disk has room for that
+    (:func:`pnpscale.sweep.task.record_failure_or_say`, which says so on stderr otherwise); a complete run
+    (skipped on resume) is left complete. Both launchers (local, SLURM: ``cuda_devices=0``, the compute node
+    decides ``scale=auto``).
 
-            say_unrecorded(_label(overrides), run_dir, exc)
-        ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
-        ret.return_value = RunFailed(_label(overrides), run_dir, error)
+    Returns:
+        the point's JobReturn: ``FAILED`` with a :class:`pnpscale.sweep.task.RunFailed`, or ``COMPLETED``
+        for a complete run left as it is.
+    """
+    from hydra.core.utils import JobStatus
+
+    from pnpscale.core.lock import Busy, FolderLock
+    from pnpscale.sweep.point import resolve_point
+    from pnpscale.sweep.task import RunFailed, record_failure_or_say
+
+    error = f"cannot write its run folder: {exc}"
+    if layout.run_status(run_dir) == layout.STATUS_COMPLETE:  # a complete run (skipped, resume): kept
+        log.warning("%s: %s; its complete run is left as it is", _label(overrides), error)
+        ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.COMPLETED)
+        ret.return_value = None
         return ret
+    log.error("%s failed: %s", _label(overrides), error)
+    lock = FolderLock(run_dir)
+    try:
+        lock.acquire()
+        taken = True
+    except (Busy, OSError):
+        taken = False  # another process's folder, or not even its lock fits: nothing written
+    if taken:
+        try:
+            point = resolve_point(cfg, run_dir, cuda_devices)  # validated before the sweep: memoised
+            record_failure_or_say(run_dir, point.spec, None, error, point.label, lock)
+        finally:
+            lock.release()
+    else:
+        from pnpscale.sweep.task import say_unrecorded
+
+        say_unrecorded(_label(overrides), run_dir, exc)
+    ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
+    ret.return_value = RunFailed(_label(overrides), run_dir, error)
+    return ret
 
 
-def record_not_run_points(points: Sequence[tuple[Sequence[str], DictConfig]], reason: str) -> list[tuple[str, str]]:
+def record_not_run_points(
+    points: Sequence[tuple[Sequence[str], DictConfig]], reason: str, cuda_devices: int | None = None
+) -> list[tuple[str, str]]:
     """Record every point of ``points`` (overrides, composed config) that did not run as ``not_run`` in its
     folder (:func:`pnpscale.sweep.task.record_not_run`): the point a stop interrupted keeps its
-    ``interrupted`` record, a complete one stays complete.
+    ``interrupted`` record, a complete one stays complete. Both launchers (SLURM: ``cuda_devices=0``).
 
     Returns:
         per point, in sweep order: its label (``problem=2d mode=inference gpus=4``) and what its folder now
@@ -267,10 +283,10 @@ def record_not_run_points(points: Sequence[tuple[Sequence[str], DictConfig]], re
     for overrides, cfg in points:
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
         try:
-            label = resolve_point(cfg, run_dir).label  # validated before the sweep started: memoised
+            label = resolve_point(cfg, run_dir, cuda_devices).label  # validated before the sweep started: memoised
         except Exception:  # noqa: BLE001 - the folder changed since: the overrides name it
             label = _label(overrides)
-        out.append((label, record_not_run(cfg, run_dir, reason)))
+        out.append((label, record_not_run(cfg, run_dir, reason, cuda_devices)))
     return out
 
 
@@ -358,9 +374,11 @@ class SweepFailed(PnpscaleError, RuntimeError):
 NAMED_FAILURES = 8
 
 
-def end_if_failed(config: DictConfig, rets: Sequence[JobReturn], resume: str) -> None:
+def end_if_failed(config: DictConfig, rets: Sequence[JobReturn], resume: str, not_run: Sequence[str] = ()) -> None:
     """End a sweep that had failed points with one line naming every one of them (or, beyond
-    :data:`NAMED_FAILURES`, their count), where their records are, and the command that runs them again.
+    :data:`NAMED_FAILURES`, their count), where their records are, and the command that runs them again;
+    ``not_run``: points the sweep asked for that never started without a stop signal (a SLURM job cancelled
+    while pending), named too (their ``run.json`` says ``not_run``).
 
     Raised as :class:`~pnpscale.core.errors.Abort`, so Hydra prints neither its "Error executing job"
     line nor its ``HYDRA_FULL_ERROR`` hint (it would name only the first failed point).
@@ -371,14 +389,19 @@ def end_if_failed(config: DictConfig, rets: Sequence[JobReturn], resume: str) ->
     from hydra.core.utils import JobStatus
 
     failed = [r for r in rets if r.status == JobStatus.FAILED]
-    if not failed:
+    if not failed and not not_run:
         return
     labels = [getattr(r._return_value, "label", None) or _label(r.overrides or []) for r in failed]
     sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
     named = "; ".join(labels) if len(labels) <= NAMED_FAILURES else f"see {sweep_dir}/*/run.json"
+    total = len(rets) + len(not_run)
+    said = f"{len(failed)} of {total} sweep point(s) failed ({named})" if failed else ""
+    if not_run:
+        unnamed = "; ".join(not_run) if len(not_run) <= NAMED_FAILURES else f"see {sweep_dir}/*/run.json"
+        said += ("; " if said else "") + f"{len(not_run)} of {total} sweep point(s) not run ({unnamed})"
     raise Abort(
         SweepFailed(
-            f"{len(failed)} of {len(rets)} sweep point(s) failed ({named}); each run.json under {sweep_dir} "
-            f"says why; to re-run only the failed points: {resume}"
+            f"{said}; each run.json under {sweep_dir} says why; to re-run only the "
+            f"{'points not complete' if not_run else 'failed points'}: {resume}"
         )
     )
