@@ -311,7 +311,7 @@ def test_1_a_point_not_run_is_recorded_without_hiding_a_measurement(tmp_path, mo
     from pnpscale.sweep import task
     from pnpscale.sweep.point import Point
 
-    point = lambda cfg, d: Point(spec("2d", "inference", cfg["gpus"]), "local", d, True)  # noqa: E731
+    point = lambda cfg, d, cuda_devices=None: Point(spec("2d", "inference", cfg["gpus"]), "local", d, True)  # noqa: E731
     monkeypatch.setattr(task, "resolve_point", point)
     sweep = tmp_path / "sweep"
     p = lambda g: sweep / layout.point_subdir("2d", "inference", g)  # noqa: E731
