@@ -551,9 +551,12 @@ def test_a_stopped_slurm_sweep_records_its_pending_point_not_run(slurm_cluster, 
 
 
 @pytest.mark.slurm
-def test_a_slurm_point_without_room_for_its_record_fails_in_one_line_unsubmitted(slurm_cluster, tmp_path):
-    """The local launcher's room check (32 KiB) on the SLURM path: a sweep whose gpus=2 folder is a full disk is
-    failed with one line naming the point, the folder and ENOSPC, and not submitted; gpus=1 runs; exit 1."""
+def test_a_slurm_job_cancelled_while_pending_is_not_run_and_a_point_without_room_fails(slurm_cluster, tmp_path):
+    """One sweep, two faults. scancel of a job still waiting for nodes (gpus=8 needs both nodes' 4 GPUs, gpus=1
+    holds one; SLURM's record: no node ever allocated): its point never ran, so ``run.json`` says ``not_run``, not
+    a failure. The local launcher's room check (32 KiB) on the SLURM path: the gpus=2 folder is a full disk, so
+    that point fails with the local launcher's one line naming it, the folder and ENOSPC, and is not submitted.
+    gpus=1 completes; the last line names both; exit 1."""
     from tests.test_faults import _fill
 
     sweep = tmp_path / "outputs" / "sweep"
@@ -563,54 +566,40 @@ def test_a_slurm_point_without_room_for_its_record_fails_in_one_line_unsubmitted
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         filler = _fill(full)
-        proc = run_cli("-m", "gpus=1,2", *_slurm_args(tmp_path, "report=false"), root=tmp_path, timeout=300)
-        out = proc.stdout + proc.stderr
+        args = _slurm_args(tmp_path, "cluster.gpus_per_node=4", "inject.rank=0", "inject.section=gradient",
+                           "inject.delay_s=3", "report=false")  # fmt: skip
+        cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,2,8", *args, f"output.root={tmp_path / 'outputs'}"]
+        lines: list[str] = []
+        with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+            try:
+                _sweep_lines(proc, lambda ls: len(_submitted(ls)) == 2, lines)
+                ids = _submitted(lines)
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline and _squeue_state(ids[1]) != "RUNNING":
+                    time.sleep(0.5)
+                assert (_squeue_state(ids[1]), _squeue_state(ids[8])) == ("RUNNING", "PENDING")
+                subprocess.run(["scancel", ids[8]], check=True, timeout=30)
+                out = "".join(lines) + proc.communicate(timeout=240)[0]
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
         assert proc.returncode == 1, out[-4000:]
-        said = [line for line in proc.stderr.splitlines() if line.startswith("pnpscale: error: ")]
+        assert "Traceback" not in out and "Logging error" not in out, out[-4000:]
+        assert set(ids) == {1, 8} and out.count("submitted (") == 2  # gpus=2: never submitted
+        said = [line for line in out.splitlines() if line.startswith("pnpscale: error: ")]
         assert said[0] == (f"pnpscale: error: problem=2d mode=inference num_operators=4 gpus=2: no status record "
                            f"could be written in {full} (ENOSPC: No space left on device); the point failed"), out
-        assert len(said) == 2 and said[1].startswith("pnpscale: error: 1 of 2 sweep point(s) failed (gpus=2 "), said
-        assert out.count("submitted (") == 1 and "gpus=1: SLURM job" in out, out[-4000:]
-        assert "Traceback" not in out and "Logging error" not in out
-        (done,) = [p.parent for p in sweep.glob("problem=*/**/run.json")]
-        assert read_run(done)["gpus"] == 1 and read_run(done)["status"] == "complete"
         assert sorted(p.name for p in full.iterdir()) == [filler.name]  # nothing half-written, no lock left
+        dirs = {read_run(p.parent)["gpus"]: p.parent for p in sweep.glob("problem=*/**/run.json")}
+        assert set(dirs) == {1, 8} and read_run(dirs[1])["status"] == "complete"
+        not_run = read_run(dirs[8])
+        assert not_run["status"] == layout.STATUS_NOT_RUN, not_run
+        assert not_run["error"].startswith(f"not run: SLURM job {ids[8]} CANCELLED"), not_run["error"]
+        assert not_run["error"].endswith("before it started"), not_run["error"]
+        label = "problem=2d mode=inference num_operators=4 gpus=8"
+        assert f"3 sweep point(s): 1 complete, 1 failed, 1 not run ({label})" in out, out[-4000:]
+        assert len(said) == 2 and said[1].startswith("pnpscale: error: 1 of 3 sweep point(s) failed (gpus=2 "), said
+        assert f"; 1 of 3 sweep point(s) not run ({label}); each run.json under {sweep} says why; to re-run only " \
+               "the points not complete: python -m pnpscale -m gpus=1,2,8" in said[1], said  # fmt: skip
     finally:
         subprocess.run(["umount", "-l", str(full)], capture_output=True)
-
-
-@pytest.mark.slurm
-def test_a_slurm_job_cancelled_while_pending_is_recorded_not_run(slurm_cluster, tmp_path):
-    """scancel of a job still waiting for nodes (SLURM's record: no node ever allocated): its point never ran, so
-    ``run.json`` says ``not_run`` (not a failure with an empty error), the other point completes, the sweep's last
-    line names it and the resume command; exit 1."""
-    sweep = tmp_path / "outputs" / "sweep"
-    args = _slurm_args(tmp_path, "cluster.gpus_per_node=4", "inject.rank=0", "inject.section=gradient",
-                       "inject.delay_s=3", "report=false")  # fmt: skip
-    cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,8", *args, f"output.root={tmp_path / 'outputs'}"]
-    lines: list[str] = []
-    with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        try:
-            _sweep_lines(proc, lambda ls: len(_submitted(ls)) == 2, lines)
-            ids = _submitted(lines)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and _squeue_state(ids[1]) != "RUNNING":
-                time.sleep(0.5)
-            assert (_squeue_state(ids[1]), _squeue_state(ids[8])) == ("RUNNING", "PENDING")
-            subprocess.run(["scancel", ids[8]], check=True, timeout=30)
-            out = "".join(lines) + proc.communicate(timeout=240)[0]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert proc.returncode == 1, out[-4000:]
-    assert "Traceback" not in out
-    dirs = {read_run(p.parent)["gpus"]: p.parent for p in sweep.glob("problem=*/**/run.json")}
-    assert read_run(dirs[1])["status"] == "complete"
-    not_run = read_run(dirs[8])
-    assert not_run["status"] == layout.STATUS_NOT_RUN, not_run
-    assert not_run["error"].startswith(f"not run: SLURM job {ids[8]} CANCELLED"), not_run["error"]
-    assert not_run["error"].endswith("before it started"), not_run["error"]
-    label = "problem=2d mode=inference num_operators=4 gpus=8"
-    assert f"2 sweep point(s): 1 complete, 0 failed, 1 not run ({label})" in out, out[-4000:]
-    assert f"1 of 2 sweep point(s) not run ({label}); each run.json under {sweep} says why; to re-run only the " \
-           "points not complete: python -m pnpscale -m gpus=1,8" in out, out[-4000:]  # fmt: skip
