@@ -153,7 +153,7 @@ def record_failure_or_say(
     cause: ``pnpscale: error: <point>: no status record could be written in <folder> (ENOSPC: No space left
     on device); the point failed``.
 
-    ``extra``: more fields of the record (the SLURM launcher's ``slurm`` block).
+    ``extra``: more fields of the record (a launcher's own block, e.g. its scheduler's account of the job).
 
     Returns:
         whether a record was written.
@@ -195,7 +195,7 @@ def record_not_run(cfg: DictConfig, run_dir: Path, reason: str, cuda_devices: in
     the record of the point this process was running when stopped (it says ``interrupted``), nor a folder
     in use by another process. An earlier record of another status is replaced, its error kept in the text.
 
-    ``cuda_devices``: as for :func:`pnpscale.sweep.point.resolve_point` (the SLURM launcher: 0, the compute
+    ``cuda_devices``: as for :func:`pnpscale.sweep.point.resolve_point` (0 for a launcher whose compute
     node decides ``scale=auto``).
 
     Returns:
