@@ -292,6 +292,38 @@ def test_bad_slurm_points_stop_before_anything_is_submitted(tmp_path):
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("run.json"))
 
 
+def test_slurm_points_in_use_or_without_room_are_refused_before_submission(tmp_path, monkeypatch):
+    """Needs no cluster: the local launcher's checks before a point starts, on the SLURM path. A run folder another
+    process holds is refused naming the holder, nothing written into it; a disk under 32 KiB free fails the point
+    with the room line, recorded in its run.json; neither is submitted."""
+    from hydra.core.utils import JobStatus
+
+    from hydra_plugins.pnpscale_plugins.slurm_launcher import PnpscaleSlurmLauncher, _label, _Point
+    from pnpscale.core.lock import FolderLock
+    from pnpscale.sweep import point as point_module
+
+    points = []
+    for i, gpus in enumerate((1, 2, 4)):
+        cfg = _compose("cluster=slurm", f"gpus={gpus}", *TINY_2D, f"hydra.sweep.dir={tmp_path}",
+                       f"output.root={tmp_path}")  # fmt: skip
+        points.append(_Point(i, [f"gpus={gpus}"], cfg, tmp_path / str(cfg.hydra.sweep.subdir), _label(cfg)))
+    monkeypatch.setattr(point_module, "free_bytes", lambda path: 20 * 1024 if "gpus=2" in str(path) else None)
+    rets: dict = {}
+    with FolderLock(points[2].run_dir):
+        kept = PnpscaleSlurmLauncher._startable(points, rets)
+    assert kept == [points[0]] and sorted(rets) == [1, 2]
+    assert rets[2].status == JobStatus.FAILED
+    assert rets[2]._return_value.error.startswith(f"refused, {points[2].run_dir} is in use by pid {os.getpid()} ")
+    assert sorted(p.name for p in points[2].run_dir.iterdir()) == []  # the holder's folder: nothing written
+    full = read_run(points[1].run_dir)
+    assert rets[1].status == JobStatus.FAILED and full["status"] == "failed", full
+    assert full["error"] == (
+        f"cannot write its run folder: {points[1].run_dir}: 20 KiB free on its disk, fewer than the 32 KiB a point "
+        "needs to record its status (ENOSPC: No space left on device); nothing was started"
+    )
+    assert not (points[1].run_dir / layout.LOCK).exists()
+
+
 # --------------------------------------------------------------------------------------
 # Real SLURM (localhost cluster of scripts/slurm-up.sh)
 # --------------------------------------------------------------------------------------

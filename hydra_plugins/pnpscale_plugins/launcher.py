@@ -179,20 +179,9 @@ class PnpscaleBasicLauncher(BasicLauncher):
             cfg.hydra.job.id = idx
             cfg.hydra.job.num = idx
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-        from pnpscale.core.lock import in_use
-
-        busy = in_use(run_dir)  # before Hydra writes the point's .hydra/ over the holder's
-        if busy is not None:
-            from hydra.core.utils import JobStatus
-
-            from pnpscale.sweep.point import resolve_point
-            from pnpscale.sweep.task import RunFailed
-
-            label = resolve_point(cfg, run_dir).label  # validated before the sweep started: memoised
-            log.error("%s refused: %s", label, busy)
-            ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
-            ret.return_value = RunFailed(label, run_dir, f"refused, {busy}")
-            return ret
+        refused = refuse_busy(overrides, cfg, run_dir)  # before Hydra writes the point's .hydra/ over the holder's
+        if refused is not None:
+            return refused
         from pnpscale.sweep.point import NoSpace, check_room
 
         try:
@@ -216,6 +205,34 @@ class PnpscaleBasicLauncher(BasicLauncher):
     def _unwritable(self, overrides: Sequence[str], cfg: DictConfig, run_dir: Path, exc: OSError) -> JobReturn:
         """:func:`fail_unwritable`: the point fails with one line, the sweep goes on with the next point."""
         return fail_unwritable(overrides, cfg, run_dir, exc)
+
+
+def refuse_busy(
+    overrides: Sequence[str], cfg: DictConfig, run_dir: Path, cuda_devices: int | None = None
+) -> JobReturn | None:
+    """A point whose run folder another live process holds (:func:`pnpscale.core.lock.in_use`): refused with one
+    line naming the holder, nothing written into the folder (its ``run.json``, ``.hydra/`` and tables stay the
+    holder's); ``None`` when the folder is free. Both launchers (SLURM: ``cuda_devices=0``), before anything is
+    written or submitted for the point.
+
+    Returns:
+        the point's ``FAILED`` JobReturn (a :class:`pnpscale.sweep.task.RunFailed` ``refused, <folder> is in use
+        by pid N on host H since T``), or ``None``.
+    """
+    from hydra.core.utils import JobStatus
+
+    from pnpscale.core.lock import in_use
+    from pnpscale.sweep.point import resolve_point
+    from pnpscale.sweep.task import RunFailed
+
+    busy = in_use(run_dir)
+    if busy is None:
+        return None
+    label = resolve_point(cfg, run_dir, cuda_devices).label  # validated before the sweep started: memoised
+    log.error("%s refused: %s", label, busy)
+    ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
+    ret.return_value = RunFailed(label, run_dir, f"refused, {busy}")
+    return ret
 
 
 def fail_unwritable(

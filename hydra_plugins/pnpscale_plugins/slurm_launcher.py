@@ -150,7 +150,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         jobs: list[tuple[_Point, Any]] = []
         try:
             self._preflight(self._groups(todo))
-            todo = self._with_room(todo, rets)  # a disk too full for a status record: that point fails, not sent
+            todo = self._startable(todo, rets)  # a folder in use, or too full for a record: failed, not sent
             sweep_dir.mkdir(parents=True, exist_ok=True)
             folder = str(self.params.get("submitit_folder") or sweep_dir / ".submitit" / "%j")
             self._submit(self._groups(todo), folder, rets, jobs)
@@ -178,15 +178,22 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         return [([todo[i] for i in members], params) for params, members in shapes]
 
     @staticmethod
-    def _with_room(todo: list[_Point], rets: dict[int, JobReturn]) -> list[_Point]:
-        """The points whose disk has room for their status record (:func:`pnpscale.sweep.point.check_room`, as
-        the local launcher checks each point); any other fails with one line, recorded when a block is left
-        (:func:`hydra_plugins.pnpscale_plugins.launcher.fail_unwritable`), and is not submitted."""
-        from hydra_plugins.pnpscale_plugins.launcher import fail_unwritable
+    def _startable(todo: list[_Point], rets: dict[int, JobReturn]) -> list[_Point]:
+        """The points that may be submitted, checked as the local launcher checks each point before it starts:
+        a run folder another live process holds is refused with one line naming the holder, nothing written
+        (:func:`hydra_plugins.pnpscale_plugins.launcher.refuse_busy`); a disk without room for the point's status
+        record (:func:`pnpscale.sweep.point.check_room`) fails it with one line, recorded when a block is left
+        (:func:`hydra_plugins.pnpscale_plugins.launcher.fail_unwritable`). Neither is submitted (``rets`` gets
+        their FAILED returns); the others are returned, in order."""
+        from hydra_plugins.pnpscale_plugins.launcher import fail_unwritable, refuse_busy
         from pnpscale.sweep.point import NoSpace, check_room
 
         kept = []
         for p in todo:
+            refused = refuse_busy(p.overrides, p.cfg, p.run_dir, cuda_devices=0)
+            if refused is not None:
+                rets[p.index] = refused
+                continue
             try:
                 check_room(p.run_dir)
             except NoSpace as exc:
