@@ -15,11 +15,20 @@ Order of work in :meth:`PnpscaleSlurmLauncher.launch`:
 3. SLURM checks every distinct request with ``sbatch --test-only``: an impossible one (more nodes
    than the partition has, an unknown partition, ...) stops the sweep with SLURM's message before
    any job is submitted;
-4. one job array per resource set; then, with ``cluster.wait=true`` (default), progress is logged
+4. each point is checked as the local launcher checks a point before it starts (``_startable``): a
+   run folder another live process holds is refused, nothing written; a disk without room for the
+   point's status record (32 KiB) fails it in one line; neither is submitted;
+5. one job array per resource set; then, with ``cluster.wait=true`` (default), progress is logged
    as jobs start and end. A job that fails, times out or is cancelled is recorded as failed in its
-   run folder (SLURM's state, exit code and reason, each rank's error, the log path); the other
-   points are still waited for. The sweep report follows, and the command exits non-zero when a
-   point failed, printing the command that resumes the sweep.
+   run folder (SLURM's state, exit code and reason, each rank's error, the log path); one cancelled
+   while it waited for nodes never ran and is recorded ``not_run``; the other points are still
+   waited for. The sweep report follows, and the command exits non-zero when a point failed or did
+   not run, printing the command that resumes the sweep.
+
+A stop signal (Ctrl-C, SIGTERM, SIGHUP) at any moment after validation cancels every unfinished job:
+a started one is recorded failed, a pending or unsubmitted one ``not_run`` (``_stopped``, as the local
+launcher records the points a stop came before); the summary line, the report and the resume command
+follow, and the command exits 128 + the signal number.
 
 Inside a job (:meth:`PnpscaleSlurmLauncher.__call__`, run by every SLURM task), task 0 runs the
 Hydra job (``.hydra/``, the job log, :func:`pnpscale.sweep.task.run`) and the other tasks run their rank
