@@ -20,7 +20,7 @@ A run folder (one sweep point, hive style ``problem=2d/mode=inference/gpus=4/``)
 so a failed run never leaves a half-written table. A staging folder (``.staging-*``, in the run
 folder or in ``report/``) is locked by its writer while it writes; one left by a writer killed mid-write
 (SIGKILL) is removed by the next write into that folder (:func:`remove_stale_staging`), with one
-warning line.
+warning line; so is a temporary file of :func:`atomic_path` its writer never renamed.
 """
 
 from __future__ import annotations
@@ -370,25 +370,54 @@ def stale_staging(dest: Path, now: float | None = None) -> list[Path]:
     return out
 
 
+#: The name :func:`atomic_path` gives its temporary file: ``.<stem>.<8 random characters>.tmp<suffix>``.
+_ATOMIC_TMP = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp(\.[^./]+)?$")
+
+
+def stale_temporaries(dest: Path, now: float | None = None) -> list[Path]:
+    """The temporary files of :func:`atomic_path` in ``dest`` older than :data:`STAGING_GRACE_S` seconds: left by
+    a writer killed between writing and renaming (a live one writes and renames within a moment, its file's
+    modification time fresh while it writes).
+
+    >>> bool(_ATOMIC_TMP.match(".run.k3j_a9zq.tmp.json")), bool(_ATOMIC_TMP.match("run.json"))
+    (True, False)
+    """
+    import time
+
+    now = time.time() if now is None else now
+    out = []
+    try:
+        for p in sorted(dest.iterdir()):
+            if not _ATOMIC_TMP.match(p.name) or p.is_symlink() or not p.is_file():
+                continue
+            if now - p.stat().st_mtime > STAGING_GRACE_S:
+                out.append(p)
+    except OSError:
+        return out
+    return out
+
+
 def remove_stale_staging(dest: Path) -> list[Path]:
-    """Remove the stale staging folders of ``dest`` (:func:`stale_staging`), saying so in one warning line each
-    (logger ``pnpscale``); one that cannot be removed is named and left.
+    """Remove the stale staging folders of ``dest`` (:func:`stale_staging`) and the temporary files of writers
+    killed mid-write (:func:`stale_temporaries`), saying so in one warning line each (logger ``pnpscale``); one
+    that cannot be removed is named and left.
 
     Returns:
-        the folders removed.
+        the folders and files removed.
     """
     import logging
 
     log = logging.getLogger("pnpscale")
     removed = []
-    for stage in stale_staging(dest):
+    for stale in [*stale_staging(dest), *stale_temporaries(dest)]:
+        what = "staging folder" if stale.is_dir() else "temporary file"
         try:
-            shutil.rmtree(stage)
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         except OSError as exc:
-            log.warning("%s: a staging folder left by a writer that ended mid-write, not removed: %s", stage, exc)
+            log.warning("%s: a %s left by a writer that ended mid-write, not removed: %s", stale, what, exc)
             continue
-        removed.append(stage)
-        log.warning("%s: removed a staging folder left by a writer that ended mid-write", stage)
+        removed.append(stale)
+        log.warning("%s: removed a %s left by a writer that ended mid-write", stale, what)
     return removed
 
 

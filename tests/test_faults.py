@@ -1310,3 +1310,21 @@ def test_8_a_staging_folder_is_stale_only_when_its_writer_is_gone(tmp_path):
     assert layout.stale_staging(tmp_path, now=later) == [unnamed, young]
     (unnamed / layout.STAGING_OWNER).write_text("123\n")  # named, lock free: its writer locked it and died
     assert layout.stale_staging(tmp_path, now=now) == [unnamed]
+
+
+def test_8_a_temporary_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_path, caplog):
+    """``layout.atomic_path``'s temporary file, left by a writer killed between its write and its rename: removed
+    by the next commit into that folder once older than STAGING_GRACE_S (a live writer's is fresh), one line."""
+    with pytest.raises(KeyboardInterrupt), layout.atomic_path(tmp_path / layout.RUN_JSON) as tmp:
+        tmp.write_text("{half")
+        raise KeyboardInterrupt
+    assert not list(tmp_path.iterdir())  # an exception removes it; only SIGKILL leaves one:
+    old, young = tmp_path / ".run.abcd1234.tmp.json", tmp_path / ".timeline.efgh5678.tmp.png"
+    for path in (old, young):
+        path.write_text("half")
+    os.utime(old, (time.time() - layout.STAGING_GRACE_S - 5,) * 2)
+    assert layout.stale_temporaries(tmp_path) == [old]
+    with caplog.at_level("WARNING", logger="pnpscale"):
+        layout.commit_files(tmp_path, {layout.SECTIONS: lambda p: p.write_bytes(b"t")})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([young.name, layout.SECTIONS])
+    assert f"{old}: removed a temporary file left by a writer that ended mid-write" in caplog.text
