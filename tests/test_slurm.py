@@ -439,20 +439,19 @@ def test_killed_job_is_reported_failed_and_a_rerun_completes_only_it(slurm_clust
     # rank 0 sleeps 2 s per section "gradient": each job runs long enough to be cancelled mid-run
     args = _slurm_args(tmp_path, "inject.rank=0", "inject.section=gradient", "inject.delay_s=2", "report=false")
     cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,2", *args, f"output.root={tmp_path / 'outputs'}"]
+    lines: list[str] = []
     with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as sweep:
-        job_id = ""
+        # its own job, by the id the launcher logged (a shared cluster may run other pnpscale-1x2 jobs)
+        _sweep_lines(sweep, lambda ls: 2 in _submitted(ls), lines)
+        job_id = _submitted(lines)[2]
         deadline = time.monotonic() + 180
-        while not job_id and time.monotonic() < deadline:
-            job_id = subprocess.run(
-                ["squeue", "-h", "-n", "pnpscale-1x2", "-t", "RUNNING", "-o", "%i"],
-                capture_output=True, text=True, timeout=30,
-            ).stdout.strip()  # fmt: skip
+        while _squeue_state(job_id) != "RUNNING" and time.monotonic() < deadline:
             time.sleep(0.3)
-        assert job_id, "the gpus=2 job never ran"
+        assert _squeue_state(job_id) == "RUNNING", "the gpus=2 job never ran"
         time.sleep(2)
         subprocess.run(["scancel", job_id], check=True, timeout=30)
         t_cancel = time.monotonic()
-        out, _ = sweep.communicate(timeout=180)
+        out = "".join(lines) + sweep.communicate(timeout=180)[0]
         reported_s = time.monotonic() - t_cancel
     assert sweep.returncode != 0, out[-3000:]
     assert reported_s < 60, reported_s
