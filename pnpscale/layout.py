@@ -17,7 +17,10 @@ A run folder (one sweep point, hive style ``problem=2d/mode=inference/gpus=4/``)
 
 ``run.json`` is written last: a folder is complete exactly when its ``run.json`` says
 ``"status": "complete"``. Parquet files appear only together, by rename from a staging folder,
-so a failed run never leaves a half-written table.
+so a failed run never leaves a half-written table. A staging folder (``.staging-*``, in the run
+folder or in ``report/``) is locked by its writer while it writes; one left by a writer killed mid-write
+(SIGKILL) is removed by the next write into that folder (:func:`remove_stale_staging`), with one
+warning line; so is a temporary file of :func:`atomic_path` its writer never renamed.
 """
 
 from __future__ import annotations
@@ -256,12 +259,14 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
 
     created = [p for p in (dest, *dest.parents) if not p.exists()]  # deepest first
     dest.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(dest)
     done = False
     try:
         stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=dest))
+        owner = _own_staging(stage)
         try:
             build(stage)
-            names = sorted(p.name for p in stage.iterdir() if p.is_file())
+            names = sorted(p.name for p in stage.iterdir() if p.is_file() and p.name != STAGING_OWNER)
             check()  # a stop signal swallowed while building (a weakref callback): publish nothing
             with deferred():
                 for name in names:
@@ -273,6 +278,8 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
             return names
         finally:
             shutil.rmtree(stage, ignore_errors=True)
+            if owner is not None:
+                os.close(owner)  # after the removal: a live staging folder is never seen free
     finally:
         if created and not done:  # folders made for this commit leave with it (no empty report/ or parents)
             for folder in created:
@@ -280,6 +287,138 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
                     folder.rmdir()
                 except OSError:
                     break  # not empty (something else wrote there): it and its parents stay
+
+
+#: The file inside a staging folder that its writer holds locked (``flock(2)``) while it writes: the kernel
+#: drops the lock when the writer ends, SIGKILL included, so a staging folder whose lock is free is stale.
+STAGING_OWNER = ".owner"
+#: Seconds a staging folder without a held lock must be old before it is taken as stale: its writer locks it
+#: right after creating it, and a folder from before the lock (or whose lock file could not be made) is old.
+STAGING_GRACE_S = 60.0
+
+
+def _own_staging(stage: Path) -> int | None:
+    """Lock ``stage`` as its writer's (:data:`STAGING_OWNER`); the open descriptor, or ``None`` when the lock
+    cannot be taken (a file system without ``flock``: the folder then only ages, see :func:`stale_staging`)."""
+    import fcntl
+
+    try:
+        fd = os.open(stage / STAGING_OWNER, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    try:  # written once locked: a free lock over a non-empty file is a writer gone, never one starting
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:  # a full disk: the folder then only ages
+        pass
+    return fd
+
+
+def stale_staging(dest: Path, now: float | None = None) -> list[Path]:
+    """The staging folders in ``dest`` whose writer is gone (killed mid-write, SIGKILL or a power cut).
+
+    A staging folder (``.staging-*``, :func:`commit_folder`) is stale when its :data:`STAGING_OWNER` lock is
+    free and the file names its writer (written once locked: the writer ended without removing the folder and
+    the kernel dropped the lock), or when it has no named lock and is older than :data:`STAGING_GRACE_S`
+    seconds (its writer never locked it: killed between creating and locking it, a full disk, or a version
+    before the lock). A folder whose lock is held, or that cannot be tested, is a live writer's and is never
+    listed.
+
+    Args:
+        dest: the folder the staging folders were made in (a run folder, ``report/``).
+        now: the time to age folders against (seconds since the epoch; default: now).
+
+    Returns:
+        the stale staging folders, sorted (nothing is removed here).
+    """
+    import fcntl
+    import time
+
+    now = time.time() if now is None else now
+    out = []
+    try:
+        candidates = sorted(p for p in dest.glob(STAGING_PREFIX + "*") if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+    for stage in candidates:
+        try:
+            fd = os.open(stage / STAGING_OWNER, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = None
+        except OSError:
+            continue
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                named = os.fstat(fd).st_size > 0
+            except OSError:  # held: a live writer's (or a file system that cannot tell: left alone)
+                continue
+            finally:
+                os.close(fd)
+            if named:
+                out.append(stage)
+                continue
+        try:
+            if now - stage.stat().st_mtime > STAGING_GRACE_S:
+                out.append(stage)
+        except OSError:
+            continue
+    return out
+
+
+#: The name :func:`atomic_path` gives its temporary file: ``.<stem>.<8 random characters>.tmp<suffix>``.
+_ATOMIC_TMP = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp(\.[^./]+)?$")
+
+
+def stale_temporaries(dest: Path, now: float | None = None) -> list[Path]:
+    """The temporary files of :func:`atomic_path` in ``dest`` older than :data:`STAGING_GRACE_S` seconds: left by
+    a writer killed between writing and renaming (a live one writes and renames within a moment, its file's
+    modification time fresh while it writes).
+
+    >>> bool(_ATOMIC_TMP.match(".run.k3j_a9zq.tmp.json")), bool(_ATOMIC_TMP.match("run.json"))
+    (True, False)
+    """
+    import time
+
+    now = time.time() if now is None else now
+    out = []
+    try:
+        for p in sorted(dest.iterdir()):
+            if not _ATOMIC_TMP.match(p.name) or p.is_symlink() or not p.is_file():
+                continue
+            if now - p.stat().st_mtime > STAGING_GRACE_S:
+                out.append(p)
+    except OSError:
+        return out
+    return out
+
+
+def remove_stale_staging(dest: Path) -> list[Path]:
+    """Remove the stale staging folders of ``dest`` (:func:`stale_staging`) and the temporary files of writers
+    killed mid-write (:func:`stale_temporaries`), saying so in one warning line each (logger ``pnpscale``); one
+    that cannot be removed is named and left.
+
+    Returns:
+        the folders and files removed.
+    """
+    import logging
+
+    log = logging.getLogger("pnpscale")
+    removed = []
+    for stale in [*stale_staging(dest), *stale_temporaries(dest)]:
+        what = "staging folder" if stale.is_dir() else "temporary file"
+        try:
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+        except OSError as exc:
+            log.warning("%s: a %s left by a writer that ended mid-write, not removed: %s", stale, what, exc)
+            continue
+        removed.append(stale)
+        log.warning("%s: removed a %s left by a writer that ended mid-write", stale, what)
+    return removed
 
 
 def run_status(run_dir: Path) -> str | None:

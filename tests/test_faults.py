@@ -311,7 +311,7 @@ def test_1_a_point_not_run_is_recorded_without_hiding_a_measurement(tmp_path, mo
     from pnpscale.sweep import task
     from pnpscale.sweep.point import Point
 
-    point = lambda cfg, d: Point(spec("2d", "inference", cfg["gpus"]), "local", d, True)  # noqa: E731
+    point = lambda cfg, d, cuda_devices=None: Point(spec("2d", "inference", cfg["gpus"]), "local", d, True)  # noqa: E731
     monkeypatch.setattr(task, "resolve_point", point)
     sweep = tmp_path / "sweep"
     p = lambda g: sweep / layout.point_subdir("2d", "inference", g)  # noqa: E731
@@ -1248,3 +1248,83 @@ def test_8_the_footprint_is_measured_on_forked_ranks_and_the_design_card_fits(tm
     spec64 = resolve_spec(compose_config(["gpus=64", "problem=2d"]), cuda_available=False)
     assert resources.memory_refusal(64, footprint, resources.problem_bytes(spec64), 22 * 10**9) is None
     assert local.rank_footprint(measure=False) == footprint  # kept: measured once
+
+
+_KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+from pnpscale import layout
+
+def build(stage):
+    (stage / "summary.parquet").write_bytes(b"half")
+    print("writing", flush=True)
+    time.sleep(60)
+
+layout.commit_folder(Path(sys.argv[1]), build)
+"""
+
+
+def test_8_a_report_killed_mid_write_leaves_staging_the_next_one_removes(tmp_path, caplog):
+    """SIGKILL of a writer (the report, a run's tables: both stage through ``layout.commit_folder``) leaves its
+    ``.staging-*`` folder; the next write into that folder removes it (its writer is gone: the staging lock is
+    free) with one warning line, and never a live writer's."""
+    report = tmp_path / "sweep" / layout.REPORT_DIR
+    writer = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(report)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert writer.stdout.readline().strip() == "writing"
+    (live,) = report.glob(layout.STAGING_PREFIX + "*")
+    assert layout.stale_staging(report) == []  # its writer holds it: never stale
+    writer.kill()
+    writer.wait(timeout=30)
+    writer.stdout.close()
+    assert live.is_dir() and layout.stale_staging(report) == [live]  # SIGKILL: left, its lock free
+    with caplog.at_level("WARNING", logger="pnpscale"):
+        layout.commit_folder(report, lambda stage: (stage / layout.SUMMARY).write_bytes(b"whole"))
+    assert not live.exists() and not list(report.glob(layout.STAGING_PREFIX + "*"))
+    assert f"{live}: removed a staging folder left by a writer that ended mid-write" in caplog.text
+    assert sorted(p.name for p in report.iterdir()) == [layout.SUMMARY]
+    assert (report / layout.SUMMARY).read_bytes() == b"whole"
+
+
+def test_8_a_staging_folder_is_stale_only_when_its_writer_is_gone(tmp_path):
+    """Held lock: live (whatever its age); free lock naming its writer: stale at once; no named lock (a writer
+    killed before it locked, a version before the lock): stale only after STAGING_GRACE_S seconds."""
+
+    seen = {}
+
+    def build(stage: Path) -> None:
+        os.utime(stage, (0, 0))  # very old, still live: its writer holds the lock
+        seen["during"] = layout.stale_staging(tmp_path)
+        (stage / "a.txt").write_text("a")
+
+    assert layout.commit_folder(tmp_path, build) == ["a.txt"]  # the lock file is never published
+    assert seen["during"] == [] and not list(tmp_path.glob(layout.STAGING_PREFIX + "*"))
+    unnamed = tmp_path / f"{layout.STAGING_PREFIX}unnamed"
+    unnamed.mkdir()
+    (unnamed / layout.STAGING_OWNER).touch()  # created, its writer killed before it locked it
+    young = tmp_path / f"{layout.STAGING_PREFIX}young"
+    young.mkdir()
+    now = time.time()
+    assert layout.stale_staging(tmp_path, now=now) == []
+    later = now + layout.STAGING_GRACE_S + 1
+    assert layout.stale_staging(tmp_path, now=later) == [unnamed, young]
+    (unnamed / layout.STAGING_OWNER).write_text("123\n")  # named, lock free: its writer locked it and died
+    assert layout.stale_staging(tmp_path, now=now) == [unnamed]
+
+
+def test_8_a_temporary_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_path, caplog):
+    """``layout.atomic_path``'s temporary file, left by a writer killed between its write and its rename: removed
+    by the next commit into that folder once older than STAGING_GRACE_S (a live writer's is fresh), one line."""
+    with pytest.raises(KeyboardInterrupt), layout.atomic_path(tmp_path / layout.RUN_JSON) as tmp:
+        tmp.write_text("{half")
+        raise KeyboardInterrupt
+    assert not list(tmp_path.iterdir())  # an exception removes it; only SIGKILL leaves one:
+    old, young = tmp_path / ".run.abcd1234.tmp.json", tmp_path / ".timeline.efgh5678.tmp.png"
+    for path in (old, young):
+        path.write_text("half")
+    os.utime(old, (time.time() - layout.STAGING_GRACE_S - 5,) * 2)
+    assert layout.stale_temporaries(tmp_path) == [old]
+    with caplog.at_level("WARNING", logger="pnpscale"):
+        layout.commit_files(tmp_path, {layout.SECTIONS: lambda p: p.write_bytes(b"t")})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([young.name, layout.SECTIONS])
+    assert f"{old}: removed a temporary file left by a writer that ended mid-write" in caplog.text

@@ -98,3 +98,65 @@ def test_a_problem_yaml_without_its_channels_is_one_line(tmp_path):
     assert str(info.value) == (
         "problem.channels=???: must be set: the option's YAML (conf/problem/<name>.yaml) states it"
     )
+
+
+def _old_problem(folder):
+    """A user's problem YAML written for the schema before issue 20 (``blur_sigma`` at the top)."""
+    (folder / "problem").mkdir()
+    old = (CONF / "problem" / "2d.yaml").read_text().replace("name: 2d", "name: old") + "blur_sigma: 0.5\n"
+    (folder / "problem" / "old.yaml").write_text(old)
+    return f"hydra.searchpath=[file://{folder}]"
+
+
+MOVED_LINE = (
+    "problem.blur_sigma=(set in a config file): moved to problem.params.blur_sigma "
+    "(a parameter of the problems that blur: 2d, 3d)"
+)
+
+
+@pytest.mark.parametrize("argv", [["-m", "gpus=1,2"], ["gpus=1,2", "hydra.mode=MULTIRUN"], ["-m", "cluster=slurm"]])
+def test_a_sweep_over_an_old_problem_yaml_is_one_line_before_hydra(tmp_path, argv):
+    """A sweep's shared part is composed before Hydra when a user's config folder is on the search path."""
+    from pnpscale.sweep.cli import check_single_point
+
+    with pytest.raises(ConfigError) as info:
+        check_single_point([*argv, "problem=old", _old_problem(tmp_path)])
+    assert str(info.value) == MOVED_LINE
+
+
+def test_a_swept_old_problem_yaml_is_one_line_per_point_in_the_launchers_check(tmp_path):
+    """``-m problem=2d,old``: the launchers' check composes each point; the old one is one line, nothing starts."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import RunMode
+
+    import hydra_plugins.pnpscale_plugins.launcher as launcher
+    from pnpscale.core.config import register_schema
+    from pnpscale.core.errors import Abort
+
+    register_schema()
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF)))
+    config = loader.load_configuration("config", [_old_problem(tmp_path)], run_mode=RunMode.MULTIRUN)
+    checked = []
+    with pytest.raises(Abort) as info:
+        launcher.validate_points(loader, config, [["problem=2d"], ["problem=old", "gpus=2"]], checked.append)
+    assert str(info.value.error) == (
+        f"invalid sweep, nothing was started:\n{MOVED_LINE} (sweep point: problem=old gpus=2)"
+    )
+    assert [c.problem.name for c in checked] == ["2d"]  # the good point was checked, the old one refused
+
+
+@pytest.mark.slow
+def test_a_multirun_over_an_old_problem_yaml_exits_2_with_one_line(tmp_path):
+    """The whole command: Hydra's own composition check of the batch is skipped (the launcher's says it in one
+    line), exit 2, no traceback, and the sweep folder is left as it was (no ``multirun.yaml``)."""
+    from tests.helpers import run_cli
+
+    proc = run_cli("-m", "problem=2d,old", "gpus=1", _old_problem(tmp_path), root=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [
+        "pnpscale: error: invalid sweep, nothing was started:",
+        f"pnpscale: error: {MOVED_LINE} (sweep point: problem=old gpus=1)",
+    ], proc.stderr
+    assert not list((tmp_path / "outputs").rglob("multirun.yaml"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -291,6 +292,38 @@ def test_bad_slurm_points_stop_before_anything_is_submitted(tmp_path):
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("run.json"))
 
 
+def test_slurm_points_in_use_or_without_room_are_refused_before_submission(tmp_path, monkeypatch):
+    """Needs no cluster: the local launcher's checks before a point starts, on the SLURM path. A run folder another
+    process holds is refused naming the holder, nothing written into it; a disk under 32 KiB free fails the point
+    with the room line, recorded in its run.json; neither is submitted."""
+    from hydra.core.utils import JobStatus
+
+    from hydra_plugins.pnpscale_plugins.slurm_launcher import PnpscaleSlurmLauncher, _label, _Point
+    from pnpscale.core.lock import FolderLock
+    from pnpscale.sweep import point as point_module
+
+    points = []
+    for i, gpus in enumerate((1, 2, 4)):
+        cfg = _compose("cluster=slurm", f"gpus={gpus}", *TINY_2D, f"hydra.sweep.dir={tmp_path}",
+                       f"output.root={tmp_path}")  # fmt: skip
+        points.append(_Point(i, [f"gpus={gpus}"], cfg, tmp_path / str(cfg.hydra.sweep.subdir), _label(cfg)))
+    monkeypatch.setattr(point_module, "free_bytes", lambda path: 20 * 1024 if "gpus=2" in str(path) else None)
+    rets: dict = {}
+    with FolderLock(points[2].run_dir):
+        kept = PnpscaleSlurmLauncher._startable(points, rets)
+    assert kept == [points[0]] and sorted(rets) == [1, 2]
+    assert rets[2].status == JobStatus.FAILED
+    assert rets[2]._return_value.error.startswith(f"refused, {points[2].run_dir} is in use by pid {os.getpid()} ")
+    assert sorted(p.name for p in points[2].run_dir.iterdir()) == []  # the holder's folder: nothing written
+    full = read_run(points[1].run_dir)
+    assert rets[1].status == JobStatus.FAILED and full["status"] == "failed", full
+    assert full["error"] == (
+        f"cannot write its run folder: {points[1].run_dir}: 20 KiB free on its disk, fewer than the 32 KiB a point "
+        "needs to record its status (ENOSPC: No space left on device); nothing was started"
+    )
+    assert not (points[1].run_dir / layout.LOCK).exists()
+
+
 # --------------------------------------------------------------------------------------
 # Real SLURM (localhost cluster of scripts/slurm-up.sh)
 # --------------------------------------------------------------------------------------
@@ -406,20 +439,19 @@ def test_killed_job_is_reported_failed_and_a_rerun_completes_only_it(slurm_clust
     # rank 0 sleeps 2 s per section "gradient": each job runs long enough to be cancelled mid-run
     args = _slurm_args(tmp_path, "inject.rank=0", "inject.section=gradient", "inject.delay_s=2", "report=false")
     cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,2", *args, f"output.root={tmp_path / 'outputs'}"]
+    lines: list[str] = []
     with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as sweep:
-        job_id = ""
+        # its own job, by the id the launcher logged (a shared cluster may run other pnpscale-1x2 jobs)
+        _sweep_lines(sweep, lambda ls: 2 in _submitted(ls), lines)
+        job_id = _submitted(lines)[2]
         deadline = time.monotonic() + 180
-        while not job_id and time.monotonic() < deadline:
-            job_id = subprocess.run(
-                ["squeue", "-h", "-n", "pnpscale-1x2", "-t", "RUNNING", "-o", "%i"],
-                capture_output=True, text=True, timeout=30,
-            ).stdout.strip()  # fmt: skip
+        while _squeue_state(job_id) != "RUNNING" and time.monotonic() < deadline:
             time.sleep(0.3)
-        assert job_id, "the gpus=2 job never ran"
+        assert _squeue_state(job_id) == "RUNNING", "the gpus=2 job never ran"
         time.sleep(2)
         subprocess.run(["scancel", job_id], check=True, timeout=30)
         t_cancel = time.monotonic()
-        out, _ = sweep.communicate(timeout=180)
+        out = "".join(lines) + sweep.communicate(timeout=180)[0]
         reported_s = time.monotonic() - t_cancel
     assert sweep.returncode != 0, out[-3000:]
     assert reported_s < 60, reported_s
@@ -474,3 +506,131 @@ def test_validation_suite_runs_as_one_slurm_job(slurm_cluster, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "validation submitted as SLURM job" in proc.stdout and "PASSED" in proc.stdout
     assert (out / "validate.json").is_file() and list((out / ".submitit").glob("*_log.out"))
+
+
+def _sweep_lines(proc: subprocess.Popen, until, lines: list[str], timeout_s: float = 240) -> None:
+    """Read the sweep's merged output into ``lines`` until ``until(lines)`` holds (fails after ``timeout_s``)."""
+    end = time.monotonic() + timeout_s
+    for line in proc.stdout:
+        lines.append(line)
+        if until(lines):
+            return
+        if time.monotonic() > end:
+            break
+    pytest.fail("the sweep never got there:\n" + "".join(lines)[-4000:])
+
+
+def _submitted(lines: list[str]) -> dict[int, str]:
+    """gpus -> SLURM job id, from the launcher's ``<point> gpus=N: SLURM job ID submitted`` lines."""
+    import re
+
+    found = (re.search(r"gpus=(\d+): SLURM job (\S+) submitted", line) for line in lines)
+    return {int(m.group(1)): m.group(2) for m in found if m}
+
+
+def _squeue_state(job_id: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                          timeout=30).stdout.strip()  # fmt: skip
+
+
+@pytest.mark.slurm
+def test_a_stopped_slurm_sweep_records_its_pending_point_not_run(slurm_cluster, tmp_path):
+    """Ctrl-C while one job runs and the other waits for nodes (gpus=8 needs both nodes' 4 GPUs, gpus=1 holds
+    one): both are cancelled; the running one is recorded failed (cancelled), the pending one ``not_run`` (as
+    the local launcher records a point a stop came before), the summary and the resume command are logged;
+    exit 130, no traceback, no job left in SLURM."""
+    sweep = tmp_path / "outputs" / "sweep"
+    args = _slurm_args(tmp_path, "cluster.gpus_per_node=4", "inject.rank=0", "inject.section=gradient",
+                       "inject.delay_s=20", "report=false")  # fmt: skip
+    cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,8", *args, f"output.root={tmp_path / 'outputs'}"]
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        try:
+            _sweep_lines(proc, lambda ls: len(_submitted(ls)) == 2, lines)
+            ids = _submitted(lines)
+            deadline = time.monotonic() + 120
+            states = {}
+            while time.monotonic() < deadline:
+                states = {g: _squeue_state(j) for g, j in ids.items()}
+                if sorted(states.values()) == ["PENDING", "RUNNING"]:
+                    break
+                time.sleep(0.5)
+            assert sorted(states.values()) == ["PENDING", "RUNNING"], states
+            time.sleep(1)
+            proc.send_signal(signal.SIGINT)
+            out = "".join(lines) + proc.communicate(timeout=180)[0]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    (ran,) = [g for g, s in states.items() if s == "RUNNING"]
+    (waited,) = [g for g, s in states.items() if s == "PENDING"]
+    dirs = {read_run(p.parent)["gpus"]: p.parent for p in sweep.glob("problem=*/**/run.json")}
+    failed, not_run = read_run(dirs[ran]), read_run(dirs[waited])
+    assert failed["status"] == "failed", failed
+    assert failed["error"].startswith(f"cancelled: the sweep was interrupted (SIGINT); SLURM job {ids[ran]}")
+    assert not_run["status"] == layout.STATUS_NOT_RUN, not_run
+    assert not_run["error"] == "not run: the sweep was interrupted (SIGINT) before this point started"
+    assert not any((dirs[g] / t).exists() for g in dirs for t in layout.TABLES)
+    label = f"problem=2d mode=inference num_operators=4 gpus={waited}"
+    assert f"interrupted (SIGINT): 2 unfinished SLURM job(s) cancelled, 1 recorded as failed; 1 sweep point(s) " \
+           f"not run: {label}" in out, out[-4000:]  # fmt: skip
+    assert f"2 sweep point(s): 0 complete, 1 failed, 1 not run ({label})" in out
+    assert "to resume (complete points are skipped): python -m pnpscale -m gpus=1,8" in out
+    assert all(_squeue_state(j) == "" for j in ids.values())
+
+
+@pytest.mark.slurm
+def test_a_slurm_job_cancelled_while_pending_is_not_run_and_a_point_without_room_fails(slurm_cluster, tmp_path):
+    """One sweep, two faults. scancel of a job still waiting for nodes (gpus=8 needs both nodes' 4 GPUs, gpus=1
+    holds one; SLURM's record: no node ever allocated): its point never ran, so ``run.json`` says ``not_run``, not
+    a failure. The local launcher's room check (32 KiB) on the SLURM path: the gpus=2 folder is a full disk, so
+    that point fails with the local launcher's one line naming it, the folder and ENOSPC, and is not submitted.
+    gpus=1 completes; the last line names both; exit 1."""
+    from tests.test_faults import _fill
+
+    sweep = tmp_path / "outputs" / "sweep"
+    full = sweep / layout.point_subdir("2d", "inference", 2, "num_operators=4")
+    full.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        filler = _fill(full)
+        args = _slurm_args(tmp_path, "cluster.gpus_per_node=4", "inject.rank=0", "inject.section=gradient",
+                           "inject.delay_s=3", "report=false")  # fmt: skip
+        cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,2,8", *args, f"output.root={tmp_path / 'outputs'}"]
+        lines: list[str] = []
+        with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+            try:
+                _sweep_lines(proc, lambda ls: len(_submitted(ls)) == 2, lines)
+                ids = _submitted(lines)
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline and _squeue_state(ids[1]) != "RUNNING":
+                    time.sleep(0.5)
+                assert (_squeue_state(ids[1]), _squeue_state(ids[8])) == ("RUNNING", "PENDING")
+                subprocess.run(["scancel", ids[8]], check=True, timeout=30)
+                out = "".join(lines) + proc.communicate(timeout=240)[0]
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        assert proc.returncode == 1, out[-4000:]
+        assert "Traceback" not in out and "Logging error" not in out, out[-4000:]
+        assert set(ids) == {1, 8} and out.count("submitted (") == 2  # gpus=2: never submitted
+        said = [line for line in out.splitlines() if line.startswith("pnpscale: error: ")]
+        assert said[0] == (f"pnpscale: error: problem=2d mode=inference num_operators=4 gpus=2: no status record "
+                           f"could be written in {full} (ENOSPC: No space left on device); the point failed"), out
+        assert sorted(p.name for p in full.iterdir()) == [filler.name]  # nothing half-written, no lock left
+        dirs = {read_run(p.parent)["gpus"]: p.parent for p in sweep.glob("problem=*/**/run.json")}
+        assert set(dirs) == {1, 8} and read_run(dirs[1])["status"] == "complete"
+        not_run = read_run(dirs[8])
+        assert not_run["status"] == layout.STATUS_NOT_RUN, not_run
+        assert not_run["error"].startswith(f"not run: SLURM job {ids[8]} CANCELLED"), not_run["error"]
+        assert not_run["error"].endswith("before it started"), not_run["error"]
+        label = "problem=2d mode=inference num_operators=4 gpus=8"
+        assert f"3 sweep point(s): 1 complete, 1 failed, 1 not run ({label})" in out, out[-4000:]
+        assert len(said) == 2 and said[1].startswith("pnpscale: error: 1 of 3 sweep point(s) failed (gpus=2 "), said
+        assert f"; 1 of 3 sweep point(s) not run ({label}); each run.json under {sweep} says why; to re-run only " \
+               "the points not complete: python -m pnpscale -m gpus=1,2,8" in said[1], said  # fmt: skip
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)

@@ -72,13 +72,20 @@ def validate_points(
         Abort: carrying a SweepConfigError, one line per bad point (exit code 2); nothing was launched.
     """
     from pnpscale.core.config import ConfigError
-    from pnpscale.sweep.cli import check_hydra_override
+    from pnpscale.sweep.cli import check_hydra_override, file_key_error
 
     composed: list[Any] = []
     seen: dict[Any, str] = {}
     problems: dict[str, list[str]] = {}
     for overrides in job_overrides:
-        cfg = config_loader.load_sweep_config(config, list(overrides))
+        try:
+            cfg = config_loader.load_sweep_config(config, list(overrides))
+        except Exception as exc:  # a key a user's YAML sets that the schema lacks: one line, not Hydra's six
+            unknown = file_key_error(exc)
+            if unknown is None:
+                raise
+            problems.setdefault(str(unknown), []).append(_label(overrides))
+            continue
         try:
             check(cfg)
         except ConfigError as exc:
@@ -99,11 +106,13 @@ def validate_points(
         composed.append(cfg)
     from pnpscale.sweep.point import mode_key_problems
 
-    refused, warnings = mode_key_problems([(_label(o), c, o) for o, c in zip(job_overrides, composed, strict=True)])
-    for msg, pts in refused.items():  # a key that every point setting it would silently ignore
-        problems.setdefault(msg, []).extend(pts)
-    for line in warnings:  # read by some points, ignored by others: said once
-        log.warning("%s", line)
+    if len(composed) == len(job_overrides):  # the rules across points need every point's config
+        pairs = zip(job_overrides, composed, strict=True)
+        refused, warnings = mode_key_problems([(_label(o), c, o) for o, c in pairs])
+        for msg, pts in refused.items():  # a key that every point setting it would silently ignore
+            problems.setdefault(msg, []).extend(pts)
+        for line in warnings:  # read by some points, ignored by others: said once
+            log.warning("%s", line)
     if problems:
         lines = [f"{msg} (sweep point{'s' if len(pts) > 1 else ''}: {'; '.join(pts)})" for msg, pts in problems.items()]
         raise refuse("invalid sweep, nothing was started:\n" + "\n".join(lines))
@@ -170,20 +179,9 @@ class PnpscaleBasicLauncher(BasicLauncher):
             cfg.hydra.job.id = idx
             cfg.hydra.job.num = idx
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-        from pnpscale.core.lock import in_use
-
-        busy = in_use(run_dir)  # before Hydra writes the point's .hydra/ over the holder's
-        if busy is not None:
-            from hydra.core.utils import JobStatus
-
-            from pnpscale.sweep.point import resolve_point
-            from pnpscale.sweep.task import RunFailed
-
-            label = resolve_point(cfg, run_dir).label  # validated before the sweep started: memoised
-            log.error("%s refused: %s", label, busy)
-            ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
-            ret.return_value = RunFailed(label, run_dir, f"refused, {busy}")
-            return ret
+        refused = refuse_busy(overrides, cfg, run_dir)  # before Hydra writes the point's .hydra/ over the holder's
+        if refused is not None:
+            return refused
         from pnpscale.sweep.point import NoSpace, check_room
 
         try:
@@ -205,47 +203,91 @@ class PnpscaleBasicLauncher(BasicLauncher):
         return ret
 
     def _unwritable(self, overrides: Sequence[str], cfg: DictConfig, run_dir: Path, exc: OSError) -> JobReturn:
-        """A point whose folder cannot be written (a full disk): failed with one line, its failure recorded
-        when the disk has room for that (:func:`pnpscale.sweep.task.record_failure_or_say`, which says so on
-        stderr otherwise); the sweep goes on with the next point."""
-        from hydra.core.utils import JobStatus
+        """:func:`fail_unwritable`: the point fails with one line, the sweep goes on with the next point."""
+        return fail_unwritable(overrides, cfg, run_dir, exc)
 
-        from pnpscale.core.lock import Busy, FolderLock
-        from pnpscale.sweep.point import resolve_point
-        from pnpscale.sweep.task import RunFailed, record_failure_or_say
 
-        error = f"cannot write its run folder: {exc}"
-        if layout.run_status(run_dir) == layout.STATUS_COMPLETE:  # a complete run (skipped, resume): kept
-            log.warning("%s: %s; its complete run is left as it is", _label(overrides), error)
-            ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.COMPLETED)
-            ret.return_value = None
-            return ret
-        log.error("%s failed: %s", _label(overrides), error)
-        lock = FolderLock(run_dir)
-        try:
-            lock.acquire()
-            taken = True
-        except (Busy, OSError):
-            taken = False  # another process's folder, or not even its lock fits: nothing written
-        if taken:
-            try:
-                point = resolve_point(cfg, run_dir)  # validated before the sweep: memoised
-                record_failure_or_say(run_dir, point.spec, None, error, point.label, lock)
-            finally:
-                lock.release()
-        else:
-            from pnpscale.sweep.task import say_unrecorded
+def refuse_busy(
+    overrides: Sequence[str], cfg: DictConfig, run_dir: Path, cuda_devices: int | None = None
+) -> JobReturn | None:
+    """A point whose run folder another live process holds (:func:`pnpscale.core.lock.in_use`): refused with one
+    line naming the holder, nothing written into the folder (its ``run.json``, ``.hydra/`` and tables stay the
+    holder's); ``None`` when the folder is free. Both launchers (SLURM: ``cuda_devices=0``), before anything is
+    written or submitted for the point.
 
-            say_unrecorded(_label(overrides), run_dir, exc)
-        ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
-        ret.return_value = RunFailed(_label(overrides), run_dir, error)
+    Returns:
+        the point's ``FAILED`` JobReturn (a :class:`pnpscale.sweep.task.RunFailed` ``refused, <folder> is in use
+        by pid N on host H since T``), or ``None``.
+    """
+    from hydra.core.utils import JobStatus
+
+    from pnpscale.core.lock import in_use
+    from pnpscale.sweep.point import resolve_point
+    from pnpscale.sweep.task import RunFailed
+
+    busy = in_use(run_dir)
+    if busy is None:
+        return None
+    label = resolve_point(cfg, run_dir, cuda_devices).label  # validated before the sweep started: memoised
+    log.error("%s refused: %s", label, busy)
+    ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
+    ret.return_value = RunFailed(label, run_dir, f"refused, {busy}")
+    return ret
+
+
+def fail_unwritable(
+    overrides: Sequence[str], cfg: DictConfig, run_dir: Path, exc: OSError, cuda_devices: int | None = None
+) -> JobReturn:
+    """A point whose folder cannot be written (a full disk, :func:`pnpscale.sweep.point.check_room`): failed with
+    one line, its failure recorded when the disk has room for that
+    (:func:`pnpscale.sweep.task.record_failure_or_say`, which says so on stderr otherwise); a complete run
+    (skipped on resume) is left complete. Both launchers (local, SLURM: ``cuda_devices=0``, the compute node
+    decides ``scale=auto``).
+
+    Returns:
+        the point's JobReturn: ``FAILED`` with a :class:`pnpscale.sweep.task.RunFailed`, or ``COMPLETED``
+        for a complete run left as it is.
+    """
+    from hydra.core.utils import JobStatus
+
+    from pnpscale.core.lock import Busy, FolderLock
+    from pnpscale.sweep.point import resolve_point
+    from pnpscale.sweep.task import RunFailed, record_failure_or_say
+
+    error = f"cannot write its run folder: {exc}"
+    if layout.run_status(run_dir) == layout.STATUS_COMPLETE:  # a complete run (skipped, resume): kept
+        log.warning("%s: %s; its complete run is left as it is", _label(overrides), error)
+        ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.COMPLETED)
+        ret.return_value = None
         return ret
+    log.error("%s failed: %s", _label(overrides), error)
+    lock = FolderLock(run_dir)
+    try:
+        lock.acquire()
+        taken = True
+    except (Busy, OSError):
+        taken = False  # another process's folder, or not even its lock fits: nothing written
+    if taken:
+        try:
+            point = resolve_point(cfg, run_dir, cuda_devices)  # validated before the sweep: memoised
+            record_failure_or_say(run_dir, point.spec, None, error, point.label, lock)
+        finally:
+            lock.release()
+    else:
+        from pnpscale.sweep.task import say_unrecorded
+
+        say_unrecorded(_label(overrides), run_dir, exc)
+    ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
+    ret.return_value = RunFailed(_label(overrides), run_dir, error)
+    return ret
 
 
-def record_not_run_points(points: Sequence[tuple[Sequence[str], DictConfig]], reason: str) -> list[tuple[str, str]]:
+def record_not_run_points(
+    points: Sequence[tuple[Sequence[str], DictConfig]], reason: str, cuda_devices: int | None = None
+) -> list[tuple[str, str]]:
     """Record every point of ``points`` (overrides, composed config) that did not run as ``not_run`` in its
     folder (:func:`pnpscale.sweep.task.record_not_run`): the point a stop interrupted keeps its
-    ``interrupted`` record, a complete one stays complete.
+    ``interrupted`` record, a complete one stays complete. Both launchers (SLURM: ``cuda_devices=0``).
 
     Returns:
         per point, in sweep order: its label (``problem=2d mode=inference gpus=4``) and what its folder now
@@ -258,10 +300,10 @@ def record_not_run_points(points: Sequence[tuple[Sequence[str], DictConfig]], re
     for overrides, cfg in points:
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
         try:
-            label = resolve_point(cfg, run_dir).label  # validated before the sweep started: memoised
+            label = resolve_point(cfg, run_dir, cuda_devices).label  # validated before the sweep started: memoised
         except Exception:  # noqa: BLE001 - the folder changed since: the overrides name it
             label = _label(overrides)
-        out.append((label, record_not_run(cfg, run_dir, reason)))
+        out.append((label, record_not_run(cfg, run_dir, reason, cuda_devices)))
     return out
 
 
@@ -349,9 +391,11 @@ class SweepFailed(PnpscaleError, RuntimeError):
 NAMED_FAILURES = 8
 
 
-def end_if_failed(config: DictConfig, rets: Sequence[JobReturn], resume: str) -> None:
+def end_if_failed(config: DictConfig, rets: Sequence[JobReturn], resume: str, not_run: Sequence[str] = ()) -> None:
     """End a sweep that had failed points with one line naming every one of them (or, beyond
-    :data:`NAMED_FAILURES`, their count), where their records are, and the command that runs them again.
+    :data:`NAMED_FAILURES`, their count), where their records are, and the command that runs them again;
+    ``not_run``: points the sweep asked for that never started without a stop signal (a SLURM job cancelled
+    while pending), named too (their ``run.json`` says ``not_run``).
 
     Raised as :class:`~pnpscale.core.errors.Abort`, so Hydra prints neither its "Error executing job"
     line nor its ``HYDRA_FULL_ERROR`` hint (it would name only the first failed point).
@@ -362,14 +406,19 @@ def end_if_failed(config: DictConfig, rets: Sequence[JobReturn], resume: str) ->
     from hydra.core.utils import JobStatus
 
     failed = [r for r in rets if r.status == JobStatus.FAILED]
-    if not failed:
+    if not failed and not not_run:
         return
     labels = [getattr(r._return_value, "label", None) or _label(r.overrides or []) for r in failed]
     sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
     named = "; ".join(labels) if len(labels) <= NAMED_FAILURES else f"see {sweep_dir}/*/run.json"
+    total = len(rets) + len(not_run)
+    said = f"{len(failed)} of {total} sweep point(s) failed ({named})" if failed else ""
+    if not_run:
+        unnamed = "; ".join(not_run) if len(not_run) <= NAMED_FAILURES else f"see {sweep_dir}/*/run.json"
+        said += ("; " if said else "") + f"{len(not_run)} of {total} sweep point(s) not run ({unnamed})"
     raise Abort(
         SweepFailed(
-            f"{len(failed)} of {len(rets)} sweep point(s) failed ({named}); each run.json under {sweep_dir} "
-            f"says why; to re-run only the failed points: {resume}"
+            f"{said}; each run.json under {sweep_dir} says why; to re-run only the "
+            f"{'points not complete' if not_run else 'failed points'}: {resume}"
         )
     )

@@ -15,11 +15,20 @@ Order of work in :meth:`PnpscaleSlurmLauncher.launch`:
 3. SLURM checks every distinct request with ``sbatch --test-only``: an impossible one (more nodes
    than the partition has, an unknown partition, ...) stops the sweep with SLURM's message before
    any job is submitted;
-4. one job array per resource set; then, with ``cluster.wait=true`` (default), progress is logged
+4. each point is checked as the local launcher checks a point before it starts (``_startable``): a
+   run folder another live process holds is refused, nothing written; a disk without room for the
+   point's status record (32 KiB) fails it in one line; neither is submitted;
+5. one job array per resource set; then, with ``cluster.wait=true`` (default), progress is logged
    as jobs start and end. A job that fails, times out or is cancelled is recorded as failed in its
-   run folder (SLURM's state, exit code and reason, each rank's error, the log path); the other
-   points are still waited for. The sweep report follows, and the command exits non-zero when a
-   point failed, printing the command that resumes the sweep.
+   run folder (SLURM's state, exit code and reason, each rank's error, the log path); one cancelled
+   while it waited for nodes never ran and is recorded ``not_run``; the other points are still
+   waited for. The sweep report follows, and the command exits non-zero when a point failed or did
+   not run, printing the command that resumes the sweep.
+
+A stop signal (Ctrl-C, SIGTERM, SIGHUP) at any moment after validation cancels every unfinished job:
+a started one is recorded failed, a pending or unsubmitted one ``not_run`` (``_stopped``, as the local
+launcher records the points a stop came before); the summary line, the report and the resume command
+follow, and the command exits 128 + the signal number.
 
 Inside a job (:meth:`PnpscaleSlurmLauncher.__call__`, run by every SLURM task), task 0 runs the
 Hydra job (``.hydra/``, the job log, :func:`pnpscale.sweep.task.run`) and the other tasks run their rank
@@ -115,7 +124,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
     """hydra-submitit-launcher's SLURM launcher with one job shape per point (see module doc)."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from pnpscale.cluster.slurm import cpus_per_task_warning, executor_parameters, group_points
+        from pnpscale.cluster.slurm import cpus_per_task_warning, executor_parameters
 
         assert self.hydra_context is not None and self.config is not None
         config = self.config
@@ -136,6 +145,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             for i, (ov, cfg) in enumerate(zip(job_overrides, composed, strict=True))
         ]
         rets: dict[int, JobReturn] = {}
+        self._not_run: dict[int, str] = {}  # points that never started without a stop (a job cancelled pending)
         todo = []
         for p in points:
             done = self._completed(p)
@@ -146,22 +156,109 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
                 )
             else:
                 todo.append(p)
-        shapes = group_points([p.params or {} for p in todo])
-        groups = [([todo[i] for i in members], params) for params, members in shapes]
-        self._preflight(groups)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        folder = str(self.params.get("submitit_folder") or sweep_dir / ".submitit" / "%j")
-        jobs = self._submit(groups, folder, rets)
-        if jobs and not bool(config.cluster.wait):
-            self._print_later(jobs, sweep_dir)
-            return []
-        self._wait(jobs, folder, rets)
-        ordered = [rets[p.index] for p in points]
-        finish_sweep(config, ordered)
-        end_if_failed(config, ordered, self._resume_command(sweep_dir))
-        return ordered
+        jobs: list[tuple[_Point, Any]] = []
+        try:
+            self._preflight(self._groups(todo))
+            todo = self._startable(todo, rets)  # a folder in use, or too full for a record: failed, not sent
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            folder = str(self.params.get("submitit_folder") or sweep_dir / ".submitit" / "%j")
+            self._submit(self._groups(todo), folder, rets, jobs)
+            if jobs and not bool(config.cluster.wait):
+                self._print_later(jobs, sweep_dir)
+                return []
+            self._wait(jobs, folder, rets)
+        except KeyboardInterrupt as exc:
+            self._stopped(exc, points, jobs, rets)
+            raise
+        ran = [rets[p.index] for p in points if p.index not in self._not_run]
+        not_run = [self._not_run[p.index] for p in points if p.index in self._not_run]
+        finish_sweep(config, ran, total=len(points), not_run=not_run)
+        end_if_failed(config, ran, self._resume_command(sweep_dir), not_run=not_run)
+        return [rets[p.index] for p in points]
 
     # ---------------------------------------------------------------------------------- steps
+
+    @staticmethod
+    def _groups(todo: list[_Point]) -> list[tuple[list[_Point], dict[str, Any]]]:
+        """One group per distinct job request (:func:`pnpscale.cluster.slurm.group_points`): one job array each."""
+        from pnpscale.cluster.slurm import group_points
+
+        shapes = group_points([p.params or {} for p in todo])
+        return [([todo[i] for i in members], params) for params, members in shapes]
+
+    @staticmethod
+    def _startable(todo: list[_Point], rets: dict[int, JobReturn]) -> list[_Point]:
+        """The points that may be submitted, checked as the local launcher checks each point before it starts:
+        a run folder another live process holds is refused with one line naming the holder, nothing written
+        (:func:`hydra_plugins.pnpscale_plugins.launcher.refuse_busy`); a disk without room for the point's status
+        record (:func:`pnpscale.sweep.point.check_room`) fails it with one line, recorded when a block is left
+        (:func:`hydra_plugins.pnpscale_plugins.launcher.fail_unwritable`). Neither is submitted (``rets`` gets
+        their FAILED returns); the others are returned, in order."""
+        from hydra_plugins.pnpscale_plugins.launcher import fail_unwritable, refuse_busy
+        from pnpscale.sweep.point import NoSpace, check_room
+
+        kept = []
+        for p in todo:
+            refused = refuse_busy(p.overrides, p.cfg, p.run_dir, cuda_devices=0)
+            if refused is not None:
+                rets[p.index] = refused
+                continue
+            try:
+                check_room(p.run_dir)
+            except NoSpace as exc:
+                rets[p.index] = fail_unwritable(p.overrides, p.cfg, p.run_dir, exc, cuda_devices=0)
+                continue
+            kept.append(p)
+        return kept
+
+    def _stopped(
+        self, exc: KeyboardInterrupt, points: list[_Point], jobs: list[tuple[_Point, Any]], rets: dict[int, JobReturn]
+    ) -> None:
+        """A stop signal (Ctrl-C, SIGTERM) during the sweep: every unfinished job is cancelled; a job that had
+        started is recorded failed (``cancelled: the sweep was interrupted (SIGINT) ...``), a point whose job
+        never started (cancelled while pending) or that was never submitted is recorded ``not_run``
+        (:func:`hydra_plugins.pnpscale_plugins.launcher.record_not_run_points`, as the local launcher does);
+        then the summary line, the report of what completed, and the resume command."""
+        from hydra_plugins.pnpscale_plugins.launcher import ReportFailed, record_not_run_points
+        from pnpscale import layout
+        from pnpscale.cluster.slurm import never_started, sacct_info, wait_until_ended
+        from pnpscale.core.signals import acknowledge, as_interrupted
+
+        stop = as_interrupted(exc)
+        acknowledge()  # handled here: the report of what completed may be published
+        pending = [(p, job) for p, job in jobs if p.index not in rets]
+        for _, job in pending:
+            try:
+                job.cancel(check=False)
+            except Exception:  # noqa: BLE001 - a job that already ended cannot be cancelled
+                pass
+        never = []
+        for p, job in pending:
+            wait_until_ended(job.job_id, timeout_s=30.0)  # its tasks gone before its folder is written
+            if never_started(sacct_info(job.job_id)):
+                never.append(p)
+            else:
+                rets[p.index] = self._record_failure(p, f"cancelled: the sweep was {stop}; SLURM job {job.job_id}", {})
+        submitted = {p.index for p, _ in jobs}
+        never += [p for p in points if p.index not in rets and p.index not in submitted]
+        never.sort(key=lambda p: p.index)
+        said = record_not_run_points(
+            [(p.overrides, p.cfg) for p in never], f"not run: the sweep was {stop} before this point started", 0
+        )
+        not_run = [f"{label}{'' if s == layout.STATUS_NOT_RUN else f' ({s})'}" for label, s in said]
+        log.error(
+            "%s: %d unfinished SLURM job(s) cancelled, %d recorded as failed; %d sweep point(s) not run%s",
+            stop, len(pending), len(pending) - sum(p in never for p, _ in pending), len(not_run),
+            f": {'; '.join(not_run)}" * bool(not_run),
+        )  # fmt: skip
+        ran = [rets[p.index] for p in points if p.index in rets]
+        try:
+            finish_sweep(self.config, ran, total=len(points), not_run=not_run)
+        except ReportFailed:
+            pass  # logged; the stop decides the exit code
+        finally:
+            sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+            log.error("to resume (complete points are skipped): %s", self._resume_command(sweep_dir))
 
     @staticmethod
     def _completed(p: _Point) -> dict[str, Any] | None:
@@ -189,11 +286,16 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             raise refuse("SLURM refused the sweep, nothing was submitted:\n" + "\n".join(problems))
 
     def _submit(
-        self, groups: list[tuple[list[_Point], dict[str, Any]]], folder: str, rets: dict[int, JobReturn]
-    ) -> list[tuple[_Point, Any]]:
+        self,
+        groups: list[tuple[list[_Point], dict[str, Any]]],
+        folder: str,
+        rets: dict[int, JobReturn],
+        jobs: list[tuple[_Point, Any]],
+    ) -> None:
+        """Submit one job array per group, appending each (point, job) to ``jobs`` as it is submitted (a stop
+        signal between two arrays leaves ``jobs`` naming what SLURM has)."""
         import submitit
 
-        jobs = []
         for members, params in groups:
             executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=0)
             executor.update_parameters(**params)
@@ -218,52 +320,37 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
                     p.label, job.job_id, params["nodes"], params["tasks_per_node"], params["gpus_per_node"],
                 )  # fmt: skip
                 jobs.append((p, job))
-        return jobs
 
     def _wait(self, jobs: list[tuple[_Point, Any]], folder: str, rets: dict[int, JobReturn]) -> None:
         """Wait for every job (submitit's states), recording each as it ends; logs progress."""
         pending = dict(enumerate(jobs))
         seen: dict[int, str] = {}
         total, failed = len(jobs), 0
-        try:
-            while pending:
-                for key, (p, job) in list(pending.items()):
-                    if job.done():
-                        del pending[key]
-                        try:
-                            ret = self._collect(p, job, folder)
-                        except Exception as exc:  # noqa: BLE001 - one job's trouble never stops the others
-                            ret = self._record_failure(p, f"SLURM job {job.job_id}: result unreadable: {exc}", {})
-                        rets[p.index] = ret
-                        failed += ret.status == JobStatus.FAILED
-                        log.info(
-                            "%s: %s (%d/%d jobs done, %d failed)",
-                            p.label, self._outcome(p, ret), total - len(pending), total, failed,
-                        )  # fmt: skip
-                        continue
-                    state = job.state
-                    if state not in ("UNKNOWN", seen.get(key)):
-                        seen[key] = state
-                        log.info("%s: SLURM job %s %s", p.label, job.job_id, state)
-                if pending:
-                    time.sleep(POLL_S)
-        except KeyboardInterrupt:
-            # the user stopped the sweep: stop its jobs too, and say so in their run folders
-            for p, job in pending.values():
-                try:
-                    job.cancel(check=False)
-                except Exception:  # noqa: BLE001 - a job that already ended cannot be cancelled
-                    pass
-                self._record_failure(p, f"cancelled: the sweep was interrupted (Ctrl-C); SLURM job {job.job_id}", {})
-            log.error(
-                "interrupted: %d unfinished SLURM job(s) cancelled and recorded as failed. To resume: %s",
-                len(pending),
-                self._resume_command(Path(str(self.config.hydra.sweep.dir)).absolute()),
-            )
-            raise
+        while pending:  # a stop signal: the launch's handler cancels and records what is pending (_stopped)
+            for key, (p, job) in list(pending.items()):
+                if job.done():
+                    try:
+                        ret = self._collect(p, job, folder)
+                    except Exception as exc:  # noqa: BLE001 - one job's trouble never stops the others
+                        ret = self._record_failure(p, f"SLURM job {job.job_id}: result unreadable: {exc}", {})
+                    rets[p.index] = ret
+                    del pending[key]
+                    failed += ret.status == JobStatus.FAILED and p.index not in self._not_run
+                    log.info(
+                        "%s: %s (%d/%d jobs done, %d failed)",
+                        p.label, self._outcome(p, ret), total - len(pending), total, failed,
+                    )  # fmt: skip
+                    continue
+                state = job.state
+                if state not in ("UNKNOWN", seen.get(key)):
+                    seen[key] = state
+                    log.info("%s: SLURM job %s %s", p.label, job.job_id, state)
+            if pending:
+                time.sleep(POLL_S)
 
-    @staticmethod
-    def _outcome(p: _Point, ret: JobReturn) -> str:
+    def _outcome(self, p: _Point, ret: JobReturn) -> str:
+        if p.index in self._not_run:
+            return str(ret._return_value.error)
         if ret.status == JobStatus.COMPLETED:
             from pnpscale.core.record import RecordError, read_record
             from pnpscale.sweep.task import summary_line
@@ -308,7 +395,25 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             task_errors[0] = err.error if isinstance(err, RunFailed) else error_line(str(err))
         state = self._final_state(job)
         wait_until_ended(job.job_id)  # no task may write into the run folder after the failure is recorded
+        if ret0 is None and not task_errors:
+            from pnpscale.cluster.slurm import never_started, sacct_info
+
+            if never_started(sacct_info(job.job_id)):  # cancelled while pending (scancel): the point never ran
+                return self._record_not_run(p, f"not run: SLURM job {job.job_id} {state} before it started")
         return self._record_failure(p, None, task_errors, job=job, folder=folder, state=state)
+
+    def _record_not_run(self, p: _Point, reason: str) -> JobReturn:
+        """A point whose job never started without a stop signal: ``run.json`` says ``not_run`` with ``reason``
+        (:func:`hydra_plugins.pnpscale_plugins.launcher.record_not_run_points`); the sweep names it at its end."""
+        from hydra_plugins.pnpscale_plugins.launcher import record_not_run_points
+        from pnpscale import layout
+        from pnpscale.sweep.task import RunFailed
+
+        ((label, said),) = record_not_run_points([(p.overrides, p.cfg)], reason, 0)
+        self._not_run[p.index] = label + ("" if said == layout.STATUS_NOT_RUN else f" ({said})")
+        ret = JobReturn(overrides=p.overrides, working_dir=str(p.run_dir), status=JobStatus.FAILED)
+        ret.return_value = RunFailed(p.label, p.run_dir, reason)
+        return ret
 
     @staticmethod
     def _final_state(job: Any, timeout_s: float = 60.0) -> str:
@@ -335,8 +440,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         from pnpscale import layout
         from pnpscale.cluster.slurm import failure_text, ranks_by_cause, sacct_info, task_logs
         from pnpscale.core.config import resolve_spec
-        from pnpscale.core.record import RecordError, read_rank_failures, read_record, write_failure
-        from pnpscale.sweep.task import RunFailed
+        from pnpscale.core.record import RecordError, read_rank_failures, read_record
+        from pnpscale.sweep.task import RunFailed, record_failure_or_say
 
         try:
             previous = read_record(p.run_dir)
@@ -360,13 +465,9 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         block["task_errors"] = {str(k): v for k, v in sorted(task_errors.items())}
         task_cfg = _task_cfg(p.cfg)
         detail = previous.error if previous and previous.status == layout.STATUS_FAILED else None
-        write_failure(
-            p.run_dir,
-            resolve_spec(task_cfg, cuda_available=False),
-            plain(task_cfg),
-            (message or "") + (f"\n{detail}" if detail and detail != message else ""),
-            slurm=block,
-        )
+        text = (message or "") + (f"\n{detail}" if detail and detail != message else "")
+        spec = resolve_spec(task_cfg, cuda_available=False)  # a disk too full even for it: one line on stderr
+        record_failure_or_say(p.run_dir, spec, plain(task_cfg), text, p.label, slurm=block)
         ret = JobReturn(overrides=p.overrides, working_dir=str(p.run_dir), status=JobStatus.FAILED)
         ret.return_value = RunFailed(p.label, p.run_dir, message or "failed")
         return ret

@@ -8,6 +8,7 @@ folder, ``multirun.yaml`` included, as it was; so does a sweep refused by the la
 validation. A file that cannot be written later (a full disk) ends the sweep with one line (exit 1).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional  # noqa: UP035 - OmegaConf reads these annotations
@@ -40,6 +41,11 @@ class IOFailure(PnpscaleError):
 
 class PnpscaleBasicSweeper(BasicSweeper):
     """Hydra's basic sweeper with the sweep folder checked and locked first (see the module doc)."""
+
+    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        """Nothing here: both launchers compose and check every point before any starts
+        (:func:`hydra_plugins.pnpscale_plugins.launcher.validate_points`), with one line per bad point
+        (Hydra's own check composes them too, and prints a composition error over several lines)."""
 
     def sweep(self, arguments: list[str]) -> Any:
         from pnpscale import layout

@@ -344,6 +344,27 @@ def sacct_info(job_id: str) -> dict[str, str]:
     return parse_sacct(out)
 
 
+#: sacct's ``NodeList`` of a job that was never given a node (cancelled while pending).
+NO_NODE = "None assigned"
+
+
+def never_started(sacct: Mapping[str, str]) -> bool:
+    """Whether SLURM's accounting record (:func:`sacct_info`) says the job never ran: no node was ever
+    allocated to it (``NodeList`` ``None assigned``: cancelled while pending) and no time elapsed.
+    ``False`` when it cannot tell (no record: sacct failed): such a job is taken as started, recorded failed.
+
+    (sacct's ``Start`` of a job cancelled while pending is the time of the cancel, not ``None``: SLURM 22.05.)
+
+    >>> never_started({"state": "CANCELLED by 0", "elapsed": "00:00:00", "nodelist": "None assigned"})
+    True
+    >>> never_started({"state": "CANCELLED by 0", "elapsed": "00:00:03", "nodelist": "n1"})
+    False
+    >>> never_started({})
+    False
+    """
+    return sacct.get("nodelist") == NO_NODE and sacct.get("elapsed", "00:00:00") in ("00:00:00", "0:00")
+
+
 def wait_until_ended(job_id: str, timeout_s: float = 90.0, poll_s: float = 1.0) -> bool:
     """Wait while SLURM still lists the job as COMPLETING (its processes are being killed).
 

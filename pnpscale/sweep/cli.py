@@ -282,7 +282,8 @@ def check_single_point(argv: Sequence[str]) -> None:
     """For a single run (no sweep), compose the point and run every value rule before Hydra starts.
 
     Sweeps (``-m``, comma lists, ``sweeps=``, ``cluster=slurm``) are checked by the launcher, point
-    by point, before any runs; ``--cfg``/``--help``/``--info`` run nothing and are not checked.
+    by point, before any runs (their shared part first, when a user's config folder is on the search path:
+    :func:`check_sweep_files`); ``--cfg``/``--help``/``--info`` run nothing and are not checked.
 
     Raises:
         CommandLineError: ``-m`` with ``--cfg``/``--info``, a list of values (a sweep) without ``-m``, or a
@@ -304,10 +305,13 @@ def check_single_point(argv: Sequence[str]) -> None:
             [f"-m (--multirun) and {shows[0]} cannot be combined: drop -m to print the config of one point "
              f"(python -m pnpscale {shows[0]} job gpus=2), or drop {shows[0]} to run the sweep"]
         )  # fmt: skip
-    if args.multirun or shows or args.help or args.hydra_help:
+    if shows or args.help or args.hydra_help:
         return
     overrides = list(args.overrides or [])
     parsed = OverridesParser.create().parse_overrides(overrides)
+    if args.multirun:
+        check_sweep_files(parsed)
+        return
     multirun = any(
         ov.key_or_group == "sweeps" or (ov.key_or_group == "hydra.mode" and str(ov.value()) == "MULTIRUN")
         for ov in parsed
@@ -323,6 +327,7 @@ def check_single_point(argv: Sequence[str]) -> None:
             or ov.key_or_group == "sweeps"
             or (ov.key_or_group == "cluster" and str(ov.value()) != "local")
         ):
+            check_sweep_files(parsed)
             return
     from pnpscale.sweep.point import mode_key_problems, resolve_point
 
@@ -342,6 +347,30 @@ def check_single_point(argv: Sequence[str]) -> None:
     from pnpscale.sweep.point import check_room
 
     check_room(Path(run_dir) if run_dir else Path(str(cfg.output.root)))  # before Hydra writes into it
+
+
+def check_sweep_files(parsed: Sequence[Any]) -> None:
+    """A sweep that reads a user's own config folder (``hydra.searchpath=[file://...]``): its shared part (the
+    overrides that are not swept) is composed now, so that a key one of that folder's YAML files sets and the
+    schema does not have (a key moved by the plugins, a top-level ``blur_sigma``) is one line naming the key
+    and its new place (:func:`file_key_error`, exit 2) instead of Hydra's multi-line composition error. A
+    swept option (``problem=2d,old``) is composed point by point by the launcher
+    (:func:`hydra_plugins.pnpscale_plugins.launcher.validate_points`), with the same line.
+
+    Nothing is composed without such a folder: pnpscale's own config files are checked by its tests.
+
+    Raises:
+        InputError: see :func:`file_key_error`; any other composition error is left to Hydra.
+    """
+    if not search_dirs(parsed):
+        return
+    shared = [str(ov.input_line) for ov in parsed if not ov.is_sweep_override() and ov.input_line]
+    try:
+        compose_config(shared)
+    except InputError:
+        raise
+    except Exception:  # noqa: BLE001 - not a key of a config file: Hydra composes again and says it
+        return
 
 
 def check_folder_free(key: str, folder: Path) -> None:

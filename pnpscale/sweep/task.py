@@ -138,7 +138,13 @@ def _record_failure(point: Point, config: dict[str, Any] | None, error: BaseExce
 
 
 def record_failure_or_say(
-    run_dir: Path, spec: Any, config: dict[str, Any] | None, error: BaseException | str, label: str, lock: Any = None
+    run_dir: Path,
+    spec: Any,
+    config: dict[str, Any] | None,
+    error: BaseException | str,
+    label: str,
+    lock: Any = None,
+    **extra: Any,
 ) -> bool:
     """Record a failed point (:func:`pnpscale.core.record.write_failure`, which frees the space reserved for it
     and falls back to a short record, then to overwriting ``run.json`` in place); on a disk still too full, the
@@ -147,19 +153,21 @@ def record_failure_or_say(
     cause: ``pnpscale: error: <point>: no status record could be written in <folder> (ENOSPC: No space left
     on device); the point failed``.
 
+    ``extra``: more fields of the record (a launcher's own block, e.g. its scheduler's account of the job).
+
     Returns:
         whether a record was written.
     """
     from pnpscale.core.record import write_failure
 
     try:
-        write_failure(run_dir, spec, config, error)
+        write_failure(run_dir, spec, config, error, **extra)
         return True
     except OSError as exc:
         full = exc
     if lock is not None and lock.forget_holder():
         try:
-            write_failure(run_dir, spec, config, error)
+            write_failure(run_dir, spec, config, error, **extra)
             return True
         except OSError as exc:
             full = exc
@@ -179,13 +187,16 @@ def say_unrecorded(label: str, run_dir: Path, full: OSError) -> None:
     log.error("%s", line)
 
 
-def record_not_run(cfg: DictConfig, run_dir: Path, reason: str) -> str:
+def record_not_run(cfg: DictConfig, run_dir: Path, reason: str, cuda_devices: int | None = None) -> str:
     """Record in ``run_dir`` that the sweep asked for this point but never ran it (``run.json``: status
     ``not_run``, ``error`` = ``reason``), so that the report and ``pnpscale.load`` list it; resume runs it.
 
     Never overwrites a complete run (a point skipped or finished as the stop came: it stays complete), nor
     the record of the point this process was running when stopped (it says ``interrupted``), nor a folder
     in use by another process. An earlier record of another status is replaced, its error kept in the text.
+
+    ``cuda_devices``: as for :func:`pnpscale.sweep.point.resolve_point` (0 for a launcher whose compute
+    node decides ``scale=auto``).
 
     Returns:
         what the folder now says: ``not_run``, ``complete``, ``failed`` (this process's interrupted point),
@@ -214,7 +225,7 @@ def record_not_run(cfg: DictConfig, run_dir: Path, reason: str) -> str:
                     text += f" (the folder's earlier run, {earlier.started_at}: {earlier.status}" + (
                         f": {before})" if before else ")"
                     )
-                record = start_record(resolve_point(cfg, run_dir).spec, _without_hydra(cfg))
+                record = start_record(resolve_point(cfg, run_dir, cuda_devices).spec, _without_hydra(cfg))
                 write_record(run_dir, record.set(status=layout.STATUS_NOT_RUN, error=text, started_at=None,
                                                  finished_at=now_iso()))  # fmt: skip
             finally:
