@@ -67,3 +67,81 @@ def test_json_that_is_not_an_event_list_is_skipped_or_refused_by_name(tmp_path: 
     events.write_text('{"traceEvents": [1, 2]}')
     with pytest.raises(TraceError, match=r"rank2\.json: event 0 of traceEvents is int, not an object"):
         read_trace(events, ["gradient"])
+
+
+def _two_points(sweep: Path) -> Path:
+    """A 1- and a 2-rank point of 2d inference (tables written by the real writer); the 2-rank folder."""
+    from tests.test_report import fake_run
+
+    p = lambda g: sweep / layout.point_subdir("2d", "inference", g)  # noqa: E731
+    fake_run(p(1), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]})
+    fake_run(p(2), "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2})
+    return p(2)
+
+
+def _edit_json(run_dir: Path, change) -> None:
+    doc = json.loads((run_dir / layout.RUN_JSON).read_text())
+    change(doc)
+    (run_dir / layout.RUN_JSON).write_text(json.dumps(doc))
+
+
+def _move(src: Path, dst: Path) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    src.rename(dst)
+    return dst
+
+
+#: label -> (how the 2-rank point is damaged, returning its folder; the point's label then; the reason)
+MISLABELLED = {
+    "renamed to gpus=4": (lambda d: _move(d, d.parent / "gpus=4"), "problem=2d mode=inference gpus=4",
+                          "gpus is 2, but its folder says gpus=4 (moved or renamed?)"),
+    "moved under problem=3d": (lambda d: _move(d, d.parents[2] / layout.point_subdir("3d", "inference", 2)),
+                               "problem=3d mode=inference gpus=2",
+                               "problem is '2d', but its folder says problem=3d (moved or renamed?)"),
+    "moved under a variant": (lambda d: _move(d, d.parents[2] / layout.point_subdir(
+        "2d", "inference", 2, "denoiser_collective=all_gather")),
+        "problem=2d mode=inference denoiser_collective=all_gather gpus=2",
+        "spec.denoiser_collective is 'all_reduce', but its folder says denoiser_collective=all_gather "
+        "(moved or renamed?)"),
+    "run.json's mode edited": (lambda d: _edit_json(d, lambda r: r.update(mode="training")) or d,
+                               "problem=2d mode=inference gpus=2",
+                               "mode is 'training', but its folder says mode=inference (moved or renamed?)"),
+    "run.json's spec.gpus edited": (lambda d: _edit_json(d, lambda r: r["spec"].update(gpus=8)) or d,
+                                    "problem=2d mode=inference gpus=2", "spec.gpus is 8, but gpus is 2"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("label", list(MISLABELLED))
+def test_a_run_folder_whose_record_disagrees_with_its_folder_is_unreadable(tmp_path, capsys, label):
+    """A run folder moved into another point's place (or a record edited) was reported under the folder's
+    labels (a 2-rank 2d run as ``3d``, or as ``gpus=4``: GPU-seconds 2x): refused for load and the report."""
+    import pnpscale
+    from pnpscale.results.report import main
+
+    sweep = tmp_path / "sweep"
+    damage, point, reason = MISLABELLED[label]
+    moved = damage(_two_points(sweep))
+    error = f"unreadable: {moved / layout.RUN_JSON}: {reason}"
+    table = pnpscale.load(sweep)
+    bad = table[table["status"] != "complete"]
+    assert len(bad) == 1 and bad["status"].iloc[0] == "unreadable" and bad["error"].iloc[0] == error
+    assert (table[table["status"] == "complete"]["gpus"] == 1).all()
+    from pnpscale.results.runs import build_table
+
+    lines: list[str] = []
+    build_table(sweep, echo=lines.append)  # what the report prints, by the report's own reader
+    assert f"{point}: {error}" in lines, lines
+    if label == "moved under problem=3d":  # the whole report once: written, exit 1 under --strict
+        capsys.readouterr()
+        assert main([str(sweep), "--strict"]) == 1
+        assert f"{point}: {error}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", [layout.RANKS, layout.COLLECTIVES, layout.SECTIONS])
+def test_a_missing_table_is_named_missing_not_by_its_path_twice(tmp_path, name):
+    import pnpscale
+
+    run_dir = _two_points(tmp_path / "sweep")
+    (run_dir / name).unlink()
+    row = pnpscale.load(tmp_path / "sweep").query("gpus == 2").iloc[0]
+    assert (row["status"], row["error"]) == ("unreadable", f"unreadable: {run_dir / name}: missing (no such file)")

@@ -153,6 +153,10 @@ def discover(root: str | Path) -> pd.DataFrame:
             status = run["status"]
             error = (run.get("error") or "").splitlines()[0] if run.get("error") else None
             fields = _record_fields(run)
+            moved = folder_disagreement(point, run)
+            if moved:  # label the point as its folder does (the point asked for there), refuse the record
+                status, error = STATUS_UNREADABLE, f"unreadable: {d / layout.RUN_JSON}: {moved}"
+                run, fields = {k: point.get(k, run.get(k)) for k in POINT}, {}
         except RecordError as exc:
             run, fields = {}, {}
             if (d / layout.RUN_JSON).exists():
@@ -193,6 +197,38 @@ def discover(root: str | Path) -> pd.DataFrame:
     df["gpus"] = df["gpus"].astype("int64")
     df["variant"] = variants(pd.DataFrame(configured, index=df.index).assign(problem=df["problem"], mode=df["mode"]))
     return df
+
+
+def folder_disagreement(point: dict[str, Any], run: dict[str, Any]) -> str | None:
+    """Where a run folder's hive parts (``problem=2d/mode=inference/gpus=4``, variant parts such as
+    ``denoiser_collective=all_gather``) disagree with its ``run.json`` (or the record's ``problem``, ``mode``,
+    ``gpus`` with its ``spec``'s), the reason; ``None`` when they agree.
+
+    The record says what was measured, the folder names are what the report and :func:`load` label it
+    with (the hive partition columns): a run folder moved or renamed into another point's place would
+    otherwise be reported as that point, silently. Only the parts the folder has are compared.
+
+    Args:
+        point: the folder's parts, ``{key: value}`` (:func:`_point_from_path`; ``gpus`` an int).
+        run: the record (:meth:`pnpscale.core.record.RunRecord.to_dict`).
+
+    >>> folder_disagreement({"problem": "3d", "gpus": 2}, {"problem": "2d", "gpus": 2, "spec": {}})
+    "problem is '2d', but its folder says problem=3d (moved or renamed?)"
+    >>> folder_disagreement({"gpus": 4, "denoiser_collective": "all_gather"},
+    ...                     {"gpus": 4, "spec": {"denoiser_collective": "all_gather"}}) is None
+    True
+    """
+    spec = run.get("spec") or {}
+    recorded = {k: run.get(k) for k in POINT} | _variant_fields(spec)
+    for key, value in point.items():
+        mine = recorded.get(key)
+        if mine is None or mine is pd.NA or str(mine) != str(value):
+            where = key if key in POINT else f"spec.{'sizes.' if key == 'num_operators' else ''}{key}"
+            return f"{where} is {mine!r}, but its folder says {key}={value} (moved or renamed?)"
+    for key in POINT:  # the record itself: its point and its spec's
+        if key in spec and spec[key] != run.get(key):
+            return f"spec.{key} is {spec[key]!r}, but {key} is {run.get(key)!r}"
+    return None
 
 
 def _record_fields(run: dict[str, Any]) -> dict[str, Any]:
@@ -355,8 +391,7 @@ def read_sections(path: Path, base: Path) -> pd.DataFrame:
         sections = frag.to_table().to_pandas()
         keys = ds.get_partition_keys(frag.partition_expression)
     except (OSError, pa.ArrowException, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UnreadableFile(path, reason) from None
+        raise UnreadableFile(path, _reason(exc, path)) from None
     check_columns(sections, path, SECTIONS_REQUIRED)
     from pnpscale.analysis.tables import complete_sections
 
@@ -384,10 +419,18 @@ def read_table(
     try:
         table = pd.read_parquet(path, columns=columns)
     except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UnreadableFile(path, reason) from None
+        raise UnreadableFile(path, _reason(exc, path)) from None
     check_columns(table, path, required)
     return table
+
+
+def _reason(exc: BaseException, path: Path) -> str:
+    """Why ``path`` could not be read, in one line: ``missing`` for a file that is not there (pyarrow's
+    ``FileNotFoundError`` says only the path), else the first line of the error (its class if empty)."""
+    if isinstance(exc, FileNotFoundError) or not path.exists():
+        return "missing (no such file)"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_columns(table: pd.DataFrame, path: Path, columns: tuple[str, ...] | list[str]) -> None:
