@@ -145,3 +145,58 @@ def test_a_missing_table_is_named_missing_not_by_its_path_twice(tmp_path, name):
     (run_dir / name).unlink()
     row = pnpscale.load(tmp_path / "sweep").query("gpus == 2").iloc[0]
     assert (row["status"], row["error"]) == ("unreadable", f"unreadable: {run_dir / name}: missing (no such file)")
+
+
+def test_resume_runs_again_a_complete_point_whose_folder_is_unreadable(tmp_path):
+    """``resume=true`` skipped a complete run whose ``ranks.parquet`` was truncated: the report then called the
+    point unreadable on every resume, and the sweep exited 0. Only a readable complete run is skipped."""
+    from pnpscale.core.config import resolve_spec
+    from pnpscale.results.runs import unreadable_reason
+    from pnpscale.sweep.cli import compose_config
+    from pnpscale.sweep.point import complete_run
+
+    run_dir = _two_points(tmp_path / "sweep")
+    cfg = compose_config(["gpus=2", "scale=small", f"output.root={tmp_path}"])
+    mine = resolve_spec(cfg, cuda_available=False)
+    _edit_json(run_dir, lambda r: r.update(fingerprint=mine.fingerprint()))  # this point's run, as resume sees it
+    assert unreadable_reason(run_dir) is None
+    assert complete_run(run_dir, cfg)["fingerprint"] == mine.fingerprint()  # readable: skipped
+    ranks = run_dir / layout.RANKS
+    ranks.write_bytes(ranks.read_bytes()[:300])  # truncated
+    assert unreadable_reason(run_dir).startswith(f"{ranks}: ")
+    assert complete_run(run_dir, cfg) is None  # run again
+
+
+@pytest.mark.parametrize("above", ["problem=3d", "gpus=8"])
+def test_a_folder_above_the_sweep_named_like_a_point_part_changes_no_label(tmp_path, above):
+    """pyarrow's hive partitioning takes the first ``key=`` part of the path: a 2d sweep kept under
+    ``results/problem=3d/`` was reported as a complete ``3d`` point (under ``gpus=8/``: every point unreadable,
+    "ranks [0, 1], expected 0..7"). The point is the run folder's own parts, checked against its record."""
+    import pnpscale
+
+    _two_points(tmp_path / above / "sweep")
+    table = pnpscale.load(tmp_path).query("section == 'all'")
+    assert table["status"].tolist() == ["complete", "complete"], table["error"].tolist()
+    assert table["problem"].tolist() == ["2d", "2d"] and table["gpus"].tolist() == [1, 2]
+    assert table["gpu_seconds"].tolist() == pytest.approx([4.0, 4.4])  # 1 x (1 + 3); 2 x (0.6 + 1.6)
+
+
+@pytest.mark.parametrize(
+    ("options", "code", "message"),
+    [
+        (["--rank", "nosuch.json=0"], 2, "--rank names no given trace: nosuch.json"),
+        (["--rank", "rank0.json=5"], 2, "--rank rank0.json=5: outside the world size 2"),
+        (["--warmup", "9"], 2, "--warmup 9: no measured iteration (all rows are warm-up): lower --warmup"),
+        ([], 0, None),
+    ],
+)
+def test_an_analyze_option_the_traces_refuse_exits_2(tmp_path, capsys, options, code, message):
+    """``--rank`` naming no trace or a rank outside the world, and a ``--warmup`` leaving no measured
+    iteration, are the user's input: exit 2 (they exited 1, the code of a trace that cannot be analysed)."""
+    from pnpscale.analysis.offline import main
+    from tests.test_analyze import SECTIONS, two_rank_job
+
+    job = two_rank_job(tmp_path / "job")
+    assert main([str(job), "--sections", SECTIONS, *options]) == code
+    err = capsys.readouterr().err
+    assert (message is None and err == "") or err == f"pnpscale.analyze: error: {message}\n", err

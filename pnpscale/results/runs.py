@@ -326,8 +326,8 @@ def load(path: str | Path, include_failed: bool = True) -> pd.DataFrame:
     (:data:`pnpscale.columns.SPREAD_COLUMNS`: ``section_p10_s`` ... ``lb_p90``, :mod:`pnpscale.analysis.spread`)
     beside ``iterations``, the number of measured iterations they come from.
     Typed partition columns
-    ``problem`` (str), ``mode`` (str), ``gpus`` (int) come from the hive folder names through a
-    pyarrow dataset. Failed or incomplete points appear once, with section ``"all"``, their
+    ``problem`` (str), ``mode`` (str), ``gpus`` (int) come from each run's ``run.json``, checked against its
+    folder's own hive parts (:func:`folder_disagreement`: a run folder that disagrees is ``unreadable``). Failed or incomplete points appear once, with section ``"all"``, their
     ``status`` and NaN metrics (``include_failed=False`` drops them).
 
     Raises:
@@ -546,23 +546,71 @@ def _agrees(recorded: Any, computed: Any) -> bool:
     return abs(a - b) <= 1e-9 + METRICS_REL * abs(b)
 
 
+def read_complete(run_dir: Path, base: Path, point: dict[str, Any]) -> tuple[pd.DataFrame, int, pd.DataFrame]:
+    """A complete run folder read and validated as the report and :func:`load` read it (the one check of
+    a run folder's tables: :func:`read_sections`, :func:`check_run_files`, :func:`check_consistent`,
+    then :func:`pnpscale.analysis.metrics.summarize`).
+
+    Args:
+        run_dir: the run folder. base: the folder its hive parts are relative to.
+        point: its ``problem``, ``mode``, ``gpus`` (the record's, which :func:`discover` checked against the
+            folder's own parts): the partition columns take these values, since pyarrow's hive partitioning
+            takes the first ``key=`` part of the path, also one of a folder above the sweep
+            (``results/problem=3d/<sweep>/problem=2d/...`` would label a 2d run ``3d``).
+
+    Returns:
+        (its sections table with the partition columns, its GPU count, the per-section summary:
+        sums over the measured iterations).
+
+    Raises:
+        UnreadableFile: ``<file>: <reason>`` (an unexpected error is named with its class, against
+            ``sections.parquet``).
+    """
+    from pnpscale.analysis.metrics import summarize
+
+    try:
+        sections = read_sections(run_dir / layout.SECTIONS, base)
+        gpus = int(point["gpus"])
+        for key in POINT:
+            sections[key] = gpus if key == "gpus" else point[key]
+        ranks = check_run_files(run_dir, gpus)
+        check_consistent(run_dir, ranks, sections, gpus)
+        return sections, gpus, summarize(sections, gpus)
+    except UnreadableFile:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged folder makes the readers raise
+        raise UnreadableFile(run_dir / layout.SECTIONS, f"{type(exc).__name__}: {exc}") from None
+
+
+def unreadable_reason(run_dir: Path) -> str | None:
+    """Why a run folder whose ``run.json`` says ``complete`` cannot be read as the report and :func:`load`
+    read it (``<file>: <reason>``, from the same checks: the record, its folder's names,
+    :func:`read_complete`); ``None`` when it can. The resume rule skips only a readable complete run."""
+    run_dir = Path(run_dir)
+    try:
+        run = read_record(run_dir).to_dict()
+    except RecordError as exc:
+        return str(exc)
+    moved = folder_disagreement(_point_from_path(Path(run_dir.name)), run)
+    if moved:
+        return f"{run_dir / layout.RUN_JSON}: {moved}"
+    try:
+        read_complete(run_dir, run_dir.parent, run)
+    except UnreadableFile as exc:
+        return str(exc)
+    return None
+
+
 def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | None, dict[str, str]]:
     """The metric rows of the complete runs, and ``run_dir -> "unreadable: <file>: <reason>"`` for the others."""
-    from pnpscale.analysis.metrics import summarize
     from pnpscale.analysis.spread import spread
 
     rows, unreadable = [], {}
     for run_dir, info in complete.set_index("run_dir").iterrows():
         try:
-            sections = read_sections(Path(run_dir) / layout.SECTIONS, base)
-            gpus = int(sections["gpus"].iloc[0]) if "gpus" in sections else int(info["gpus"])
-            ranks = check_run_files(Path(run_dir), gpus)
-            check_consistent(Path(run_dir), ranks, sections, gpus)
-            summ = summarize(sections, gpus)
-        except Exception as exc:  # noqa: BLE001 - one damaged folder never hides the others
-            text = str(exc) if isinstance(exc, UnreadableFile) else (  # it names its file; else sections.parquet
-                f"{Path(run_dir) / layout.SECTIONS}: {type(exc).__name__}: {exc}")  # fmt: skip
-            unreadable[str(run_dir)] = f"unreadable: {text}"
+            sections, gpus, summ = read_complete(Path(run_dir), base, {k: info[k] for k in POINT})
+        except UnreadableFile as exc:  # one damaged folder never hides the others
+            unreadable[str(run_dir)] = f"unreadable: {exc}"
             continue
         n_it = summ["iterations"].iloc[0]
         for c in (*K.SUMMED, *K.SUMMED_OPTIONAL):  # sums over iterations -> per measured iteration
@@ -580,7 +628,7 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | 
         quantiles = spread(sections).drop(columns=[K.ITERATIONS])
         summ = summ.merge(quantiles.astype({K.SECTION: summ[K.SECTION].dtype}), on=K.SECTION, how="left")
         for k in ("problem", "mode"):
-            summ[k] = sections[k].iloc[0] if k in sections else info[k]
+            summ[k] = info[k]
         summ["gpus"] = gpus
         summ["run_dir"] = run_dir
         for k in RUN_COLUMNS[1:]:
