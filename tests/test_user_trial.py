@@ -200,3 +200,19 @@ def test_an_analyze_option_the_traces_refuse_exits_2(tmp_path, capsys, options, 
     assert main([str(job), "--sections", SECTIONS, *options]) == code
     err = capsys.readouterr().err
     assert (message is None and err == "") or err == f"pnpscale.analyze: error: {message}\n", err
+
+
+def test_analyze_of_a_run_folder_without_traces_is_refused_by_name(tmp_path, capsys):
+    """A run folder without ``traces/`` (``profile.export_traces=false``, or the folder deleted) was read as
+    trace files: its own ``timeline.json`` (Chrome trace format) then asked for ``--rank timeline.json=R``."""
+    from pnpscale.analysis.offline import main
+    from tests.test_report import fake_run
+
+    run_dir = tmp_path / "run"
+    fake_run(run_dir, "2d", "inference", {"gradient": [(1.0, 0.0)]})
+    (run_dir / layout.TIMELINE_JSON).write_text('{"traceEvents": []}')
+    assert main([str(run_dir), "--sections", "gradient"]) == 2
+    assert capsys.readouterr().err == (
+        f"pnpscale.analyze: error: {run_dir}: a run folder without traces/ (its ranks' Kineto traces are kept "
+        "with profile.export_traces=true); its tables are the analysis\n"
+    )

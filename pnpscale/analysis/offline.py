@@ -576,6 +576,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = [p for p in paths if not p.exists()]
         if missing:
             raise AnalyzeError(f"{missing[0]}: no such file or folder")
+        traceless = [p for p in paths if p.is_dir() and (p / layout.RUN_JSON).is_file()]
+        if traceless:  # its run.json and timeline.json are no Kineto traces: never read them as ranks
+            raise AnalyzeError(
+                f"{traceless[0]}: a run folder without {layout.TRACES_DIR}/ (its ranks' Kineto "
+                "traces are kept with profile.export_traces=true); its tables are the analysis"
+            )
         out = args.out or ((paths[0] if paths[0].is_dir() else paths[0].parent) / ANALYSIS_DIR)
         problem = layout.out_dir_problem(out)
         if problem is not None:  # refused before any trace is read

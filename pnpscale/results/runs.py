@@ -327,8 +327,9 @@ def load(path: str | Path, include_failed: bool = True) -> pd.DataFrame:
     beside ``iterations``, the number of measured iterations they come from.
     Typed partition columns
     ``problem`` (str), ``mode`` (str), ``gpus`` (int) come from each run's ``run.json``, checked against its
-    folder's own hive parts (:func:`folder_disagreement`: a run folder that disagrees is ``unreadable``). Failed or incomplete points appear once, with section ``"all"``, their
-    ``status`` and NaN metrics (``include_failed=False`` drops them).
+    folder's own hive parts (:func:`folder_disagreement`: a run folder that disagrees is ``unreadable``).
+    Failed or incomplete points appear once, with section ``"all"``, their ``status`` and NaN metrics
+    (``include_failed=False`` drops them).
 
     Raises:
         NoRunsError: no run folder under ``path``.
