@@ -216,3 +216,21 @@ def test_analyze_of_a_run_folder_without_traces_is_refused_by_name(tmp_path, cap
         f"pnpscale.analyze: error: {run_dir}: a run folder without traces/ (its ranks' Kineto traces are kept "
         "with profile.export_traces=true); its tables are the analysis\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"nodes": 5}, "nodes is 5: must be in 1..gpus=2"),  # withheld the whole report (a ValueError)
+        ({"nodes": 2}, "nodes is 2, but hosts lists 1 host(s): ['h']"),  # tree bytes on one host, silently
+        ({"world_size": 7}, "world_size is 7: must equal gpus=2"),
+    ],
+)
+def test_a_record_whose_world_disagrees_with_its_gpus_is_refused(tmp_path, fields, message):
+    from pnpscale.core.record import RecordError, read_record
+
+    run_dir = _two_points(tmp_path / "sweep")
+    _edit_json(run_dir, lambda r: r.update(fields))
+    with pytest.raises(RecordError) as info:
+        read_record(run_dir)
+    assert str(info.value) == f"{run_dir / layout.RUN_JSON}: {message}"
