@@ -234,3 +234,29 @@ def test_a_record_whose_world_disagrees_with_its_gpus_is_refused(tmp_path, field
     with pytest.raises(RecordError) as info:
         read_record(run_dir)
     assert str(info.value) == f"{run_dir / layout.RUN_JSON}: {message}"
+
+
+def _double(path: Path, column: str) -> None:
+    import pandas as pd
+
+    table = pd.read_parquet(path)
+    table[column] = table[column] * 2
+    table.to_parquet(path, index=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "column", "reason"),
+    [  # the transfer table's bytes per GPU and rates come from sections.parquet's main_payload_bytes
+        (layout.SECTIONS, "main_payload_bytes", "main_payload_bytes = 24576, but the collectives table gives 12288"),
+        (layout.COLLECTIVES, "payload_bytes", "main_payload_bytes = 12288, but the collectives table gives 24576"),
+    ],
+)
+def test_main_payload_bytes_that_disagree_with_the_collectives_are_unreadable(tmp_path, name, column, reason):
+    """An edited payload was reported as measured: the transfer table doubled the bytes per GPU and the rate."""
+    import pnpscale
+
+    run_dir = _two_points(tmp_path / "sweep")
+    _double(run_dir / name, column)
+    row = pnpscale.load(tmp_path / "sweep").query("gpus == 2").iloc[0]
+    assert row["status"] == "unreadable"
+    assert row["error"] == f"unreadable: {run_dir / layout.SECTIONS}: iteration 0 section 'gradient': {reason}"

@@ -449,7 +449,7 @@ def check_columns(table: pd.DataFrame, path: Path, columns: tuple[str, ...] | li
             raise UnreadableFile(path, f"column {c} is {table[c].dtype}, not numeric")
 
 
-def check_run_files(run_dir: Path, gpus: int | None = None) -> pd.DataFrame:
+def check_run_files(run_dir: Path, gpus: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Read every file of a complete run folder that the report reads besides ``sections.parquet``:
     ``ranks.parquet``, ``collectives.parquet`` (whole, with their :data:`REQUIRED_COLUMNS`; every rank
     ``0..gpus-1`` present in ``ranks.parquet``, none other) and the NCCL logs ``nccl/rank*.log``
@@ -457,7 +457,7 @@ def check_run_files(run_dir: Path, gpus: int | None = None) -> pd.DataFrame:
     ``unreadable`` here, for the report and :func:`load` alike, instead of stopping the report later.
 
     Returns:
-        the ``ranks.parquet`` table (for :func:`check_consistent`).
+        the ``ranks.parquet`` and ``collectives.parquet`` tables (for :func:`check_consistent`).
 
     Raises:
         UnreadableFile: ``<file>: <reason>`` of the first unreadable file.
@@ -470,9 +470,9 @@ def check_run_files(run_dir: Path, gpus: int | None = None) -> pd.DataFrame:
         if seen != list(range(gpus)):
             raise UnreadableFile(run_dir / layout.RANKS, f"ranks {seen[:8]}{' ...' if len(seen) > 8 else ''}, "
                                  f"expected 0..{gpus - 1} (gpus={gpus})")  # fmt: skip
-    read_table(run_dir / layout.COLLECTIVES, required=REQUIRED_COLUMNS[layout.COLLECTIVES])
+    collectives = read_table(run_dir / layout.COLLECTIVES, required=REQUIRED_COLUMNS[layout.COLLECTIVES])
     run_nccl_log(run_dir)
-    return ranks
+    return ranks, collectives
 
 
 #: Relative tolerance of run.json's metrics against the same metrics computed from the tables (plus 1e-9
@@ -480,11 +480,14 @@ def check_run_files(run_dir: Path, gpus: int | None = None) -> pd.DataFrame:
 METRICS_REL = 1e-6
 
 
-def check_consistent(run_dir: Path, ranks: pd.DataFrame, sections: pd.DataFrame, gpus: int) -> None:
+def check_consistent(
+    run_dir: Path, ranks: pd.DataFrame, sections: pd.DataFrame, gpus: int, collectives: pd.DataFrame | None = None
+) -> None:
     """A complete run folder's tables and ``run.json`` hold together: the invariants checked before the
     run was written, by the writer's own functions (:func:`pnpscale.analysis.metrics.check_rank_rows`,
     :func:`~pnpscale.analysis.metrics.check_section_rows`), the sections table as the decomposition of the
-    ranks table (:func:`~pnpscale.analysis.metrics.check_tables_agree`), and ``run.json``'s ``metrics``
+    ranks table (:func:`~pnpscale.analysis.metrics.check_tables_agree`), its main-collective columns as the
+    collectives table's (:func:`~pnpscale.analysis.metrics.check_collectives_agree`), and ``run.json``'s ``metrics``
     (``lb``, ``comm_e``, ``pe``, ``gpu_seconds_per_iteration``, ``iterations`` and every per-section total it
     has; records of the current schema version only: older ones used older definitions) equal to
     :func:`~pnpscale.analysis.metrics.run_metrics` of the tables within :data:`METRICS_REL`.
@@ -495,14 +498,18 @@ def check_consistent(run_dir: Path, ranks: pd.DataFrame, sections: pd.DataFrame,
     """
     from pnpscale.analysis.metrics import (
         InvariantError,
+        check_collectives_agree,
         check_rank_rows,
         check_section_rows,
         check_tables_agree,
         run_metrics,
     )
 
+    if collectives is None:
+        collectives = pd.DataFrame()
     checks = ((layout.RANKS, lambda: check_rank_rows(ranks)), (layout.SECTIONS, lambda: check_section_rows(sections)),
-              (layout.SECTIONS, lambda: check_tables_agree(ranks, sections)))  # fmt: skip
+              (layout.SECTIONS, lambda: check_tables_agree(ranks, sections)),
+              (layout.SECTIONS, lambda: check_collectives_agree(collectives, sections)))  # fmt: skip
     for name, check in checks:
         try:
             check()
@@ -574,8 +581,8 @@ def read_complete(run_dir: Path, base: Path, point: dict[str, Any]) -> tuple[pd.
         gpus = int(point["gpus"])
         for key in POINT:
             sections[key] = gpus if key == "gpus" else point[key]
-        ranks = check_run_files(run_dir, gpus)
-        check_consistent(run_dir, ranks, sections, gpus)
+        ranks, collectives = check_run_files(run_dir, gpus)
+        check_consistent(run_dir, ranks, sections, gpus, collectives)
         return sections, gpus, summarize(sections, gpus)
     except UnreadableFile:
         raise
