@@ -273,12 +273,15 @@ def test_completed_run_matches_on_the_stored_resolution_of_scale_auto(tmp_path):
     # the compute node had CUDA: auto -> paper; the submitting machine cannot know it
     spec = resolve_spec(task_cfg, cuda_available=True)
     stored = {"status": "complete", "scale": spec.scale, "fingerprint": spec.fingerprint()}
-    layout.write_json(tmp_path / layout.RUN_JSON, stored)
+    from tests.test_report import fake_run  # a readable complete run (a damaged one is run again)
+
+    fake_run(tmp_path, "2d", "inference", {"gradient": [(1.0, 0.0)] * 2})
+    layout.write_json(tmp_path / layout.RUN_JSON, {**layout.read_json(tmp_path / layout.RUN_JSON), **stored})
     assert {k: completed_run(tmp_path, task_cfg)[k] for k in stored} == stored
     with pytest.raises(ConfigError, match="holds a complete run of another spec"):
         completed_run(tmp_path, OmegaConf.merge(task_cfg, {"iterations": 7}))
     assert completed_run(tmp_path, OmegaConf.merge(task_cfg, {"iterations": 7}), resume=False) is None
-    layout.write_json(tmp_path / layout.RUN_JSON, {**stored, "status": "failed"})
+    layout.write_json(tmp_path / layout.RUN_JSON, {**layout.read_json(tmp_path / layout.RUN_JSON), "status": "failed"})
     assert completed_run(tmp_path, task_cfg) is None
     assert completed_run(tmp_path / "missing", task_cfg) is None
 

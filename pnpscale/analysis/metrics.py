@@ -189,6 +189,42 @@ def check_tables_agree(ranks: pd.DataFrame, sections: pd.DataFrame) -> None:
             )
 
 
+def check_collectives_agree(collectives: pd.DataFrame, sections: pd.DataFrame) -> None:
+    """The sections table's main-collective columns are the collectives table's (:func:`_main_info`, the
+    decomposition's own code, on the recorded ``main`` flags): per iteration and section, MAIN_COLLECTIVE,
+    MAIN_PAYLOAD_BYTES (bytes), N_MAIN and OTHER_PAYLOAD_BYTES (bytes), where both tables have them. The
+    transfer model takes its bytes per GPU from MAIN_PAYLOAD_BYTES: an edited value would change the rates.
+
+    Args:
+        collectives: a ``collectives`` table with its ``main`` column (else nothing is checked: older
+            folders' flags were decided by older rules). sections: a ``sections`` table.
+
+    Raises:
+        InvariantError: the first disagreement, naming iteration, section, the column and both values.
+    """
+    if collectives.empty or K.MAIN not in collectives or sections.empty:
+        return
+    dmin = collectives.groupby([*_KEY, K.SEQ])[K.DURATION_S].min()
+    mine = _main_info(collectives.assign(**{K.SECTION: collectives[K.SECTION].astype(str)}), dmin)
+    sec = sections.assign(**{K.SECTION: sections[K.SECTION].astype(str)}).set_index(_KEY)
+    for col in (K.MAIN_COLLECTIVE, K.MAIN_PAYLOAD_BYTES, K.N_MAIN, K.OTHER_PAYLOAD_BYTES):
+        if col not in sec:
+            continue
+        for key, value in sec[col].items():
+            theirs = mine[col].get(key) if key in mine.index else None
+            if pd.isna(value) or (col == K.N_MAIN and value == 0 and theirs is None):
+                continue
+            same = (
+                theirs is not None
+                and not pd.isna(theirs)
+                and (str(value) == str(theirs) if col == K.MAIN_COLLECTIVE else float(value) == float(theirs))
+            )
+            if not same:
+                it, name = key
+                raise InvariantError(f"iteration {it} section {name!r}: {col} = {value}, but the collectives table "
+                                     f"gives {theirs}", iteration=int(it))  # fmt: skip
+
+
 #: Collectives whose recorded payload is one rank's share of the image (nccl-tests' size = ranks × payload).
 GATHERING = ("all_gather", "reduce_scatter")
 

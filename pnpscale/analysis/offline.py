@@ -77,6 +77,11 @@ class AnalyzeError(PnpscaleError, ValueError):
     """Traces that cannot be analysed together (missing/duplicate ranks, unmatched sections)."""
 
 
+class AnalyzeOptionError(InputError, AnalyzeError):
+    """An option that the traces refuse (``--rank`` naming no trace, or a rank outside the world; ``--warmup``
+    leaving no measured iteration): the user's input, exit 2 like a bad option value."""
+
+
 @dataclass(frozen=True)
 class RankedTrace:
     """A trace file and the rank it belongs to.
@@ -170,7 +175,7 @@ def assign_ranks(
                 f"{h.path}: rank unknown (no distributedInfo, no rank<N> in the file name): pass --rank {h.path.name}=R"
             )
     if unused:
-        raise AnalyzeError(f"--rank names no given trace: {', '.join(sorted(unused))}")
+        raise AnalyzeOptionError(f"--rank names no given trace: {', '.join(sorted(unused))}")
     by_rank: dict[int, list[Path]] = {}
     for t in out:
         by_rank.setdefault(t.rank, []).append(t.path)
@@ -184,6 +189,9 @@ def assign_ranks(
     world = sizes.pop() if sizes else max(by_rank) + 1
     outside = sorted(r for r in by_rank if not 0 <= r < world)
     if outside:
+        given = sorted(f"{t.path.name}={t.rank}" for t in out if t.rank in outside and t.source == "explicit")
+        if given:
+            raise AnalyzeOptionError(f"--rank {', '.join(given)}: outside the world size {world}")
         raise AnalyzeError(f"rank(s) {outside} outside the world size {world}")
     missing = sorted(set(range(world)) - set(by_rank))
     if missing and not partial:
@@ -553,7 +561,9 @@ def _default_warmup(paths: Sequence[Path]) -> tuple[int, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status: 0 ok; 2 refused input before any trace is read (a bad
-    option value, a trace folder that does not exist; argparse's own usage errors too); 1 an analysis error."""
+    option value, a trace folder that does not exist; argparse's own usage errors too; an option the traces
+    refuse: :class:`AnalyzeOptionError`, a given ``--warmup`` that leaves no measured iteration); 1 an analysis
+    error."""
     args = _parser().parse_args(argv)
     try:  # the command line: refused input, nothing read yet
         sections = parse_sections(args.sections)
@@ -566,6 +576,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = [p for p in paths if not p.exists()]
         if missing:
             raise AnalyzeError(f"{missing[0]}: no such file or folder")
+        traceless = [p for p in paths if p.is_dir() and (p / layout.RUN_JSON).is_file()]
+        if traceless:  # its run.json and timeline.json are no Kineto traces: never read them as ranks
+            raise AnalyzeError(
+                f"{traceless[0]}: a run folder without {layout.TRACES_DIR}/ (its ranks' Kineto "
+                "traces are kept with profile.export_traces=true); its tables are the analysis"
+            )
         out = args.out or ((paths[0] if paths[0].is_dir() else paths[0].parent) / ANALYSIS_DIR)
         problem = layout.out_dir_problem(out)
         if problem is not None:  # refused before any trace is read
@@ -584,8 +600,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cuda_section_time": "cpu_start_to_gpu_end" if own else "gpu_span"}  # fmt: skip
         doc = write_analysis(out, analysis, meta)
     except (AnalyzeError, TraceError, ValueError, OSError) as exc:
-        print(f"pnpscale.analyze: error: {exc}", file=sys.stderr)
-        return 1
+        given_warmup = isinstance(exc.__cause__, NoMeasuredIteration) and args.warmup is not None
+        print(f"pnpscale.analyze: error: {f'--warmup {args.warmup}: ' if given_warmup else ''}{exc}", file=sys.stderr)
+        return InputError.exit_code if isinstance(exc, AnalyzeOptionError) or given_warmup else 1
     summ = summarize(analysis.sections, len(analysis.traces), analysis.nested)
     if analysis.no_collectives:
         summ[[K.COMM_E, K.PE]] = float("nan")

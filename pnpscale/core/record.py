@@ -268,6 +268,35 @@ def check_nested(data: dict[str, Any]) -> None:
                 n = len(value)
                 entries = f"{n} entr{'y' if n == 1 else 'ies'}"
                 raise RecordError(f"{path} is {value!r}: {entries} for gpus={gpus}, must have one per rank")
+        check_world(data, data["gpus"])
+
+
+def check_world(data: dict[str, Any], gpus: int) -> None:
+    """A complete record's ``world_size`` and ``nodes`` agree with its ``gpus`` (the transfer model takes the
+    route and the ring/tree bytes from ``nodes``): ``world_size = gpus``, ``1 <= nodes <= gpus``, and without
+    SLURM (``slurm`` null: a local run) ``nodes`` = the number of ``hosts`` (SLURM's emulated nodes can share a
+    host name, so there ``nodes`` is SLURM's count).
+
+    Raises:
+        RecordError: ``world_size is 7: must equal gpus=2``, ``nodes is 5: must be in 1..gpus=2``,
+            ``nodes is 2, but hosts lists 1 host(s): ['vm']``.
+
+    >>> check_world({"world_size": 2, "nodes": 1, "hosts": ["a"], "slurm": None}, 2)
+    >>> try:
+    ...     check_world({"nodes": 2, "hosts": ["vm"], "slurm": None}, 2)
+    ... except RecordError as exc:
+    ...     print(exc)
+    nodes is 2, but hosts lists 1 host(s): ['vm']
+    """
+    world, nodes, hosts = data.get("world_size"), data.get("nodes"), data.get("hosts")
+    if _is_int(world) and world != gpus:
+        raise RecordError(f"world_size is {world!r}: must equal gpus={gpus}")
+    if not isinstance(nodes, int) or isinstance(nodes, bool):
+        return
+    if not 1 <= nodes <= gpus:
+        raise RecordError(f"nodes is {nodes!r}: must be in 1..gpus={gpus}")
+    if not data.get("slurm") and isinstance(hosts, list) and hosts and nodes != len(hosts):
+        raise RecordError(f"nodes is {nodes!r}, but hosts lists {len(hosts)} host(s): {hosts!r}")
 
 
 def _upgrade_totals(data: dict[str, Any]) -> dict[str, Any]:

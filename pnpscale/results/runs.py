@@ -153,6 +153,10 @@ def discover(root: str | Path) -> pd.DataFrame:
             status = run["status"]
             error = (run.get("error") or "").splitlines()[0] if run.get("error") else None
             fields = _record_fields(run)
+            moved = folder_disagreement(point, run)
+            if moved:  # label the point as its folder does (the point asked for there), refuse the record
+                status, error = STATUS_UNREADABLE, f"unreadable: {d / layout.RUN_JSON}: {moved}"
+                run, fields = {k: point.get(k, run.get(k)) for k in POINT}, {}
         except RecordError as exc:
             run, fields = {}, {}
             if (d / layout.RUN_JSON).exists():
@@ -193,6 +197,38 @@ def discover(root: str | Path) -> pd.DataFrame:
     df["gpus"] = df["gpus"].astype("int64")
     df["variant"] = variants(pd.DataFrame(configured, index=df.index).assign(problem=df["problem"], mode=df["mode"]))
     return df
+
+
+def folder_disagreement(point: dict[str, Any], run: dict[str, Any]) -> str | None:
+    """Where a run folder's hive parts (``problem=2d/mode=inference/gpus=4``, variant parts such as
+    ``denoiser_collective=all_gather``) disagree with its ``run.json`` (or the record's ``problem``, ``mode``,
+    ``gpus`` with its ``spec``'s), the reason; ``None`` when they agree.
+
+    The record says what was measured, the folder names are what the report and :func:`load` label it
+    with (the hive partition columns): a run folder moved or renamed into another point's place would
+    otherwise be reported as that point, silently. Only the parts the folder has are compared.
+
+    Args:
+        point: the folder's parts, ``{key: value}`` (:func:`_point_from_path`; ``gpus`` an int).
+        run: the record (:meth:`pnpscale.core.record.RunRecord.to_dict`).
+
+    >>> folder_disagreement({"problem": "3d", "gpus": 2}, {"problem": "2d", "gpus": 2, "spec": {}})
+    "problem is '2d', but its folder says problem=3d (moved or renamed?)"
+    >>> folder_disagreement({"gpus": 4, "denoiser_collective": "all_gather"},
+    ...                     {"gpus": 4, "spec": {"denoiser_collective": "all_gather"}}) is None
+    True
+    """
+    spec = run.get("spec") or {}
+    recorded = {k: run.get(k) for k in POINT} | _variant_fields(spec)
+    for key, value in point.items():
+        mine = recorded.get(key)
+        if mine is None or mine is pd.NA or str(mine) != str(value):
+            where = key if key in POINT else f"spec.{'sizes.' if key == 'num_operators' else ''}{key}"
+            return f"{where} is {mine!r}, but its folder says {key}={value} (moved or renamed?)"
+    for key in POINT:  # the record itself: its point and its spec's
+        if key in spec and spec[key] != run.get(key):
+            return f"spec.{key} is {spec[key]!r}, but {key} is {run.get(key)!r}"
+    return None
 
 
 def _record_fields(run: dict[str, Any]) -> dict[str, Any]:
@@ -290,9 +326,10 @@ def load(path: str | Path, include_failed: bool = True) -> pd.DataFrame:
     (:data:`pnpscale.columns.SPREAD_COLUMNS`: ``section_p10_s`` ... ``lb_p90``, :mod:`pnpscale.analysis.spread`)
     beside ``iterations``, the number of measured iterations they come from.
     Typed partition columns
-    ``problem`` (str), ``mode`` (str), ``gpus`` (int) come from the hive folder names through a
-    pyarrow dataset. Failed or incomplete points appear once, with section ``"all"``, their
-    ``status`` and NaN metrics (``include_failed=False`` drops them).
+    ``problem`` (str), ``mode`` (str), ``gpus`` (int) come from each run's ``run.json``, checked against its
+    folder's own hive parts (:func:`folder_disagreement`: a run folder that disagrees is ``unreadable``).
+    Failed or incomplete points appear once, with section ``"all"``, their ``status`` and NaN metrics
+    (``include_failed=False`` drops them).
 
     Raises:
         NoRunsError: no run folder under ``path``.
@@ -355,8 +392,7 @@ def read_sections(path: Path, base: Path) -> pd.DataFrame:
         sections = frag.to_table().to_pandas()
         keys = ds.get_partition_keys(frag.partition_expression)
     except (OSError, pa.ArrowException, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UnreadableFile(path, reason) from None
+        raise UnreadableFile(path, _reason(exc, path)) from None
     check_columns(sections, path, SECTIONS_REQUIRED)
     from pnpscale.analysis.tables import complete_sections
 
@@ -384,10 +420,18 @@ def read_table(
     try:
         table = pd.read_parquet(path, columns=columns)
     except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UnreadableFile(path, reason) from None
+        raise UnreadableFile(path, _reason(exc, path)) from None
     check_columns(table, path, required)
     return table
+
+
+def _reason(exc: BaseException, path: Path) -> str:
+    """Why ``path`` could not be read, in one line: ``missing`` for a file that is not there (pyarrow's
+    ``FileNotFoundError`` says only the path), else the first line of the error (its class if empty)."""
+    if isinstance(exc, FileNotFoundError) or not path.exists():
+        return "missing (no such file)"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_columns(table: pd.DataFrame, path: Path, columns: tuple[str, ...] | list[str]) -> None:
@@ -405,7 +449,7 @@ def check_columns(table: pd.DataFrame, path: Path, columns: tuple[str, ...] | li
             raise UnreadableFile(path, f"column {c} is {table[c].dtype}, not numeric")
 
 
-def check_run_files(run_dir: Path, gpus: int | None = None) -> pd.DataFrame:
+def check_run_files(run_dir: Path, gpus: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Read every file of a complete run folder that the report reads besides ``sections.parquet``:
     ``ranks.parquet``, ``collectives.parquet`` (whole, with their :data:`REQUIRED_COLUMNS`; every rank
     ``0..gpus-1`` present in ``ranks.parquet``, none other) and the NCCL logs ``nccl/rank*.log``
@@ -413,7 +457,7 @@ def check_run_files(run_dir: Path, gpus: int | None = None) -> pd.DataFrame:
     ``unreadable`` here, for the report and :func:`load` alike, instead of stopping the report later.
 
     Returns:
-        the ``ranks.parquet`` table (for :func:`check_consistent`).
+        the ``ranks.parquet`` and ``collectives.parquet`` tables (for :func:`check_consistent`).
 
     Raises:
         UnreadableFile: ``<file>: <reason>`` of the first unreadable file.
@@ -426,9 +470,9 @@ def check_run_files(run_dir: Path, gpus: int | None = None) -> pd.DataFrame:
         if seen != list(range(gpus)):
             raise UnreadableFile(run_dir / layout.RANKS, f"ranks {seen[:8]}{' ...' if len(seen) > 8 else ''}, "
                                  f"expected 0..{gpus - 1} (gpus={gpus})")  # fmt: skip
-    read_table(run_dir / layout.COLLECTIVES, required=REQUIRED_COLUMNS[layout.COLLECTIVES])
+    collectives = read_table(run_dir / layout.COLLECTIVES, required=REQUIRED_COLUMNS[layout.COLLECTIVES])
     run_nccl_log(run_dir)
-    return ranks
+    return ranks, collectives
 
 
 #: Relative tolerance of run.json's metrics against the same metrics computed from the tables (plus 1e-9
@@ -436,11 +480,14 @@ def check_run_files(run_dir: Path, gpus: int | None = None) -> pd.DataFrame:
 METRICS_REL = 1e-6
 
 
-def check_consistent(run_dir: Path, ranks: pd.DataFrame, sections: pd.DataFrame, gpus: int) -> None:
+def check_consistent(
+    run_dir: Path, ranks: pd.DataFrame, sections: pd.DataFrame, gpus: int, collectives: pd.DataFrame | None = None
+) -> None:
     """A complete run folder's tables and ``run.json`` hold together: the invariants checked before the
     run was written, by the writer's own functions (:func:`pnpscale.analysis.metrics.check_rank_rows`,
     :func:`~pnpscale.analysis.metrics.check_section_rows`), the sections table as the decomposition of the
-    ranks table (:func:`~pnpscale.analysis.metrics.check_tables_agree`), and ``run.json``'s ``metrics``
+    ranks table (:func:`~pnpscale.analysis.metrics.check_tables_agree`), its main-collective columns as the
+    collectives table's (:func:`~pnpscale.analysis.metrics.check_collectives_agree`), and ``run.json``'s ``metrics``
     (``lb``, ``comm_e``, ``pe``, ``gpu_seconds_per_iteration``, ``iterations`` and every per-section total it
     has; records of the current schema version only: older ones used older definitions) equal to
     :func:`~pnpscale.analysis.metrics.run_metrics` of the tables within :data:`METRICS_REL`.
@@ -451,14 +498,18 @@ def check_consistent(run_dir: Path, ranks: pd.DataFrame, sections: pd.DataFrame,
     """
     from pnpscale.analysis.metrics import (
         InvariantError,
+        check_collectives_agree,
         check_rank_rows,
         check_section_rows,
         check_tables_agree,
         run_metrics,
     )
 
+    if collectives is None:
+        collectives = pd.DataFrame()
     checks = ((layout.RANKS, lambda: check_rank_rows(ranks)), (layout.SECTIONS, lambda: check_section_rows(sections)),
-              (layout.SECTIONS, lambda: check_tables_agree(ranks, sections)))  # fmt: skip
+              (layout.SECTIONS, lambda: check_tables_agree(ranks, sections)),
+              (layout.SECTIONS, lambda: check_collectives_agree(collectives, sections)))  # fmt: skip
     for name, check in checks:
         try:
             check()
@@ -503,23 +554,71 @@ def _agrees(recorded: Any, computed: Any) -> bool:
     return abs(a - b) <= 1e-9 + METRICS_REL * abs(b)
 
 
+def read_complete(run_dir: Path, base: Path, point: dict[str, Any]) -> tuple[pd.DataFrame, int, pd.DataFrame]:
+    """A complete run folder read and validated as the report and :func:`load` read it (the one check of
+    a run folder's tables: :func:`read_sections`, :func:`check_run_files`, :func:`check_consistent`,
+    then :func:`pnpscale.analysis.metrics.summarize`).
+
+    Args:
+        run_dir: the run folder. base: the folder its hive parts are relative to.
+        point: its ``problem``, ``mode``, ``gpus`` (the record's, which :func:`discover` checked against the
+            folder's own parts): the partition columns take these values, since pyarrow's hive partitioning
+            takes the first ``key=`` part of the path, also one of a folder above the sweep
+            (``results/problem=3d/<sweep>/problem=2d/...`` would label a 2d run ``3d``).
+
+    Returns:
+        (its sections table with the partition columns, its GPU count, the per-section summary:
+        sums over the measured iterations).
+
+    Raises:
+        UnreadableFile: ``<file>: <reason>`` (an unexpected error is named with its class, against
+            ``sections.parquet``).
+    """
+    from pnpscale.analysis.metrics import summarize
+
+    try:
+        sections = read_sections(run_dir / layout.SECTIONS, base)
+        gpus = int(point["gpus"])
+        for key in POINT:
+            sections[key] = gpus if key == "gpus" else point[key]
+        ranks, collectives = check_run_files(run_dir, gpus)
+        check_consistent(run_dir, ranks, sections, gpus, collectives)
+        return sections, gpus, summarize(sections, gpus)
+    except UnreadableFile:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged folder makes the readers raise
+        raise UnreadableFile(run_dir / layout.SECTIONS, f"{type(exc).__name__}: {exc}") from None
+
+
+def unreadable_reason(run_dir: Path) -> str | None:
+    """Why a run folder whose ``run.json`` says ``complete`` cannot be read as the report and :func:`load`
+    read it (``<file>: <reason>``, from the same checks: the record, its folder's names,
+    :func:`read_complete`); ``None`` when it can. The resume rule skips only a readable complete run."""
+    run_dir = Path(run_dir)
+    try:
+        run = read_record(run_dir).to_dict()
+    except RecordError as exc:
+        return str(exc)
+    moved = folder_disagreement(_point_from_path(Path(run_dir.name)), run)
+    if moved:
+        return f"{run_dir / layout.RUN_JSON}: {moved}"
+    try:
+        read_complete(run_dir, run_dir.parent, run)
+    except UnreadableFile as exc:
+        return str(exc)
+    return None
+
+
 def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | None, dict[str, str]]:
     """The metric rows of the complete runs, and ``run_dir -> "unreadable: <file>: <reason>"`` for the others."""
-    from pnpscale.analysis.metrics import summarize
     from pnpscale.analysis.spread import spread
 
     rows, unreadable = [], {}
     for run_dir, info in complete.set_index("run_dir").iterrows():
         try:
-            sections = read_sections(Path(run_dir) / layout.SECTIONS, base)
-            gpus = int(sections["gpus"].iloc[0]) if "gpus" in sections else int(info["gpus"])
-            ranks = check_run_files(Path(run_dir), gpus)
-            check_consistent(Path(run_dir), ranks, sections, gpus)
-            summ = summarize(sections, gpus)
-        except Exception as exc:  # noqa: BLE001 - one damaged folder never hides the others
-            text = str(exc) if isinstance(exc, UnreadableFile) else (  # it names its file; else sections.parquet
-                f"{Path(run_dir) / layout.SECTIONS}: {type(exc).__name__}: {exc}")  # fmt: skip
-            unreadable[str(run_dir)] = f"unreadable: {text}"
+            sections, gpus, summ = read_complete(Path(run_dir), base, {k: info[k] for k in POINT})
+        except UnreadableFile as exc:  # one damaged folder never hides the others
+            unreadable[str(run_dir)] = f"unreadable: {exc}"
             continue
         n_it = summ["iterations"].iloc[0]
         for c in (*K.SUMMED, *K.SUMMED_OPTIONAL):  # sums over iterations -> per measured iteration
@@ -537,7 +636,7 @@ def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | 
         quantiles = spread(sections).drop(columns=[K.ITERATIONS])
         summ = summ.merge(quantiles.astype({K.SECTION: summ[K.SECTION].dtype}), on=K.SECTION, how="left")
         for k in ("problem", "mode"):
-            summ[k] = sections[k].iloc[0] if k in sections else info[k]
+            summ[k] = info[k]
         summ["gpus"] = gpus
         summ["run_dir"] = run_dir
         for k in RUN_COLUMNS[1:]:

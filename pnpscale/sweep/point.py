@@ -134,7 +134,9 @@ def _check_mode(spec: RunSpec) -> None:
 
 
 def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any] | None:
-    """The resume rule: the ``run.json`` of a complete run of the same spec in ``run_dir``, else ``None``.
+    """The resume rule: the ``run.json`` of a complete run of the same spec in ``run_dir``, else ``None``
+    (also when that run's folder is unreadable as the report reads it,
+    :func:`pnpscale.results.runs.unreadable_reason`: it is run again).
 
     "Same spec" compares fingerprints once ``cfg`` is resolved the way the stored run resolved
     ``scale`` (``scale=auto`` is decided where the ranks run: paper with CUDA, small without).
@@ -153,7 +155,11 @@ def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any]
         return None
     spec = resolve_spec(cfg, cuda_available=done.get("scale") == "paper")
     if done.get("fingerprint") == spec.fingerprint():
-        return done
+        from pnpscale.results.runs import unreadable_reason
+
+        # a damaged complete run (a truncated table, an edited value) is what the report and load() refuse:
+        # skipping it would leave the point unreadable for good; it is run again (and said so by the task)
+        return None if unreadable_reason(run_dir) else done
     raise ConfigError(
         "resume",
         True,

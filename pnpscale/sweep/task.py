@@ -101,6 +101,11 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any, lock: Any = None) -
     if done is not None:
         log.info("skipping %s: complete run already in %s (resume=true)", point.label, point.run_dir)
         return done
+    if point.resume and backend.resumes_in_task and layout.run_status(point.run_dir) == layout.STATUS_COMPLETE:
+        from pnpscale.results.runs import unreadable_reason  # the same spec (else refused), but damaged
+
+        log.warning("%s: the complete run in %s is unreadable (%s): running it again", point.label,
+                    point.run_dir, unreadable_reason(point.run_dir))  # fmt: skip
     if layout.run_status(point.run_dir) == layout.STATUS_RUNNING:  # its lock was free: that process is gone
         log.warning("%s: the earlier run in %s never recorded its end: failed (process gone); running it again",
                     point.label, point.run_dir)  # fmt: skip
