@@ -68,6 +68,20 @@ def tmpfs(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+@contextlib.contextmanager
+def full_point_folder(sweep: Path, gpus: int = 2):
+    """The gpus=``gpus`` point folder of ``sweep`` as a full 16 KiB tmpfs (root only; skipped where it cannot
+    be mounted): yields (folder, filler file); unmounted at exit."""
+    full = sweep / layout.point_subdir("2d", "inference", gpus, "num_operators=4")
+    full.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield full, _fill(full)
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)
+
+
 def _fill(folder: Path) -> Path:
     """Fill the file system of ``folder`` until ENOSPC; returns the filler file."""
     filler = folder / "filler"
@@ -688,12 +702,7 @@ def test_3_a_full_point_disk_in_a_sweep_is_said_and_the_others_run(tmp_path):
     """A sweep whose gpus=2 folder is a full disk (not even its status record fits): one line on stderr naming
     the point, the folder and ENOSPC; gpus=1 runs and completes, the report is written and lists gpus=2; exit 1."""
     sweep = tmp_path / "sweep"
-    full = sweep / layout.point_subdir("2d", "inference", 2, "num_operators=4")
-    full.mkdir(parents=True)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(full)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
-        filler = _fill(full)
+    with full_point_folder(sweep) as (full, filler):
         proc = _cli("-m", "gpus=1,2", *TINY_2D, f"output.root={tmp_path}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
         out = proc.communicate(timeout=240)[0]
         assert proc.returncode == 1, out
@@ -709,8 +718,6 @@ def test_3_a_full_point_disk_in_a_sweep_is_said_and_the_others_run(tmp_path):
         readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
         assert "missing (incomplete)" in readme, readme
         assert sorted(p.name for p in full.iterdir()) == [filler.name]  # nothing half-written, no lock left
-    finally:
-        subprocess.run(["umount", "-l", str(full)], capture_output=True)
 
 
 def test_3_a_report_on_a_full_disk_fails_in_one_line_and_keeps_the_previous_one(tmpfs, capsys):

@@ -531,6 +531,22 @@ def _submitted(lines: list[str]) -> dict[int, str]:
     return {int(m.group(1)): m.group(2) for m in found if m}
 
 
+def _sweep_acted_on(cmd: list[str], cwd: Path, act) -> tuple[int, str, dict[int, str]]:
+    """Run the sweep ``cmd``; once two jobs are submitted, call ``act(proc, ids)`` (ids: gpus -> SLURM job id);
+    returns (exit code, merged output, ids). The sweep is killed if the test fails before it ends."""
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        try:
+            _sweep_lines(proc, lambda ls: len(_submitted(ls)) == 2, lines)
+            ids = _submitted(lines)
+            act(proc, ids)
+            out = "".join(lines) + proc.communicate(timeout=240)[0]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return proc.returncode, out, ids
+
+
 def _squeue_state(job_id: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
                           timeout=30).stdout.strip()  # fmt: skip
@@ -546,26 +562,21 @@ def test_a_stopped_slurm_sweep_records_its_pending_point_not_run(slurm_cluster, 
     args = _slurm_args(tmp_path, "cluster.gpus_per_node=4", "inject.rank=0", "inject.section=gradient",
                        "inject.delay_s=20", "report=false")  # fmt: skip
     cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,8", *args, f"output.root={tmp_path / 'outputs'}"]
-    lines: list[str] = []
-    with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        try:
-            _sweep_lines(proc, lambda ls: len(_submitted(ls)) == 2, lines)
-            ids = _submitted(lines)
-            deadline = time.monotonic() + 120
-            states = {}
-            while time.monotonic() < deadline:
-                states = {g: _squeue_state(j) for g, j in ids.items()}
-                if sorted(states.values()) == ["PENDING", "RUNNING"]:
-                    break
-                time.sleep(0.5)
-            assert sorted(states.values()) == ["PENDING", "RUNNING"], states
-            time.sleep(1)
-            proc.send_signal(signal.SIGINT)
-            out = "".join(lines) + proc.communicate(timeout=180)[0]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert proc.returncode == 130, out[-4000:]
+    states: dict[int, str] = {}
+
+    def stop_when_one_runs_and_one_waits(proc: subprocess.Popen, ids: dict[int, str]) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            states.update({g: _squeue_state(j) for g, j in ids.items()})
+            if sorted(states.values()) == ["PENDING", "RUNNING"]:
+                break
+            time.sleep(0.5)
+        assert sorted(states.values()) == ["PENDING", "RUNNING"], states
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+
+    code, out, ids = _sweep_acted_on(cmd, tmp_path, stop_when_one_runs_and_one_waits)
+    assert code == 130, out[-4000:]
     assert "Traceback" not in out, out[-4000:]
     (ran,) = [g for g, s in states.items() if s == "RUNNING"]
     (waited,) = [g for g, s in states.items() if s == "PENDING"]
@@ -591,33 +602,23 @@ def test_a_slurm_job_cancelled_while_pending_is_not_run_and_a_point_without_room
     a failure. The local launcher's room check (32 KiB) on the SLURM path: the gpus=2 folder is a full disk, so
     that point fails with the local launcher's one line naming it, the folder and ENOSPC, and is not submitted.
     gpus=1 completes; the last line names both; exit 1."""
-    from tests.test_faults import _fill
+    from tests.test_faults import full_point_folder
 
     sweep = tmp_path / "outputs" / "sweep"
-    full = sweep / layout.point_subdir("2d", "inference", 2, "num_operators=4")
-    full.mkdir(parents=True)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(full)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
-        filler = _fill(full)
+    with full_point_folder(sweep) as (full, filler):
         args = _slurm_args(tmp_path, "cluster.gpus_per_node=4", "inject.rank=0", "inject.section=gradient",
                            "inject.delay_s=3", "report=false")  # fmt: skip
         cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,2,8", *args, f"output.root={tmp_path / 'outputs'}"]
-        lines: list[str] = []
-        with subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-            try:
-                _sweep_lines(proc, lambda ls: len(_submitted(ls)) == 2, lines)
-                ids = _submitted(lines)
-                deadline = time.monotonic() + 120
-                while time.monotonic() < deadline and _squeue_state(ids[1]) != "RUNNING":
-                    time.sleep(0.5)
-                assert (_squeue_state(ids[1]), _squeue_state(ids[8])) == ("RUNNING", "PENDING")
-                subprocess.run(["scancel", ids[8]], check=True, timeout=30)
-                out = "".join(lines) + proc.communicate(timeout=240)[0]
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-        assert proc.returncode == 1, out[-4000:]
+
+        def cancel_the_pending_one(proc: subprocess.Popen, ids: dict[int, str]) -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and _squeue_state(ids[1]) != "RUNNING":
+                time.sleep(0.5)
+            assert (_squeue_state(ids[1]), _squeue_state(ids[8])) == ("RUNNING", "PENDING")
+            subprocess.run(["scancel", ids[8]], check=True, timeout=30)
+
+        code, out, ids = _sweep_acted_on(cmd, tmp_path, cancel_the_pending_one)
+        assert code == 1, out[-4000:]
         assert "Traceback" not in out and "Logging error" not in out, out[-4000:]
         assert set(ids) == {1, 8} and out.count("submitted (") == 2  # gpus=2: never submitted
         said = [line for line in out.splitlines() if line.startswith("pnpscale: error: ")]
@@ -635,5 +636,3 @@ def test_a_slurm_job_cancelled_while_pending_is_not_run_and_a_point_without_room
         assert len(said) == 2 and said[1].startswith("pnpscale: error: 1 of 3 sweep point(s) failed (gpus=2 "), said
         assert f"; 1 of 3 sweep point(s) not run ({label}); each run.json under {sweep} says why; to re-run only " \
                "the points not complete: python -m pnpscale -m gpus=1,2,8" in said[1], said  # fmt: skip
-    finally:
-        subprocess.run(["umount", "-l", str(full)], capture_output=True)
