@@ -273,7 +273,7 @@ def test_transfer_table_of_a_live_gloo_run(live_run):
 def test_a_bad_out_is_refused_before_any_trace_or_run_is_read(tmp_path, capsys, kind):
     """analyze, report and project refuse the same --out the same way: one line naming --out, exit 2, before
     reading anything (the trace here is garbage and the folder holds no run: reading either would say so)."""
-    from pnpscale.results.projection import main as project
+    from pnpscale.results.projection_command import main as project
     from pnpscale.results.report import main as report
 
     (tmp_path / "traces").mkdir()
