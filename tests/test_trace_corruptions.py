@@ -496,6 +496,32 @@ def test_a_lone_cpu_trace_cut_inside_its_last_iteration_is_named_not_read_as_com
     assert "named" in seen, seen
 
 
+def test_a_lone_cpu_trace_cut_between_iterations_is_named_and_what_is_left_exact(tmp_path: Path) -> None:
+    """The case CI drew (hypothesis, seed 14): one CPU rank, its file cut after iteration 1's last range closed,
+    so iteration 2 is gone whole and nothing left is open. What is left is whole and exact, and the cut is still
+    named (``trace_cut_short``), not read as a 2-iteration job in silence."""
+    from tests.tracegen import Coll, Spec
+
+    spec = Spec(backend="gloo", world=1, sections=("gradient",),
+                plan=(((),), ((Coll("broadcast", 60544, "Float", 5763), Coll("all_reduce", 35319, "BFloat16", 3507),
+                               Coll("all_to_all", 90, "Half", 2756)),), ((Coll("all_to_all", 3295, "Float", 2218),),)),
+                work=((((29287,),), ((34348, 60000, 9678, 742),), ((31822, 1915),)),),
+                kernels=((((1,),), ((2, 3, 1, 1),), ((3, 3),)),), gap=(((164,), (4253,), (20000,)),),
+                rank_skew_ns=(14578,), gpu_lag_ns=(0,), names="old", time_base="base", integer_ts=False, steps=True,
+                first_step=2, memcpy=False, orders=(), tails=())  # fmt: skip
+    job = simulate(spec)
+    bad = cut_and_closed(job, random.Random(14))
+    assert check_contract(job, bad) == "named"  # and iterations 0, 1 exact
+    folder = tmp_path / "job"
+    write(job, folder, meta_after=bad.meta_after, events=bad.events, edit=bad.edit)
+    code, err, out = analyse(folder, spec.sections)
+    assert code == 0, err
+    table, anomalies = results(out)
+    assert sorted(table[K.ITERATION].astype(int)) == [0, 1]
+    (a,) = [a for a in anomalies if a["kind"] == "trace_cut_short"]
+    assert a["rank"] == 0 and "cut short after iteration 1 (ProfilerStep#3)" in a["example"], a
+
+
 def _complete_cpu_job(world: int = 1) -> Job:
     from tests.tracegen import Coll, Spec
 

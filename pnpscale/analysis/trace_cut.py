@@ -38,7 +38,9 @@ def drop_unvouched_end(
         anomalies: where ``trace_cut_short`` is recorded, naming the file, rank and iteration.
 
     Returns:
-        The records, without that iteration when its ranges are ``open_end`` and it holds no GPU work.
+        The records, without that iteration when its ranges are ``open_end`` and it holds no GPU work. When
+        they all close before the cut (it fell between iterations), the records are whole and kept, and
+        ``trace_cut_short`` still says the file was cut after that iteration (later ones may be lost).
 
     Raises:
         SectionError: nothing is left (the message names the file, rank and the cut).
@@ -57,11 +59,18 @@ def drop_unvouched_end(
         return out
     last = max(s.iteration for s in recs)
     final = [s for s in recs if s.iteration == last]
-    if not any(s.open_end for s in final):
-        return out
-    open_ = ", ".join(sorted({repr(s.section) for s in final if s.open_end}))
     step = next((s.step for s in final if s.step is not None), None)
     which = f"iteration {last}" + (f" (ProfilerStep#{step})" if step is not None else "")
+    if not any(s.open_end for s in final):
+        # the cut fell between iterations: what is left is whole, but how many iterations followed is unknown
+        if anomalies is not None:
+            anomalies.add("trace_cut_short", rank, (
+                f"{unvouched[rank]}: rank {rank}: a file Kineto began (schemaVersion) but did not finish (no "
+                f"'PyTorch Profiler' span, no {END_MARKER!r}: both are written after every event): cut short after "
+                f"{which}, whose ranges all end before the cut; the iterations after it, if the job ran any, are "
+                f"lost, and no other rank can say how many"))  # fmt: skip
+        return out
+    open_ = ", ".join(sorted({repr(s.section) for s in final if s.open_end}))
     message = (
         f"{unvouched[rank]}: rank {rank}, {which}: section {open_} ends after the last event that starts in a "
         f"file Kineto began (schemaVersion) but did not finish (no 'PyTorch Profiler' span, no {END_MARKER!r}: "
