@@ -448,6 +448,11 @@ def test_1_sigint_while_the_report_is_written_is_never_swallowed(tmp_path):
             continue
         os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
+        if proc.returncode == -signal.SIGINT and not err and "report: " in out:
+            # the report was written and announced, then the signal came while Python was finalizing (it puts
+            # the default handlers back): a death by SIGINT after the work, the report complete (checked below)
+            assert {layout.SUMMARY, layout.REPORT_README} <= {p.name for p in report.iterdir()}
+            continue
         stopped += 1
         assert proc.returncode == 130, (delay, proc.returncode, err)
         assert "Traceback" not in err and "Exception ignored" not in err, (delay, err)
