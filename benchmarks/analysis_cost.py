@@ -2,7 +2,7 @@
 
 Synthetic events shaped like a real inference run (per iteration: two sections, each with
 ``--ops`` CPU operators, the gradient with 4 collectives and the denoiser with 1, gloo-style), pushed
-through exactly the code a live run uses: :func:`pnpscale.analysis.sections.section_records` per rank, then
+through exactly the code a live run uses: :func:`pnpscale.analysis.section.records.section_records` per rank, then
 :func:`pnpscale.analysis.tables.frames` and :func:`pnpscale.analysis.metrics.decompose`. Peak memory is Python's
 (tracemalloc) during the analysis.
 
@@ -21,7 +21,7 @@ import tracemalloc
 
 from pnpscale.analysis.events import Event, Kind, rank_rows
 from pnpscale.analysis.metrics import decompose
-from pnpscale.analysis.sections import section_records
+from pnpscale.analysis.section.records import section_records
 from pnpscale.analysis.tables import frames
 
 US = 1000

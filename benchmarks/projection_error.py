@@ -1,7 +1,7 @@
 """Projection error on real runs: fit on small GPU counts, project larger ones, then measure them.
 
 Runs ``python -m pnpscale -m gpus=<fit + check> scale=small`` (2D inference, CPU ranks on gloo) into
-one sweep folder, projects the check GPU counts from the fit ones with :mod:`pnpscale.results.projection`
+one sweep folder, projects the check GPU counts from the fit ones with :mod:`pnpscale.results.projection.output`
 (the same code as ``python -m pnpscale.project SWEEP --fit-gpus ... --gpus ...``), and prints the
 projected and the measured time per iteration, compute, transfer, wait and PE side by side.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from pnpscale import columns as K
-from pnpscale.results.projection import Options, evaluate, fit, leave_one_out, with_algorithms
+from pnpscale.results.projection.output import Options, evaluate, fit, leave_one_out, with_algorithms
 from pnpscale.results.runs import build_table
 
 METRICS = (K.SECTION_S, K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.PE)

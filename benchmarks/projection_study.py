@@ -33,7 +33,7 @@ smallest N and at 64 (fixed >= 0; where that cannot hold, per_tile from the 64-G
 The pipelined overlap (``solver.overlap=pipelined``) is a what-if here: the study did not measure it, so
 its hidden share is a parameter (``--hidden-share``), not a measurement. For the study's 2D inference, the
 exposed transfer of the pipelined variant is projected from the blocking model (fitted from <= 8 and <= 16
-GPUs) as :mod:`pnpscale.results.projection_overlap` does with a measured share (hidden = min(h x transfer,
+GPUs) as :mod:`pnpscale.results.projection.overlap` does with a measured share (hidden = min(h x transfer,
 critical-path compute)), and the crossover N (exposed transfer > critical-path compute) of both variants is
 searched over 1..``--up-to``.
 
@@ -52,8 +52,8 @@ import pandas as pd
 from pnpscale import columns as K
 from pnpscale.rank.assignment import round_robin
 from pnpscale.results.jitter import expected_max_normal
-from pnpscale.results.projection_model import ALL, RING, Options, evaluate, fit, leave_one_out, loo_misses, residuals
-from pnpscale.results.projection_overlap import crossover, grid
+from pnpscale.results.projection.model import ALL, RING, Options, evaluate, fit, leave_one_out, loo_misses, residuals
+from pnpscale.results.projection.overlap import crossover, grid
 
 GPUS_PER_NODE = 4
 RATES = {"intra2": 40e9, "intra4": 119e9, "tree": 17e9, "ring": 10.5e9}  # bytes/s, the study's table

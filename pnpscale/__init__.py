@@ -9,7 +9,7 @@ Throughout the docstrings, *the study* is the one pnpscale reproduces and genera
 
 The package reads as the data flows, one floor per stage, every import running down
 (``tests/test_architecture.py``): :mod:`pnpscale.core` (with :mod:`pnpscale.columns` and
-:mod:`pnpscale.layout`, the ground floor), :mod:`pnpscale.analysis`, :mod:`pnpscale.rank`,
+:mod:`pnpscale.core.layout`, the ground floor), :mod:`pnpscale.analysis`, :mod:`pnpscale.rank`,
 :mod:`pnpscale.cluster`, :mod:`pnpscale.results`, :mod:`pnpscale.sweep`, :mod:`pnpscale.validation`,
 and the thin commands (``__main__``, ``analyze``, ``report``, ``validate``, ``project``). The one
 exception is this facade: :func:`load` imports the results stage when called.

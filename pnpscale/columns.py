@@ -25,7 +25,7 @@ Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_GBps`` 1e9 bytes pe
     (HIDDEN_S: mean over ranks of the collectives' time overlapped by compute, not in C + T + W; the
     three wait parts sum to WAIT_S; see pnpscale.analysis.waits; NA in older run folders)
 
-``timeline.json`` is built from the slices table of :func:`pnpscale.analysis.timeline.slices`, one row per
+``timeline.json`` is built from the slices table of :func:`pnpscale.analysis.timeline_slices.slices`, one row per
 rank x iteration x section x slice: TIMELINE_COLUMNS (KIND: compute | transfer | wait | hidden).
 
 Spread (pnpscale.analysis.spread): per point and section, per-iteration quantiles ``<metric>_p10_s``,
@@ -156,7 +156,7 @@ SECTIONS_REQUIRED = (ITERATION, SECTION, WARMUP, COMPUTE_S, COMPUTE_MAX_S, TRANS
 #: Of those, the numeric ones (a column of text there makes the folder ``unreadable`` too).
 NUMERIC_REQUIRED = (RANK, ITERATION, SEQ, SECTION_S, DURATION_S, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S)
 
-#: the slices table behind timeline.json (pnpscale.analysis.timeline): START_S on the rank's own clock.
+#: the slices table behind timeline.json (pnpscale.analysis.timeline_slices): START_S on the rank's own clock.
 TIMELINE_COLUMNS = (RANK, ITERATION, SECTION, WARMUP, KIND, START_S, DURATION_S, SEQ, COLLECTIVE, PAYLOAD_BYTES)
 
 WAIT_PCT_OF_COMPUTE = "wait_pct_of_compute"
@@ -216,14 +216,14 @@ TRANSFER_COLUMNS = (
 )  # fmt: skip
 RATES_COLUMNS = (BACKEND, ROUTE, RATE_GBPS, N_ROWS, CALIBRATION, ROWS)
 
-# --- projection (pnpscale.results.projection): one row per (problem, mode) x N x section ---
+# --- projection (pnpscale.results.projection.output): one row per (problem, mode) x N x section ---
 SCALED_COST = "scaled_cost"
 MEASURED = "measured"
 PROJECTION_COLUMNS = (
     PROBLEM, MODE, GPUS, NODES, SECTION, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S, LB, COMM_E, PE,
     GPU_SECONDS, SCALED_COST, ROUTE, RATE_GBPS, ALGORITHM, ALGORITHM_SOURCE, MEASURED,
 )  # fmt: skip
-#: the pipelined variant projected from the blocking one (pnpscale.results.projection_overlap), section ``all``
+#: the pipelined variant projected from the blocking one (pnpscale.results.projection.overlap), section ``all``
 #: per N: the blocking model's COMPUTE_MAX_S and TRANSFER_S, the pipelined exposed transfer and hidden time (s)
 #: under the held HIDDEN_SHARE.
 PIPELINED_TRANSFER_S = "pipelined_transfer_s"

@@ -2,12 +2,12 @@
 [--algorithm NODES=ALGO ...] [--pe-min 0.8] [--devices D] [--tolerance 0.1] [--fit-gpus 1,2,4] [--out DIR]``:
 project a sweep's scaling curve past the measured GPU counts.
 
-The entry point only; the command is :mod:`pnpscale.results.projection_command`, the model lives in
-:mod:`pnpscale.results.projection_model` (and the ``projection_*`` modules it assembles), the files in
-:mod:`pnpscale.results.projection`.
+The entry point only; the command is :mod:`pnpscale.results.projection.command`, the model lives in
+:mod:`pnpscale.results.projection.model` (and the ``projection_*`` modules it assembles), the files in
+:mod:`pnpscale.results.projection.output`.
 """
 
-from pnpscale.results.projection_command import main
+from pnpscale.results.projection.command import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

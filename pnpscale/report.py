@@ -16,7 +16,7 @@ def _main() -> int:
 
         return main()
     except KeyboardInterrupt as exc:  # main() handles the stops it sees; this is one before it started
-        from pnpscale import layout
+        from pnpscale.core import layout
 
         out = layout.report_folder(sys.argv[1:])
         said = layout.report_not_written(out) if out is not None else "report not written"

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale import layout
 from pnpscale.analysis.offline import ANALYSIS_JSON, AnalyzeError, assign_ranks, main, rank_from_name
-from pnpscale.analysis.traces import TraceInfo, read_header
+from pnpscale.analysis.trace.read import TraceInfo, read_header
+from pnpscale.core import layout
 from pnpscale.results.transfer import transfer_inputs, transfer_table
 from tests.helpers import ROOT, TINY_2D, run_cli, run_dirs
 from tests.test_traces import X, cuda_rank_events, kernel, launch, write_trace
@@ -273,7 +273,7 @@ def test_transfer_table_of_a_live_gloo_run(live_run):
 def test_a_bad_out_is_refused_before_any_trace_or_run_is_read(tmp_path, capsys, kind):
     """analyze, report and project refuse the same --out the same way: one line naming --out, exit 2, before
     reading anything (the trace here is garbage and the folder holds no run: reading either would say so)."""
-    from pnpscale.results.projection_command import main as project
+    from pnpscale.results.projection.command import main as project
     from pnpscale.results.report import main as report
 
     (tmp_path / "traces").mkdir()

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale import layout
+from pnpscale.core import layout
 from tests.helpers import ROOT, TINY_2D, read_run, run_cli, run_dirs
 
 PKG = ROOT / "pnpscale"
@@ -60,7 +60,7 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
 #: The floors of the house, lowest first: a module imports only modules of its own floor or below.
 #: Floor 0 is the ground floor (pnpscale.core, and the schema modules columns and layout).
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("pnpscale.core", "pnpscale.columns", "pnpscale.layout"),
+    ("pnpscale.core", "pnpscale.columns", "pnpscale.core.layout"),
     ("pnpscale.analysis",),
     ("pnpscale.rank",),
     ("pnpscale.cluster",),
@@ -159,11 +159,11 @@ _FILE_NAME = re.compile(r"^[\w{}\-][\w.{}\-]*\.(parquet|json|log|pt|out|err|yaml
 
 
 def test_layout_owns_every_file_name_a_run_writes():
-    """No module but pnpscale.layout spells a run-folder file name (``*.parquet``, ``run.json``, ``rank{r}...``)."""
+    """Only pnpscale.core.layout spells a run-folder file name (``*.parquet``, ``run.json``, ``rank{r}...``)."""
     offenders = []
     for path in PKG.rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "pnpscale/layout.py":
+        if rel == "pnpscale/core/layout.py":
             continue
         tree = ast.parse(path.read_text())
         docstrings = {
@@ -182,7 +182,7 @@ def test_layout_owns_every_file_name_a_run_writes():
                 text = "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
                 if re.match(r"^rank$", text.split("{")[0]) and re.search(r"\.(log|json|out|err)", text):
                     offenders.append(f"{rel}:{node.lineno}: f-string {text!r}")
-    assert not offenders, "file names outside pnpscale.layout:\n" + "\n".join(offenders)
+    assert not offenders, "file names outside pnpscale.core.layout:\n" + "\n".join(offenders)
 
 
 def test_nothing_in_the_package_points_outside_the_repository():

@@ -181,7 +181,7 @@ def test_runtime_calls_across_their_threads_operators_are_refused_when_nothing_l
     """Without a descriptor or ``External id`` the runtime clock's offset cannot be found; but a thread's runtime
     calls nest inside its operators, so a call across an operator's start or end proves the runtime events are on
     another clock (kineto#1082): refused, naming it, instead of placing kernels by launches in the wrong section."""
-    from pnpscale.analysis.traces import TraceError, read_trace
+    from pnpscale.analysis.trace.read import TraceError, read_trace
 
     with pytest.raises(TraceError, match=r"runtime call\(s\) cross the start or end of a CPU range .*kineto#1082"):
         read_trace(_linkless_trace(tmp_path / "rank0.json", shift_us), ["gradient"])
@@ -190,7 +190,7 @@ def test_runtime_calls_across_their_threads_operators_are_refused_when_nothing_l
 @pytest.mark.parametrize("shift_us", [0.0, -0.9, 2.0])
 def test_runtime_calls_inside_their_operators_are_read(tmp_path, shift_us):
     """No false alarm: calls inside their operators (or crossing by no more than the 1 us slack) are read."""
-    from pnpscale.analysis.traces import read_trace
+    from pnpscale.analysis.trace.read import read_trace
 
     trace = read_trace(_linkless_trace(tmp_path / "rank0.json", shift_us), ["gradient"])
     assert sum(1 for e in trace.events if e.name == "gradient") == 2
@@ -204,7 +204,7 @@ def test_a_real_trace_nests_its_runtime_calls_in_its_operators(shared_traces: Pa
 
     import numpy as np
 
-    from pnpscale.analysis.trace_select import crossing_calls
+    from pnpscale.analysis.trace.select import crossing_calls
 
     path = shared_traces / "nccl_parser_config" / "nccl_data.json.gz"
     evs = [e for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"] if e.get("ph") == "X"]

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.core.config import variant_subdir
 from pnpscale.results.compare import COMPARE_PNG, comparison
 from pnpscale.results.plotting import labelled

@@ -112,7 +112,7 @@ def test_angle_blocks_keep_the_gradient_balanced_where_two_operators_cannot(tmp_
     import pandas as pd
 
     from pnpscale import columns as K
-    from pnpscale import layout
+    from pnpscale.core import layout
     from tests.helpers import TINY_2D, read_run, run_cli, run_dirs
 
     common = ["gpus=4", "iterations=5", "warmup=1", "report=false"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pnpscale import columns as K
-from pnpscale import layout
+from pnpscale.core import layout
 from tests.helpers import TINY_2D, read_run, run_cli, run_dirs
 
 pytestmark = pytest.mark.slow
@@ -135,7 +135,7 @@ def test_multirun_ends_with_a_report(sweep):
 def test_two_rank_timeline_adds_up_to_the_section_times_and_the_report_draws_it(sweep):
     """timeline.json of the 2-rank run: per rank x measured iteration x section the slices add up to the rank's
     section time (1 %), and their kinds averaged over ranks to the section's compute / transfer / wait."""
-    from pnpscale.analysis import timeline as T
+    from pnpscale.analysis import timeline_slices as T
     from tests.trace_event_format import check_trace
 
     _, dirs = sweep

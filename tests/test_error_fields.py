@@ -44,7 +44,7 @@ def test_errors_carry_the_facts_their_readers_need_as_fields():
     from pnpscale import columns as K
     from pnpscale.analysis.events import SectionError
     from pnpscale.analysis.metrics import DecompositionError, NoMeasuredIteration, summarize
-    from pnpscale.analysis.sections import section_records
+    from pnpscale.analysis.section.records import section_records
     from pnpscale.core.errors import UnreadableFile
     from pnpscale.results.runs import read_table
 

@@ -6,7 +6,7 @@ import pytest
 
 from pnpscale.analysis.events import Event, Kind, SectionError
 from pnpscale.analysis.kineto import payload_bytes
-from pnpscale.analysis.sections import section_records
+from pnpscale.analysis.section.records import section_records
 
 US = 1000  # ns
 
@@ -95,7 +95,7 @@ def test_payload_bytes_dtypes():
 def test_drop_cut_iterations_drops_only_what_an_unclosed_file_lost():
     from pnpscale.analysis.anomalies import Anomalies
     from pnpscale.analysis.events import Collective, SectionRecord
-    from pnpscale.analysis.section_iterations import drop_cut_iterations
+    from pnpscale.analysis.section.iterations import drop_cut_iterations
 
     def recs(n, colls=1, open_last=False, last_colls=None):
         out = []
@@ -130,7 +130,7 @@ def test_drop_cut_iterations_drops_only_what_an_unclosed_file_lost():
 def test_drop_cut_iterations_by_step_drops_a_cut_step_or_refuses_when_none_is_left():
     from pnpscale.analysis.anomalies import Anomalies
     from pnpscale.analysis.events import Collective, SectionRecord
-    from pnpscale.analysis.section_iterations import drop_cut_iterations
+    from pnpscale.analysis.section.iterations import drop_cut_iterations
 
     def step(i, n, open_end=False):
         return SectionRecord(i, "s", float(i), 1.0, [Collective(j, "all_reduce", 0.1, 8) for j in range(n)],

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pnpscale import layout
+from pnpscale.core import layout
 from tests.helpers import ROOT, TINY_2D, read_run, run_cli, run_dirs
 from tests.test_report import fake_run, spec
 
@@ -1265,7 +1265,7 @@ def test_8_the_footprint_is_measured_on_forked_ranks_and_the_design_card_fits(tm
 _KILLED_WRITER = """
 import sys, time
 from pathlib import Path
-from pnpscale import layout
+from pnpscale.core import layout
 
 def build(stage):
     (stage / "summary.parquet").write_bytes(b"half")

@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 
 from pnpscale import columns as K
-from pnpscale import layout
 from pnpscale.analysis.events import Event, Kind, SectionError, rank_rows
 from pnpscale.analysis.metrics import DecompositionError, decompose
-from pnpscale.analysis.sections import section_records
+from pnpscale.analysis.section.records import section_records
 from pnpscale.analysis.tables import frames
+from pnpscale.core import layout
 from pnpscale.rank import group, loop, process
 from pnpscale.rank.profiling import IncompleteTrace, check_trace_complete
 from pnpscale.results.transfer import nccl_log_size
@@ -576,7 +576,7 @@ def test_a_collective_on_the_copy_engines_is_named_in_the_refusal():
     rng = Event("denoiser", Kind.CPU, 0, 100 * US)
     copy = Event("Memcpy PtoP (Device -> Device)", Kind.GPU, 10 * US, 50 * US, launch_ns=5 * US)
     with pytest.raises(SectionError, match=r"1 memcpy\(s\) \(e\.g\. 'Memcpy PtoP .*copy engines"):
-        from pnpscale.analysis.section_gpu import cuda_section_span
+        from pnpscale.analysis.section.gpu import cuda_section_span
 
         cuda_section_span(rng, [copy], 1, 0, 3)
 

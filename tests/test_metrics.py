@@ -168,7 +168,7 @@ def test_summary_needs_a_measured_iteration():
 def test_one_registry_of_measures_names_totals_and_per_iteration_values(tmp_path):
     """pnpscale.columns.MEASURES decides, for every summed measure, the run.json total's name and the
     per-iteration value of the summary / load (the wait parts and S_max included: they slipped before)."""
-    from pnpscale import layout
+    from pnpscale.core import layout
     from pnpscale.rank.commit import write_run
     from pnpscale.results.runs import load
     from tests.test_report import spec as make_spec

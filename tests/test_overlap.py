@@ -22,8 +22,8 @@ from pnpscale.analysis.overlap import (
     split_blocked,
     waited,
 )
-from pnpscale.analysis.section_align import align_collectives
-from pnpscale.analysis.sections import section_records
+from pnpscale.analysis.section.align import align_collectives
+from pnpscale.analysis.section.records import section_records
 from pnpscale.analysis.tables import frames
 from tests.test_traces import X, kernel, launch, write_trace
 
@@ -161,7 +161,7 @@ def test_cuda_blocked_is_collective_kernels_minus_compute_kernels(tmp_path):
         launch(2, 2), kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 60, 80, 2, stream=20),
     ]  # fmt: skip
     path = write_trace(tmp_path / "r0.json", evs, rank=0, world=1)
-    from pnpscale.analysis.traces import read_trace
+    from pnpscale.analysis.trace.read import read_trace
 
     (rec,) = section_records(read_trace(path, ["s"]).events, ["s"])
     # the kernel runs 60-140 us, compute until 110 us: blocked 30 us, hidden 50 us
@@ -176,7 +176,7 @@ def test_gpu_work_past_the_next_step_is_clipped(tmp_path):
         evs += [X(f"ProfilerStep#{k}", "user_annotation", t, 100), launch(t + 1, 10 + k),
                 kernel("void gemm", t + 500, 1300, 10 + k)]  # fmt: skip
     path = write_trace(tmp_path / "r0.json", evs, rank=0, world=1)
-    from pnpscale.analysis.traces import read_trace
+    from pnpscale.analysis.trace.read import read_trace
 
     an = Anomalies()
     recs = section_records(read_trace(path, {"step": "ProfilerStep#*"}).events, ["step"], an, rank=0)

@@ -1,6 +1,6 @@
 """Projection past the measured GPU counts: a synthetic sweep from a known mechanism gives that mechanism back.
 
-The truth below is written from the model's statement (module doc of pnpscale.results.projection_model):
+The truth below is written from the model's statement (module doc of pnpscale.results.projection.model):
 rank r's compute ``fixed + per_op·ops_r + per_tile·tiles_r`` under round-robin, jitter σ (C_max the
 expected maximum of the ranks' normal compute), wait = C_max − C (+ ψ·e(N)·C_max), transfer = bytes per
 GPU / the route's rate with the study's routes (40 GB/s on 2 GPUs, 119 on 4, tree on 2 nodes, ring).
@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale.results import projection_base as pb
 from pnpscale.results.jitter import expected_max, expected_max_normal, nonnegative_lstsq
-from pnpscale.results.projection import (
+from pnpscale.results.projection import base as pb
+from pnpscale.results.projection.output import (
     Options,
     ProjectionError,
     evaluate,
@@ -334,7 +334,7 @@ def test_cpu_cores_default_to_this_machine(monkeypatch):
 
 
 def test_the_report_on_cpu_runs_says_it_does_not_project_past_the_cores(tmp_path, monkeypatch):
-    from pnpscale import layout
+    from pnpscale.core import layout
     from pnpscale.results.report import write_report
     from tests.test_compare import write_collective_sweep
 
@@ -343,7 +343,7 @@ def test_the_report_on_cpu_runs_says_it_does_not_project_past_the_cores(tmp_path
     readme = (out / layout.REPORT_README).read_text()
     assert "not projected: GPU counts 8, 16, 32, 64 are past the 2 cores the CPU ranks share" in readme
     assert "least time per iteration" not in readme and not (out / layout.PROJECTION).exists()
-    from pnpscale.results.projection_overlap import NO_PIPELINED
+    from pnpscale.results.projection.overlap import NO_PIPELINED
 
     assert readme.count(NO_PIPELINED) == 1  # nothing projected: the overlap's line is still there
 
@@ -379,7 +379,7 @@ def _snapshot(folder):
 
 
 def test_command_refuses_bad_input_with_exit_code_2(tmp_path, capsys):
-    from pnpscale.results.projection_command import main
+    from pnpscale.results.projection.command import main
 
     assert main([str(tmp_path / "nowhere"), "--gpus", "8"]) == 2
     assert "no such directory" in capsys.readouterr().err
@@ -390,8 +390,8 @@ def test_command_refuses_bad_input_with_exit_code_2(tmp_path, capsys):
 
 
 def test_command_projects_each_variant_of_a_sweep(tmp_path, capsys, many_cores):
-    from pnpscale import layout
-    from pnpscale.results.projection_command import main
+    from pnpscale.core import layout
+    from pnpscale.results.projection.command import main
     from tests.test_compare import write_collective_sweep
 
     root = write_collective_sweep(tmp_path / "sweep")
@@ -401,7 +401,7 @@ def test_command_projects_each_variant_of_a_sweep(tmp_path, capsys, many_cores):
     series = ["2d denoiser_collective=all_gather", "2d denoiser_collective=all_reduce"]
     assert all(f"### Projection: {s} inference" in out for s in series)
     assert "--rate inter-node ring=10.5: not used" in captured.err  # single-node sweep: said, not ignored
-    from pnpscale.results.projection_overlap import NO_PIPELINED
+    from pnpscale.results.projection.overlap import NO_PIPELINED
 
     assert out.count(NO_PIPELINED) == 1 and "### Pipelined overlap" not in out  # no pipelined series: one line
     table = pd.read_parquet(root / layout.REPORT_DIR / layout.PROJECTION)
@@ -415,7 +415,7 @@ def test_command_projects_each_variant_of_a_sweep(tmp_path, capsys, many_cores):
 
 
 def test_command_on_cpu_runs_refuses_past_the_cores(tmp_path, capsys):
-    from pnpscale.results.projection_command import main
+    from pnpscale.results.projection.command import main
     from tests.test_compare import write_collective_sweep
 
     root = write_collective_sweep(tmp_path / "sweep")
@@ -425,8 +425,8 @@ def test_command_on_cpu_runs_refuses_past_the_cores(tmp_path, capsys):
 
 
 def test_failed_command_leaves_the_report_as_it_was(tmp_path, capsys, many_cores):
-    from pnpscale import layout
-    from pnpscale.results.projection_command import main
+    from pnpscale.core import layout
+    from pnpscale.results.projection.command import main
     from pnpscale.results.report import write_report
     from tests.test_compare import write_collective_sweep
 
@@ -468,8 +468,8 @@ def test_rebuilding_the_report_keeps_a_users_projection(tmp_path, capsys, many_c
     options that no longer project fall back to the default, saying so, and keep the options file."""
     import json
 
-    from pnpscale import layout
-    from pnpscale.results.projection_command import main
+    from pnpscale.core import layout
+    from pnpscale.results.projection.command import main
     from pnpscale.results.report import write_report
     from tests.test_compare import write_collective_sweep
 
@@ -497,8 +497,8 @@ def test_rebuilding_the_report_keeps_a_users_projection(tmp_path, capsys, many_c
 
 
 def test_one_gpu_count_writes_nothing(tmp_path, capsys):
-    from pnpscale import layout
-    from pnpscale.results.projection_command import main
+    from pnpscale.core import layout
+    from pnpscale.results.projection.command import main
     from tests.test_compare import write_collective_sweep
 
     root = write_collective_sweep(tmp_path / "sweep", gpus=(2,))
@@ -511,7 +511,7 @@ def test_one_gpu_count_writes_nothing(tmp_path, capsys):
 
 
 def test_pipelined_transfer_and_crossover_by_hand():
-    from pnpscale.results.projection_overlap import crossover, held_share, hidden_shares, pipelined_transfer
+    from pnpscale.results.projection.overlap import crossover, held_share, hidden_shares, pipelined_transfer
 
     gpus, t, c = [1, 2, 4, 8, 16], [0.0, 0.2, 0.3, 0.35, 0.4], [4.0, 2.0, 1.0, 0.5, 0.25]
     assert crossover(gpus, t, c) == 16  # 0.4 > 0.25; at 8: 0.35 < 0.5
@@ -552,7 +552,7 @@ def write_overlap_sweep(root):
     (0.85 < 1.05; at 7: 1.125 > 1.029). Pipelined with the share 0.25 held from N = 4: ``0.9·(N−1)/N``,
     first above at N = 16 (0.675 < 0.844; at 15: 0.85 > 0.84).
     """
-    from pnpscale import layout
+    from pnpscale.core import layout
     from pnpscale.rank.commit import write_run
     from tests.test_report import spec
 
@@ -590,7 +590,7 @@ def overlap_sweep(tmp_path_factory):
 
 
 def test_pipelined_variant_projected_with_the_held_hidden_share(overlap_sweep, many_cores):
-    from pnpscale.results.projection import with_algorithms
+    from pnpscale.results.projection.output import with_algorithms
     from pnpscale.results.runs import build_table
 
     table = build_table(overlap_sweep, echo=lambda _: None)
@@ -612,15 +612,15 @@ def test_pipelined_variant_projected_with_the_held_hidden_share(overlap_sweep, m
 
 
 def test_command_prints_both_crossovers(overlap_sweep, tmp_path, capsys, many_cores):
-    from pnpscale.results.projection_command import main
-    from pnpscale.results.projection_overlap import NO_PIPELINED
+    from pnpscale.results.projection.command import main
+    from pnpscale.results.projection.overlap import NO_PIPELINED
 
     assert main([str(overlap_sweep), "--gpus", "16,64", "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "### Pipelined overlap: 2d overlap=pipelined inference (projected from 2d overlap=none)" in out
     assert "blocking N = 8, pipelined N = 16" in out and NO_PIPELINED not in out
     assert "pipelined exposed transfer at its measured points (projected vs measured): N=2 0.675 s" in out
-    from pnpscale import layout
+    from pnpscale.core import layout
 
     rows = pd.read_parquet(tmp_path / "out" / layout.PROJECTION_OVERLAP)
     assert list(rows.columns) == list(K.PROJECTION_OVERLAP_COLUMNS) and set(rows[K.GPUS]) == {1, 2, 4, 8, 16, 64}
@@ -630,7 +630,7 @@ def test_command_prints_both_crossovers(overlap_sweep, tmp_path, capsys, many_co
 def test_a_large_leave_one_out_error_is_a_warning_line_and_a_missing_one_is_said():
     """A point that waits 3x what the others say (a noisy run): fitted without it, the model misses it, and
     the report says so in bold, not only in the headline and table."""
-    from pnpscale.results.projection import loo_misses
+    from pnpscale.results.projection.output import loo_misses
 
     rows = sweep([1, 2, 4, 8, 16])
     at = rows[K.GPUS] == 4

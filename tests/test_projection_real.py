@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale.results.projection import Options, ProjectionError, evaluate, fit, misses, project
+from pnpscale.results.projection.output import Options, ProjectionError, evaluate, fit, misses, project
 
 DATA = Path(__file__).parent / "data" / "projection_cpu" / "summary.csv"
 

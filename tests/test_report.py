@@ -11,7 +11,7 @@ import pytest
 
 import pnpscale
 from pnpscale import columns as K
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.core.config import RunSpec
 from pnpscale.core.record import write_failure
 from pnpscale.rank.commit import write_run

@@ -19,7 +19,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pnpscale import layout
 from pnpscale.cluster.slurm import (
     error_line,
     executor_parameters,
@@ -31,6 +30,7 @@ from pnpscale.cluster.slurm import (
     sbatch_test_command,
     task_record,
 )
+from pnpscale.core import layout
 from pnpscale.core.config import ConfigError, register_schema, resolve_spec
 from pnpscale.sweep.cli import CONF, resume_command
 from tests.helpers import TINY_2D, read_run, run_cli

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale import layout
-from pnpscale.analysis import timeline as T
+from pnpscale.analysis import timeline_slices as T
 from pnpscale.analysis.metrics import decompose
 from pnpscale.analysis.tables import table_writers
+from pnpscale.core import layout
 
 
 def random_run(world: int = 4, iterations: int = 3, seed: int = 0, n_coll: int = 3):
@@ -170,7 +170,7 @@ def write_tables(run_dir, ranks, colls):
 
 
 def test_timeline_table_draws_a_readable_subset_whose_slices_add_up(tmp_path):
-    from pnpscale.results.timeline import (
+    from pnpscale.results.timeline_chart import (
         CRITICAL,
         FASTEST,
         ROLE,
@@ -222,7 +222,7 @@ def test_nested_sections_get_their_own_track():
 
 
 def test_the_chart_draws_a_hidden_slice_when_the_collectives_have_one(tmp_path):
-    from pnpscale.results.timeline import plot_timeline, timeline_table
+    from pnpscale.results.timeline_chart import plot_timeline, timeline_table
 
     ranks, colls = random_run(world=2, iterations=2, seed=5)
     ranks[K.PEAK_MEM_BYTES], ranks[K.N_COLLECTIVES], ranks[K.GPU_SPAN_S] = 1, 3, np.nan
@@ -249,7 +249,7 @@ def test_collective_labels_never_overlap_and_the_title_counts_those_left_out(tmp
     and says how many it labelled."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from pnpscale.results.timeline import plot_timeline, timeline_table
+    from pnpscale.results.timeline_chart import plot_timeline, timeline_table
 
     ranks, colls = random_run(world=2, iterations=2, seed=2, n_coll=30)
     ranks[K.PEAK_MEM_BYTES], ranks[K.N_COLLECTIVES], ranks[K.GPU_SPAN_S] = 1, 30, np.nan

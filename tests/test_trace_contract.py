@@ -15,15 +15,15 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale import layout
 from pnpscale.analysis.anomalies import Anomalies, summary_lines
 from pnpscale.analysis.events import Event, Kind, SectionError
 from pnpscale.analysis.kineto import COLLECTIVE_KERNELS, is_collective_kernel, kernel_collective, kernel_family
 from pnpscale.analysis.metrics import InvariantError, check_invariants, decompose
 from pnpscale.analysis.nccl_log import algorithm_for, merge_logs, parse_nccl_log
 from pnpscale.analysis.offline import ANALYSIS_JSON, main
-from pnpscale.analysis.sections import section_records
-from pnpscale.analysis.traces import TraceError, read_header, read_trace
+from pnpscale.analysis.section.records import section_records
+from pnpscale.analysis.trace.read import TraceError, read_header, read_trace
+from pnpscale.core import layout
 from pnpscale.results.report import _anomalies_markdown
 from pnpscale.results.transfer import route_label
 from tests.test_traces import X, cuda_rank_events, kernel, write_trace

@@ -293,7 +293,7 @@ def cut_and_closed(job: Job, rng: random.Random) -> Corrupted:
     a tool): one rank's events end at some point of the order Kineto writes them in (the CPU events by start,
     the profiler's span, then the GPU events by start; ChromeTraceLogger), and Kineto's last event (``Record
     Window End``) is gone, and the span with it (a CPU trace of one rank, which no other rank vouches for, is
-    told cut by that: it holds Kineto's header but neither the span nor the marker, pnpscale/analysis/trace_cut.py)."""
+    told cut by that: it holds Kineto's header but neither the span nor the marker, pnpscale/analysis/trace/cut.py)."""
     evs = copy.deepcopy(job.events)
     r = rng.randrange(job.spec.world)
     gpu = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -442,7 +442,7 @@ def test_untyped_kernels_issued_in_another_order_are_matched_by_descriptor_type_
     matched by (process group, Seq) of their descriptors, not by position."""
     import pandas as pd
 
-    from pnpscale import layout
+    from pnpscale.core import layout
     from tests.tracegen import Coll, Spec
 
     plan = (((Coll("broadcast", 64, "Float", 3000), Coll("all_reduce", 4096, "Float", 9000)),),)

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from pnpscale import columns as K
-from pnpscale import layout
 from pnpscale.analysis.offline import ANALYSIS_JSON, main
+from pnpscale.core import layout
 from tests.tracegen import DTYPES, OPS, Coll, Job, Spec, expected, simulate, write
 
 SECTION_NAMES = ("gradient", "denoiser", "forward", "backward", "optimizer")

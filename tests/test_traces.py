@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pnpscale.analysis.events import Kind
-from pnpscale.analysis.sections import section_records
-from pnpscale.analysis.traces import TraceError, comm_fields, parse_sections, read_header, read_trace
+from pnpscale.analysis.section.records import section_records
+from pnpscale.analysis.trace.read import TraceError, comm_fields, parse_sections, read_header, read_trace
 
 BASE_NS = 1_790_000_000_000_000_000  # a baseTimeNanoseconds
 
@@ -299,8 +299,8 @@ def test_real_gloo_trace_worker_threads(shared_traces):
 
 def _both_paths(path: Path, sections=("gradient",), keep_all_gpu=True):
     """(events of the fast path, events of the exact ijson path) of one trace; the fast path must not fall back."""
-    from pnpscale.analysis import trace_scan as T
-    from pnpscale.analysis.trace_select import collected_events
+    from pnpscale.analysis.trace import scan as T
+    from pnpscale.analysis.trace.select import collected_events
 
     pats = {s: s for s in sections}
     fast = T._scan(path, pats, keep_all_gpu)

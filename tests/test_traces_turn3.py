@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale import layout
 from pnpscale.analysis.offline import ANALYSIS_JSON, main
+from pnpscale.core import layout
 
 _SPEC = importlib.util.spec_from_file_location(
     "turn3_cases", Path(__file__).parent / "data" / "traces-turn3" / "make_case.py"

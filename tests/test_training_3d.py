@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from pnpscale import columns as K
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.core.config import ConfigError, register_schema, resolve_spec
 from pnpscale.sweep.cli import CONF
 from tests.helpers import TINY_2D, TINY_3D, read_run, run_cli, run_dirs

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
-from pnpscale import layout
 from pnpscale.analysis.metrics import decompose
 from pnpscale.analysis.tables import frames
+from pnpscale.core import layout
 from pnpscale.results.transfer import (
     ByteModelError,
     algbw_GBps,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.core.config import ConfigError
 
 
@@ -57,7 +57,7 @@ def test_problem_rules_run_before_any_rank_starts(override, message, tmp_path):
 
 
 def test_json_that_is_not_an_event_list_is_skipped_or_refused_by_name(tmp_path: Path):
-    from pnpscale.analysis.traces import NotATraceError, TraceError, read_header, read_trace
+    from pnpscale.analysis.trace.read import NotATraceError, TraceError, read_header, read_trace
 
     array = tmp_path / "rank1.json"
     array.write_text("[1, 2, 3]")

@@ -18,7 +18,7 @@ from hydra.core.utils import JobReturn
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.core.errors import Abort, InputError, PnpscaleError
 
 log = logging.getLogger("pnpscale")

@@ -89,7 +89,7 @@ class _Point:
 
 def _label(cfg: DictConfig) -> str:
     """The point, e.g. ``problem=2d mode=inference gpus=4`` (from the config, whatever the folder layout)."""
-    from pnpscale import layout
+    from pnpscale.core import layout
     from pnpscale.core.config import cfg_variant
 
     return layout.point_label(str(cfg.problem.name), str(cfg.mode.name), int(cfg.gpus), cfg_variant(cfg))
@@ -220,8 +220,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         (:func:`hydra_plugins.pnpscale_plugins.launcher.record_not_run_points`, as the local launcher does);
         then the summary line, the report of what completed, and the resume command."""
         from hydra_plugins.pnpscale_plugins.launcher import ReportFailed, record_not_run_points
-        from pnpscale import layout
         from pnpscale.cluster.slurm import never_started, sacct_info, wait_until_ended
+        from pnpscale.core import layout
         from pnpscale.core.signals import acknowledge, as_interrupted
 
         stop = as_interrupted(exc)
@@ -406,7 +406,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         """A point whose job never started without a stop signal: ``run.json`` says ``not_run`` with ``reason``
         (:func:`hydra_plugins.pnpscale_plugins.launcher.record_not_run_points`); the sweep names it at its end."""
         from hydra_plugins.pnpscale_plugins.launcher import record_not_run_points
-        from pnpscale import layout
+        from pnpscale.core import layout
         from pnpscale.sweep.task import RunFailed
 
         ((label, said),) = record_not_run_points([(p.overrides, p.cfg)], reason, 0)
@@ -437,8 +437,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         state: str | None = None,
     ) -> JobReturn:
         """Write the point's ``run.json`` as failed (written here: the job itself could not)."""
-        from pnpscale import layout
         from pnpscale.cluster.slurm import failure_text, ranks_by_cause, sacct_info, task_logs
+        from pnpscale.core import layout
         from pnpscale.core.config import resolve_spec
         from pnpscale.core.record import RecordError, read_rank_failures, read_record
         from pnpscale.sweep.task import RunFailed, record_failure_or_say

@@ -48,7 +48,7 @@ class PnpscaleBasicSweeper(BasicSweeper):
         (Hydra's own check composes them too, and prints a composition error over several lines)."""
 
     def sweep(self, arguments: list[str]) -> Any:
-        from pnpscale import layout
+        from pnpscale.core import layout
         from pnpscale.core.lock import Busy, FolderLock
         from pnpscale.sweep.point import writable_dir
 

@@ -2,19 +2,10 @@
 
 * :mod:`~pnpscale.analysis.kineto`: the Kineto vocabulary (event categories, NCCL/gloo names, dtypes);
 * :mod:`~pnpscale.analysis.events`: plain events and section records (and a rank's rows of them);
-* :mod:`~pnpscale.analysis.sections`: one rank's events -> its section records; its parts:
-  :mod:`~pnpscale.analysis.section_gpu` (CUDA: collective kernels, launches, descriptors, section spans),
-  :mod:`~pnpscale.analysis.section_gloo` (gloo work ranges typed by their ``c10d::`` calls),
-  :mod:`~pnpscale.analysis.section_busy` (where a rank computes: each collective's blocked and hidden time);
-* :mod:`~pnpscale.analysis.section_align`: collectives matched across ranks, nested sections;
-* :mod:`~pnpscale.analysis.section_iterations`: the iterations kept on every rank (by ``ProfilerStep``,
-  without non-physical events, without what a file cut short lost);
-* :mod:`~pnpscale.analysis.traces`: streaming reader of Kineto JSON traces (offline);
-  its parts: :mod:`~pnpscale.analysis.trace_files` (a file's bytes: gzip, head, tail keys, non-finite
-  tokens, exact numbers), :mod:`~pnpscale.analysis.trace_scan` (the fast and the exact pass over a file),
-  :mod:`~pnpscale.analysis.trace_collect` (what a pass keeps), :mod:`~pnpscale.analysis.trace_select`
-  (duplicates, runtime clock, device checks, the kept events); :mod:`~pnpscale.analysis.trace_cut` (a lone
-  rank's file Kineto began but did not finish: its last iteration);
+* :mod:`~pnpscale.analysis.section`: one rank's events -> its section records (CUDA kernels and spans, gloo
+  work ranges, blocked and hidden time), collectives matched across ranks, the iterations kept on every rank;
+* :mod:`~pnpscale.analysis.trace`: streaming reader of Kineto JSON traces (offline): a file's bytes, the fast
+  and the exact pass, what a pass keeps, the kept events, a lone rank's file cut short;
 * :mod:`~pnpscale.analysis.clocks`: whether the ranks' clocks fit together, a causality bound from the
   matched collectives (a clock that stepped during the trace);
 * :mod:`~pnpscale.analysis.gpu_checks`: physical checks of device events and the runtime clock;
@@ -26,10 +17,10 @@
 * :mod:`~pnpscale.analysis.waits`: wait split by cause (late start, uneven work, jitter);
 * :mod:`~pnpscale.analysis.tables`: the three parquet tables of a run (and its ``timeline.json``), built from
   section records;
-* :mod:`~pnpscale.analysis.timeline`: each rank's compute / transfer / wait slices at their measured times,
+* :mod:`~pnpscale.analysis.timeline_slices`: each rank's compute / transfer / wait slices at their measured times,
   and the Chrome trace (``timeline.json``);
 * :mod:`~pnpscale.analysis.spread`: per-iteration quantiles (p10 / median / p90) per section;
 * :mod:`~pnpscale.analysis.offline`: ``python -m pnpscale.analyze`` (any job's traces).
 
-Imports only the ground floor (:mod:`pnpscale.core`, :mod:`pnpscale.columns`, :mod:`pnpscale.layout`).
+Imports only the ground floor (:mod:`pnpscale.core`, :mod:`pnpscale.columns`).
 """

@@ -1,8 +1,8 @@
 """Plain profiler events and the per-section records they reduce to (pure, no torch).
 
 Both the live profiler (:mod:`pnpscale.rank.profiling`) and offline Kineto traces
-(:mod:`pnpscale.analysis.traces`) are turned into lists of :class:`Event`;
-:func:`pnpscale.analysis.sections.section_records` reduces one rank's events to :class:`SectionRecord`
+(:mod:`pnpscale.analysis.trace.read`) are turned into lists of :class:`Event`;
+:func:`pnpscale.analysis.section.records.section_records` reduces one rank's events to :class:`SectionRecord`
 occurrences and the :class:`Collective` records inside them, and :func:`rank_rows` turns those into one
 rank's plain table (:mod:`pnpscale.columns`). Also here: :class:`Window` (events in ``[lo, hi]`` by a
 key, O(log n)) and :func:`launch_key` (where a GPU event is placed), shared by the section rules.

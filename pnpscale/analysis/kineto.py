@@ -1,7 +1,7 @@
 """The Kineto vocabulary, in one place: event categories, collective names, kernel names, dtypes, payloads.
 
-Used by the offline reader (:mod:`pnpscale.analysis.traces`), the live profiler
-(:mod:`pnpscale.rank.profiling`) and the section reduction (:mod:`pnpscale.analysis.sections`), so the three
+Used by the offline reader (:mod:`pnpscale.analysis.trace.read`), the live profiler
+(:mod:`pnpscale.rank.profiling`) and the section reduction (:mod:`pnpscale.analysis.section.records`), so the three
 never disagree on what a GPU event, a collective or a payload is.
 
 Sources: Kineto's ``ActivityType`` names (``libkineto/include/ActivityType.h``); PyTorch's
@@ -11,7 +11,7 @@ name", "In msg nelems", "dtype", "Process Group Name", "Seq"); NCCL's kernel nam
 ``src/device/symmetric/generate.py``: ``ncclSymDevKernel_*`` in NCCL 2.27, ``ncclSymkDevKernel_*``
 from 2.28); RCCL uses NCCL's names plus ``mscclKernel_*``. A collective NCCL runs on the copy engines
 (no kernel, only ``Memcpy`` GPU events) is not one of these: a live run refuses it by name
-(:func:`pnpscale.analysis.section_gpu.cuda_section_span`).
+(:func:`pnpscale.analysis.section.gpu.cuda_section_span`).
 """
 
 from __future__ import annotations

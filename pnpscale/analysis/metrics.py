@@ -581,7 +581,7 @@ def summarize(sections: pd.DataFrame, gpus: int, nested: Mapping[str, str] | Non
     Args:
         sections: a ``sections`` table (see :func:`decompose`).
         gpus: world size, for GPU-seconds.
-        nested: section -> the section enclosing it (:func:`pnpscale.analysis.section_align.nested_sections`);
+        nested: section -> the section enclosing it (:func:`pnpscale.analysis.section.align.nested_sections`);
             nested sections are left out of the ``"all"`` row, so it counts non-overlapping time only.
 
     Returns:

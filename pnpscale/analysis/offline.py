@@ -12,12 +12,12 @@ its file name. Every rank of the world size must be there exactly once (``--part
 ranks present, e.g. a sampled pair of a 128-rank job). Sections are range names, or
 ``NAME=PATTERN`` (``step=ProfilerStep#*``).
 
-The traces are streamed (:mod:`pnpscale.analysis.traces`), reduced per rank to section records
-(:func:`pnpscale.analysis.sections.section_records`), matched across ranks
-(:func:`pnpscale.analysis.section_align.align_collectives`), and decomposed by the live run's own code
+The traces are streamed (:mod:`pnpscale.analysis.trace.read`), reduced per rank to section records
+(:func:`pnpscale.analysis.section.records.section_records`), matched across ranks
+(:func:`pnpscale.analysis.section.align.align_collectives`), and decomposed by the live run's own code
 (:func:`pnpscale.analysis.tables.frames`, :func:`pnpscale.analysis.metrics.decompose`). ``ranks.parquet``,
-``collectives.parquet``, ``sections.parquet`` and ``timeline.json`` (:mod:`pnpscale.analysis.timeline`) are
-written together (:func:`pnpscale.layout.commit_files`), then ``analysis.json`` (provenance and run metrics; not
+``collectives.parquet``, ``sections.parquet`` and ``timeline.json`` (:mod:`pnpscale.analysis.timeline_slices`) are
+written together (:func:`pnpscale.core.layout.commit_files`), then ``analysis.json`` (provenance and run metrics; not
 ``run.json``, so that an analysis folder is never taken for a sweep point). Default output:
 ``<first TRACE_DIR>/analysis``.
 """
@@ -36,7 +36,6 @@ from typing import Any
 import pandas as pd
 
 from pnpscale import columns as K
-from pnpscale import layout
 from pnpscale.analysis.anomalies import Anomalies, summary_lines
 from pnpscale.analysis.clocks import clock_conflicts, conflict_text
 from pnpscale.analysis.events import SectionError, SectionRecord, rank_rows
@@ -49,12 +48,12 @@ from pnpscale.analysis.metrics import (
     run_metrics,
     summarize,
 )
-from pnpscale.analysis.section_align import align_collectives, nested_sections
-from pnpscale.analysis.section_iterations import drop_bad_iterations, drop_cut_iterations, match_steps
-from pnpscale.analysis.sections import section_records
+from pnpscale.analysis.section.align import align_collectives, nested_sections
+from pnpscale.analysis.section.iterations import drop_bad_iterations, drop_cut_iterations, match_steps
+from pnpscale.analysis.section.records import section_records
 from pnpscale.analysis.tables import frames, table_writers
-from pnpscale.analysis.trace_cut import drop_unvouched_end
-from pnpscale.analysis.traces import (
+from pnpscale.analysis.trace.cut import drop_unvouched_end
+from pnpscale.analysis.trace.read import (
     NotATraceError,
     TraceError,
     TraceInfo,
@@ -63,6 +62,7 @@ from pnpscale.analysis.traces import (
     read_header,
     read_trace,
 )
+from pnpscale.core import layout
 from pnpscale.core.errors import InputError, PnpscaleError
 from pnpscale.core.record import RecordError, now_iso, read_record
 
@@ -88,7 +88,7 @@ class RankedTrace:
 
     Attributes:
         rank: the rank. path: the file. source: ``"explicit"``, ``"distributedInfo"`` or
-        ``"file name"``. info: the trace's header (:func:`pnpscale.analysis.traces.read_header`).
+        ``"file name"``. info: the trace's header (:func:`pnpscale.analysis.trace.read.read_header`).
     """
 
     rank: int
@@ -225,14 +225,14 @@ def analyze_traces(
 ) -> Analysis:
     """Stream each rank's trace, reduce it to section records, match collectives, decompose.
 
-    Steps are matched by ``ProfilerStep#N`` number (:func:`pnpscale.analysis.section_iterations.match_steps`);
+    Steps are matched by ``ProfilerStep#N`` number (:func:`pnpscale.analysis.section.iterations.match_steps`);
     iterations holding a non-physical event are dropped on every rank
-    (:func:`pnpscale.analysis.section_iterations.drop_bad_iterations`); nested sections are found
-    (:func:`pnpscale.analysis.section_align.nested_sections`). Everything dropped, assumed or repaired is
+    (:func:`pnpscale.analysis.section.iterations.drop_bad_iterations`); nested sections are found
+    (:func:`pnpscale.analysis.section.align.nested_sections`). Everything dropped, assumed or repaired is
     in ``Analysis.anomalies``.
 
     Args:
-        traces: from :func:`assign_ranks`. sections: :func:`pnpscale.analysis.traces.parse_sections`.
+        traces: from :func:`assign_ranks`. sections: :func:`pnpscale.analysis.trace.read.parse_sections`.
         warmup: iterations ``< warmup`` are warm-up (excluded from the run metrics).
         world_size: the job's world size (default: the number of traces); it is the WORLD_SIZE
             column even when only some ranks are analysed.
@@ -296,7 +296,7 @@ def no_collectives_text(traces: Sequence[RankedTrace], world: int) -> str:
     """What a multi-rank job without any collective holds: the descriptors and the events of unknown
     categories seen (the usual causes), so that the warning names the cause.
 
-    >>> from pnpscale.analysis.traces import TraceInfo
+    >>> from pnpscale.analysis.trace.read import TraceInfo
     >>> info = TraceInfo(Path("r0.json"), 0, 2, "nccl", None, descriptors=6, unknown_categories=(("Kernel", 12),))
     >>> no_collectives_text([RankedTrace(0, Path("r0.json"), "distributedInfo", info)], 2)  # doctest: +ELLIPSIS
     "1 rank(s) of 2, no gloo:* range or collective GPU kernel in any section; seen: 6 collective descriptor(s) ..."

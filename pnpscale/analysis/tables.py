@@ -50,13 +50,13 @@ def frames(
 def table_writers(
     ranks: pd.DataFrame, collectives: pd.DataFrame, sections: pd.DataFrame | None = None
 ) -> dict[str, Any]:
-    """File name -> writer of a run's tables, for :func:`pnpscale.layout.commit_files` (the one place
+    """File name -> writer of a run's tables, for :func:`pnpscale.core.layout.commit_files` (the one place
     the three tables are written: live runs, offline analysis and the validation probe).
 
     ``sections`` is omitted by the validation probe, which decomposes later. With ``sections``, the run's
-    ``timeline.json`` (:func:`pnpscale.analysis.timeline.run_trace`) is staged with the tables.
+    ``timeline.json`` (:func:`pnpscale.analysis.timeline_slices.run_trace`) is staged with the tables.
     """
-    from pnpscale import layout
+    from pnpscale.core import layout
 
     writers: dict[str, Any] = {
         layout.RANKS: lambda p: ranks.to_parquet(p, index=False),
@@ -69,7 +69,7 @@ def table_writers(
 
 
 def write_timeline(path: Any, ranks: pd.DataFrame, collectives: pd.DataFrame) -> None:
-    """Write the run's Chrome trace (:func:`pnpscale.analysis.timeline.run_trace`) as compact JSON at ``path``.
+    """Write the run's Chrome trace (:func:`pnpscale.analysis.timeline_slices.run_trace`) as compact JSON at ``path``.
 
     UTF-8 text, no ``\\u`` escapes (older Perfetto importers refuse them: a section name outside ASCII is
     written as it is), and no ``NaN`` / ``Infinity`` (not JSON: Perfetto's importer stops at them).
@@ -79,7 +79,7 @@ def write_timeline(path: Any, ranks: pd.DataFrame, collectives: pd.DataFrame) ->
     """
     import json
 
-    from pnpscale.analysis.timeline import run_trace
+    from pnpscale.analysis.timeline_slices import run_trace
 
     with open(path, "w", encoding="utf-8") as f:
         json.dump(run_trace(ranks, collectives), f, separators=(",", ":"), allow_nan=False, ensure_ascii=False)

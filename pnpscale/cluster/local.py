@@ -22,11 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pnpscale import layout
 from pnpscale.cluster import resources
 from pnpscale.cluster.base import Cluster
 from pnpscale.cluster.exits import RankExit
 from pnpscale.cluster.peer_errors import PEER_LOST, echo_kind
+from pnpscale.core import layout
 from pnpscale.core.config import RunSpec
 from pnpscale.core.errors import TIMEOUT, PnpscaleError
 from pnpscale.core.record import clear_rank_failures, read_rank_failures
@@ -91,7 +91,7 @@ def hung_ranks(
 
 
 def read_progress(run_dir: Path, ranks: int) -> dict[int, dict[str, Any]]:
-    """Each rank's last heartbeat (:func:`pnpscale.layout.progress_file`); ranks without one are left out."""
+    """Each rank's last heartbeat (:func:`pnpscale.core.layout.progress_file`); ranks without one are left out."""
     out = {}
     for r in range(ranks):
         try:
@@ -674,7 +674,7 @@ def probe_footprint() -> tuple[int, int, str]:
 
 def _cache_file() -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    from pnpscale import layout
+    from pnpscale.core import layout
 
     return base / "pnpscale" / layout.RANK_FOOTPRINT
 
@@ -721,7 +721,7 @@ def rank_footprint(measure: bool = True) -> tuple[int, int] | None:
     except (OSError, ValueError, StopIteration, subprocess.TimeoutExpired):
         return None
     try:
-        from pnpscale import layout
+        from pnpscale.core import layout
 
         layout.write_json(path, {"key": key, "per_rank_bytes": per_rank, "shared_bytes": shared,
                                  "start_method": method, "how": "pnpscale.cluster.local.probe_footprint: a "

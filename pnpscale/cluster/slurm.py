@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pnpscale import layout
 from pnpscale.cluster.base import Cluster
 from pnpscale.cluster.peer_errors import echo_kind
+from pnpscale.core import layout
 from pnpscale.core.config import ConfigError, RunSpec, plain
 
 #: Set (to "1") by the launcher in every SLURM task before pnpscale code runs there.

@@ -6,10 +6,10 @@
 * :mod:`~pnpscale.core.errors`: the one error family (:class:`~pnpscale.core.errors.PnpscaleError`);
 * :mod:`~pnpscale.core.plugins`: ``impl: module:Class`` of a problem, mode or cluster backend, resolved;
 * :mod:`~pnpscale.core.signals`: stop signals (SIGINT, SIGTERM, SIGHUP) as exceptions, exit codes;
-* :mod:`~pnpscale.core.lock`: one process per run folder and per sweep folder.
+* :mod:`~pnpscale.core.lock`: one process per run folder and per sweep folder;
+* :mod:`~pnpscale.core.layout`: every file name under ``outputs/`` (tables, charts, reports), atomic writes.
 
-The two schema modules at the package root, :mod:`pnpscale.columns` (every column name) and
-:mod:`pnpscale.layout` (every file name under ``outputs/``, atomic writes), belong to the same floor.
+The schema module at the package root, :mod:`pnpscale.columns` (every column name), belongs to the same floor.
 ``tests/test_architecture.py`` checks that every import, at module level or inside a function, runs
 down the floors.
 """

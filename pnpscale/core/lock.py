@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.core.errors import PnpscaleError
 
 

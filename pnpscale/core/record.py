@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pnpscale import layout
+from pnpscale.core import layout
 
 if TYPE_CHECKING:
     from pnpscale.core.config import RunSpec
@@ -470,7 +470,7 @@ def reserve_size(free_bytes: int) -> int:
 
 
 def reserve_space(run_dir: Path | str, nbytes: int | None = None) -> None:
-    """Set space aside in ``run_dir`` (:data:`pnpscale.layout.RESERVE`), freed by :func:`write_failure`
+    """Set space aside in ``run_dir`` (:data:`pnpscale.core.layout.RESERVE`), freed by :func:`write_failure`
     on a full disk so that the failure can be recorded in full; ``nbytes`` default :func:`reserve_size`
     of the disk's free space. Best effort: nothing is reserved when the disk has no room for it (the
     failure is still recorded: :func:`write_record_or_reserve`)."""
@@ -594,7 +594,7 @@ def error_text(exc: BaseException) -> str:
 
 
 class RankFailureRecord:
-    """A rank's failure record (:func:`pnpscale.layout.failure_file`): the launcher decides on its ``kind``
+    """A rank's failure record (:func:`pnpscale.core.layout.failure_file`): the launcher decides on its ``kind``
     (:func:`pnpscale.core.errors.failure_kind`), never on the error's text.
 
     Created when the rank starts, as :data:`SIZE` bytes holding ``{"kind": null}`` (no failure), so that

@@ -1,6 +1,6 @@
 """Rank 0's last step of a live run: decompose the gathered rank tables and write the run folder.
 
-The tables are staged and renamed together (:func:`pnpscale.layout.commit_files`), ``run.json``
+The tables are staged and renamed together (:func:`pnpscale.core.layout.commit_files`), ``run.json``
 (:mod:`pnpscale.core.record`) last; the invariants are checked before anything is written.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pnpscale import layout
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.metrics import check_invariants, decompose, run_metrics
 from pnpscale.analysis.tables import frames, table_writers
+from pnpscale.core import layout
 from pnpscale.core.record import (
     RecordError,
     error_text,

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.rank.gpus import GPU_BINDING_ENV, check_binding
 
 #: NCCL refuses ranks sharing a GPU unless this variable is ``1`` (then timings are meaningless).

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 class Heartbeat:
     """Where this rank is: ``{"rank", "beat", "iteration", "section", "t", "pid"}`` rewritten in place in
-    :func:`pnpscale.layout.progress_file` at each step (outside the timed sections).
+    :func:`pnpscale.core.layout.progress_file` at each step (outside the timed sections).
 
     ``beat`` counts the steps; every rank takes the same steps in the same order, so the rank with
     the lowest ``beat`` is the one the others wait for (:func:`pnpscale.cluster.local.hung_ranks`).

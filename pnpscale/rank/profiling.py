@@ -209,7 +209,7 @@ def profiler_events(
 ) -> list[Event]:
     """Convert a finished profiler session's Kineto events to :class:`Event` records.
 
-    The same rules as the offline reader (:func:`pnpscale.analysis.traces.read_trace`): a GPU event
+    The same rules as the offline reader (:func:`pnpscale.analysis.trace.read.read_trace`): a GPU event
     whose correlation id has no runtime launch in the session ran before the profiler started and
     is dropped; correlation 0 means unknown (the event is placed by its GPU start); a negative
     duration marks the event ``bad``. Each is recorded in ``anomalies`` under ``rank``. Payload bytes
@@ -298,7 +298,7 @@ def check_trace_complete(
     (``warmup + iterations``), and on CUDA every occurrence must have GPU work when any has.
 
     Args:
-        records: one rank's section records (:func:`pnpscale.analysis.sections.section_records`).
+        records: one rank's section records (:func:`pnpscale.analysis.section.records.section_records`).
         sections: the section names. expected: occurrences per section. cuda: the rank ran on CUDA.
         rank: for messages.
 
@@ -323,7 +323,7 @@ def check_trace_complete(
 
 def export_trace(prof: profile, path: Path) -> None:
     """Write the Kineto trace (Chrome/Perfetto/HTA-readable JSON) atomically to ``path``."""
-    from pnpscale import layout
+    from pnpscale.core import layout
 
     with layout.atomic_path(path) as tmp:
         prof.export_chrome_trace(str(tmp))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.rank.group import Group, collect_nccl_log, cpu_warning, nccl_debug_env, nccl_log_file
 from pnpscale.rank.loop import Heartbeat, device_name, run_iterations, sync
 from pnpscale.rank.process import (
@@ -136,7 +136,7 @@ def _measure_and_report(
         peaks, prof, calls, reserved = run_iterations(spec, solver, ctx.device, group, beat)
         t_measure1 = time.time()
         from pnpscale.analysis.events import SectionError, rank_rows
-        from pnpscale.analysis.sections import section_records
+        from pnpscale.analysis.section.records import section_records
         from pnpscale.rank.profiling import check_trace_complete, export_trace, profiler_events
 
         if spec.export_traces:

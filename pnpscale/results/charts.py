@@ -303,8 +303,8 @@ CHARTS = {
 
 
 def save(fig: Figure, path: Path) -> None:
-    """Write ``fig`` as a PNG atomically (temporary name, then rename: :func:`pnpscale.layout.atomic_path`)."""
-    from pnpscale import layout
+    """Write ``fig`` as a PNG atomically (temporary name, then rename: :func:`pnpscale.core.layout.atomic_path`)."""
+    from pnpscale.core import layout
 
     with layout.atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")

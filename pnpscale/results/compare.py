@@ -28,7 +28,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pnpscale import columns as K
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.results.plotting import figure, log2_x, series_label
 
 ALL = "all"

@@ -1,7 +1,7 @@
 """Shared drawing helpers of the report's charts: pyplot-free figures, the GPU axis, series labels.
 
 Every chart module (:mod:`pnpscale.results.charts`, :mod:`pnpscale.results.compare`,
-:mod:`pnpscale.results.projection`, ...) draws on a :func:`figure` and labels a sweep's variants as
+:mod:`pnpscale.results.projection.output`, ...) draws on a :func:`figure` and labels a sweep's variants as
 their own series with :func:`labelled`; none imports another chart module's private helpers.
 """
 

@@ -13,7 +13,7 @@ choice is printed), then writes ``DIR/report/``::
     timeline.png     (the largest GPU count of each (problem, mode): one median iteration, a row per rank)
     wait_ranks.parquet (per point x section x rank: compute, critical-path share, wait by cause, assignment)
     projection.png, projection.parquet, projection_validation.parquet, projection.md
-                     (a (problem, mode) with >= 3 measured GPU counts: see pnpscale.results.projection)
+                     (a (problem, mode) with >= 3 measured GPU counts: see pnpscale.results.projection.output)
     compare.png, compare.parquet  (when the runs vary problem, solver.denoiser_collective or
                      problem.num_operators: the values side by side per GPU count, pnpscale.results.compare)
     README.md        (a table per (problem, mode), the study's headline checks, why the ranks wait,
@@ -35,7 +35,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pnpscale import columns as K
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.core.record import RecordError, read_record
 from pnpscale.results.runs import NoRunsError, build_table
 
@@ -57,7 +57,7 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
     """Write the report of every run under ``path`` into ``out`` (default ``path/report``).
 
     Every file is written into a staging folder first and moved into ``out`` together
-    (:func:`pnpscale.layout.commit_folder`): a failure (a full disk) or a signal while it is written
+    (:func:`pnpscale.core.layout.commit_folder`): a failure (a full disk) or a signal while it is written
     leaves the previous report as it was.
 
     Returns:
@@ -107,11 +107,11 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
 
 
 def timeline_chart(table: pd.DataFrame, out: Path) -> list[str]:
-    """Draw ``timeline.png`` into ``out`` (:mod:`pnpscale.results.timeline`) and return its README lines:
+    """Draw ``timeline.png`` into ``out`` (:mod:`pnpscale.results.timeline_chart`) and return its README lines:
     per (problem, mode), the iteration drawn and, per section, the critical-path rank and the largest wait,
     and why a (problem, mode) is not drawn (runs without collective starts); no chart when none is drawn."""
     from pnpscale.results.charts import save
-    from pnpscale.results.timeline import plot_timeline, timeline_table
+    from pnpscale.results.timeline_chart import plot_timeline, timeline_table
 
     skipped: dict[tuple[str, str], str] = {}
     tl = timeline_table(table, skipped=skipped)
@@ -202,10 +202,10 @@ def run_anomalies(table: pd.DataFrame) -> dict[str, list[dict[str, Any]] | None]
 
 
 def project_sweep(table: pd.DataFrame, out: Path, report_dir: Path | None = None) -> list[str]:
-    """The report's projection (:mod:`pnpscale.results.projection`).
+    """The report's projection (:mod:`pnpscale.results.projection.output`).
 
     A projection a user made into this report folder with ``python -m pnpscale.project`` (its options
-    recorded in :data:`pnpscale.layout.PROJECTION_OPTIONS` of ``report_dir``) is kept: projected again with
+    recorded in :data:`pnpscale.core.layout.PROJECTION_OPTIONS` of ``report_dir``) is kept: projected again with
     those options on the runs now present, its options file carried over. Otherwise (or when its options no
     longer give a projection: said in the README, the options file kept) every (problem, mode) with >= 3
     measured GPU counts, to the powers of two above the largest measured N up to 16 times it, default options.
@@ -216,7 +216,8 @@ def project_sweep(table: pd.DataFrame, out: Path, report_dir: Path | None = None
     Returns:
         README lines (empty when nothing qualifies).
     """
-    from pnpscale.results.projection import (
+    from pnpscale.results.projection.command import options_command, user_projection
+    from pnpscale.results.projection.output import (
         Options,
         ProjectionError,
         default_targets,
@@ -225,7 +226,6 @@ def project_sweep(table: pd.DataFrame, out: Path, report_dir: Path | None = None
         with_algorithms,
         write_files,
     )
-    from pnpscale.results.projection_command import options_command, user_projection
 
     done = table[table["status"] == "complete"]
     kept: list[str] = []

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from pnpscale import columns as K
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.core.errors import InputError, UnreadableFile
 from pnpscale.core.lock import process_gone
 from pnpscale.core.record import RecordError, read_record

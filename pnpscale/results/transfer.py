@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from pnpscale import columns as K
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.core.errors import PnpscaleError, UnreadableFile
 from pnpscale.core.record import RecordError, read_record
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.core.config import ConfigError, RunSpec, cfg_variant, plain, resolve_spec
 from pnpscale.core.errors import PnpscaleError
 
@@ -42,7 +42,7 @@ class Point:
 
     @property
     def label(self) -> str:
-        """The point as logs and reports name it (:func:`pnpscale.layout.point_label`)."""
+        """The point as logs and reports name it (:func:`pnpscale.core.layout.point_label`)."""
         return layout.point_label(self.spec.problem, self.spec.mode, self.spec.gpus, self.variant)
 
 
@@ -333,5 +333,5 @@ status (ENOSPC: No space left on device); nothing was started
 
 def writable_dir(path: Path) -> bool:
     """Whether ``path`` is, or can be created as, a folder this process can write into
-    (:func:`pnpscale.layout.writable_dir`; nothing is created)."""
+    (:func:`pnpscale.core.layout.writable_dir`; nothing is created)."""
     return layout.writable_dir(path)

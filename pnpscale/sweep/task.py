@@ -13,7 +13,7 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
 
-from pnpscale import layout
+from pnpscale.core import layout
 from pnpscale.core.config import plain
 from pnpscale.core.errors import PnpscaleError
 from pnpscale.sweep.point import Point, resolve_point

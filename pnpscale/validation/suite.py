@@ -39,8 +39,8 @@ import pandas as pd
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pnpscale import columns as K
-from pnpscale import layout
 from pnpscale.analysis.metrics import decompose
+from pnpscale.core import layout
 
 Decompose = Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame]
 Tables = tuple[pd.DataFrame, pd.DataFrame]  # (ranks, collectives) of one run
@@ -283,7 +283,7 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
     from torch.profiler import record_function
 
     from pnpscale.analysis.events import rank_rows
-    from pnpscale.analysis.sections import section_records
+    from pnpscale.analysis.section.records import section_records
     from pnpscale.analysis.tables import frames, table_writers
     from pnpscale.rank.group import Group
     from pnpscale.rank.loop import busy_wait, sleep_rate_hz, sync

@@ -1,10 +1,10 @@
 """Projection of a sweep's scaling curve to GPU counts that were not run: the facade and the files.
 
 The model (compute with jitter, wait, transfer per route and algorithm, its fit and its checks) is
-:mod:`pnpscale.results.projection_model`, re-exported here; this module turns a :class:`Projection`
+:mod:`pnpscale.results.projection.model`, re-exported here; this module turns a :class:`Projection`
 into ``projection.md`` (findings, headline, the fit's residuals and leave-one-out, assumptions, notes),
 ``projection.png`` and the parquet files; the command ``python -m pnpscale.project`` is
-:mod:`pnpscale.results.projection_command`.
+:mod:`pnpscale.results.projection.command`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from pnpscale import columns as K
-from pnpscale.results.projection_model import (
+from pnpscale.results.projection.model import (
     ALL,
     HEADLINE,
     LOO,
@@ -36,8 +36,8 @@ from pnpscale.results.projection_model import (
     project,
     residuals,
 )
-from pnpscale.results.projection_overlap import frame as overlap_frame
-from pnpscale.results.projection_overlap import markdown as overlap_markdown
+from pnpscale.results.projection.overlap import frame as overlap_frame
+from pnpscale.results.projection.overlap import markdown as overlap_markdown
 
 __all__ = [
     "Model", "Options", "Projection", "ProjectionError", "evaluate", "findings", "fit", "leave_one_out",
@@ -255,7 +255,7 @@ def write_files(p: Projection, dest: Any) -> list[str]:
     """
     from pathlib import Path
 
-    from pnpscale import layout
+    from pnpscale.core import layout
     from pnpscale.results.charts import save
 
     dest = Path(dest)
@@ -303,7 +303,7 @@ def replace_readme_section(text: str, section: Sequence[str]) -> str:
     ## Side by side: x
     <BLANKLINE>
     """
-    from pnpscale import layout
+    from pnpscale.core import layout
 
     lines = text.split("\n")
     start = next((i for i, x in enumerate(lines) if x.startswith(README_HEADING)), None)
@@ -328,7 +328,7 @@ def replace_readme_section(text: str, section: Sequence[str]) -> str:
 
 def write(p: Projection, out: Any, made_by: str | None = None, extra: dict[str, str] | None = None) -> list[str]:
     """Write the projection's files (:func:`write_files`) into ``out``, staged and renamed together
-    (:func:`pnpscale.layout.commit_folder`): a failure leaves ``out`` as it was.
+    (:func:`pnpscale.core.layout.commit_folder`): a failure leaves ``out`` as it was.
 
     When ``out`` holds a report (``README.md``), its projection section is rewritten in the same step
     (:func:`replace_readme_section`, ``made_by`` saying how the projection was made).
@@ -343,7 +343,7 @@ def write(p: Projection, out: Any, made_by: str | None = None, extra: dict[str, 
     """
     from pathlib import Path
 
-    from pnpscale import layout
+    from pnpscale.core import layout
 
     out = Path(out)
     readme = out / layout.REPORT_README

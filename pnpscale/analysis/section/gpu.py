@@ -1,4 +1,4 @@
-"""CUDA (NCCL) rules of :func:`pnpscale.analysis.sections.section_records` (pure, no torch).
+"""CUDA (NCCL) rules of :func:`pnpscale.analysis.section.records.section_records` (pure, no torch).
 
 Which GPU events are collective kernels (:func:`is_nccl_kernel`), a CUDA section's time
 (:func:`cuda_section_span`), GPU work clipped at the next section's start (:func:`gpu_clips`), kernels

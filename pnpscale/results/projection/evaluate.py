@@ -17,7 +17,7 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale.results.jitter import expected_max_normal
-from pnpscale.results.projection_base import (
+from pnpscale.results.projection.base import (
     _EPS,
     ALL,
     INTRA,
@@ -34,7 +34,7 @@ from pnpscale.results.projection_base import (
     _row_nodes,
     split_matters,
 )
-from pnpscale.results.projection_routes import _obs_route, rate_at
+from pnpscale.results.projection.routes import _obs_route, rate_at
 from pnpscale.results.transfer import GB
 
 

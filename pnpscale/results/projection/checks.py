@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from pnpscale import columns as K
-from pnpscale.results.projection_base import (
+from pnpscale.results.projection.base import (
     ALL,
     HEADLINE,
     INTRA,
@@ -30,9 +30,9 @@ from pnpscale.results.projection_base import (
     _row_algorithm,
     _row_nodes,
 )
-from pnpscale.results.projection_eval import evaluate, measured_rows
-from pnpscale.results.projection_fit import fit
-from pnpscale.results.projection_routes import _obs_route
+from pnpscale.results.projection.evaluate import evaluate, measured_rows
+from pnpscale.results.projection.fit import fit
+from pnpscale.results.projection.routes import _obs_route
 
 
 def _own(pts: pd.DataFrame, n: int, gpn: int | None) -> dict[int, tuple[int, dict[str, str]]]:

@@ -1,8 +1,8 @@
 """The bytes of a Kineto trace file: opening (gzip by content), the head before ``traceEvents``, the keys
 written after the events, bare non-finite tokens (found, and repaired while streaming), exact numbers.
 
-Shared by the two passes over a file (:mod:`pnpscale.analysis.trace_scan`) and the facade
-(:mod:`pnpscale.analysis.traces`). Pure reading: no event is interpreted here.
+Shared by the two passes over a file (:mod:`pnpscale.analysis.trace.scan`) and the facade
+(:mod:`pnpscale.analysis.trace.read`). Pure reading: no event is interpreted here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The two passes over a trace file that feed a :class:`~pnpscale.analysis.trace_collect._Collector`.
+"""The two passes over a trace file that feed a :class:`~pnpscale.analysis.trace.collect._Collector`.
 
 * :func:`_scan`, the fast path: a bytes-level pre-filter that decodes only the events sections need
-  (Kineto's layout); any doubt raises :class:`~pnpscale.analysis.trace_files._Fallback`;
+  (Kineto's layout); any doubt raises :class:`~pnpscale.analysis.trace.files._Fallback`;
 * :func:`_stream`, the exact path: every event through ``ijson`` (optionally repairing bare non-finite
   tokens), which names what is wrong (:class:`_JsonFailure`: message and byte offset).
 """
@@ -26,8 +26,8 @@ from pnpscale.analysis.kineto import (
     is_gloo_work,
     step_number,
 )
-from pnpscale.analysis.trace_collect import _Collector
-from pnpscale.analysis.trace_files import (
+from pnpscale.analysis.trace.collect import _Collector
+from pnpscale.analysis.trace.files import (
     _TAIL,
     TraceError,
     _Fallback,

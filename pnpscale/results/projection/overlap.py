@@ -4,7 +4,7 @@
 ``solver.overlap=none,pipelined`` measures, per GPU count, the pipelined variant's hidden share
 ``h = ΣH / (ΣH + ΣT + ΣW)`` over the iteration's sections (H hidden, T exposed transfer, W wait: the report's
 side-by-side column, :func:`pnpscale.analysis.metrics.run_metrics`). Projected per N from the blocking
-variant's model (:mod:`pnpscale.results.projection_model`; C_max its critical-path compute, T its transfer,
+variant's model (:mod:`pnpscale.results.projection.model`; C_max its critical-path compute, T its transfer,
 section ``all``):
 
 * hidden ``H_p(N) = min(h·T(N), C_max(N))`` — the share of the blocking transfer that the pipelined path
@@ -17,7 +17,7 @@ section ``all``):
   Counting the wait in the denominator is conservative: some of what was hidden was time in flight before
   the last rank arrived.
 * the crossover of a variant: the least N > 1 whose (exposed) transfer exceeds the critical-path compute,
-  as :func:`pnpscale.results.projection_eval.findings` defines it; the compute is the blocking variant's
+  as :func:`pnpscale.results.projection.evaluate.findings` defines it; the compute is the blocking variant's
   for both (the same arithmetic).
 
 Only the transfer is projected for the pipelined variant (its wait and time are not modelled). The check at
@@ -36,8 +36,8 @@ import numpy as np
 import pandas as pd
 
 from pnpscale import columns as K
-from pnpscale.results.projection_base import ALL, Model, ProjectionError
-from pnpscale.results.projection_eval import evaluate
+from pnpscale.results.projection.base import ALL, Model, ProjectionError
+from pnpscale.results.projection.evaluate import evaluate
 
 PIPELINED = "overlap=pipelined"
 BLOCKING = "overlap=none"

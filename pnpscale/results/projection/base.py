@@ -1,6 +1,6 @@
 """The projection's vocabulary: options, the fitted model's types, each rank's work, the measured points.
 
-Shared by the parts of the projection (:mod:`pnpscale.results.projection_model` states the model):
+Shared by the parts of the projection (:mod:`pnpscale.results.projection.model` states the model):
 the route and algorithm names and their parsing (``--rate``, ``--algorithm``), :class:`Options`,
 :class:`Model` and :class:`SectionModel`, deepinv's round-robin work per rank and its critical path
 under jitter, bytes per GPU, and the complete per-section rows a fit reads. Pure functions.

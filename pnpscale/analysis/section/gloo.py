@@ -1,4 +1,4 @@
-"""gloo rules of :func:`pnpscale.analysis.sections.section_records` (pure, no torch): the collective type
+"""gloo rules of :func:`pnpscale.analysis.section.records.section_records` (pure, no torch): the collective type
 of each ``gloo:*`` work range, and when it was issued, from the ``c10d::`` call that issued it."""
 
 from __future__ import annotations

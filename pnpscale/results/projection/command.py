@@ -1,5 +1,5 @@
 """The command ``python -m pnpscale.project``: its options checked, the projection they ask for made
-(:func:`projection_for`), written (:func:`pnpscale.results.projection.write`) with the options recorded, and a
+(:func:`projection_for`), written (:func:`pnpscale.results.projection.output.write`) with the options recorded, and a
 report's recorded projection made again with them (:func:`user_projection`).
 """
 
@@ -11,8 +11,7 @@ from typing import Any
 import pandas as pd
 
 from pnpscale import columns as K
-from pnpscale.results.projection import default_targets, with_algorithms, write
-from pnpscale.results.projection_model import (
+from pnpscale.results.projection.model import (
     Options,
     Projection,
     ProjectionError,
@@ -20,6 +19,7 @@ from pnpscale.results.projection_model import (
     parse_rates,
     project,
 )
+from pnpscale.results.projection.output import default_targets, with_algorithms, write
 
 
 def _parser() -> Any:
@@ -136,7 +136,7 @@ def _options_only(argv: Sequence[str]) -> list[str]:
 
 def user_projection(report_dir: Any, table: pd.DataFrame) -> tuple[Projection, list[str]] | None:
     """A projection made by ``python -m pnpscale.project`` into the report folder ``report_dir``, made again
-    on ``table`` with the options it recorded (:data:`pnpscale.layout.PROJECTION_OPTIONS`), so that
+    on ``table`` with the options it recorded (:data:`pnpscale.core.layout.PROJECTION_OPTIONS`), so that
     rebuilding the report keeps it (with the numbers of the runs now there); ``None`` when the report
     holds none.
 
@@ -146,7 +146,7 @@ def user_projection(report_dir: Any, table: pd.DataFrame) -> tuple[Projection, l
     import json
     from pathlib import Path
 
-    from pnpscale import layout
+    from pnpscale.core import layout
 
     path = Path(report_dir) / layout.PROJECTION_OPTIONS
     if not path.is_file():
@@ -171,13 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m pnpscale.project SWEEP_DIR --gpus 128,256,512,1024 ...``; exit 2 on bad input or no projection.
 
     Written into a report folder (the default ``--out``), the options are recorded there
-    (:data:`pnpscale.layout.PROJECTION_OPTIONS`): rebuilding the report projects again with them."""
+    (:data:`pnpscale.core.layout.PROJECTION_OPTIONS`): rebuilding the report projects again with them."""
     import json
     import shlex
     import sys
     from pathlib import Path
 
-    from pnpscale import layout
+    from pnpscale.core import layout
     from pnpscale.results.runs import NoRunsError, build_table
 
     argv = list(argv if argv is not None else sys.argv[1:])

@@ -1,5 +1,5 @@
 """Where one rank computes, and each collective's blocked and hidden time (pure, no torch): :class:`Busy`,
-the events side of :mod:`pnpscale.analysis.overlap` for :func:`pnpscale.analysis.sections.section_records`."""
+the events side of :mod:`pnpscale.analysis.overlap` for :func:`pnpscale.analysis.section.records.section_records`."""
 
 from __future__ import annotations
 

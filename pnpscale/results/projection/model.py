@@ -16,12 +16,12 @@ seconds per measured iteration), optionally with an ``algorithm`` column (the on
   ``σ_s`` is the mean of ``(C_max/C − 1)/e(N)`` over the section's measured *balanced* points (every
   rank the same work; N > 1); none: the mean over the other sections' balanced points, else 0 (stated),
   and then C_max and wait at N where every rank holds the same work (jitter alone) are refused
-  (:class:`~pnpscale.results.projection_base.Unidentified`).
+  (:class:`~pnpscale.results.projection.base.Unidentified`).
 * the fit — ``a, b, c`` by non-negative least squares (weights 1/value) on the measured ``C`` and
   ``C_max`` (:func:`pnpscale.results.jitter.nonnegative_lstsq`). When the points cannot tell ``b`` from
   ``c`` apart (every rank holds the same share of both), one combined unit ``ops_r/M + tiles_r/T``: exact
   at N where every rank holds the same share of both; at any other N the critical path depends on the
-  unknown split, so C_max and wait there are refused (:class:`~pnpscale.results.projection_base.Unidentified`,
+  unknown split, so C_max and wait there are refused (:class:`~pnpscale.results.projection.base.Unidentified`,
   naming the section, N, the fitted points and the ranks' shares), not guessed.
   Refused (naming the points) when the unconstrained fit needs a negative coefficient and the
   non-negative one misses a measured compute by more than the tolerance (default 10 %): points that
@@ -51,7 +51,7 @@ seconds per measured iteration), optionally with an ``algorithm`` column (the on
 * **pipelined overlap** (``solver.overlap=pipelined`` beside ``none`` in one sweep): the pipelined series'
   exposed transfer from the blocking series' model and the measured hidden share held from the largest
   measured multi-GPU count, hidden at most the critical-path compute, and both crossovers
-  (:mod:`pnpscale.results.projection_overlap`); a sweep without a pipelined series says so in one line.
+  (:mod:`pnpscale.results.projection.overlap`); a sweep without a pipelined series says so in one line.
 
 Checks: :func:`residuals` (the fit at its own points), :func:`leave_one_out` (each measured N predicted
 from the others, with its own nodes and algorithm); the headline is the largest measured N predicted
@@ -71,7 +71,7 @@ from typing import Any
 import pandas as pd
 
 from pnpscale import columns as K
-from pnpscale.results.projection_base import (
+from pnpscale.results.projection.base import (
     ALGORITHMS,
     ALL,
     GROUP,
@@ -94,11 +94,11 @@ from pnpscale.results.projection_base import (
     parse_algorithms,
     parse_rates,
 )
-from pnpscale.results.projection_checks import leave_one_out, loo_misses, misses, residuals
-from pnpscale.results.projection_eval import check_possible, evaluate, findings, measured_rows
-from pnpscale.results.projection_fit import fit
-from pnpscale.results.projection_overlap import OverlapProjection, overlap_projections
-from pnpscale.results.projection_routes import algorithm_at, rate_at
+from pnpscale.results.projection.checks import leave_one_out, loo_misses, misses, residuals
+from pnpscale.results.projection.evaluate import check_possible, evaluate, findings, measured_rows
+from pnpscale.results.projection.fit import fit
+from pnpscale.results.projection.overlap import OverlapProjection, overlap_projections
+from pnpscale.results.projection.routes import algorithm_at, rate_at
 
 __all__ = [
     "ALGORITHMS", "ALL", "GROUP", "HEADLINE", "INTRA", "LOO", "RESIDUAL", "RING", "ROUTE_ALIASES", "TREE",
@@ -123,7 +123,7 @@ class Projection:
             (a ``--rate`` or ``--algorithm`` not used and why, GPU counts refused).
         tolerance: the residual tolerance (relative).
         overlap: (pipelined series, mode) -> its exposed transfer projected from the blocking series
-            (:mod:`pnpscale.results.projection_overlap`).
+            (:mod:`pnpscale.results.projection.overlap`).
         overlap_notes: one line per pipelined series not projected (and why), or one line saying the
             sweep has no pipelined series.
     """

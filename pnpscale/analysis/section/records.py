@@ -4,10 +4,10 @@ Both the live profiler (:mod:`pnpscale.rank.profiling`) and offline Kineto trace
 (:mod:`pnpscale.analysis.offline`) are turned into lists of :class:`~pnpscale.analysis.events.Event`;
 :func:`section_records` then finds, for one rank, every occurrence of each named section and the
 collectives inside it. That is the only place where "what is a section" and "what is a collective" is
-decided; its parts: :mod:`~pnpscale.analysis.section_gpu` (CUDA: kernels, launches, descriptors, spans),
-:mod:`~pnpscale.analysis.section_gloo` (gloo work ranges typed by their ``c10d::`` calls),
-:mod:`~pnpscale.analysis.section_busy` (where the rank computes: blocked vs hidden). Across ranks:
-:mod:`~pnpscale.analysis.section_align` and :mod:`~pnpscale.analysis.section_iterations`.
+decided; its parts: :mod:`~pnpscale.analysis.section.gpu` (CUDA: kernels, launches, descriptors, spans),
+:mod:`~pnpscale.analysis.section.gloo` (gloo work ranges typed by their ``c10d::`` calls),
+:mod:`~pnpscale.analysis.section.busy` (where the rank computes: blocked vs hidden). Across ranks:
+:mod:`~pnpscale.analysis.section.align` and :mod:`~pnpscale.analysis.section.iterations`.
 
 Rules:
 
@@ -15,17 +15,17 @@ Rules:
   ``torch.profiler.record_function``). The k-th occurrence of a name is iteration k.
 * CPU backends (gloo): section time is the wall span of that range; collectives are the
   ``gloo:*`` work ranges (on gloo worker threads) that start inside it, typed and timed from the
-  ``c10d::`` call that issued each (:func:`~pnpscale.analysis.section_gloo.typed_by_c10d`).
+  ``c10d::`` call that issued each (:func:`~pnpscale.analysis.section.gloo.typed_by_c10d`).
 * Cost of a collective: the time the rank was blocked on it (:mod:`pnpscale.analysis.overlap`): CPU, the
   calling thread's time in ``c10d::`` calls and waiting for a collective to end, outside compute operators
   (``Kind.OP``: profiled ``cpu_op`` operators); CUDA, collective kernels minus the rank's other GPU events.
   The rest of a collective's time is hidden. In GPU-span mode a section's GPU work that runs past the next
-  section's first GPU start is clipped there (:func:`~pnpscale.analysis.section_gpu.gpu_clips`).
+  section's first GPU start is clipped there (:func:`~pnpscale.analysis.section.gpu.gpu_clips`).
 * CUDA (NCCL): section time is the span of the GPU work launched inside the range (first kernel
   start to last kernel end, kept as ``gpu_span_s``); for pnpscale's own runs (``cpu_start``: every
   section starts with the GPU idle, after a synchronize and a barrier) it runs from the CPU range
   start to the last GPU end (one clock within a process), so a rank late on the CPU before its
-  first kernel shows compute, not its peers' wait (:func:`~pnpscale.analysis.section_gpu.cuda_section_span`).
+  first kernel shows compute, not its peers' wait (:func:`~pnpscale.analysis.section.gpu.cuda_section_span`).
   A live CUDA run (``require_gpu``) without GPU events, or with a section whose collectives have no kernel
   at all, is refused. Collectives are the
   collective kernels among them (:data:`pnpscale.analysis.kineto.COLLECTIVE_KERNELS`). A kernel
@@ -43,9 +43,9 @@ Rules:
   counted (``missing_kernels``) and named when ranks cannot be matched.
 * Sections may nest (``parent``); overlapping without nesting is refused. ``ProfilerStep#N``
   numbers are kept (``step``) to match ranks by step
-  (:func:`~pnpscale.analysis.section_iterations.match_steps`); non-physical events mark their record
-  ``bad`` (:func:`~pnpscale.analysis.section_iterations.drop_bad_iterations`).
-* Matching across ranks (:func:`~pnpscale.analysis.section_align.align_collectives`): by (process group,
+  (:func:`~pnpscale.analysis.section.iterations.match_steps`); non-physical events mark their record
+  ``bad`` (:func:`~pnpscale.analysis.section.iterations.drop_bad_iterations`).
+* Matching across ranks (:func:`~pnpscale.analysis.section.align.align_collectives`): by (process group,
   sequence number) when every collective of a section occurrence carries both, else by order within each
   stream (NCCL: the kernel's CUDA stream; gloo: one stream per rank).
 """
@@ -66,9 +66,9 @@ from pnpscale.analysis.kineto import (
     kernel_collective,
     step_number,
 )
-from pnpscale.analysis.section_busy import Busy
-from pnpscale.analysis.section_gloo import typed_by_c10d
-from pnpscale.analysis.section_gpu import (
+from pnpscale.analysis.section.busy import Busy
+from pnpscale.analysis.section.gloo import typed_by_c10d
+from pnpscale.analysis.section.gpu import (
     compatible,
     cuda_section_span,
     descriptors_in,

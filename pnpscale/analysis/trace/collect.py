@@ -2,7 +2,7 @@
 
 Section ranges, collective ranges and descriptors, ``ProfilerStep`` ranges, runtime launches (correlation,
 start), GPU events (compact arrays), ``cpu_op`` operators (for blocked time) and the counts behind the
-messages (range names, unknown categories). :mod:`pnpscale.analysis.trace_select` turns what it holds
+messages (range names, unknown categories). :mod:`pnpscale.analysis.trace.select` turns what it holds
 into :class:`~pnpscale.analysis.events.Event` records.
 """
 
@@ -36,7 +36,7 @@ from pnpscale.analysis.kineto import (
     step_number,
     stream_of,
 )
-from pnpscale.analysis.trace_files import _NS_RANGE, TraceError, _ns, ts_text
+from pnpscale.analysis.trace.files import _NS_RANGE, TraceError, _ns, ts_text
 
 
 def merge_descriptors(events: Sequence[Event]) -> list[Event]:

@@ -1,9 +1,9 @@
 """The projection's fit: compute per rank, jitter and wait of each section on the measured points (pure functions).
 
-:func:`fit` reads one (problem, mode)'s measured points and returns a :class:`~pnpscale.results.projection_base.Model`
-(:mod:`pnpscale.results.projection_model` states the model): ``μ_r = a + b·ops_r + c·tiles_r`` by non-negative
+:func:`fit` reads one (problem, mode)'s measured points and returns a :class:`~pnpscale.results.projection.base.Model`
+(:mod:`pnpscale.results.projection.model` states the model): ``μ_r = a + b·ops_r + c·tiles_r`` by non-negative
 least squares on C and C_max, the jitter σ from the balanced points, the wait beyond ``C_max − C`` (ψ), then the
-transfer (:func:`pnpscale.results.projection_routes._fit_transfer`).
+transfer (:func:`pnpscale.results.projection.routes._fit_transfer`).
 
 Units: seconds per iteration, bytes.
 """
@@ -19,7 +19,7 @@ import pandas as pd
 from pnpscale import columns as K
 from pnpscale.rank.assignment import section_work
 from pnpscale.results.jitter import expected_max_normal, nonnegative_lstsq
-from pnpscale.results.projection_base import (
+from pnpscale.results.projection.base import (
     Model,
     Options,
     ProjectionError,
@@ -34,7 +34,7 @@ from pnpscale.results.projection_base import (
     _row_nodes,
     _work,
 )
-from pnpscale.results.projection_routes import _fit_transfer
+from pnpscale.results.projection.routes import _fit_transfer
 
 
 def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:

@@ -7,7 +7,7 @@ A run folder (one sweep point, hive style ``problem=2d/mode=inference/gpus=4/``)
     collectives.parquet   per rank x iteration x section x collective
     sections.parquet      per iteration x section: compute / transfer / wait, LB
     timeline.json         per rank: every iteration's sections and their compute / transfer / wait slices
-                          (Chrome trace format: Perfetto, chrome://tracing; pnpscale.analysis.timeline)
+                          (Chrome trace format: Perfetto, chrome://tracing; pnpscale.analysis.timeline_slices)
     logs/                 per-rank logs (local launch), nccl/ per-rank NCCL logs (CUDA)
     traces/               per-rank Kineto traces (profile.export_traces=true)
     analysis/             python -m pnpscale.analyze of those traces: the tables + analysis.json

@@ -1,7 +1,7 @@
 """From what a pass collected to the kept events: duplicates dropped, the runtime clock aligned, GPU events
 checked (:mod:`pnpscale.analysis.gpu_checks`) and reduced to the ones a section needs.
 
-:func:`collected_events` is the second half of :func:`pnpscale.analysis.traces.read_trace`; the
+:func:`collected_events` is the second half of :func:`pnpscale.analysis.trace.read.read_trace`; the
 anomalies it records are listed there.
 """
 
@@ -32,8 +32,8 @@ from pnpscale.analysis.kineto import (
     is_named_descriptor,
 )
 from pnpscale.analysis.overlap import C10D_PREFIX, union
-from pnpscale.analysis.trace_collect import _Collector, merge_descriptors
-from pnpscale.analysis.trace_files import TraceError
+from pnpscale.analysis.trace.collect import _Collector, merge_descriptors
+from pnpscale.analysis.trace.files import TraceError
 
 
 def collected_events(

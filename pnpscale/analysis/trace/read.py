@@ -2,7 +2,7 @@
 
 The offline twin of :mod:`pnpscale.rank.profiling`: a trace of any job (``*.json`` or ``*.json.gz``,
 told apart by content, not name) is read event by event with ``ijson`` and only what
-:func:`pnpscale.analysis.sections.section_records` needs is kept, so traces of hundreds of MB per rank never
+:func:`pnpscale.analysis.section.records.section_records` needs is kept, so traces of hundreds of MB per rank never
 sit whole in memory:
 
 * section ranges: CPU ranges (``cpu_op``/``user_annotation``) whose name matches a section pattern,
@@ -19,9 +19,9 @@ sit whole in memory:
   first and the one that ends last among those launched inside it (all a section's GPU span needs),
   plus one GPU event so that a trace with GPU work is still recognised as a CUDA trace.
 
-The reading is split by stage (this module is the facade): :mod:`~pnpscale.analysis.trace_files` (the
-file's bytes), :mod:`~pnpscale.analysis.trace_scan` (the fast and the exact pass),
-:mod:`~pnpscale.analysis.trace_collect` (what a pass keeps), :mod:`~pnpscale.analysis.trace_select` (checks,
+The reading is split by stage (this module is the facade): :mod:`~pnpscale.analysis.trace.files` (the
+file's bytes), :mod:`~pnpscale.analysis.trace.scan` (the fast and the exact pass),
+:mod:`~pnpscale.analysis.trace.collect` (what a pass keeps), :mod:`~pnpscale.analysis.trace.select` (checks,
 and the kept events).
 
 Timestamps are read exactly (``ijson`` gives decimals) and returned in integer nanoseconds on the
@@ -40,7 +40,7 @@ from typing import Any
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.events import Event
 from pnpscale.analysis.kineto import comm_fields, is_descriptor
-from pnpscale.analysis.trace_files import (
+from pnpscale.analysis.trace.files import (
     _CHUNK,
     _HEAD_MAX,
     _TAIL,
@@ -55,8 +55,8 @@ from pnpscale.analysis.trace_files import (
     _read_head,
     _valid_object,
 )
-from pnpscale.analysis.trace_scan import _JsonFailure, _scan, _stream
-from pnpscale.analysis.trace_select import collected_events
+from pnpscale.analysis.trace.scan import _JsonFailure, _scan, _stream
+from pnpscale.analysis.trace.select import collected_events
 
 __all__ = ["TraceError", "NotATraceError", "Trace", "TraceInfo", "comm_fields", "read_header", "read_trace"]
 
@@ -210,13 +210,13 @@ def read_trace(
     overlapping their stream's work, and CPU ranges with a negative ``ts`` are kept with ``Event.bad``
     set and ``end == start`` (their iteration is dropped later). A file without Kineto's last event (``Record
     Window End``: :attr:`TraceInfo.end_marker`) may have been cut short: :attr:`Trace.missing_gpu` then lists
-    its last launches whose GPU event is missing (see :mod:`pnpscale.analysis.trace_select`).
+    its last launches whose GPU event is missing (see :mod:`pnpscale.analysis.trace.select`).
 
     Args:
         path: ``.json`` or ``.json.gz`` Kineto trace.
         sections: section name -> name pattern (:func:`parse_sections`), or a list of exact names.
         keep_all_gpu: keep every GPU event instead of the two per section occurrence that give
-            the same :func:`pnpscale.analysis.sections.section_records` result (for checks; uses more memory).
+            the same :func:`pnpscale.analysis.section.records.section_records` result (for checks; uses more memory).
         anomalies, rank: where to record anomalies, and the rank to record them under.
 
     Returns:

@@ -1,7 +1,7 @@
 """The report's ``timeline.png``: one median measured iteration, one row per rank, at the largest GPU count.
 
 Compute → tidy table → render: :func:`timeline_table` reads the runs (``ranks.parquet``,
-``collectives.parquet``) and returns the slices to draw (:func:`pnpscale.analysis.timeline.slices`, on the
+``collectives.parquet``) and returns the slices to draw (:func:`pnpscale.analysis.timeline_slices.slices`, on the
 lowest rank's clock, seconds from the iteration's start); :func:`plot_timeline` draws them on explicit
 axes; :func:`pnpscale.results.charts.save` writes the figure.
 
@@ -22,7 +22,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pnpscale import columns as K
-from pnpscale import layout
+from pnpscale.core import layout
 
 ROLE = "role"
 CRITICAL, FASTEST, TYPICAL = "critical", "fastest", "typical"
@@ -54,7 +54,7 @@ def pick_ranks(sl: pd.DataFrame, max_ranks: int = MAX_RANKS) -> pd.DataFrame:
     """The ranks to draw for one iteration's slices, and why.
 
     Args:
-        sl: :func:`pnpscale.analysis.timeline.slices` rows of one iteration.
+        sl: :func:`pnpscale.analysis.timeline_slices.slices` rows of one iteration.
         max_ranks: at most this many (all when the run has no more).
 
     Returns:
@@ -84,7 +84,7 @@ def pick_ranks(sl: pd.DataFrame, max_ranks: int = MAX_RANKS) -> pd.DataFrame:
 
 def run_iteration(run_dir: Path, max_ranks: int = MAX_RANKS) -> pd.DataFrame:
     """A run folder's median measured iteration, its drawn ranks' slices, seconds from the iteration's start
-    on the lowest rank's clock (:func:`pnpscale.analysis.timeline.clock_offsets`).
+    on the lowest rank's clock (:func:`pnpscale.analysis.timeline_slices.clock_offsets`).
 
     Returns:
         :data:`TABLE_COLUMNS` without the point columns; empty when no slice can be placed (no measured
@@ -93,7 +93,7 @@ def run_iteration(run_dir: Path, max_ranks: int = MAX_RANKS) -> pd.DataFrame:
     Raises:
         ValueError: an unreadable table (``<file>: <reason>``).
     """
-    from pnpscale.analysis.timeline import clock_offsets, slices
+    from pnpscale.analysis.timeline_slices import clock_offsets, slices
     from pnpscale.results.runs import read_table
 
     ranks = read_table(run_dir / layout.RANKS)

@@ -1,6 +1,6 @@
 """The projection's transfer: the algorithm per node count, the route of each point, the rates (pure functions).
 
-``T(N) = L_s + B_s(N) / R(route)`` (:mod:`pnpscale.results.projection_model` states the model): the route of
+``T(N) = L_s + B_s(N) / R(route)`` (:mod:`pnpscale.results.projection.model` states the model): the route of
 an all_reduce on one node is ``intra-node, g GPUs``, across nodes ``inter-node <algorithm>``; the algorithm per
 node count is given, else NCCL's log at that node count, else ring (assumed); rates are given, else fitted with
 per-section latencies where the points identify them, else each route's bytes over its transfer.
@@ -18,7 +18,7 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale.results.jitter import nonnegative_lstsq
-from pnpscale.results.projection_base import INTRA, Model, _bytes, _row_algorithm, _row_nodes, intra_route
+from pnpscale.results.projection.base import INTRA, Model, _bytes, _row_algorithm, _row_nodes, intra_route
 from pnpscale.results.transfer import GB
 
 
