@@ -33,7 +33,7 @@ def load(path: str, **kwargs: Any) -> Any:
     ``iterations``: :mod:`pnpscale.analysis.spread`); failed points appear with their status and NaN metrics. See
     :func:`pnpscale.results.runs.load` and :func:`pnpscale.results.summary.scaled_cost` (imported lazily).
     """
-    from pnpscale.results.runs import load as _load
-    from pnpscale.results.summary import scaled_cost
+    from pnpscale.results.runs import load as _load  # deferred: the package root stays light (pandas)
+    from pnpscale.results.summary import scaled_cost  # deferred: the package root stays light (pandas)
 
     return scaled_cost(_load(path, **kwargs))

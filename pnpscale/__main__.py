@@ -7,8 +7,11 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from pnpscale.core import signals
 from pnpscale.core.config import register_schema
 from pnpscale.core.errors import Abort, PnpscaleError, report_lines
+from pnpscale.sweep.cli import check_overrides, check_single_point
+from pnpscale.sweep.task import STOPPED_POINTS, run
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -16,7 +19,6 @@ def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from pnpscale.sweep.task import run
 
     try:
         run(cfg)
@@ -33,8 +35,6 @@ def main() -> None:
     refused command line or sweep (nothing started); 128 + signal number for SIGINT (130), SIGTERM
     (143) or SIGHUP (129), after the running point was recorded as failed and the report written.
     """
-    from pnpscale.core import signals
-    from pnpscale.sweep.cli import check_overrides, check_single_point
 
     signals.install()
     import logging
@@ -56,7 +56,6 @@ def main() -> None:
             print(line, file=sys.stderr)
         raise SystemExit(stop.error.exit_code) from None
     except KeyboardInterrupt as exc:
-        from pnpscale.sweep.task import STOPPED_POINTS
 
         stop_ = signals.as_interrupted(exc)
         running = (

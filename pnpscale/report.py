@@ -6,17 +6,17 @@ its heavy imports (pandas, matplotlib): a Ctrl-C while they load is one line and
 
 import sys
 
+from pnpscale.core import layout, signals
+
 
 def _main() -> int:
-    from pnpscale.core import signals
 
     signals.install()
     try:
-        from pnpscale.results.report import main
+        from pnpscale.results.report import main  # deferred: a stop signal during the heavy imports is caught
 
         return main()
     except KeyboardInterrupt as exc:  # main() handles the stops it sees; this is one before it started
-        from pnpscale.core import layout
 
         out = layout.report_folder(sys.argv[1:])
         said = layout.report_not_written(out) if out is not None else "report not written"

@@ -9,9 +9,9 @@ from pnpscale import columns as K
 from pnpscale.core import layout
 from pnpscale.core.config import variant_subdir
 from pnpscale.results.compare import COMPARE_PNG, comparison
-from pnpscale.results.plotting import labelled
 from pnpscale.results.report import write_report
 from pnpscale.results.runs import build_table, discover
+from pnpscale.results.series import labelled
 from tests.test_report import PNG_MAGIC, fake_run
 
 IMAGE = 3 * 32 * 32 * 4

@@ -1,6 +1,6 @@
 """The trace contract: every number right or refused out loud (issue "a trace contract with an anomaly report").
 
-First the eight small cases of tests/data/traces-turn2 (one Kineto trace per rank, right answers in its
+First the eight small cases of tests/data/trace-contract (one Kineto trace per rank, right answers in its
 README), then one synthetic test per class of fault.
 """
 
@@ -28,7 +28,7 @@ from pnpscale.results.report import _anomalies_markdown
 from pnpscale.results.transfer import route_label
 from tests.test_traces import X, cuda_rank_events, kernel, write_trace
 
-CASES = Path(__file__).parent / "data" / "traces-turn2"
+CASES = Path(__file__).parent / "data" / "trace-contract"
 SECTIONS = "gradient,denoiser"
 
 

@@ -13,7 +13,7 @@ from pnpscale.analysis.offline import ANALYSIS_JSON, main
 from pnpscale.core import layout
 
 _SPEC = importlib.util.spec_from_file_location(
-    "turn3_cases", Path(__file__).parent / "data" / "traces-turn3" / "make_case.py"
+    "bug_report_cases", Path(__file__).parent / "data" / "trace-bug-reports" / "make_case.py"
 )
 assert _SPEC is not None and _SPEC.loader is not None
 cases = importlib.util.module_from_spec(_SPEC)
@@ -39,7 +39,7 @@ def anomalies(out: Path) -> dict[str, list[dict]]:
 
 
 def _recategorised(old: str, new: str) -> dict:
-    """The reference case of ``tests/data/traces-turn3`` with every event of category ``old`` moved to ``new``."""
+    """The reference case of ``tests/data/trace-bug-reports`` with every event of category ``old`` moved to ``new``."""
     docs = cases.build("ref")
     for d in docs.values():
         for e in d["traceEvents"]:

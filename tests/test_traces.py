@@ -303,8 +303,8 @@ def _both_paths(path: Path, sections=("gradient",), keep_all_gpu=True):
     from pnpscale.analysis.trace.select import collected_events
 
     pats = {s: s for s in sections}
-    fast = T._scan(path, pats, keep_all_gpu)
-    exact = T._stream(path, pats, keep_all_gpu, repair=False)
+    fast = T.scan_file(path, pats, keep_all_gpu)
+    exact = T.stream_events(path, pats, keep_all_gpu, repair=False)
     assert fast[1] == exact[1] and fast[2] == exact[2]
     assert fast[0].read == exact[0].read and fast[0].range_names == exact[0].range_names
     base = int(exact[1].get("baseTimeNanoseconds") or 0)

@@ -19,7 +19,13 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from pnpscale.core import layout
+from pnpscale.core.config import ConfigError
 from pnpscale.core.errors import Abort, InputError, PnpscaleError
+from pnpscale.core.lock import Busy, FolderLock, in_use
+from pnpscale.core.signals import acknowledge, as_interrupted, check, received
+from pnpscale.sweep.cli import check_hydra_override, file_key_error, resume_command
+from pnpscale.sweep.point import NoSpace, check_room, mode_key_problems, resolve_point
+from pnpscale.sweep.task import RunFailed, record_failure_or_say, record_not_run, say_unrecorded
 
 log = logging.getLogger("pnpscale")
 
@@ -71,8 +77,6 @@ def validate_points(
     Raises:
         Abort: carrying a SweepConfigError, one line per bad point (exit code 2); nothing was launched.
     """
-    from pnpscale.core.config import ConfigError
-    from pnpscale.sweep.cli import check_hydra_override, file_key_error
 
     composed: list[Any] = []
     seen: dict[Any, str] = {}
@@ -104,7 +108,6 @@ def validate_points(
             problems.setdefault(msg, []).extend([seen[sub], _label(overrides)])
         seen[sub] = _label(overrides)
         composed.append(cfg)
-    from pnpscale.sweep.point import mode_key_problems
 
     if len(composed) == len(job_overrides):  # the rules across points need every point's config
         pairs = zip(job_overrides, composed, strict=True)
@@ -123,7 +126,6 @@ def check_local(cfg: DictConfig) -> None:
     """A local point: its values, and no complete run of another spec in its folder (resume)."""
     from pathlib import Path
 
-    from pnpscale.sweep.point import resolve_point
 
     resolve_point(cfg, Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))
 
@@ -135,7 +137,6 @@ class PnpscaleBasicLauncher(BasicLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.hydra_context is not None and self.config is not None
         composed = validate_points(self.hydra_context.config_loader, self.config, job_overrides, check_local)
-        from pnpscale.core.signals import check
 
         rets: list[JobReturn] = []
         try:
@@ -144,7 +145,6 @@ class PnpscaleBasicLauncher(BasicLauncher):
                 rets.append(self._run_point(initial_job_idx + idx, overrides))
             check()
         except KeyboardInterrupt as exc:
-            from pnpscale.core.signals import acknowledge, as_interrupted
 
             stop = as_interrupted(exc)
             acknowledge()  # handled here: the report of what completed may be published
@@ -182,7 +182,6 @@ class PnpscaleBasicLauncher(BasicLauncher):
         refused = refuse_busy(overrides, cfg, run_dir)  # before Hydra writes the point's .hydra/ over the holder's
         if refused is not None:
             return refused
-        from pnpscale.sweep.point import NoSpace, check_room
 
         try:
             if layout.run_status(run_dir) != layout.STATUS_COMPLETE:  # a complete one is skipped (resume)
@@ -221,9 +220,6 @@ def refuse_busy(
     """
     from hydra.core.utils import JobStatus
 
-    from pnpscale.core.lock import in_use
-    from pnpscale.sweep.point import resolve_point
-    from pnpscale.sweep.task import RunFailed
 
     busy = in_use(run_dir)
     if busy is None:
@@ -250,9 +246,6 @@ def fail_unwritable(
     """
     from hydra.core.utils import JobStatus
 
-    from pnpscale.core.lock import Busy, FolderLock
-    from pnpscale.sweep.point import resolve_point
-    from pnpscale.sweep.task import RunFailed, record_failure_or_say
 
     error = f"cannot write its run folder: {exc}"
     if layout.run_status(run_dir) == layout.STATUS_COMPLETE:  # a complete run (skipped, resume): kept
@@ -274,7 +267,6 @@ def fail_unwritable(
         finally:
             lock.release()
     else:
-        from pnpscale.sweep.task import say_unrecorded
 
         say_unrecorded(_label(overrides), run_dir, exc)
     ret = JobReturn(overrides=list(overrides), working_dir=str(run_dir), status=JobStatus.FAILED)
@@ -293,8 +285,6 @@ def record_not_run_points(
         per point, in sweep order: its label (``problem=2d mode=inference gpus=4``) and what its folder now
         says (``not_run``, ``complete``, ``failed``, or why nothing could be recorded).
     """
-    from pnpscale.sweep.point import resolve_point
-    from pnpscale.sweep.task import record_not_run
 
     out = []
     for overrides, cfg in points:
@@ -309,7 +299,6 @@ def record_not_run_points(
 
 def sweep_resume_command(config: DictConfig) -> str:
     """The command that resumes this sweep (:func:`pnpscale.sweep.cli.resume_command`)."""
-    from pnpscale.sweep.cli import resume_command
 
     ov = config.hydra.overrides
     return resume_command(list(ov.task), list(ov.hydra), Path(str(config.hydra.sweep.dir)).absolute())
@@ -361,8 +350,8 @@ def finish_sweep(
     if failed or not_run or len(rets) < total:
         log.warning("%s", line)
     if config.get("report", False):
-        from pnpscale.results.report import write_report
-        from pnpscale.results.runs import NoRunsError
+        from pnpscale.results.report import write_report  # deferred: matplotlib only for a report
+        from pnpscale.results.runs import NoRunsError  # deferred: pandas only when a report is asked for
 
         sweep_dir = str(config.hydra.sweep.dir)
         log.info("writing the report of %s", sweep_dir)
@@ -372,7 +361,6 @@ def finish_sweep(
         except NoRunsError as exc:
             log.warning("no report: %s", exc)
         except Exception as exc:  # noqa: BLE001 - any report failure: one line, exit 1, runs intact
-            from pnpscale.core.signals import received
 
             stop = received()
             if stop is not None:  # a Ctrl-C a library turned into another error: a stop, not a failure

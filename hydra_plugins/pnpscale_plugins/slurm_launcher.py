@@ -59,7 +59,32 @@ from hydra_plugins.pnpscale_plugins.launcher import (
     refuse,
     validate_points,
 )
-from pnpscale.core.config import plain
+from pnpscale.cluster.slurm import (
+    IN_TASK_ENV,
+    bind_task_gpu,
+    cpus_per_task_warning,
+    error_line,
+    executor_parameters,
+    failure_text,
+    group_points,
+    job_shape,
+    never_started,
+    ranks_by_cause,
+    run_rank,
+    sacct_info,
+    sbatch_refusal,
+    sbatch_test_command,
+    task_logs,
+    wait_until_ended,
+)
+from pnpscale.core import layout
+from pnpscale.core.config import ConfigError, cfg_variant, plain, resolve_spec, validate
+from pnpscale.core.record import RecordError, clear_rank_failures, read_rank_failures, read_record
+from pnpscale.core.signals import acknowledge, as_interrupted
+from pnpscale.rank.process import LAUNCH_T0_ENV
+from pnpscale.sweep.cli import resume_command
+from pnpscale.sweep.point import NoSpace, check_room, complete_run, resolve_point
+from pnpscale.sweep.task import RunFailed, record_failure_or_say, summary_line
 
 log = logging.getLogger("pnpscale")
 
@@ -89,8 +114,6 @@ class _Point:
 
 def _label(cfg: DictConfig) -> str:
     """The point, e.g. ``problem=2d mode=inference gpus=4`` (from the config, whatever the folder layout)."""
-    from pnpscale.core import layout
-    from pnpscale.core.config import cfg_variant
 
     return layout.point_label(str(cfg.problem.name), str(cfg.mode.name), int(cfg.gpus), cfg_variant(cfg))
 
@@ -109,8 +132,6 @@ def check_point(cfg: DictConfig) -> None:
     Raises:
         pnpscale.core.config.ConfigError: the first broken rule, as one line.
     """
-    from pnpscale.core.config import ConfigError, validate
-    from pnpscale.sweep.point import resolve_point
 
     if cfg.cluster.name != "slurm":
         raise ConfigError("cluster", cfg.cluster.name, "this sweep runs on SLURM: every point must be cluster=slurm")
@@ -124,7 +145,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
     """hydra-submitit-launcher's SLURM launcher with one job shape per point (see module doc)."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from pnpscale.cluster.slurm import cpus_per_task_warning, executor_parameters
 
         assert self.hydra_context is not None and self.config is not None
         config = self.config
@@ -181,7 +201,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
     @staticmethod
     def _groups(todo: list[_Point]) -> list[tuple[list[_Point], dict[str, Any]]]:
         """One group per distinct job request (:func:`pnpscale.cluster.slurm.group_points`): one job array each."""
-        from pnpscale.cluster.slurm import group_points
 
         shapes = group_points([p.params or {} for p in todo])
         return [([todo[i] for i in members], params) for params, members in shapes]
@@ -195,7 +214,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         (:func:`hydra_plugins.pnpscale_plugins.launcher.fail_unwritable`). Neither is submitted (``rets`` gets
         their FAILED returns); the others are returned, in order."""
         from hydra_plugins.pnpscale_plugins.launcher import fail_unwritable, refuse_busy
-        from pnpscale.sweep.point import NoSpace, check_room
 
         kept = []
         for p in todo:
@@ -220,9 +238,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         (:func:`hydra_plugins.pnpscale_plugins.launcher.record_not_run_points`, as the local launcher does);
         then the summary line, the report of what completed, and the resume command."""
         from hydra_plugins.pnpscale_plugins.launcher import ReportFailed, record_not_run_points
-        from pnpscale.cluster.slurm import never_started, sacct_info, wait_until_ended
-        from pnpscale.core import layout
-        from pnpscale.core.signals import acknowledge, as_interrupted
 
         stop = as_interrupted(exc)
         acknowledge()  # handled here: the report of what completed may be published
@@ -262,13 +277,11 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
 
     @staticmethod
     def _completed(p: _Point) -> dict[str, Any] | None:
-        from pnpscale.sweep.point import complete_run
 
         return complete_run(p.run_dir, _task_cfg(p.cfg), bool(p.cfg.resume))
 
     def _preflight(self, groups: list[tuple[list[_Point], dict[str, Any]]]) -> None:
         """``sbatch --test-only`` for every distinct request; SLURM's refusals stop the sweep."""
-        from pnpscale.cluster.slurm import job_shape, sbatch_refusal, sbatch_test_command
 
         problems = []
         for members, params in groups:
@@ -302,14 +315,12 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             now = time.time()
             args = [(p.overrides, "hydra.sweep.dir", p.index, f"job_id_for_{p.index}", Singleton.get_state(), now)
                     for p in members]  # fmt: skip
-            from pnpscale.core.record import clear_rank_failures
 
             for p in members:  # an earlier attempt's failure records never speak for this job
                 clear_rank_failures(p.run_dir, int(p.cfg.gpus))
             try:
                 submitted = executor.map_array(self, *zip(*args, strict=True))
             except Exception as exc:  # noqa: BLE001 - sbatch refused: record the points, submit the others
-                from pnpscale.cluster.slurm import sbatch_refusal
 
                 for p in members:
                     rets[p.index] = self._record_failure(p, f"sbatch refused the job: {sbatch_refusal(str(exc))}", {})
@@ -352,8 +363,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         if p.index in self._not_run:
             return str(ret._return_value.error)
         if ret.status == JobStatus.COMPLETED:
-            from pnpscale.core.record import RecordError, read_record
-            from pnpscale.sweep.task import summary_line
 
             try:
                 return "complete: " + summary_line(read_record(p.run_dir).to_dict())
@@ -365,8 +374,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         """The JobReturn of a finished job: rank 0's, or a failure recorded from SLURM's state."""
         from submitit.core.utils import pickle_load
 
-        from pnpscale.cluster.slurm import error_line, wait_until_ended
-        from pnpscale.sweep.task import RunFailed
 
         state = job.state
         ret0, task_errors = None, {}
@@ -396,7 +403,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         state = self._final_state(job)
         wait_until_ended(job.job_id)  # no task may write into the run folder after the failure is recorded
         if ret0 is None and not task_errors:
-            from pnpscale.cluster.slurm import never_started, sacct_info
 
             if never_started(sacct_info(job.job_id)):  # cancelled while pending (scancel): the point never ran
                 return self._record_not_run(p, f"not run: SLURM job {job.job_id} {state} before it started")
@@ -406,8 +412,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         """A point whose job never started without a stop signal: ``run.json`` says ``not_run`` with ``reason``
         (:func:`hydra_plugins.pnpscale_plugins.launcher.record_not_run_points`); the sweep names it at its end."""
         from hydra_plugins.pnpscale_plugins.launcher import record_not_run_points
-        from pnpscale.core import layout
-        from pnpscale.sweep.task import RunFailed
 
         ((label, said),) = record_not_run_points([(p.overrides, p.cfg)], reason, 0)
         self._not_run[p.index] = label + ("" if said == layout.STATUS_NOT_RUN else f" ({said})")
@@ -437,11 +441,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         state: str | None = None,
     ) -> JobReturn:
         """Write the point's ``run.json`` as failed (written here: the job itself could not)."""
-        from pnpscale.cluster.slurm import failure_text, ranks_by_cause, sacct_info, task_logs
-        from pnpscale.core import layout
-        from pnpscale.core.config import resolve_spec
-        from pnpscale.core.record import RecordError, read_rank_failures, read_record
-        from pnpscale.sweep.task import RunFailed, record_failure_or_say
 
         try:
             previous = read_record(p.run_dir)
@@ -473,7 +472,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         return ret
 
     def _resume_command(self, sweep_dir: Path) -> str:
-        from pnpscale.sweep.cli import resume_command
 
         ov = self.config.hydra.overrides
         return resume_command(list(ov.task), list(ov.hydra), sweep_dir)
@@ -500,8 +498,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
 
         import submitit
 
-        from pnpscale.cluster.slurm import IN_TASK_ENV, bind_task_gpu
-        from pnpscale.rank.process import LAUNCH_T0_ENV
 
         bind_task_gpu(os.environ)  # first: before anything in this task calls into CUDA
         # submitit ignores SIGTERM (for requeue on preemption); a pnpscale run cannot be resumed
@@ -517,8 +513,6 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
 
     def _other_rank(self, sweep_overrides: list[str], singleton_state: dict[type, Singleton]) -> None:
         """A task other than 0: same composed config, no Hydra output (``.hydra/`` and logs are rank 0's)."""
-        from pnpscale.cluster.slurm import run_rank
-        from pnpscale.sweep.point import resolve_point
 
         assert self.hydra_context is not None and self.config is not None
         Singleton.set_state(singleton_state)

@@ -17,7 +17,10 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 
 from hydra_plugins.pnpscale_plugins.launcher import SweepFailed, refuse
+from pnpscale.core import layout
 from pnpscale.core.errors import Abort, PnpscaleError
+from pnpscale.core.lock import Busy, FolderLock
+from pnpscale.sweep.point import writable_dir
 
 MULTIRUN_YAML = "multirun.yaml"  # Hydra's name
 
@@ -48,9 +51,6 @@ class PnpscaleBasicSweeper(BasicSweeper):
         (Hydra's own check composes them too, and prints a composition error over several lines)."""
 
     def sweep(self, arguments: list[str]) -> Any:
-        from pnpscale.core import layout
-        from pnpscale.core.lock import Busy, FolderLock
-        from pnpscale.sweep.point import writable_dir
 
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from pnpscale import columns as K
 from pnpscale.core.errors import PnpscaleError
 
 
@@ -190,7 +191,6 @@ def rank_rows(
         :data:`pnpscale.columns.RANKS_COLUMNS` and :data:`pnpscale.columns.COLLECTIVES_COLUMNS`
         (without MAIN); times in seconds, sizes in bytes.
     """
-    from pnpscale import columns as K
 
     peaks = peaks or {}
     rows, colls = [], []

@@ -13,6 +13,8 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale.analysis.metrics import mark_main
+from pnpscale.analysis.timeline_slices import run_trace
+from pnpscale.core import layout
 
 
 def frames(
@@ -56,7 +58,6 @@ def table_writers(
     ``sections`` is omitted by the validation probe, which decomposes later. With ``sections``, the run's
     ``timeline.json`` (:func:`pnpscale.analysis.timeline_slices.run_trace`) is staged with the tables.
     """
-    from pnpscale.core import layout
 
     writers: dict[str, Any] = {
         layout.RANKS: lambda p: ranks.to_parquet(p, index=False),
@@ -79,7 +80,6 @@ def write_timeline(path: Any, ranks: pd.DataFrame, collectives: pd.DataFrame) ->
     """
     import json
 
-    from pnpscale.analysis.timeline_slices import run_trace
 
     with open(path, "w", encoding="utf-8") as f:
         json.dump(run_trace(ranks, collectives), f, separators=(",", ":"), allow_nan=False, ensure_ascii=False)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from pnpscale.rank.process import parent_of
+
 #: ``PIDFD_GET_INFO`` = ``_IOWR(PIDFS_IOCTL_MAGIC 0xFF, 11, struct pidfd_info)``, its first version 64 bytes
 #: (Linux ``include/uapi/linux/pidfd.h``).
 PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11
@@ -89,7 +91,6 @@ def rank_pids(log_dir: Path) -> dict[int, int]:
     """rank -> pid of this launcher's ranks, from their heartbeats in ``log_dir``
     (:class:`pnpscale.rank.loop.Heartbeat`): a rank forked by the launcher's forkserver, or by the
     launcher itself; stale heartbeats of other processes are skipped."""
-    from pnpscale.rank.process import parent_of
 
     me, out = os.getpid(), {}
     for f in log_dir.glob("rank*.progress"):

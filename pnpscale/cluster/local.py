@@ -24,12 +24,25 @@ from typing import Any
 
 from pnpscale.cluster import resources
 from pnpscale.cluster.base import Cluster
-from pnpscale.cluster.exits import RankExit
+from pnpscale.cluster.exits import ExitWatch, RankExit, rank_pids
 from pnpscale.cluster.peer_errors import PEER_LOST, echo_kind
+from pnpscale.cluster.resources import check_memory, cuda_device_count
 from pnpscale.core import layout
-from pnpscale.core.config import RunSpec
+from pnpscale.core.config import CONF_DIR, ConfigError, RunSpec, register_schema, resolve_spec
 from pnpscale.core.errors import TIMEOUT, PnpscaleError
 from pnpscale.core.record import clear_rank_failures, read_rank_failures
+from pnpscale.core.signals import preserved
+from pnpscale.rank.gpus import NODE_GPUS_ENV
+from pnpscale.rank.group import shared_gpu_allowed
+from pnpscale.rank.process import (
+    LAUNCH_T0_ENV,
+    PARENT_PID_ENV,
+    in_environment,
+    kineto_config_env,
+    rank_environment,
+    threads_per_rank,
+    watch_launcher,
+)
 
 
 class RankFailed(PnpscaleError, RuntimeError):
@@ -186,7 +199,6 @@ STOPPED_POLL_S = 0.25
 def _rank_pids(log_dir: Path) -> list[int]:
     """The pids of this launcher's ranks, from their heartbeats in ``log_dir``
     (:func:`pnpscale.cluster.exits.rank_pids`)."""
-    from pnpscale.cluster.exits import rank_pids
 
     return list(rank_pids(log_dir).values())
 
@@ -254,9 +266,6 @@ class LocalCluster(Cluster):
         Raises:
             ConfigError: one line naming the estimate, the limit and the way out.
         """
-        from pnpscale.cluster.resources import check_memory
-        from pnpscale.core.config import ConfigError
-        from pnpscale.rank.group import shared_gpu_allowed
 
         if spec.backend == "nccl" and not cuda_devices:
             raise ConfigError(
@@ -277,7 +286,6 @@ class LocalCluster(Cluster):
             raise ConfigError("gpus", spec.gpus, refusal)
 
     def cpu_contention(self, spec: RunSpec) -> tuple[int, int] | None:
-        from pnpscale.rank.process import threads_per_rank
 
         return spec.gpus * threads_per_rank(spec.threads_per_rank, spec.gpus), len(os.sched_getaffinity(0))
 
@@ -295,8 +303,7 @@ def launch_local(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None = N
         RankHung: a collective timed out; names the rank(s) that did not arrive (from the heartbeats).
         RankFailed: a rank raised (its message) or died (its exit code).
     """
-    from pnpscale.rank.process import threads_per_rank
-    from pnpscale.rank.worker import rank_main
+    from pnpscale.rank.worker import rank_main  # deferred: torch only in the process that runs a rank
 
     threads = threads_per_rank(spec.threads_per_rank, spec.gpus)
     clear_rank_failures(run_dir, spec.gpus)  # an earlier attempt's records in this folder never speak for this one
@@ -338,15 +345,6 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from pnpscale.core.signals import preserved
-    from pnpscale.rank.gpus import NODE_GPUS_ENV
-    from pnpscale.rank.process import (
-        LAUNCH_T0_ENV,
-        PARENT_PID_ENV,
-        in_environment,
-        kineto_config_env,
-        rank_environment,
-    )
 
     log_dir.mkdir(parents=True, exist_ok=True)
     launch_cfg = LaunchConfig(
@@ -370,7 +368,6 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         NODE_GPUS_ENV: node_gpus(os.environ),
         **kineto_config_env(os.environ),
     }
-    from pnpscale.cluster.exits import ExitWatch
 
     watch = ExitWatch(log_dir, nprocs)  # how each rank ended, as this process saw it
     try:  # the rank's error is re-raised below, once: torch's own log lines about it are held back
@@ -440,7 +437,6 @@ def node_gpus(environ: Any) -> str:
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return ",".join(g.strip() for g in visible.split(",") if g.strip())
-    from pnpscale.cluster.resources import cuda_device_count
 
     return ",".join(str(i) for i in range(cuda_device_count()))
 
@@ -601,7 +597,6 @@ def _compose(overrides: Sequence[str]) -> Any:
     """pnpscale's composed config for ``overrides`` (Hydra's compose API on the package's config tree)."""
     from hydra import compose, initialize_config_dir
 
-    from pnpscale.core.config import CONF_DIR, register_schema
 
     register_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -625,7 +620,7 @@ PROBE_OVERRIDES = (
 def _probe_rank(spec_dict: dict[str, Any], run_dir: str) -> None:
     """One probe rank: the real rank (:func:`pnpscale.rank.worker.rank_main`), then its memory into
     ``run_dir/probe-rank<r>.json``: its private bytes and the bytes it shares with the forkserver."""
-    from pnpscale.rank.worker import rank_main
+    from pnpscale.rank.worker import rank_main  # deferred: torch only in the process that runs a rank
 
     rank_main(spec_dict, run_dir)
     mine = resources.smaps_rollup()
@@ -657,8 +652,6 @@ def probe_footprint() -> tuple[int, int, str]:
     """
     import tempfile
 
-    from pnpscale.core.config import resolve_spec
-    from pnpscale.rank.process import watch_launcher
 
     if os.environ.get(PROBE_LAUNCHER_ENV, "").isdigit():  # ends with the command, and its forkserver and ranks
         watch_launcher(int(os.environ[PROBE_LAUNCHER_ENV]))
@@ -674,7 +667,6 @@ def probe_footprint() -> tuple[int, int, str]:
 
 def _cache_file() -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    from pnpscale.core import layout
 
     return base / "pnpscale" / layout.RANK_FOOTPRINT
 
@@ -721,7 +713,6 @@ def rank_footprint(measure: bool = True) -> tuple[int, int] | None:
     except (OSError, ValueError, StopIteration, subprocess.TimeoutExpired):
         return None
     try:
-        from pnpscale.core import layout
 
         layout.write_json(path, {"key": key, "per_rank_bytes": per_rank, "shared_bytes": shared,
                                  "start_method": method, "how": "pnpscale.cluster.local.probe_footprint: a "

@@ -97,7 +97,7 @@ def drunet_weight_bytes(nc: list[int], nb: int, channels: int, dims: int) -> int
 
 def problem_bytes(spec: RunSpec) -> int:
     """Bytes of the problem's tensors on one CPU rank (see the module doc for the rule)."""
-    from pnpscale.rank.problems import make_problem
+    from pnpscale.rank.problems import make_problem  # deferred: torch only once the config is valid
 
     signal = make_problem(spec).signal_bytes()
     sizes = spec.sizes

@@ -41,6 +41,10 @@ from pnpscale.cluster.base import Cluster
 from pnpscale.cluster.peer_errors import echo_kind
 from pnpscale.core import layout
 from pnpscale.core.config import ConfigError, RunSpec, plain
+from pnpscale.core.record import update_record
+from pnpscale.rank.gpus import bind_gpu, nvml_device_count
+from pnpscale.rank.group import MIN_CPUS_PER_GPU_RANK as MIN_CPUS_PER_GPU_TASK
+from pnpscale.rank.process import kineto_config_env, rank_environment, threads_per_rank
 
 #: Set (to "1") by the launcher in every SLURM task before pnpscale code runs there.
 IN_TASK_ENV = "PNPSCALE_SLURM_TASK"
@@ -147,7 +151,6 @@ def cpus_per_task_warning(cluster: Mapping[str, Any]) -> str | None:
     >>> cpus_per_task_warning({"cpus_per_task": None}).startswith("cluster.cpus_per_task=null")
     True
     """
-    from pnpscale.rank.group import MIN_CPUS_PER_GPU_RANK as MIN_CPUS_PER_GPU_TASK
 
     cpus = cluster.get("cpus_per_task")
     if cpus is not None and int(cpus) >= MIN_CPUS_PER_GPU_TASK:
@@ -543,7 +546,6 @@ def bind_task_gpu(environ: Any) -> str | None:
     ``CUDA_VISIBLE_DEVICES`` the node's GPUs are counted by NVML (no CUDA initialisation). Returns the
     binding, ``None`` when nothing changed.
     """
-    from pnpscale.rank.gpus import bind_gpu, nvml_device_count
 
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     count = nvml_device_count() if visible is None else None
@@ -584,8 +586,7 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     """
     from submitit.helpers import TorchDistributedEnvironment
 
-    from pnpscale.rank.process import kineto_config_env, rank_environment, threads_per_rank
-    from pnpscale.rank.worker import rank_main
+    from pnpscale.rank.worker import rank_main  # deferred: torch only in the SLURM task that runs a rank
 
     # the GPU binding was done when the task started (bind_task_gpu, by entry, not by index: submitit's
     # would set CUDA_VISIBLE_DEVICES=<local rank>, wrong when SLURM gave the job e.g. GPUs 2,3)
@@ -597,7 +598,6 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
     record = task_record(os.environ, dist_env.master_addr, dist_env.master_port)
     if rank == 0:  # in run.json from the start, so that a failure record names the job too
         _link_logs(run_dir, record["logs"])
-        from pnpscale.core.record import update_record
 
         update_record(run_dir, slurm=record)
     rank_main(spec.to_dict(), str(run_dir), config, extra={"slurm": record})

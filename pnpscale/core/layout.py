@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pnpscale.core.signals import check, deferred
+
 RUN_JSON = "run.json"
 RANKS = "ranks.parquet"
 SECTIONS = "sections.parquet"
@@ -73,7 +75,16 @@ RATES = "rates.parquet"
 COMPARE = "compare.parquet"  # only when the runs vary a compared key (pnpscale.results.compare)
 REPORT_README = "README.md"
 WAIT_RANKS = "wait_ranks.parquet"
-TIMELINE_PNG = "timeline.png"  # one median iteration per rank at the largest GPU count (results.timeline)
+TIMELINE_PNG = "timeline.png"  # one median iteration per rank at the largest GPU count (results.timeline_chart)
+TRANSFER_PNG = "transfer.png"  # bytes / rate per route (pnpscale.results.transfer)
+COMPARE_PNG = "compare.png"  # the varied keys side by side (pnpscale.results.compare)
+#: The study's charts (pnpscale.results.charts.CHARTS draws each under its name here).
+SCALED_COST_PNG = "scaled_cost.png"
+COMPONENTS_PNG = "compute_transfer_wait.png"
+LOAD_BALANCE_PNG = "load_balance.png"
+COMM_EFFICIENCY_PNG = "comm_efficiency.png"
+WAIT_PCT_PNG = "wait_pct.png"
+WAIT_CAUSES_PNG = "wait_causes.png"
 
 STATUS_COMPLETE = "complete"
 STATUS_FAILED = "failed"
@@ -255,7 +266,6 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
     removals) run with SIGINT/SIGTERM/SIGHUP held back (:func:`pnpscale.core.signals.deferred`), so
     a signal never leaves a mix of old and new files.
     """
-    from pnpscale.core.signals import check, deferred
 
     created = [p for p in (dest, *dest.parents) if not p.exists()]  # deepest first
     dest.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from typing import Any
 
 from pnpscale.core import layout
 from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.record import now_iso
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,6 @@ class Holder:
 
     @classmethod
     def me(cls) -> Holder:
-        from pnpscale.core.record import now_iso
 
         return cls(os.getpid(), socket.gethostname(), now_iso(), " ".join(["python", "-m", "pnpscale", *sys.argv[1:]]))
 

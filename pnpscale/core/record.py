@@ -40,7 +40,10 @@ from pnpscale.core import layout
 
 if TYPE_CHECKING:
     from pnpscale.core.config import RunSpec
+from pnpscale import columns as K
+from pnpscale.core import __version__
 from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.signals import deferred
 
 SCHEMA_VERSION = 4
 
@@ -302,7 +305,6 @@ def check_world(data: dict[str, Any], gpus: int) -> None:
 def _upgrade_totals(data: dict[str, Any]) -> dict[str, Any]:
     """Schemas 1 and 2 kept some sums over iterations under the tables' per-iteration names: rename every
     summed measure's key (:data:`pnpscale.columns.MEASURES`) to its :func:`pnpscale.columns.total_name`."""
-    from pnpscale import columns as K
 
     summed = {*K.SUMMED, *K.SUMMED_OPTIONAL}
     metrics = data.get("metrics")
@@ -379,7 +381,6 @@ def provenance(backend: str) -> dict[str, Any]:
     import deepinv
     import torch
 
-    from pnpscale.core import __version__
 
     nccl = None
     if torch.cuda.is_available():
@@ -417,7 +418,6 @@ def peak_memory(ranks: Any, devices: list[str], reserved: list[int | None] | Non
     >>> peak_memory(pd.DataFrame({"rank": [0, 0, 1], "peak_mem_bytes": [5, 7, 6]}), ["cpu: x", "cpu: x"])
     {'bytes_per_rank': [7, 6], 'max_bytes': 7, 'source': 'cpu VmHWM (resident set high-water mark)'}
     """
-    from pnpscale import columns as K
 
     per = ranks.groupby(K.RANK)[K.PEAK_MEM_BYTES].max()
     values = [None if r not in per.index or per[r] != per[r] else int(per[r]) for r in range(len(devices))]
@@ -570,7 +570,6 @@ def write_failure(
     Raises:
         OSError: not even a short record fits on the disk.
     """
-    from pnpscale.core.signals import deferred
 
     with deferred():
         try:

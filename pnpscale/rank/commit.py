@@ -23,6 +23,7 @@ from pnpscale.core.record import (
     start_record,
     write_record,
 )
+from pnpscale.rank.problems import make_problem
 
 if TYPE_CHECKING:
     from pnpscale.core.config import RunSpec
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
 def image_bytes(spec: RunSpec) -> int:
     """Bytes of the reconstructed signal (the problem class's :meth:`~pnpscale.rank.problems.Problem.signal_bytes`)."""
-    from pnpscale.rank.problems import make_problem
 
     return make_problem(spec).signal_bytes()
 

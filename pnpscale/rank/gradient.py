@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from pnpscale.rank.pipeline import _pad_of, window_indices
+from pnpscale.rank.pipeline import pad_of, window_indices
 
 #: How step 1 is issued: ``reduce_scatter`` (torch's single-tensor reduce-scatter, NCCL) or ``all_to_all``
 #: (``dist.all_to_all_single`` and a local sum, gloo); ``None`` in :class:`WindowedSum` picks by backend.
@@ -132,9 +132,9 @@ def window_layout(strategy: Any, world: int) -> WindowLayout:
     ndim = len(shape)
     for d in meta["tiling_dims"]:
         dim = d + ndim if d < 0 else d
-        if _pad_of(meta, dim) >= shape[dim]:
+        if pad_of(meta, dim) >= shape[dim]:
             raise ValueError(
-                f"problem.overlap={_pad_of(meta, dim)}: must be < the signal's size {shape[dim]} "
+                f"problem.overlap={pad_of(meta, dim)}: must be < the signal's size {shape[dim]} "
                 "for solver.gradient_collective=reduce_scatter (reflect padding)"
             )
     owner = torch.full(spatial, -1, dtype=torch.int32)

@@ -178,7 +178,11 @@ def run_iterations(
     the highest CUDA ``max_memory_reserved`` of a section in bytes: ``None`` on CPU)."""
     from torch.profiler import record_function
 
-    from pnpscale.rank.profiling import CollectiveLog, PeakMemory, make_profiler
+    from pnpscale.rank.profiling import (  # deferred: torch.profiler only once a rank measures
+        CollectiveLog,
+        PeakMemory,
+        make_profiler,
+    )
 
     total = spec.warmup + spec.iterations
     peak = PeakMemory(device)

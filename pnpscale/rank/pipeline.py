@@ -116,12 +116,12 @@ def window_rows(strategy: Any, tile: int) -> tuple[int, int]:
     meta = strategy._metadata
     dim = _row_dim(meta)
     g = strategy._global_slices[tile][dim]
-    pad = _pad_of(meta, dim)
+    pad = pad_of(meta, dim)
     idx = reflect_index(int(g.start), int(g.stop), pad, int(meta["img_size"][dim]))
     return int(idx.min()), int(idx.max()) + 1
 
 
-def _pad_of(meta: dict, dim: int) -> int:
+def pad_of(meta: dict, dim: int) -> int:
     """Padding (pixels each side) deepinv applies to signal dimension ``dim`` (``global_padding``)."""
     ndim = len(meta["img_size"])
     return int(meta["global_padding"][(ndim - 1 - dim) * 2])
@@ -135,7 +135,7 @@ def window_indices(strategy: Any, tile: int) -> list[tuple[int, torch.Tensor]]:
     for d in meta["tiling_dims"]:
         dim = d + ndim if d < 0 else d
         g = strategy._global_slices[tile][dim]
-        out.append((dim, reflect_index(int(g.start), int(g.stop), _pad_of(meta, dim), int(meta["img_size"][dim]))))
+        out.append((dim, reflect_index(int(g.start), int(g.stop), pad_of(meta, dim), int(meta["img_size"][dim]))))
     return out
 
 
@@ -277,9 +277,9 @@ class PipelinedStep:
         meta = self.strategy._metadata
         for d in meta["tiling_dims"]:
             dim = d + len(meta["img_size"]) if d < 0 else d
-            if _pad_of(meta, dim) >= meta["img_size"][dim]:
+            if pad_of(meta, dim) >= meta["img_size"][dim]:
                 raise ValueError(
-                    f"problem.overlap={_pad_of(meta, dim)}: must be < the signal's size {meta['img_size'][dim]} "
+                    f"problem.overlap={pad_of(meta, dim)}: must be < the signal's size {meta['img_size'][dim]} "
                     "for solver.overlap=pipelined (reflect padding)"
                 )
         self.dim = _row_dim(meta)

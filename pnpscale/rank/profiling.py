@@ -31,6 +31,7 @@ from pnpscale.analysis.kineto import (
     is_gloo_work,
     payload_bytes,
 )
+from pnpscale.core import layout
 from pnpscale.core.errors import PnpscaleError
 
 
@@ -323,7 +324,6 @@ def check_trace_complete(
 
 def export_trace(prof: profile, path: Path) -> None:
     """Write the Kineto trace (Chrome/Perfetto/HTA-readable JSON) atomically to ``path``."""
-    from pnpscale.core import layout
 
     with layout.atomic_path(path) as tmp:
         prof.export_chrome_trace(str(tmp))

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from pnpscale.analysis.anomalies import Anomalies
+from pnpscale.analysis.events import SectionError, rank_rows
+from pnpscale.analysis.section.records import section_records
 from pnpscale.core import layout
+from pnpscale.core.config import RunSpec
+from pnpscale.core.errors import PnpscaleError, failure_kind
+from pnpscale.core.record import RankFailureRecord
+from pnpscale.rank.commit import write_run
 from pnpscale.rank.group import Group, collect_nccl_log, cpu_warning, nccl_debug_env, nccl_log_file
 from pnpscale.rank.loop import Heartbeat, device_name, run_iterations, sync
 from pnpscale.rank.process import (
@@ -33,6 +40,8 @@ from pnpscale.rank.process import (
     refuse_bad_fork,
     threads_per_rank,
 )
+from pnpscale.rank.profiling import check_trace_complete, export_trace, profiler_events
+from pnpscale.rank.solver import make_solver
 
 if TYPE_CHECKING:
     from pnpscale.core.config import RunSpec
@@ -52,7 +61,6 @@ def rank_main(
     """
     import torch
 
-    from pnpscale.core.config import RunSpec
 
     if PARENT_PID_ENV in os.environ:
         die_with_parent(int(os.environ[PARENT_PID_ENV]))
@@ -79,7 +87,6 @@ def rank_main(
 
     beat = Heartbeat(layout.progress_file(run_dir, rank) if PARENT_PID_ENV in os.environ else None, rank)
     beat(-1, "init")
-    from pnpscale.core.record import RankFailureRecord
 
     failure = RankFailureRecord(run_dir, rank)  # its bytes now, while the disk has room
     try:
@@ -91,12 +98,10 @@ def rank_main(
             if staged:
                 collect_nccl_log(nccl_log, Path(run_dir), rank)
     except BaseException as exc:  # its kind crosses to the launcher as a field, decided here
-        from pnpscale.core.errors import failure_kind
 
         waited = time.monotonic() - beat.since
         world = int(os.environ.get("WORLD_SIZE", "1"))
         kind = failure_kind(exc, waited, spec.timeout_s, world)
-        from pnpscale.core.errors import PnpscaleError
 
         failure.write(kind, type(exc).__name__, own=isinstance(exc, PnpscaleError), iteration=beat.iteration,
                       section=beat.section, waited_s=round(waited, 3))  # fmt: skip
@@ -125,7 +130,6 @@ def _measure_and_report(
         if ctx.device != group.device:
             raise RuntimeError(f"rank {rank}: deepinv chose {ctx.device}, the process group {group.device}")
         t_setup0 = time.time()
-        from pnpscale.rank.solver import make_solver
 
         beat(-1, "setup")
         solver = make_solver(spec, ctx)
@@ -135,13 +139,9 @@ def _measure_and_report(
         t_measure0 = time.time()
         peaks, prof, calls, reserved = run_iterations(spec, solver, ctx.device, group, beat)
         t_measure1 = time.time()
-        from pnpscale.analysis.events import SectionError, rank_rows
-        from pnpscale.analysis.section.records import section_records
-        from pnpscale.rank.profiling import check_trace_complete, export_trace, profiler_events
 
         if spec.export_traces:
             export_trace(prof, layout.trace_file(run_dir, rank))
-        from pnpscale.analysis.anomalies import Anomalies
 
         anomalies = Anomalies()
         try:
@@ -170,7 +170,6 @@ def _measure_and_report(
         if rank == 0:
             assert gathered is not None  # rank 0 holds every rank's tables
             beat(spec.warmup + spec.iterations - 1, "write", advance=False)
-            from pnpscale.rank.commit import write_run
 
             timings = {
                 "launch_s": (t_start - float(os.environ[LAUNCH_T0_ENV])) if LAUNCH_T0_ENV in os.environ else None,

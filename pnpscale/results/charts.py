@@ -3,7 +3,7 @@
 Each ``plot_*`` function takes that tidy table (:func:`pnpscale.load`'s, or the report's) and returns a
 matplotlib Figure (built without pyplot: no backend or global state is touched, so it works headless and
 displays in notebooks); a sweep's variants (``solver.denoiser_collective``, ``problem.num_operators``) are
-drawn as their own series, ``2d denoiser_collective=all_gather`` (:func:`pnpscale.results.plotting.labelled`);
+drawn as their own series, ``2d denoiser_collective=all_gather`` (:func:`pnpscale.results.series.labelled`);
 :func:`save` writes it. Missing points (failed or incomplete runs) are drawn as red crosses on the x axis and
 break the lines (never silently dropped). Time axes are seconds per measured iteration; GPU counts
 are on a log-2 axis.
@@ -20,7 +20,9 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from pnpscale import columns as K
-from pnpscale.results.plotting import KIND_COLORS, figure, labelled, log2_x
+from pnpscale.core import layout
+from pnpscale.results.plotting import KIND_COLORS, figure, log2_x
+from pnpscale.results.series import labelled
 
 ALL = "all"
 #: Line styles of problems whose runs do not name one (records older than the problem registry).
@@ -293,18 +295,17 @@ def plot_wait_causes(table: pd.DataFrame) -> Figure:
 
 
 CHARTS = {
-    "scaled_cost.png": plot_scaled_cost,
-    "compute_transfer_wait.png": plot_components,
-    "load_balance.png": plot_load_balance,
-    "comm_efficiency.png": plot_comm_efficiency,
-    "wait_pct.png": plot_wait_pct,
-    "wait_causes.png": plot_wait_causes,
+    layout.SCALED_COST_PNG: plot_scaled_cost,
+    layout.COMPONENTS_PNG: plot_components,
+    layout.LOAD_BALANCE_PNG: plot_load_balance,
+    layout.COMM_EFFICIENCY_PNG: plot_comm_efficiency,
+    layout.WAIT_PCT_PNG: plot_wait_pct,
+    layout.WAIT_CAUSES_PNG: plot_wait_causes,
 }
 
 
 def save(fig: Figure, path: Path) -> None:
     """Write ``fig`` as a PNG atomically (temporary name, then rename: :func:`pnpscale.core.layout.atomic_path`)."""
-    from pnpscale.core import layout
 
     with layout.atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")

@@ -28,11 +28,15 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pnpscale import columns as K
+from pnpscale.analysis.spread import MIN_ITERATIONS, too_few
 from pnpscale.core import layout
-from pnpscale.results.plotting import figure, log2_x, series_label
+from pnpscale.results.plotting import figure, log2_x
+from pnpscale.results.runs import read_table
+from pnpscale.results.series import series_label
+from pnpscale.results.transfer import main_bytes_per_gpu
 
 ALL = "all"
-COMPARE_PNG = "compare.png"
+COMPARE_PNG = layout.COMPARE_PNG
 COMPARE = layout.COMPARE
 #: Report columns -> (label, format) of the comparison's markdown.
 _SHOW = {
@@ -82,8 +86,6 @@ def _order(series: pd.Series) -> list[str]:
 
 def run_bytes_per_gpu(run_dir: str | Path, gpus: int, nodes: int) -> float:
     """Bytes per GPU per measured iteration of a run folder's main collectives (ring model); NaN when unknown."""
-    from pnpscale.results.runs import read_table
-    from pnpscale.results.transfer import main_bytes_per_gpu
 
     d = Path(run_dir)
     if gpus <= 1:
@@ -118,7 +120,6 @@ def noise_verdict(a: pd.Series, base: pd.Series) -> object:
     >>> noise_verdict(row(3, 1.0, 1.2), row(10, 2.0, 2.1))
     'too few iterations'
     """
-    from pnpscale.analysis.spread import too_few
 
     lo, hi = K.spread_column(K.SECTION_S, 10), K.spread_column(K.SECTION_S, 90)
     values = [a.get(lo), a.get(hi), base.get(lo), base.get(hi)]
@@ -217,7 +218,6 @@ def savings(cmp: pd.DataFrame) -> list[str]:
 
 def _noise_text(verdict: object, a: pd.Series, b: pd.Series) -> str:
     """Why a difference is not called a gain (:func:`noise_verdict`)."""
-    from pnpscale.analysis.spread import MIN_ITERATIONS
 
     lo, hi = K.spread_column(K.SECTION_S, 10), K.spread_column(K.SECTION_S, 90)
     if verdict == WITHIN:

@@ -35,12 +35,34 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pnpscale import columns as K
-from pnpscale.core import layout
+from pnpscale.analysis.anomalies import summary_lines
+from pnpscale.analysis.spread import MIN_ITERATIONS, too_few
+from pnpscale.analysis.waits import RANK_TABLE_COLUMNS, rank_table
+from pnpscale.core import layout, signals
 from pnpscale.core.record import RecordError, read_record
-from pnpscale.results.runs import NoRunsError, build_table
+from pnpscale.rank.assignment import section_work
+from pnpscale.results.charts import CHARTS, save
+from pnpscale.results.compare import COMPARE, COMPARE_PNG, comparison, plot_comparison
+from pnpscale.results.compare import markdown as compare_markdown
+from pnpscale.results.plotting import figure
+from pnpscale.results.projection.command import options_command, user_projection
+from pnpscale.results.projection.output import (
+    Options,
+    ProjectionError,
+    default_targets,
+    project,
+    readme_section,
+    with_algorithms,
+    write_files,
+)
+from pnpscale.results.runs import NoRunsError, build_table, read_table
+from pnpscale.results.series import labelled
+from pnpscale.results.summary import describe, headline_checks
+from pnpscale.results.timeline_chart import plot_timeline, timeline_table
+from pnpscale.results.transfer import calibrate, plot_transfer, predict, transfer_inputs, transfer_rows
 
 SUMMARY, README, TRANSFER, RATES = layout.SUMMARY, layout.REPORT_README, layout.TRANSFER, layout.RATES
-TRANSFER_PNG = "transfer.png"
+TRANSFER_PNG = layout.TRANSFER_PNG
 WAIT_RANKS = layout.WAIT_RANKS
 
 
@@ -49,7 +71,7 @@ REPORT_FILES = (
     SUMMARY, README, TRANSFER, RATES, TRANSFER_PNG, WAIT_RANKS,
     layout.PROJECTION, layout.PROJECTION_VALIDATION, layout.PROJECTION_PNG, layout.PROJECTION_MD,
     layout.PROJECTION_OPTIONS, layout.PROJECTION_OVERLAP,
-    layout.COMPARE, "compare.png", layout.TIMELINE_PNG,
+    layout.COMPARE, layout.COMPARE_PNG, layout.TIMELINE_PNG,
 )  # fmt: skip
 
 
@@ -67,8 +89,6 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         NoRunsError: no run folder under ``path``.
         OSError: the report could not be written (the previous one is intact).
     """
-    from pnpscale.results.charts import CHARTS, save
-    from pnpscale.results.plotting import labelled
 
     table = build_table(path, echo)
     view = labelled(table)  # one series per (problem, variant)
@@ -110,8 +130,6 @@ def timeline_chart(table: pd.DataFrame, out: Path) -> list[str]:
     """Draw ``timeline.png`` into ``out`` (:mod:`pnpscale.results.timeline_chart`) and return its README lines:
     per (problem, mode), the iteration drawn and, per section, the critical-path rank and the largest wait,
     and why a (problem, mode) is not drawn (runs without collective starts); no chart when none is drawn."""
-    from pnpscale.results.charts import save
-    from pnpscale.results.timeline_chart import plot_timeline, timeline_table
 
     skipped: dict[tuple[str, str], str] = {}
     tl = timeline_table(table, skipped=skipped)
@@ -145,7 +163,6 @@ def too_few_points(table: pd.DataFrame) -> list[str]:
     """One line per (problem, mode) naming its complete points with fewer measured iterations than
     :data:`pnpscale.analysis.spread.MIN_ITERATIONS` (too few to say how much the numbers move); printed by
     the report and listed in its README."""
-    from pnpscale.analysis.spread import MIN_ITERATIONS, too_few
 
     done = table[(table["status"] == "complete") & (table[K.SECTION] == "all")]
     lines = []
@@ -216,16 +233,6 @@ def project_sweep(table: pd.DataFrame, out: Path, report_dir: Path | None = None
     Returns:
         README lines (empty when nothing qualifies).
     """
-    from pnpscale.results.projection.command import options_command, user_projection
-    from pnpscale.results.projection.output import (
-        Options,
-        ProjectionError,
-        default_targets,
-        project,
-        readme_section,
-        with_algorithms,
-        write_files,
-    )
 
     done = table[table["status"] == "complete"]
     kept: list[str] = []
@@ -259,15 +266,13 @@ def project_sweep(table: pd.DataFrame, out: Path, report_dir: Path | None = None
 def comparison_section(table: pd.DataFrame, out: Path, files: dict[str, Callable[[Path], None]]) -> list[str]:
     """The side-by-side comparison (:mod:`pnpscale.results.compare`) when a compared key varies:
     draws ``compare.png``, adds ``compare.parquet`` to ``files``, returns the README lines."""
-    from pnpscale.results.charts import save
-    from pnpscale.results.compare import COMPARE, COMPARE_PNG, comparison, markdown, plot_comparison
 
     cmp = comparison(table)
     if cmp is None:
         return []
     save(plot_comparison(cmp), out / COMPARE_PNG)
     files[COMPARE] = lambda p: cmp.to_parquet(p, index=False)
-    return markdown(cmp)
+    return compare_markdown(cmp)
 
 
 def transfer_explained(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame] | None:
@@ -276,7 +281,6 @@ def transfer_explained(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     Restricted to inference, as in the study: there each section issues exactly one
     image-sized all_reduce, so the byte model is exact; training's sections carry more messages.
     """
-    from pnpscale.results.transfer import calibrate, predict, transfer_inputs, transfer_rows
 
     runs = table[(table["status"] == "complete") & (table["mode"] == "inference") & (table["gpus"] > 1)]
     dirs = sorted(set(runs["run_dir"]))
@@ -304,8 +308,6 @@ def wait_ranks(table: pd.DataFrame) -> pd.DataFrame:
         PROBLEM, MODE, GPUS and :data:`pnpscale.analysis.waits.RANK_TABLE_COLUMNS`; empty (with those
         columns) when no run completed.
     """
-    from pnpscale.analysis.waits import RANK_TABLE_COLUMNS, rank_table
-    from pnpscale.results.runs import read_table
 
     frames = []
     done = table[table["status"] == "complete"].drop_duplicates("run_dir")
@@ -342,7 +344,6 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
     >>> text.split(" (")[1]
     'critical-path rank 0: 1 operator, 100 % of iterations).'
     """
-    from pnpscale.rank.assignment import section_work
 
     head = f"{row[K.SECTION]} at {int(row['gpus'])}"
     wait = row[K.WAIT_S]
@@ -413,8 +414,6 @@ def _wait_markdown(table: pd.DataFrame, ranks: pd.DataFrame, problem: str, mode:
 
 def plot_transfer_figure(rows: pd.DataFrame) -> Figure:
     """The transfer chart (:func:`pnpscale.results.transfer.plot_transfer`) on its own figure."""
-    from pnpscale.results.plotting import figure
-    from pnpscale.results.transfer import plot_transfer
 
     fig, ax = figure(1, 1, (9, 5))
     plot_transfer(rows, ax)
@@ -457,7 +456,6 @@ def markdown(
     ``anomalies``: :func:`run_anomalies`; every run's anomaly summary is listed, and a report without
     any says so.
     """
-    from pnpscale.results.summary import describe, headline_checks
 
     lines = ["# pnpscale report", ""]
     lines += [f"![{c}]({c})" for c in charts] + [""]
@@ -508,7 +506,6 @@ def markdown(
 
 
 def _anomalies_markdown(anomalies: dict[str, list[dict[str, Any]] | None]) -> list[str]:
-    from pnpscale.analysis.anomalies import summary_lines
 
     lines = ["## Anomalies", ""]
     found = {k: v for k, v in anomalies.items() if v}
@@ -566,7 +563,6 @@ def main(argv: list[str] | None = None) -> int:
     is intact), or ``--strict`` and some point's run folder is unreadable; 2 a folder without runs;
     130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP (one line; the previous report is intact).
     """
-    from pnpscale.core import signals
 
     parser = argparse.ArgumentParser(prog="python -m pnpscale.report", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="folder holding run folders (a sweep, or outputs/ with several sweeps)")

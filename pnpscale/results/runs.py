@@ -19,11 +19,24 @@ from typing import Any
 import pandas as pd
 
 from pnpscale import columns as K
+from pnpscale.analysis.metrics import (
+    InvariantError,
+    check_collectives_agree,
+    check_rank_rows,
+    check_section_rows,
+    check_tables_agree,
+    run_metrics,
+    summarize,
+)
+from pnpscale.analysis.spread import spread
+from pnpscale.analysis.tables import complete_sections
 from pnpscale.core import layout
+from pnpscale.core.config import VARIANT_KEYS
 from pnpscale.core.errors import InputError, UnreadableFile
 from pnpscale.core.lock import process_gone
-from pnpscale.core.record import RecordError, read_record
+from pnpscale.core.record import SCHEMA_VERSION, RecordError, read_record
 from pnpscale.results.summary import scaled_cost
+from pnpscale.results.transfer import run_nccl_log
 
 POINT = ["problem", "mode", "gpus"]
 _HIVE = re.compile(
@@ -269,7 +282,6 @@ def variants(runs: pd.DataFrame) -> pd.Series:
     ...                        "overlap_chunks": [pd.NA, 2, 4]})).tolist()
     ['overlap=none', 'overlap=pipelined overlap_chunks=2', 'overlap=pipelined overlap_chunks=4']
     """
-    from pnpscale.core.config import VARIANT_KEYS
 
     label = pd.Series("", index=runs.index, dtype=object)
     for key in VARIANT_KEYS:
@@ -394,7 +406,6 @@ def read_sections(path: Path, base: Path) -> pd.DataFrame:
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise UnreadableFile(path, _reason(exc, path)) from None
     check_columns(sections, path, SECTIONS_REQUIRED)
-    from pnpscale.analysis.tables import complete_sections
 
     for key, value in keys.items():
         sections[key] = value
@@ -462,7 +473,6 @@ def check_run_files(run_dir: Path, gpus: int | None = None) -> tuple[pd.DataFram
     Raises:
         UnreadableFile: ``<file>: <reason>`` of the first unreadable file.
     """
-    from pnpscale.results.transfer import run_nccl_log
 
     ranks = read_table(run_dir / layout.RANKS, required=REQUIRED_COLUMNS[layout.RANKS])
     if gpus is not None:
@@ -496,14 +506,6 @@ def check_consistent(
         UnreadableFile: (a ``ValueError``) ``<file>: iteration <i> section <s> [rank <r>]: <the invariant>``, or
             ``<run.json>: metrics.<key> = <recorded>, the tables give <computed>``.
     """
-    from pnpscale.analysis.metrics import (
-        InvariantError,
-        check_collectives_agree,
-        check_rank_rows,
-        check_section_rows,
-        check_tables_agree,
-        run_metrics,
-    )
 
     if collectives is None:
         collectives = pd.DataFrame()
@@ -515,7 +517,6 @@ def check_consistent(
             check()
         except InvariantError as exc:
             raise UnreadableFile(run_dir / name, str(exc)) from None
-    from pnpscale.core.record import SCHEMA_VERSION
 
     try:
         if layout.read_json(run_dir / layout.RUN_JSON).get("schema_version") != SCHEMA_VERSION:
@@ -574,7 +575,6 @@ def read_complete(run_dir: Path, base: Path, point: dict[str, Any]) -> tuple[pd.
         UnreadableFile: ``<file>: <reason>`` (an unexpected error is named with its class, against
             ``sections.parquet``).
     """
-    from pnpscale.analysis.metrics import summarize
 
     try:
         sections = read_sections(run_dir / layout.SECTIONS, base)
@@ -611,7 +611,6 @@ def unreadable_reason(run_dir: Path) -> str | None:
 
 def _complete_table(complete: pd.DataFrame, base: Path) -> tuple[pd.DataFrame | None, dict[str, str]]:
     """The metric rows of the complete runs, and ``run_dir -> "unreadable: <file>: <reason>"`` for the others."""
-    from pnpscale.analysis.spread import spread
 
     rows, unreadable = [], {}
     for run_dir, info in complete.set_index("run_dir").iterrows():

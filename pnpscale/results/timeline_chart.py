@@ -22,7 +22,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pnpscale import columns as K
+from pnpscale.analysis.timeline_slices import clock_offsets, slices
 from pnpscale.core import layout
+from pnpscale.results.plotting import KIND_COLORS, figure
+from pnpscale.results.runs import read_table
 
 ROLE = "role"
 CRITICAL, FASTEST, TYPICAL = "critical", "fastest", "typical"
@@ -93,8 +96,6 @@ def run_iteration(run_dir: Path, max_ranks: int = MAX_RANKS) -> pd.DataFrame:
     Raises:
         ValueError: an unreadable table (``<file>: <reason>``).
     """
-    from pnpscale.analysis.timeline_slices import clock_offsets, slices
-    from pnpscale.results.runs import read_table
 
     ranks = read_table(run_dir / layout.RANKS)
     colls = read_table(run_dir / layout.COLLECTIVES)
@@ -127,7 +128,7 @@ def timeline_table(
     """The slices of :func:`run_iteration` for the largest complete GPU count of each (problem, mode).
 
     Args:
-        table: the report's view (:func:`pnpscale.results.compare.labelled` of
+        table: the report's view (:func:`pnpscale.results.series.labelled` of
             :func:`pnpscale.results.runs.load`: ``problem`` names the series), with ``run_dir`` and ``status``.
         max_ranks: see :func:`pick_ranks`.
         skipped: when given, filled with (problem, mode) -> why that run is not drawn (its slices cannot be
@@ -177,7 +178,6 @@ def plot_timeline(tl: pd.DataFrame) -> Figure:
     (:data:`pnpscale.results.plotting.KIND_COLORS`), section starts of the lowest drawn rank dotted and named, the
     critical-path rank named on its row, the main collectives labelled (name and payload) above the panel,
     and how many ranks are not drawn in the title."""
-    from pnpscale.results.plotting import KIND_COLORS, figure
 
     panels = sorted({(p, m) for p, m in zip(tl[K.PROBLEM], tl[K.MODE], strict=True)}) or [("", "")]
     heights = [max(1.6, 0.45 * tl[(tl[K.PROBLEM] == p) & (tl[K.MODE] == m)][K.RANK].nunique() + 1.2) for p, m in panels]
@@ -256,7 +256,6 @@ def _place_labels(fig: Figure, labels: list[tuple[Any, float, float, str, float]
     iteration holds dozens of collectives); a panel with labels left out says how many in its lower right."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from pnpscale.results.plotting import KIND_COLORS
 
     renderer = FigureCanvasAgg(fig).get_renderer()
     placed: dict[Any, list[Any]] = {}

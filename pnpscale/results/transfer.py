@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 
 from pnpscale import columns as K
+from pnpscale.analysis.nccl_log import algorithm_for, merge_logs, parse_nccl_log, version_tuple
+from pnpscale.analysis.tables import complete_sections
 from pnpscale.core import layout
 from pnpscale.core.errors import PnpscaleError, UnreadableFile
 from pnpscale.core.record import RecordError, read_record
@@ -664,7 +666,6 @@ def run_nccl_log(run_dir: Path | str) -> Any:
         ValueError: a log that cannot be read (``str()`` is ``<file>: <reason>``): not a file, no permission,
             an I/O error, or a line the parser rejects.
     """
-    from pnpscale.analysis.nccl_log import merge_logs, parse_nccl_log
 
     parsed = []
     for p in sorted((Path(run_dir) / layout.NCCL_DIR).glob("rank*.log")):
@@ -692,8 +693,6 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
         FileNotFoundError: a complete run folder without ``sections.parquet``.
         ValueError: an NCCL log that cannot be read (:func:`run_nccl_log`).
     """
-    from pnpscale.analysis.nccl_log import algorithm_for, version_tuple
-    from pnpscale.analysis.tables import complete_sections
 
     rows = []
     for d in map(Path, run_dirs):

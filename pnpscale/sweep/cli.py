@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pnpscale.cluster import cluster_backends
 from pnpscale.core.config import (
     CONF_DIR,
     ConfigError,
@@ -20,10 +21,12 @@ from pnpscale.core.config import (
     check_value,
     moved_key_error,
     open_keys,
+    register_schema,
     schema_keys,
 )
 from pnpscale.core.errors import InputError
-from pnpscale.sweep.point import writable_dir
+from pnpscale.core.lock import in_use
+from pnpscale.sweep.point import check_room, mode_key_problems, resolve_point, writable_dir
 
 #: The app's Hydra config tree, package data (``pnpscale/conf``): a built wheel carries it.
 CONF = CONF_DIR
@@ -87,7 +90,6 @@ def check_overrides(argv: Sequence[str]) -> None:
     backends: dict[str, Any] = {}
     elsewhere: dict[str, list[str]] = {}  # cluster.<key> -> the other backends that have it
     if any(ov.key_or_group.startswith("cluster.") for ov in parsed):  # the backends' own keys and rules
-        from pnpscale.cluster import cluster_backends
 
         backends = cluster_backends(extra)
         chosen = _chosen_cluster(parsed)
@@ -232,7 +234,6 @@ def compose_config(overrides: Sequence[str]) -> Any:
     """
     from hydra import compose, initialize_config_dir
 
-    from pnpscale.core.config import register_schema
 
     register_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -329,7 +330,6 @@ def check_single_point(argv: Sequence[str]) -> None:
         ):
             check_sweep_files(parsed)
             return
-    from pnpscale.sweep.point import mode_key_problems, resolve_point
 
     cfg = compose_config(overrides)
     refused, _ = mode_key_problems([("", cfg, overrides)])  # a key this point's mode would silently ignore
@@ -344,7 +344,6 @@ def check_single_point(argv: Sequence[str]) -> None:
         check_folder_free("hydra.run.dir", Path(run_dir))
     folder = Path(run_dir) if run_dir else Path(str(cfg.output.root)) / "__not_created__"
     resolve_point(cfg, folder)
-    from pnpscale.sweep.point import check_room
 
     check_room(Path(run_dir) if run_dir else Path(str(cfg.output.root)))  # before Hydra writes into it
 
@@ -380,7 +379,6 @@ def check_folder_free(key: str, folder: Path) -> None:
     Raises:
         ConfigError: naming ``key``, the folder and its holder (exit 2).
     """
-    from pnpscale.core.lock import in_use
 
     busy = in_use(folder)
     if busy is not None:

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pnpscale.cluster import cluster_backend
+from pnpscale.cluster.resources import cuda_device_count
 from pnpscale.core import layout
-from pnpscale.core.config import ConfigError, RunSpec, cfg_variant, plain, resolve_spec
+from pnpscale.core.config import ConfigError, ModeSizes, RunSpec, cfg_variant, plain, resolve_spec
 from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.record import RecordError, read_record
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,6 @@ def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None
     """
     import json
 
-    from pnpscale.cluster import cluster_backend
 
     composed = plain(cfg, resolve=False)
     composed.pop("hydra", None)
@@ -79,7 +81,6 @@ def resolve_point(cfg: Any, run_dir: Path | str, cuda_devices: int | None = None
         return _RESOLVED[key]
     backend = cluster_backend(cfg["cluster"])
     backend.check_keys(plain(cfg["cluster"]))  # the backend's own keys and their rules
-    from pnpscale.cluster.resources import cuda_device_count
 
     devices = cuda_device_count() if cuda_devices is None else cuda_devices
     spec = resolve_spec(cfg, cuda_available=devices > 0)
@@ -115,7 +116,7 @@ def _check_problem(spec: RunSpec) -> None:
     Raises:
         ConfigError: ``problem.impl`` cannot be imported, or the class refuses a key or a value.
     """
-    from pnpscale.rank.problems import make_problem
+    from pnpscale.rank.problems import make_problem  # deferred: bad input is refused before torch is imported
 
     problem = make_problem(spec)
     problem.check_params()
@@ -128,7 +129,7 @@ def _check_mode(spec: RunSpec) -> None:
     Raises:
         ConfigError: ``mode.impl`` cannot be imported, its sections differ, or it refuses a ``mode.params`` key.
     """
-    from pnpscale.rank.solver import check_mode
+    from pnpscale.rank.solver import check_mode  # deferred: bad input is refused before torch is imported
 
     check_mode(spec)
 
@@ -145,7 +146,6 @@ def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any]
         ConfigError: ``resume=true`` and the folder holds a complete run of a *different* spec
             (never overwritten silently; ``resume=false`` replaces it).
     """
-    from pnpscale.core.record import RecordError, read_record
 
     if not resume or layout.run_status(run_dir) != layout.STATUS_COMPLETE:
         return None
@@ -155,7 +155,7 @@ def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any]
         return None
     spec = resolve_spec(cfg, cuda_available=done.get("scale") == "paper")
     if done.get("fingerprint") == spec.fingerprint():
-        from pnpscale.results.runs import unreadable_reason
+        from pnpscale.results.runs import unreadable_reason  # deferred: pandas only when a complete point is resumed
 
         # a damaged complete run (a truncated table, an edited value) is what the report and load() refuse:
         # skipping it would leave the point unreadable for good; it is run again (and said so by the task)
@@ -201,7 +201,6 @@ def mode_keys_set(cfg: Any, overrides: Sequence[str] = ()) -> dict[str, tuple[An
     """
     import dataclasses
 
-    from pnpscale.core.config import ModeSizes
 
     out = {key: (v, modes) for key, modes in MODE_KEYS.items() if (v := _select(cfg, key)) is not None}
     preset_modes = {f.name for f in dataclasses.fields(ModeSizes)}

@@ -13,10 +13,25 @@ from typing import Any
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
 
+from pnpscale.cluster import cluster_backend
+from pnpscale.cluster.resources import cuda_device_count
 from pnpscale.core import layout
 from pnpscale.core.config import plain
 from pnpscale.core.errors import PnpscaleError
-from pnpscale.sweep.point import Point, resolve_point
+from pnpscale.core.lock import Busy, FolderLock
+from pnpscale.core.record import (
+    RecordError,
+    now_iso,
+    read_record,
+    release_space,
+    reserve_space,
+    start_record,
+    write_failure,
+    write_record,
+)
+from pnpscale.core.signals import deferred, stop_behind
+from pnpscale.sweep.cli import resume_command
+from pnpscale.sweep.point import Point, complete_run, resolve_point
 
 log = logging.getLogger("pnpscale")
 
@@ -62,8 +77,6 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
         Interrupted: SIGINT / SIGTERM / SIGHUP (a ``KeyboardInterrupt``); the point is recorded as
             failed (``interrupted (SIGINT)``, ``terminated (SIGTERM)``) and every rank is stopped.
     """
-    from pnpscale.cluster import cluster_backend
-    from pnpscale.core.lock import Busy, FolderLock
 
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
@@ -91,9 +104,6 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any, lock: Any = None) -
     import os
     import socket
 
-    from pnpscale.core.record import read_record, release_space, reserve_space, start_record, write_record
-    from pnpscale.core.signals import deferred, stop_behind
-    from pnpscale.sweep.point import complete_run
 
     spec = point.spec
     # the resume rule again, now that the folder is locked: another process may have completed it
@@ -102,7 +112,8 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any, lock: Any = None) -
         log.info("skipping %s: complete run already in %s (resume=true)", point.label, point.run_dir)
         return done
     if point.resume and backend.resumes_in_task and layout.run_status(point.run_dir) == layout.STATUS_COMPLETE:
-        from pnpscale.results.runs import unreadable_reason  # the same spec (else refused), but damaged
+        # the same spec (else refused), but damaged
+        from pnpscale.results.runs import unreadable_reason  # deferred: pandas only on resume
 
         log.warning("%s: the complete run in %s is unreadable (%s): running it again", point.label,
                     point.run_dir, unreadable_reason(point.run_dir))  # fmt: skip
@@ -163,7 +174,6 @@ def record_failure_or_say(
     Returns:
         whether a record was written.
     """
-    from pnpscale.core.record import write_failure
 
     try:
         write_failure(run_dir, spec, config, error, **extra)
@@ -209,9 +219,6 @@ def record_not_run(cfg: DictConfig, run_dir: Path, reason: str, cuda_devices: in
     """
     import os
 
-    from pnpscale.core.lock import Busy, FolderLock
-    from pnpscale.core.record import RecordError, now_iso, read_record, start_record, write_record
-    from pnpscale.core.signals import deferred
 
     try:
         earlier = read_record(run_dir)
@@ -268,7 +275,6 @@ def _log_single_run_resume(point: Point) -> None:
             return  # the launcher logs the sweep's resume command
     except ValueError:  # not under Hydra
         return
-    from pnpscale.sweep.cli import resume_command
 
     ov = HydraConfig.get().overrides
     log.error(
@@ -279,7 +285,6 @@ def _log_single_run_resume(point: Point) -> None:
 def _log_choices(point: Point, backend: Any) -> None:
     """Say what ``scale=auto`` chose, and warn about slow or contended CPU runs."""
     spec = point.spec
-    from pnpscale.cluster.resources import cuda_device_count
 
     if spec.scale_requested == "auto":
         log.info("scale=auto -> %s (%s)", spec.scale, "CUDA available" if spec.scale == "paper" else "no CUDA")

@@ -43,8 +43,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pnpscale import columns as K
+from pnpscale.analysis.events import Kind
+from pnpscale.analysis.nccl_log import parse_nccl_log
 from pnpscale.core import layout
 from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.record import provenance
+from pnpscale.rank.loop import busy_wait, sleep_rate_hz
 
 PASS, FAIL, SKIP, TIMEOUT = "pass", "FAIL", "skip", "TIMEOUT"
 TABLE_MD = layout.DEVICE_CHECK_MD
@@ -257,7 +262,6 @@ def step_versions(ctx: Ctx) -> str:
     import deepinv
     import torch
 
-    from pnpscale.core.record import provenance
 
     v = provenance("nccl" if ctx.cuda else "gloo")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA"
@@ -281,7 +285,6 @@ def step_versions(ctx: Ctx) -> str:
 def step_busy_wait(ctx: Ctx) -> str:
     import torch
 
-    from pnpscale.rank.loop import busy_wait, sleep_rate_hz
 
     if not ctx.cuda:
         t0 = time.perf_counter()
@@ -310,8 +313,7 @@ def step_kineto(ctx: Ctx) -> str:
     import torch
     from torch.profiler import record_function
 
-    from pnpscale.analysis.events import Kind
-    from pnpscale.rank.profiling import make_profiler, profiler_events
+    from pnpscale.rank.profiling import make_profiler, profiler_events  # deferred: torch only in the step that profiles
 
     dev = torch.device("cuda", 0) if ctx.cuda else torch.device("cpu")
     x = torch.randn(512, 512, device=dev)
@@ -338,7 +340,6 @@ def _step_run(problem: str, mode: str) -> Callable[[Ctx], str]:
     def run(ctx: Ctx) -> str:
         import pandas as pd
 
-        from pnpscale import columns as K
 
         folder = run_app(run_overrides(problem, mode, ctx.cuda), ctx.runs / f"run_{problem}_{mode}", ctx.timeout)
         doc = layout.read_json(folder / layout.RUN_JSON)
@@ -370,7 +371,6 @@ def step_offline_equals_live(ctx: Ctx) -> str:
     import numpy as np
     import pandas as pd
 
-    from pnpscale import columns as K
 
     runs = sorted(p.parent for p in ctx.runs.glob(f"run_*/**/{layout.RUN_JSON}"))
     check(bool(runs), "no run folder (the run_* steps failed)")
@@ -401,9 +401,7 @@ def step_offline_equals_live(ctx: Ctx) -> str:
 def step_two_ranks_shared_gpu(ctx: Ctx) -> str:
     import pandas as pd
 
-    from pnpscale import columns as K
-    from pnpscale.analysis.nccl_log import parse_nccl_log
-    from pnpscale.results.transfer import transfer_inputs
+    from pnpscale.results.transfer import transfer_inputs  # deferred: pandas only in the step that reads a run
 
     base = ["problem=2d", "mode=inference", "gpus=2", "iterations=2", "warmup=1", "report=false", *TINY["2d"]]
     gloo = run_app([*base, "dist.backend=gloo"], ctx.runs / "two_ranks_gloo", ctx.timeout)
@@ -457,7 +455,6 @@ def step_injected_delay(ctx: Ctx) -> str:
     """
     import pandas as pd
 
-    from pnpscale import columns as K
 
     delay = DELAY_S if ctx.cuda else DELAY_CPU_S
     inj = ["inject.rank=0", "inject.section=denoiser", f"inject.delay_s={delay}"]
@@ -495,7 +492,6 @@ def step_paper_2d_inference(ctx: Ctx) -> str:
     section times and its CUDA peak memory, allocated and reserved (the measured value of what
     ``benchmarks/README.md`` computes). CPU mode: the same point at the small preset (a paper-scale
     iteration takes over 15 min on 2 CPU cores)."""
-    from pnpscale import columns as K
 
     scale = "scale=paper" if ctx.cuda else "scale=small"
     over = ["problem=2d", "mode=inference", "gpus=1", scale, "iterations=1", "warmup=0", "report=false"]

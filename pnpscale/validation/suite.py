@@ -39,8 +39,20 @@ import pandas as pd
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pnpscale import columns as K
+from pnpscale.analysis.events import rank_rows
 from pnpscale.analysis.metrics import decompose
+from pnpscale.analysis.section.records import section_records
+from pnpscale.analysis.tables import frames, table_writers
+from pnpscale.cluster.local import run_ranks
+from pnpscale.cluster.slurm import executor_parameters
 from pnpscale.core import layout
+from pnpscale.core.config import ConfigError, plain
+from pnpscale.rank.group import Group
+from pnpscale.rank.loop import busy_wait, sleep_rate_hz, sync
+from pnpscale.rank.process import threads_per_rank
+from pnpscale.rank.profiling import check_trace_complete, make_profiler, profiler_events
+from pnpscale.sweep.cli import check_overrides, compose_config
+from pnpscale.sweep.task import run
 
 Decompose = Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame]
 Tables = tuple[pd.DataFrame, pd.DataFrame]  # (ranks, collectives) of one run
@@ -248,8 +260,6 @@ def read_tables(run_dir: Path) -> Tables:
 def run_probe(out: Path, *, gpus: int, payloads: Sequence[int], compute_s: float, iterations: int,
               overrides: Sequence[str] = ()) -> list[Tables]:  # fmt: skip
     """Launch the payload probe on ``gpus`` local ranks; (ranks, collectives) per payload."""
-    from pnpscale.cluster.local import run_ranks
-    from pnpscale.rank.process import threads_per_rank
 
     backend = next((o.split("=", 1)[1] for o in overrides if o.startswith("dist.backend=")), "auto")
     args = (list(payloads), compute_s, iterations, 1, backend, 300.0, str(out))
@@ -258,8 +268,6 @@ def run_probe(out: Path, *, gpus: int, payloads: Sequence[int], compute_s: float
 
 
 def _run_case(overrides: list[str], run_dir: Path) -> Tables:
-    from pnpscale.sweep.cli import check_overrides, compose_config
-    from pnpscale.sweep.task import run
 
     check_overrides(overrides)
     run(compose_config(overrides), run_dir)
@@ -282,12 +290,6 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
     import torch.distributed as dist
     from torch.profiler import record_function
 
-    from pnpscale.analysis.events import rank_rows
-    from pnpscale.analysis.section.records import section_records
-    from pnpscale.analysis.tables import frames, table_writers
-    from pnpscale.rank.group import Group
-    from pnpscale.rank.loop import busy_wait, sleep_rate_hz, sync
-    from pnpscale.rank.profiling import check_trace_complete, make_profiler, profiler_events
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     group = Group(backend, timeout_s)  # the solver's device rule (deepinv's) and backend choice
@@ -375,9 +377,6 @@ def submit_suite(
     """
     import submitit
 
-    from pnpscale.cluster.slurm import executor_parameters
-    from pnpscale.core.config import plain
-    from pnpscale.sweep.cli import compose_config
 
     cluster_ov = [o for o in overrides if o.lstrip("+").startswith("cluster")]
     run_ov = [o for o in overrides if o not in cluster_ov]
@@ -422,7 +421,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--payloads={args.payloads}: must be comma-separated integers (bytes)")
     stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out = Path(args.out) if args.out else Path("outputs") / "validate" / stamp
-    from pnpscale.core.config import ConfigError
 
     suite = dict(
         gpus=args.gpus, delay_s=args.delay_s, section=args.section, payloads=payloads, iterations=args.iterations

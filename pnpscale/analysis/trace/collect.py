@@ -1,4 +1,4 @@
-"""What one pass over a trace keeps: :class:`_Collector` gathers the needed events as they stream by.
+"""What one pass over a trace keeps: :class:`Collector` gathers the needed events as they stream by.
 
 Section ranges, collective ranges and descriptors, ``ProfilerStep`` ranges, runtime launches (correlation,
 start), GPU events (compact arrays), ``cpu_op`` operators (for blocked time) and the counts behind the
@@ -36,7 +36,7 @@ from pnpscale.analysis.kineto import (
     step_number,
     stream_of,
 )
-from pnpscale.analysis.trace.files import _NS_RANGE, TraceError, _ns, ts_text
+from pnpscale.analysis.trace.files import NS_RANGE, TraceError, to_ns, ts_text
 
 
 def merge_descriptors(events: Sequence[Event]) -> list[Event]:
@@ -79,7 +79,7 @@ def merge_descriptors(events: Sequence[Event]) -> list[Event]:
     return out
 
 
-class _Collector:
+class Collector:
     """Keeps the needed events of one trace as they stream by (see module doc)."""
 
     def __init__(self, sections: Mapping[str, str], keep_all_gpu: bool = False, path: Path | None = None) -> None:
@@ -149,16 +149,16 @@ class _Collector:
         ts = ev.get("ts")
         if ts is None or isinstance(ts, bool):
             return None
-        start = _ns(ts)
-        if start > self.last_start and -_NS_RANGE <= start <= _NS_RANGE:
+        start = to_ns(ts)
+        if start > self.last_start and -NS_RANGE <= start <= NS_RANGE:
             self.last_start = start
-        if not -_NS_RANGE <= start <= _NS_RANGE:
+        if not -NS_RANGE <= start <= NS_RANGE:
             raise TraceError(f"{self.path}: event #{self.read - 1} {ev.get('name')!r}: ts {ts} us is out of any "
                              f"clock's range (a timestamp in the wrong unit, or corrupt)")  # fmt: skip
         dur = ev.get("dur")
         if dur is None or isinstance(dur, bool):
             return start, start, f"no dur (ts {ts} us)"
-        d = _ns(dur)
+        d = to_ns(dur)
         if d < 0:
             return start, start, f"negative dur {dur} us (ts {ts} us)"
         return start, start + d, None

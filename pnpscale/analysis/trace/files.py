@@ -23,9 +23,9 @@ _META_KEYS = ("distributedInfo", "deviceProperties", "baseTimeNanoseconds")
 #: bare non-finite number tokens Kineto writes (not JSON), as values: after ``:``/``,``/``[``
 _NON_FINITE = re.compile(rb"(?<=[:,\[])(\s*)(-?(?:Infinity|inf|NaN|nan))(?=\s*[,\]}])")
 _HEAD_START = 1 << 18
-_HEAD_MAX = 1 << 26
-_TAIL = 1 << 16
-_CHUNK = 1 << 16
+HEAD_MAX = 1 << 26
+TAIL = 1 << 16
+CHUNK = 1 << 16
 
 
 class TraceError(PnpscaleError, ValueError):
@@ -36,20 +36,20 @@ class NotATraceError(TraceError):
     """A readable JSON file that is not a Kineto trace (no ``traceEvents``): skipped in folders."""
 
 
-class _Fallback(Exception):
+class Fallback(Exception):
     """The fast path met a layout it does not read exactly: the file is read again by the exact ``ijson`` pass."""
 
 
-def _refuse_constant(token: str) -> Any:
-    raise _Fallback(f"non-finite token {token}")
+def refuse_constant(token: str) -> Any:
+    raise Fallback(f"non-finite token {token}")
 
 
-def _closes_json(path: Path) -> bool:
+def closes_json(path: Path) -> bool:
     """Whether the (decompressed) file's last non-blank byte closes a JSON object or array (``}`` or ``]``): a
     file cut short mostly does not. Unreadable files count as not closed."""
     last = b""
     try:
-        with _open(path) as raw:
+        with open_trace_file(path) as raw:
             while chunk := raw.read(1 << 20):
                 if chunk.strip():
                     last = chunk.rstrip()[-1:]
@@ -58,21 +58,21 @@ def _closes_json(path: Path) -> bool:
     return last in (b"}", b"]")
 
 
-def _valid_object(text: str) -> bool:
+def valid_object(text: str) -> bool:
     import json
 
     try:
-        return isinstance(json.loads(text, parse_constant=_refuse_constant), dict)
-    except (ValueError, _Fallback):
+        return isinstance(json.loads(text, parse_constant=refuse_constant), dict)
+    except (ValueError, Fallback):
         return False
 
 
-def _non_finite_tokens(path: Path) -> list[tuple[str, int]]:
+def non_finite_tokens(path: Path) -> list[tuple[str, int]]:
     """Every bare ``inf``/``NaN``/``Infinity`` value token in the (decompressed) file, with its byte offset."""
     out: list[tuple[str, int]] = []
     done = 0  # offset of carry[0] (the last byte of the previous part, kept for the look-behind)
     carry = b""
-    with _open(path) as raw:
+    with open_trace_file(path) as raw:
         while True:
             chunk = raw.read(1 << 22)
             text = carry + chunk
@@ -86,7 +86,7 @@ def _non_finite_tokens(path: Path) -> list[tuple[str, int]]:
             carry = text[start:]
 
 
-def _meta_from_tail(tail: bytes) -> dict[str, Any]:
+def meta_from_tail(tail: bytes) -> dict[str, Any]:
     """The top-level keys of :data:`_META_KEYS` written after ``traceEvents`` (found in the file's last bytes)."""
     import json
 
@@ -106,7 +106,7 @@ def _meta_from_tail(tail: bytes) -> dict[str, Any]:
 # --- reading ---------------------------------------------------------------------------------
 
 
-def _open(path: Path) -> BinaryIO:
+def open_trace_file(path: Path) -> BinaryIO:
     """The file's bytes: decompressed when it starts with the gzip magic number."""
     try:
         with open(path, "rb") as f:
@@ -116,7 +116,7 @@ def _open(path: Path) -> BinaryIO:
         raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
 
 
-def _read_head(path: Path, raw: BinaryIO) -> tuple[dict[str, Any], bytes, bool]:
+def read_head(path: Path, raw: BinaryIO) -> tuple[dict[str, Any], bytes, bool]:
     """Top-level keys before ``traceEvents``; the bytes read so far; whether the top is an array."""
     head = b""
     size = _HEAD_START
@@ -124,7 +124,7 @@ def _read_head(path: Path, raw: BinaryIO) -> tuple[dict[str, Any], bytes, bool]:
         try:
             chunk = raw.read(size - len(head))
         except (OSError, EOFError, zlib.error) as exc:
-            raise TraceError(f"{path}: cannot read trace: {_first_line(exc)}") from exc
+            raise TraceError(f"{path}: cannot read trace: {first_line(exc)}") from exc
         head += chunk
         start = head.lstrip()[:1]
         if start == b"[":
@@ -132,11 +132,11 @@ def _read_head(path: Path, raw: BinaryIO) -> tuple[dict[str, Any], bytes, bool]:
         if head.strip() and start != b"{":
             raise NotATraceError(f"{path}: not a JSON trace (starts with {head.lstrip()[:20]!r})")
         meta, complete = _parse_head(head)
-        if complete or not chunk or len(head) >= _HEAD_MAX:
+        if complete or not chunk or len(head) >= HEAD_MAX:
             if not head.strip():
                 raise TraceError(f"{path}: empty file")
             return meta, head, False
-        size = min(2 * size, _HEAD_MAX)
+        size = min(2 * size, HEAD_MAX)
 
 
 def _parse_head(head: bytes) -> tuple[dict[str, Any], bool]:
@@ -163,11 +163,11 @@ def _parse_head(head: bytes) -> tuple[dict[str, Any], bool]:
     except ijson.IncompleteJSONError:
         return meta, False
     except ijson.JSONError as exc:
-        raise ValueError(f"invalid JSON: {_first_line(exc)}") from exc
+        raise ValueError(f"invalid JSON: {first_line(exc)}") from exc
     return meta, True
 
 
-class _Replay(io.RawIOBase):
+class Replay(io.RawIOBase):
     """Binary stream: ``head`` then the rest of ``raw``; remembers the last bytes read and the offset.
 
     With ``repair``, bare non-finite value tokens (``inf``, ``-inf``, ``NaN``, ``Infinity``) are
@@ -189,7 +189,7 @@ class _Replay(io.RawIOBase):
         return True
 
     def read(self, n: int = -1) -> bytes:
-        n = _CHUNK if n is None or n < 0 else n
+        n = CHUNK if n is None or n < 0 else n
         if not self._repair:
             return self._read(n)
         while len(self._out) < n:
@@ -220,8 +220,8 @@ class _Replay(io.RawIOBase):
         if data:
             self.offset += len(data)
             self.tail += data
-            if len(self.tail) > 2 * _TAIL:
-                del self.tail[: len(self.tail) - _TAIL]
+            if len(self.tail) > 2 * TAIL:
+                del self.tail[: len(self.tail) - TAIL]
         return data
 
     def readinto(self, b: Any) -> int:
@@ -230,19 +230,19 @@ class _Replay(io.RawIOBase):
         return len(data)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0].strip() if text else type(exc).__name__
 
 
-def _json_error() -> type[Exception]:
+def json_error() -> type[Exception]:
     import ijson
 
     return ijson.JSONError
 
 
 #: timestamps beyond this many ns (about 73 years either side of the epoch) are not times
-_NS_RANGE = 1 << 61
+NS_RANGE = 1 << 61
 
 
 def ts_text(ev: Mapping[str, Any]) -> str:
@@ -250,7 +250,7 @@ def ts_text(ev: Mapping[str, Any]) -> str:
     return str(ev.get("ts"))
 
 
-def _ns(x: Any) -> int:
+def to_ns(x: Any) -> int:
     """Microseconds (int, Decimal, float or str) -> integer nanoseconds, exactly for decimals."""
     if isinstance(x, int):
         return x * 1000
@@ -261,13 +261,13 @@ def _ns(x: Any) -> int:
     return int((Decimal(str(x)) * 1000).to_integral_value(ROUND_HALF_EVEN))
 
 
-def _ns_text(t: bytes) -> int:
-    """A JSON number literal (``-?digits[.digits]``, microseconds) -> integer ns, exactly (as :func:`_ns`)."""
+def ns_text(t: bytes) -> int:
+    """A JSON number literal (``-?digits[.digits]``, microseconds) -> integer ns, exactly (as :func:`to_ns`)."""
     i = t.find(b".")
     if i < 0:
         return int(t) * 1000
     frac = t[i + 1 :]
     if len(frac) > 3:
-        return _ns(Decimal(t.decode()))
+        return to_ns(Decimal(t.decode()))
     whole, f = int(t[:i]) * 1000, int(frac.ljust(3, b"0"))
     return whole - f if t[:1] == b"-" else whole + f

@@ -41,21 +41,21 @@ from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.events import Event
 from pnpscale.analysis.kineto import comm_fields, is_descriptor
 from pnpscale.analysis.trace.files import (
-    _CHUNK,
-    _HEAD_MAX,
-    _TAIL,
+    CHUNK,
+    HEAD_MAX,
+    TAIL,
+    Fallback,
     NotATraceError,
     TraceError,
-    _closes_json,
-    _Fallback,
-    _first_line,
-    _meta_from_tail,
-    _non_finite_tokens,
-    _open,
-    _read_head,
-    _valid_object,
+    closes_json,
+    first_line,
+    meta_from_tail,
+    non_finite_tokens,
+    open_trace_file,
+    read_head,
+    valid_object,
 )
-from pnpscale.analysis.trace.scan import _JsonFailure, _scan, _stream
+from pnpscale.analysis.trace.scan import JsonFailure, scan_file, stream_events
 from pnpscale.analysis.trace.select import collected_events
 
 __all__ = ["TraceError", "NotATraceError", "Trace", "TraceInfo", "comm_fields", "read_header", "read_trace"]
@@ -159,20 +159,20 @@ def read_header(path: Path | str) -> TraceInfo:
     """
     path = Path(path)
     try:
-        with _open(path) as raw:
-            meta, head, array_top = _read_head(path, raw)
+        with open_trace_file(path) as raw:
+            meta, head, array_top = read_head(path, raw)
             if not array_top and "distributedInfo" not in meta and "traceEvents" in meta:
-                tail = bytearray(head[-_TAIL:])
-                while chunk := raw.read(_CHUNK * 16):
+                tail = bytearray(head[-TAIL:])
+                while chunk := raw.read(CHUNK * 16):
                     tail += chunk
-                    del tail[: max(0, len(tail) - _TAIL)]
-                meta = {**_meta_from_tail(bytes(tail)), **meta}
+                    del tail[: max(0, len(tail) - TAIL)]
+                meta = {**meta_from_tail(bytes(tail)), **meta}
     except TraceError:
         raise
     except (OSError, EOFError, ValueError, zlib.error) as exc:
-        raise TraceError(f"{path}: cannot read trace: {_first_line(exc)}") from exc
-    if not array_top and "traceEvents" not in meta and len(head) < _HEAD_MAX:
-        if not _valid_object(head.decode("utf-8", errors="replace")):
+        raise TraceError(f"{path}: cannot read trace: {first_line(exc)}") from exc
+    if not array_top and "traceEvents" not in meta and len(head) < HEAD_MAX:
+        if not valid_object(head.decode("utf-8", errors="replace")):
             raise TraceError(
                 f"{path}: cannot read trace: the file ends at byte {len(head)} inside its JSON object, before any "
                 f"traceEvents list: truncated (or not JSON)"
@@ -234,21 +234,21 @@ def read_trace(
     anomalies = anomalies if anomalies is not None else Anomalies()
     try:
         try:
-            collector, meta, array_top, tail = _scan(path, pats, keep_all_gpu)
-        except _Fallback:
-            collector, meta, array_top, tail = _stream(path, pats, keep_all_gpu, repair=False)
-    except _JsonFailure as failure:
-        tokens = _non_finite_tokens(path)
+            collector, meta, array_top, tail = scan_file(path, pats, keep_all_gpu)
+        except Fallback:
+            collector, meta, array_top, tail = stream_events(path, pats, keep_all_gpu, repair=False)
+    except JsonFailure as failure:
+        tokens = non_finite_tokens(path)
         if not tokens:
             ends = any(m in failure.message for m in ("ncomplete", "premature EOF"))
             cut = " (the file ends there: truncated?)" if ends else ""
-            if not ends and not _closes_json(path):  # cut inside a token (a number's decimals): the same cause
+            if not ends and not closes_json(path):  # cut inside a token (a number's decimals): the same cause
                 cut = " (the file does not end with '}' or ']': truncated?)"
             raise TraceError(f"{path}: cannot read trace: invalid JSON at or before byte {failure.offset}: "
                              f"{failure.message}{cut}") from None  # fmt: skip
         try:
-            collector, meta, array_top, tail = _stream(path, pats, keep_all_gpu, repair=True)
-        except _JsonFailure as again:
+            collector, meta, array_top, tail = stream_events(path, pats, keep_all_gpu, repair=True)
+        except JsonFailure as again:
             tok, at = tokens[0]
             raise TraceError(
                 f"{path}: cannot read trace: invalid JSON at or before byte {again.offset}: {again.message} "
@@ -258,7 +258,7 @@ def read_trace(
         anomalies.add("non_finite_number", rank, f"{path.name}: token {tok!r} at byte {at}", len(tokens))
     if not array_top and "traceEvents" not in meta:
         raise NotATraceError(f"{path}: no traceEvents list before the end of the file: not a Kineto trace")
-    meta = {**_meta_from_tail(tail), **meta}
+    meta = {**meta_from_tail(tail), **meta}
     base = meta.get("baseTimeNanoseconds")
     events = collected_events(collector, int(base) if base is not None else 0, anomalies, rank)
     info = replace(

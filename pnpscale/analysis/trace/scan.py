@@ -1,9 +1,9 @@
-"""The two passes over a trace file that feed a :class:`~pnpscale.analysis.trace.collect._Collector`.
+"""The two passes over a trace file that feed a :class:`~pnpscale.analysis.trace.collect.Collector`.
 
-* :func:`_scan`, the fast path: a bytes-level pre-filter that decodes only the events sections need
-  (Kineto's layout); any doubt raises :class:`~pnpscale.analysis.trace.files._Fallback`;
-* :func:`_stream`, the exact path: every event through ``ijson`` (optionally repairing bare non-finite
-  tokens), which names what is wrong (:class:`_JsonFailure`: message and byte offset).
+* :func:`scan_file`, the fast path: a bytes-level pre-filter that decodes only the events sections need
+  (Kineto's layout); any doubt raises :class:`~pnpscale.analysis.trace.files.Fallback`;
+* :func:`stream_events`, the exact path: every event through ``ijson`` (optionally repairing bare non-finite
+  tokens), which names what is wrong (:class:`JsonFailure`: message and byte offset).
 """
 
 from __future__ import annotations
@@ -26,38 +26,38 @@ from pnpscale.analysis.kineto import (
     is_gloo_work,
     step_number,
 )
-from pnpscale.analysis.trace.collect import _Collector
+from pnpscale.analysis.trace.collect import Collector
 from pnpscale.analysis.trace.files import (
-    _TAIL,
+    TAIL,
+    Fallback,
+    Replay,
     TraceError,
-    _Fallback,
-    _first_line,
-    _json_error,
-    _ns_text,
-    _open,
-    _read_head,
-    _refuse_constant,
-    _Replay,
-    _valid_object,
+    first_line,
+    json_error,
+    ns_text,
+    open_trace_file,
+    read_head,
+    refuse_constant,
+    valid_object,
 )
 
 
-class _JsonFailure(Exception):
+class JsonFailure(Exception):
     def __init__(self, message: str, offset: int) -> None:
         super().__init__(message)
         self.message, self.offset = message, offset
 
 
-def _stream(
+def stream_events(
     path: Path, pats: Mapping[str, str], keep_all_gpu: bool, repair: bool
-) -> tuple[_Collector, dict[str, Any], bool, bytes]:
+) -> tuple[Collector, dict[str, Any], bool, bytes]:
     """One pass over the file: (collector, metadata before the events, top is an array, last bytes)."""
-    collector = _Collector(pats, keep_all_gpu, path)
+    collector = Collector(pats, keep_all_gpu, path)
     stream = None
     try:
-        with _open(path) as raw:
-            meta, head, array_top = _read_head(path, raw)
-            stream = _Replay(head, raw, repair)
+        with open_trace_file(path) as raw:
+            meta, head, array_top = read_head(path, raw)
+            stream = Replay(head, raw, repair)
             import ijson
 
             prefix = "item" if array_top else "traceEvents.item"
@@ -69,10 +69,10 @@ def _stream(
                 collector.add(ev)
     except TraceError:
         raise
-    except _json_error() as exc:
-        raise _JsonFailure(_first_line(exc), stream.offset if stream is not None else 0) from exc
+    except json_error() as exc:
+        raise JsonFailure(first_line(exc), stream.offset if stream is not None else 0) from exc
     except (OSError, EOFError, ValueError, zlib.error) as exc:
-        raise TraceError(f"{path}: cannot read trace: {_first_line(exc)}") from exc
+        raise TraceError(f"{path}: cannot read trace: {first_line(exc)}") from exc
     return collector, meta, array_top, bytes(stream.tail)
 
 
@@ -126,8 +126,8 @@ _KERNEL_B = (b"kernel", b"Kernel")
 _END_MARKER = b'"' + END_MARKER.encode() + b'"'
 
 
-def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Collector, dict[str, Any], bool, bytes]:
-    """:func:`_stream`'s result, decoding only the events that are needed (Kineto's layout).
+def scan_file(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[Collector, dict[str, Any], bool, bytes]:
+    """:func:`stream_events`'s result, decoding only the events that are needed (Kineto's layout).
 
     Events are located by their first key (``{"ph": ...``, as Kineto writes them; a chunk where some
     ``"ph"`` key is not an event's first key falls back). Flows and other non-``X`` events, and CPU ranges
@@ -137,12 +137,12 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
     kernels, any event in another layout) is decoded whole with :mod:`json` (floats as
     :class:`~decimal.Decimal`, as ``ijson`` gives them). Any doubt (a non-finite token, invalid UTF-8,
     JSON that does not decode, text after the array that is not JSON, an unreadable file) raises
-    :class:`_Fallback`, and the file is read by the exact ``ijson`` path, which also names errors.
+    :class:`Fallback`, and the file is read by the exact ``ijson`` path, which also names errors.
     """
     import json
 
-    collector = _Collector(pats, keep_all_gpu, path)
-    decoder = json.JSONDecoder(parse_float=Decimal, parse_constant=_refuse_constant)
+    collector = Collector(pats, keep_all_gpu, path)
+    decoder = json.JSONDecoder(parse_float=Decimal, parse_constant=refuse_constant)
     relevant: dict[bytes, bool] = {}
     collective: dict[tuple[bytes, bytes], bool] = {}
     launches: dict[bytes, bool] = {}
@@ -161,7 +161,7 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
     def decode_run(data: bytes, start: int, stop: int, index: int, last: bool) -> int:
         """Decode every event of ``data[start:stop]`` (the file's last ones when ``last``) into the collector.
 
-        Returns the index of the next event. Raises :class:`_Fallback` on text that is not a
+        Returns the index of the next event. Raises :class:`Fallback` on text that is not a
         comma-separated run of JSON values (or, when ``last``, not followed by the array's end and
         valid JSON).
         """
@@ -172,7 +172,7 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
             collector.read = index
             index += 1
             if not isinstance(ev, dict):
-                raise _Fallback("an event that is not an object")  # the exact path names it
+                raise Fallback("an event that is not an object")  # the exact path names it
             collector.add(ev)
             collector.read = index
             while pos < size and piece[pos] in " \t\r\n":
@@ -184,37 +184,37 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                 if pos < size:
                     continue
                 if last:
-                    raise _Fallback("no value after a comma")
+                    raise Fallback("no value after a comma")
                 return index
             if not last:
-                raise _Fallback("text between events")
+                raise Fallback("text between events")
             rest = piece[pos:].lstrip()
             if rest[:1] != "]":
-                raise _Fallback("text after the last event")
+                raise Fallback("text after the last event")
             trailer = rest[1:].strip()
             if array_top and trailer:
-                raise _Fallback("text after the array")
-            if not array_top and trailer != "}" and not (trailer[:1] == "," and _valid_object("{" + trailer[1:])):
-                raise _Fallback("text after the event array")
+                raise Fallback("text after the array")
+            if not array_top and trailer != "}" and not (trailer[:1] == "," and valid_object("{" + trailer[1:])):
+                raise Fallback("text after the event array")
             return index
 
     try:
-        with _open(path) as raw:
-            meta, head, array_top = _read_head(path, raw)
+        with open_trace_file(path) as raw:
+            meta, head, array_top = read_head(path, raw)
             if not array_top and "traceEvents" not in meta:
-                raise _Fallback("no traceEvents key")
+                raise Fallback("no traceEvents key")
             opening = _ARRAY_TOP.match(head) if array_top else _EVENTS_KEY.search(head)
             if opening is None:
-                raise _Fallback("no event array")
+                raise Fallback("no event array")
             pending = bytes(head[opening.end() :])
-            tail = bytearray(head[-_TAIL:])
+            tail = bytearray(head[-TAIL:])
             index = 0
             lead = True
             while True:
                 chunk = raw.read(_SCAN_CHUNK)
                 if chunk:
                     tail += chunk
-                    del tail[: max(0, len(tail) - _TAIL)]
+                    del tail[: max(0, len(tail) - TAIL)]
                 data = pending + chunk
                 eof = not chunk
                 found = list(_EVENT.finditer(data))
@@ -269,10 +269,10 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                             else:
                                 name = text(cpu_name)
                                 collector.range_names[name] += 1
-                                ots = _ns_text(op.group(2))
+                                ots = ns_text(op.group(2))
                                 at = data.find(b'"External id"', op.end(), e)
                                 v = _INT_VALUE.match(data, at + 13) if at >= 0 else None
-                                collector.add_op(name, ots, ots + _ns_text(op.group(3)), int(op.group(1)),
+                                collector.add_op(name, ots, ots + ns_text(op.group(3)), int(op.group(1)),
                                                  int(v.group(1)) if v is not None else -1)  # fmt: skip
                         else:
                             collector.count_range(text(cpu_name), cpu_cat.decode())
@@ -296,7 +296,7 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                             decode_run(data, s, e, index - 1, False)
                             continue
                         corr = int(v.group(1))
-                    start = int(ts.replace(b".", b"")) if len(ts) > 4 and ts[-4] == 46 else _ns_text(ts)
+                    start = int(ts.replace(b".", b"")) if len(ts) > 4 and ts[-4] == 46 else ns_text(ts)
                     if is_rt:
                         if corr is not None:
                             launch = launches.get(rawname)
@@ -304,7 +304,7 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                                 launch = launches[rawname] = bool(LAUNCH_CALL.search(text(rawname)))
                             at = data.find(b'"External id"', body, e)
                             v = _INT_VALUE.match(data, at + 13) if at >= 0 else None
-                            d = int(dur.replace(b".", b"")) if len(dur) > 4 and dur[-4] == 46 else _ns_text(dur)
+                            d = int(dur.replace(b".", b"")) if len(dur) > 4 and dur[-4] == 46 else ns_text(dur)
                             collector.add_runtime(corr, start, launch, int(v.group(1)) if v is not None else -1,
                                                   int(tid), start + d)  # fmt: skip
                         continue
@@ -323,7 +323,7 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
                     if coll:
                         decode_run(data, s, e, index - 1, False)
                         continue
-                    d = int(dur.replace(b".", b"")) if len(dur) > 4 and dur[-4] == 46 else _ns_text(dur)
+                    d = int(dur.replace(b".", b"")) if len(dur) > 4 and dur[-4] == 46 else ns_text(dur)
                     collector.add_gpu_event(
                         text(rawname),
                         start,
@@ -338,5 +338,5 @@ def _scan(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[_Col
             collector.read = index
     except (json.JSONDecodeError, UnicodeDecodeError, TraceError, OSError, EOFError, zlib.error, OverflowError) as exc:
         # the exact path reads the file again and names what is wrong
-        raise _Fallback(_first_line(exc)) from exc
+        raise Fallback(first_line(exc)) from exc
     return collector, meta, array_top, bytes(tail)

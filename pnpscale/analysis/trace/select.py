@@ -32,12 +32,12 @@ from pnpscale.analysis.kineto import (
     is_named_descriptor,
 )
 from pnpscale.analysis.overlap import C10D_PREFIX, union
-from pnpscale.analysis.trace.collect import _Collector, merge_descriptors
+from pnpscale.analysis.trace.collect import Collector, merge_descriptors
 from pnpscale.analysis.trace.files import TraceError
 
 
 def collected_events(
-    col: _Collector, base_ns: int, anomalies: Anomalies | None = None, rank: int | None = None
+    col: Collector, base_ns: int, anomalies: Anomalies | None = None, rank: int | None = None
 ) -> list[Event]:
     """The kept events, shifted by ``base_ns`` (0 for absolute traces); anomalies recorded (:func:`read_trace`).
 
@@ -136,7 +136,7 @@ def collected_events(
     return out
 
 
-def _launches_without_gpu_event(col: _Collector, rt_corr: Any, rt_start: Any, order: Any, base_ns: int) -> list[int]:
+def _launches_without_gpu_event(col: Collector, rt_corr: Any, rt_start: Any, order: Any, base_ns: int) -> list[int]:
     """Starts (ns, shifted by ``base_ns``) of the launches (:data:`~pnpscale.analysis.kineto.LAUNCH_CALL`) whose GPU
     event is not in a file that Kineto did not close (no end marker) but that holds GPU events, when the latest
     launch is one of them (Kineto writes the GPU events after the CPU's, in time order: a cut loses the last
@@ -164,7 +164,7 @@ def _launches_without_gpu_event(col: _Collector, rt_corr: Any, rt_start: Any, or
     return sorted((rt_start[gone] + base_ns).tolist())
 
 
-def _ops(col: _Collector, base_ns: int) -> list[Event]:
+def _ops(col: Collector, base_ns: int) -> list[Event]:
     """The operators that matter to blocked time: ``c10d::`` calls, and those overlapping a gloo work range
     or a ``c10d::`` call (:mod:`pnpscale.analysis.overlap`); the rest cannot change it."""
     import numpy as np
@@ -191,7 +191,7 @@ def _ops(col: _Collector, base_ns: int) -> list[Event]:
     ]
 
 
-def _dedupe(col: _Collector, anomalies: Anomalies, rank: int | None) -> None:
+def _dedupe(col: Collector, anomalies: Anomalies, rank: int | None) -> None:
     """Drop exact duplicates (same name, times, thread or stream, correlation) of the kept events."""
     dups: list[str] = []
 
@@ -224,7 +224,7 @@ def _dedupe(col: _Collector, anomalies: Anomalies, rank: int | None) -> None:
         anomalies.add("duplicate_event", rank, dups[0], len(dups))
 
 
-def _clock_offset(col: _Collector, launch_of: Any, anomalies: Anomalies, rank: int | None) -> int:
+def _clock_offset(col: Collector, launch_of: Any, anomalies: Anomalies, rank: int | None) -> int:
     """The offset (ns) that puts the runtime clock on the CPU ranges' clock (:func:`runtime_offset`), 0 if none."""
     import numpy as np
 
@@ -253,7 +253,7 @@ def _clock_offset(col: _Collector, launch_of: Any, anomalies: Anomalies, rank: i
     return off
 
 
-def _clock_offset_from_operators(col: _Collector, anomalies: Anomalies, rank: int | None) -> int:
+def _clock_offset_from_operators(col: Collector, anomalies: Anomalies, rank: int | None) -> int:
     """The runtime clock's offset found from the operators that issued the runtime calls (the ``cpu_op`` with the
     call's ``External id``, which Kineto links them by): the offsets ``[lo, hi]`` (ns) that put every linked
     call's start inside its operator; applied (the one nearest 0) only when they exclude 0, else 0 (the clocks
@@ -342,7 +342,7 @@ def crossing_calls(
     return count, first, boundary
 
 
-def _refuse_crossing_calls(col: _Collector, rank: int | None) -> None:
+def _refuse_crossing_calls(col: Collector, rank: int | None) -> None:
     """Refuse a trace whose runtime calls cross its CPU ranges (``cpu_op`` operators and section ranges:
     :func:`crossing_calls`, by more than 1 us in a trace of whole microseconds, 0.1 us otherwise) when nothing links
     a call to what issued it (no collective descriptor fits, no ``External id``): the runtime clock differs from the CPU
@@ -380,7 +380,7 @@ def _refuse_crossing_calls(col: _Collector, rank: int | None) -> None:
     )
 
 
-def _faults(col: _Collector, launch_of: Any) -> list[str | None]:
+def _faults(col: Collector, launch_of: Any) -> list[str | None]:
     """Why each device event (the other GPU events, then the collective kernels) is not physical
     (:func:`pnpscale.analysis.gpu_checks.gpu_faults`), else ``None``."""
     import numpy as np
@@ -445,7 +445,7 @@ def _faults(col: _Collector, launch_of: Any) -> list[str | None]:
 
 
 def _gpu_representatives(
-    col: _Collector,
+    col: Collector,
     launch_of: Any,
     base_ns: int,
     outside: list[str],

@@ -7,11 +7,12 @@
   :mod:`~pnpscale.results.projection.evaluate` (the numbers at any N, no impossible number, findings),
   :mod:`~pnpscale.results.projection.checks` (residuals, leave-one-out) and
   :mod:`~pnpscale.results.projection.overlap` (the pipelined series from the blocking one and its hidden share);
-* :mod:`~pnpscale.results.projection.output`: the projection's files and chart;
+* :mod:`~pnpscale.results.projection.output`: the projection's files and chart (imported on its own: it
+  draws, the model does not);
 * :mod:`~pnpscale.results.projection.command`: its command (``python -m pnpscale.project``).
 """
 
-from pnpscale.results.projection.output import (
+from pnpscale.results.projection.model import (
     Model,
     Options,
     Projection,
@@ -20,19 +21,14 @@ from pnpscale.results.projection.output import (
     findings,
     fit,
     leave_one_out,
-    markdown,
     measured_rows,
     parse_algorithms,
     parse_rates,
-    plot,
     project,
     residuals,
-    write,
-    write_files,
 )
 
 __all__ = [
     "Model", "Options", "Projection", "ProjectionError", "evaluate", "findings", "fit", "leave_one_out",
-    "markdown", "measured_rows", "parse_algorithms", "parse_rates", "plot", "project", "residuals", "write",
-    "write_files",
+    "measured_rows", "parse_algorithms", "parse_rates", "project", "residuals",
 ]  # fmt: skip

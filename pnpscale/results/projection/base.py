@@ -23,6 +23,7 @@ from pnpscale import columns as K
 from pnpscale.core.errors import InputError
 from pnpscale.rank.assignment import round_robin
 from pnpscale.results.jitter import expected_max
+from pnpscale.results.series import labelled
 from pnpscale.results.transfer import bytes_per_gpu, route_label
 
 ALL = "all"
@@ -39,7 +40,7 @@ VALIDATED = (K.SECTION_S, K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, 
 HEADLINE = (K.SECTION_S, K.TRANSFER_S, K.WAIT_S, K.PE)
 RESIDUAL = "residual"
 LOO = "leave-one-out"
-_EPS = 1e-9
+EPS = 1e-9
 
 
 class ProjectionError(InputError, ValueError):
@@ -192,20 +193,20 @@ class Model:
 # --- work and its features ---------------------------------------------------------------------
 
 
-def _counts(total: int, n: int) -> np.ndarray:
+def spread_counts(total: int, n: int) -> np.ndarray:
     return np.array([len(x) for x in round_robin(total, n)], dtype=float)
 
 
-def _work(units: Sequence[str], m: int, t: int, n: int) -> np.ndarray:
+def work_per_rank(units: Sequence[str], m: int, t: int, n: int) -> np.ndarray:
     """Per rank work features (rank x unit), ``combined`` = ops/M + tiles/T."""
     cols = []
     for u in units:
         if u == "operators":
-            cols.append(_counts(m, n))
+            cols.append(spread_counts(m, n))
         elif u == "tiles":
-            cols.append(_counts(t, n))
+            cols.append(spread_counts(t, n))
         else:  # combined
-            cols.append(_counts(m, n) / m + _counts(t, n) / t)
+            cols.append(spread_counts(m, n) / m + spread_counts(t, n) / t)
     return np.column_stack(cols)
 
 
@@ -217,15 +218,15 @@ def split_matters(m: int, t: int, n: int) -> bool:
     >>> split_matters(4, 256, 4), split_matters(4, 256, 8), split_matters(4, 256, 3)
     (False, True, True)
     """
-    return not np.allclose(_counts(m, n) / m, _counts(t, n) / t)
+    return not np.allclose(spread_counts(m, n) / m, spread_counts(t, n) / t)
 
 
-def _balanced(units: Sequence[str], m: int, t: int, n: int) -> bool:
-    w = _work(units, m, t, n)
+def is_balanced(units: Sequence[str], m: int, t: int, n: int) -> bool:
+    w = work_per_rank(units, m, t, n)
     return bool(n > 1 and np.allclose(w, w[0]))
 
 
-def _n_top(w: np.ndarray, coef: np.ndarray | None = None) -> int:
+def top_count(w: np.ndarray, coef: np.ndarray | None = None) -> int:
     """Ranks holding the most work: rank 0's work vector (round-robin: the most of every unit), on the
     units whose coefficient is not 0."""
     cols = np.arange(w.shape[1]) if coef is None else np.flatnonzero(coef[1:] > 0)
@@ -234,37 +235,36 @@ def _n_top(w: np.ndarray, coef: np.ndarray | None = None) -> int:
     return int(np.all(np.isclose(w[:, cols], w[0, cols]), axis=1).sum())
 
 
-def _cmax(mu: np.ndarray, sigma: float) -> float:
+def expected_cmax(mu: np.ndarray, sigma: float) -> float:
     """``E[max_r μ_r·(1 + σ·Z_r)]``, ranks grouped by equal work."""
     groups, counts = np.unique(np.round(mu, 15), return_counts=True)
     return expected_max(groups, counts, sigma)
 
 
-def _compute(sm: SectionModel, m: int, t: int, n: int) -> tuple[float, float]:
+def compute_at(sm: SectionModel, m: int, t: int, n: int) -> tuple[float, float]:
     """(C, C_max) at N: the mean of ``μ_r`` and ``E[max_r μ_r·(1 + σ·Z_r)]``."""
-    mu = sm.coef[0] + _work(sm.units, m, t, n) @ sm.coef[1:]
-    return float(mu.mean()), _cmax(mu, sm.sigma)
+    mu = sm.coef[0] + work_per_rank(sm.units, m, t, n) @ sm.coef[1:]
+    return float(mu.mean()), expected_cmax(mu, sm.sigma)
 
 
-def _nodes(n: int, gpus_per_node: int | None) -> int:
+def nodes_for(n: int, gpus_per_node: int | None) -> int:
     return 1 if gpus_per_node is None else max(1, math.ceil(n / gpus_per_node))
 
 
-def _bytes(payload: float, n: int, nodes: int, algo: str) -> float:
+def sent_bytes_of(payload: float, n: int, nodes: int, algo: str) -> float:
     if n <= 1:
         return 0.0
     return bytes_per_gpu("all_reduce", payload, n, nodes, algo if nodes > 1 else "ring")
 
 
-def _points(rows: pd.DataFrame, unique: bool = True) -> pd.DataFrame:
+def measured_points(rows: pd.DataFrame, unique: bool = True) -> pd.DataFrame:
     """The complete per-section rows, each variant folded into PROBLEM (one series per (problem, variant):
-    :func:`pnpscale.results.plotting.labelled`).
+    :func:`pnpscale.results.series.labelled`).
 
     Raises:
         ProjectionError: a needed column is missing, or (``unique``) two rows share a (problem, mode,
             GPU count, section): a fit would mix two measurements of one point.
     """
-    from pnpscale.results.plotting import labelled
 
     need = [K.GPUS, K.SECTION, K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S]
     missing = [c for c in need if c not in rows]
@@ -286,17 +286,17 @@ def _points(rows: pd.DataFrame, unique: bool = True) -> pd.DataFrame:
     return rows
 
 
-def _row_nodes(r: Mapping[str, Any] | pd.Series, gpn: int | None) -> int:
+def row_nodes(r: Mapping[str, Any] | pd.Series, gpn: int | None) -> int:
     v = r[K.NODES] if K.NODES in r else None
-    return int(v) if v is not None and pd.notna(v) else _nodes(int(r[K.GPUS]), gpn)
+    return int(v) if v is not None and pd.notna(v) else nodes_for(int(r[K.GPUS]), gpn)
 
 
-def _row_algorithm(r: Mapping[str, Any] | pd.Series) -> str | None:
+def row_algorithm(r: Mapping[str, Any] | pd.Series) -> str | None:
     v = r[K.ALGORITHM] if K.ALGORITHM in r else None
     return str(v).lower() if v is not None and pd.notna(v) else None
 
 
-def _label(pts: pd.DataFrame) -> tuple[str, str, str]:
+def series_key(pts: pd.DataFrame) -> tuple[str, str, str]:
     keys = pts[GROUP].drop_duplicates() if set(GROUP) <= set(pts) else pd.DataFrame([{K.PROBLEM: "", K.MODE: ""}])
     if len(keys) != 1:
         raise ProjectionError(f"fit takes one (problem, mode), got {len(keys)}")
@@ -304,7 +304,7 @@ def _label(pts: pd.DataFrame) -> tuple[str, str, str]:
     return problem, mode, f"{problem} {mode}".strip()
 
 
-def _cpu_cores(pts: pd.DataFrame, options: Options) -> tuple[int | None, str | None]:
+def cpu_cores_of(pts: pd.DataFrame, options: Options) -> tuple[int | None, str | None]:
     cpu = "backend" in pts and (pts["backend"].astype(str).str.lower() == "gloo").any()
     if options.devices is not None:
         return options.devices, f"--devices {options.devices}"

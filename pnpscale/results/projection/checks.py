@@ -26,20 +26,20 @@ from pnpscale.results.projection.base import (
     Options,
     ProjectionError,
     Unidentified,
-    _points,
-    _row_algorithm,
-    _row_nodes,
+    measured_points,
+    row_algorithm,
+    row_nodes,
 )
 from pnpscale.results.projection.evaluate import evaluate, measured_rows
 from pnpscale.results.projection.fit import fit
-from pnpscale.results.projection.routes import _obs_route
+from pnpscale.results.projection.routes import observed_route
 
 
 def _own(pts: pd.DataFrame, n: int, gpn: int | None) -> dict[int, tuple[int, dict[str, str]]]:
     """A measured point's own nodes and NCCL-logged algorithm per section."""
     g = pts[pts[K.GPUS] == n]
-    algos = {str(r[K.SECTION]): a for _, r in g.iterrows() if (a := _row_algorithm(r)) is not None}
-    return {n: (_row_nodes(g.iloc[0], gpn), algos)}
+    algos = {str(r[K.SECTION]): a for _, r in g.iterrows() if (a := row_algorithm(r)) is not None}
+    return {n: (row_nodes(g.iloc[0], gpn), algos)}
 
 
 def _compare(kind: str, model: Model, pts: pd.DataFrame, n: int, fitted_on: Sequence[int], headline: bool,
@@ -73,7 +73,7 @@ def residuals(rows: pd.DataFrame, model: Model) -> pd.DataFrame:
     """The fit at its own measured points (each with its own nodes and algorithm): one row per N x
     section x metric of :data:`VALIDATED`, ``kind`` = ``residual`` (points past a CPU sweep's cores,
     not fitted, are compared too and say so in ``note``)."""
-    pts = _points(rows)
+    pts = measured_points(rows)
     out = []
     for n in sorted({int(g) for g in pts[K.GPUS]}):
         try:
@@ -98,7 +98,7 @@ def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model
         ones). A held-out N that cannot be predicted (no rate for its route without it) is one row with
         the reason in ``note``.
     """
-    pts = _points(rows)
+    pts = measured_points(rows)
     full = model or fit(pts, options)
     gpus = full.fitted_gpus
     opts = replace(options, gpus_per_node=full.gpus_per_node, devices=full.cores)
@@ -112,7 +112,7 @@ def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model
             own = _own(pts, held, full.gpus_per_node)[held]
             lacking = sorted({  # a route of its own: none of the other points measured it (one-node counts too)
                 route for sm in sub.sections
-                if not _has_rate(sub, route := _obs_route(sub, held, own[0], sm.section,
+                if not _has_rate(sub, route := observed_route(sub, held, own[0], sm.section,
                                                           own[1].get(sm.section))[0]) and route in full.rates
             } if held > 1 else set())  # fmt: skip
             note = ""

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from pnpscale import columns as K
+from pnpscale.core import layout
 from pnpscale.results.projection.model import (
     Options,
     Projection,
@@ -20,6 +21,7 @@ from pnpscale.results.projection.model import (
     project,
 )
 from pnpscale.results.projection.output import default_targets, with_algorithms, write
+from pnpscale.results.runs import NoRunsError, build_table
 
 
 def _parser() -> Any:
@@ -146,7 +148,6 @@ def user_projection(report_dir: Any, table: pd.DataFrame) -> tuple[Projection, l
     import json
     from pathlib import Path
 
-    from pnpscale.core import layout
 
     path = Path(report_dir) / layout.PROJECTION_OPTIONS
     if not path.is_file():
@@ -177,8 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     import sys
     from pathlib import Path
 
-    from pnpscale.core import layout
-    from pnpscale.results.runs import NoRunsError, build_table
 
     argv = list(argv if argv is not None else sys.argv[1:])
     args = _parser().parse_args(argv)

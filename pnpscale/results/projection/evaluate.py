@@ -18,23 +18,23 @@ import pandas as pd
 from pnpscale import columns as K
 from pnpscale.results.jitter import expected_max_normal
 from pnpscale.results.projection.base import (
-    _EPS,
     ALL,
+    EPS,
     INTRA,
     Model,
     ProjectionError,
     Unidentified,
-    _balanced,
-    _bytes,
-    _compute,
-    _counts,
-    _nodes,
-    _points,
-    _row_algorithm,
-    _row_nodes,
+    compute_at,
+    is_balanced,
+    measured_points,
+    nodes_for,
+    row_algorithm,
+    row_nodes,
+    sent_bytes_of,
     split_matters,
+    spread_counts,
 )
-from pnpscale.results.projection.routes import _obs_route, rate_at
+from pnpscale.results.projection.routes import observed_route, rate_at
 from pnpscale.results.transfer import GB
 
 
@@ -75,18 +75,18 @@ def evaluate(
         if model.cores is not None and n > model.cores and not past_cores:
             raise ProjectionError(f"{model.problem} {model.mode} gpus={n}: more ranks than the {model.cores} cores "
                                   "they share: time-sharing is not modelled")  # fmt: skip
-        nodes, algos = (at or {}).get(n, (_nodes(n, model.gpus_per_node), {}))
+        nodes, algos = (at or {}).get(n, (nodes_for(n, model.gpus_per_node), {}))
         if not assumed:
             _refuse_unidentified(model, n)
         per = []
         for sm in model.sections:
-            c, cmax = _compute(sm, m, t, n)
+            c, cmax = compute_at(sm, m, t, n)
             route, algo, source = "", "", ""
             rate: float | None = math.nan
             if n == 1:
                 tr = wait = 0.0
             else:
-                route, algo, source = _obs_route(model, n, nodes, sm.section, algos.get(sm.section))
+                route, algo, source = observed_route(model, n, nodes, sm.section, algos.get(sm.section))
                 rate, _ = rate_at(model, n, route)
                 if rate is None:
                     flag = f"{'intra:' + str(n) if route.startswith(INTRA) else route.split()[-1]}=GBps"
@@ -102,7 +102,7 @@ def evaluate(
                         f"{model.problem} {model.mode} gpus={n}: no rate for route {route!r} (measured routes: "
                         f"{measured}); give --rate {flag}"
                     )
-                tr = sm.latency_s + _bytes(sm.payload_bytes, n, nodes, algo) / (rate * GB)
+                tr = sm.latency_s + sent_bytes_of(sm.payload_bytes, n, nodes, algo) / (rate * GB)
                 wait = (cmax - c) + sm.excess * expected_max_normal(n) * cmax
             per.append((sm.section, c, cmax, tr, wait, route, rate, algo, source))
         sums = np.sum([p[1:5] for p in per], axis=0)
@@ -117,9 +117,9 @@ def _refuse_unidentified(model: Model, n: int) -> None:
     """Raise :class:`Unidentified` when a term the fitted points cannot identify sets C_max and wait at N."""
     m, t = model.num_operators, model.num_tiles
     for sm in model.sections:
-        if sm.jitter_unknown and _balanced(sm.units, m, t, n):
-            ops, tiles = _counts(m, n), _counts(t, n)
-            hint = next((k for k in range(2, 4 * max(model.fitted_gpus) + 2) if _balanced(sm.units, m, t, k)), None)
+        if sm.jitter_unknown and is_balanced(sm.units, m, t, n):
+            ops, tiles = spread_counts(m, n), spread_counts(t, n)
+            hint = next((k for k in range(2, 4 * max(model.fitted_gpus) + 2) if is_balanced(sm.units, m, t, k)), None)
             raise Unidentified(
                 f"{model.problem} {model.mode} {sm.section}: compute_max and wait at gpus={n} not projected: "
                 f"{sm.jitter_unknown}, and on {n} ranks every rank holds the same work ({ops[0]:g} of {m} "
@@ -127,7 +127,7 @@ def _refuse_unidentified(model: Model, n: int) -> None:
                 + (f"; measure a GPU count where the work is even (e.g. gpus={hint})" if hint else "")
             )
         if sm.unidentified and split_matters(m, t, n):
-            ops, tiles = _counts(m, n), _counts(t, n)
+            ops, tiles = spread_counts(m, n), spread_counts(t, n)
             top = int(max(model.fitted_gpus))
             hint = next((k for k in range(top + 1, 4 * top + 2) if split_matters(m, t, k)), None)
             raise Unidentified(
@@ -175,14 +175,14 @@ def check_possible(table: pd.DataFrame) -> None:
         ProjectionError: naming the first offending row and column.
     """
     for col, bad in (
-        (K.COMPUTE_S, table[K.COMPUTE_S] < -_EPS),
-        (K.COMPUTE_MAX_S, table[K.COMPUTE_MAX_S] < table[K.COMPUTE_S] - _EPS),
-        (K.TRANSFER_S, table[K.TRANSFER_S] < -_EPS),
-        (K.WAIT_S, table[K.WAIT_S] < -_EPS),
-        (K.SECTION_S, table[K.SECTION_S] < -_EPS),
-        (K.LB, table[K.LB] > 1 + _EPS),
-        (K.COMM_E, table[K.COMM_E] > 1 + _EPS),
-        (K.PE, table[K.PE] > 1 + _EPS),
+        (K.COMPUTE_S, table[K.COMPUTE_S] < -EPS),
+        (K.COMPUTE_MAX_S, table[K.COMPUTE_MAX_S] < table[K.COMPUTE_S] - EPS),
+        (K.TRANSFER_S, table[K.TRANSFER_S] < -EPS),
+        (K.WAIT_S, table[K.WAIT_S] < -EPS),
+        (K.SECTION_S, table[K.SECTION_S] < -EPS),
+        (K.LB, table[K.LB] > 1 + EPS),
+        (K.COMM_E, table[K.COMM_E] > 1 + EPS),
+        (K.PE, table[K.PE] > 1 + EPS),
     ):
         if bad.any():
             r = table[bad].iloc[0]
@@ -194,14 +194,14 @@ def check_possible(table: pd.DataFrame) -> None:
 def measured_rows(rows: pd.DataFrame, model: Model) -> pd.DataFrame:
     """The measured points in the projection's columns (MEASURED True), section rows and ``all``;
     CommE and PE use the slowest rank's section time SECTION_MAX_S when the table has it."""
-    pts = _points(rows)
+    pts = measured_points(rows)
     out = []
     for n, g in pts.groupby(K.GPUS):
-        nodes = _row_nodes(g.iloc[0], model.gpus_per_node)
+        nodes = row_nodes(g.iloc[0], model.gpus_per_node)
         cols = [K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S]
         smax = g[K.SECTION_MAX_S] if K.SECTION_MAX_S in g else pd.Series(math.nan, index=g.index)
         for (_, r), sm in zip(g.iterrows(), smax, strict=True):
-            algo = _row_algorithm(r) or ""
+            algo = row_algorithm(r) or ""
             out.append((r[K.SECTION], *(float(r[c]) for c in cols), int(n), nodes, algo, float(sm)))
         total_max = float(smax.sum()) if smax.notna().all() else math.nan
         out.append((ALL, *g[cols].sum().tolist(), int(n), nodes, "", total_max))

@@ -3,7 +3,7 @@
 :func:`fit` reads one (problem, mode)'s measured points and returns a :class:`~pnpscale.results.projection.base.Model`
 (:mod:`pnpscale.results.projection.model` states the model): ``μ_r = a + b·ops_r + c·tiles_r`` by non-negative
 least squares on C and C_max, the jitter σ from the balanced points, the wait beyond ``C_max − C`` (ψ), then the
-transfer (:func:`pnpscale.results.projection.routes._fit_transfer`).
+transfer (:func:`pnpscale.results.projection.routes.fit_transfer`).
 
 Units: seconds per iteration, bytes.
 """
@@ -24,17 +24,17 @@ from pnpscale.results.projection.base import (
     Options,
     ProjectionError,
     SectionModel,
-    _balanced,
-    _cmax,
-    _cpu_cores,
-    _label,
-    _n_top,
-    _points,
-    _row_algorithm,
-    _row_nodes,
-    _work,
+    cpu_cores_of,
+    expected_cmax,
+    is_balanced,
+    measured_points,
+    row_algorithm,
+    row_nodes,
+    series_key,
+    top_count,
+    work_per_rank,
 )
-from pnpscale.results.projection.routes import _fit_transfer
+from pnpscale.results.projection.routes import fit_transfer
 
 
 def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
@@ -55,8 +55,8 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
             operator or tile counts, rows of several (problem, mode), or a compute that no non-negative
             model fits (the points named).
     """
-    pts = _points(rows)
-    problem, mode, label = _label(pts)
+    pts = measured_points(rows)
+    problem, mode, label = series_key(pts)
     measured = sorted({int(g) for g in pts[K.GPUS]})
     m_t = {}
     for col in ("num_operators", "num_tiles"):
@@ -68,7 +68,7 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
             )
         m_t[col] = int(vals[0])
     m, t = m_t["num_operators"], m_t["num_tiles"]
-    cores, cores_note = _cpu_cores(pts, options)
+    cores, cores_note = cpu_cores_of(pts, options)
     fitted = [n for n in measured if cores is None or n <= cores]
     assumptions = [f"assignment: deepinv's round-robin (item i on rank i % N) of {m} operators and {t} tiles"]
     if cores is not None:
@@ -100,7 +100,7 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
 
     logged: dict[tuple[int, str], str] = {}
     for _, r in pts[pts[K.GPUS] > 1].iterrows():
-        algo, nodes = _row_algorithm(r), _row_nodes(r, gpn)
+        algo, nodes = row_algorithm(r), row_nodes(r, gpn)
         if algo is not None and nodes > 1:
             logged[(nodes, str(r[K.SECTION]))] = algo
 
@@ -155,7 +155,7 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
     )
     model = Model(problem, mode, m, t, gpn, logged, dict(options.algorithms), {}, {}, sections, fitted[0], 0.0,
                   measured, fitted, assumptions, cores, options.tolerance)  # fmt: skip
-    _fit_transfer(model, pts, options.rates, label)
+    fit_transfer(model, pts, options.rates, label)
     assumptions.append(
         "transfer = latency + bytes per GPU / route rate; a section's collectives are modelled as one all_reduce "
         "of their summed payload (n_main x main payload + other payload); one node: ring bytes 2P(N−1)/N, a rate "
@@ -168,7 +168,7 @@ def fit(rows: pd.DataFrame, options: Options = Options()) -> Model:
 
 
 def _balanced_gpus(s: pd.DataFrame, units: Sequence[str], m: int, t: int) -> list[int]:
-    return [int(g) for g in s[K.GPUS] if _balanced(units, m, t, int(g))]
+    return [int(g) for g in s[K.GPUS] if is_balanced(units, m, t, int(g))]
 
 
 def _jitter(pts: pd.DataFrame, names: Sequence[str], m: int, t: int) -> dict[str, list[float]]:
@@ -179,7 +179,7 @@ def _jitter(pts: pd.DataFrame, names: Sequence[str], m: int, t: int) -> dict[str
         vals = []
         for _, r in s.iterrows():
             n, c, cmax = int(r[K.GPUS]), float(r[K.COMPUTE_S]), float(r[K.COMPUTE_MAX_S])
-            if _balanced(section_work(name), m, t, n) and c > 0:
+            if is_balanced(section_work(name), m, t, n) and c > 0:
                 vals.append((cmax / c - 1.0) / expected_max_normal(n))
         out[name] = vals
     return out
@@ -215,12 +215,12 @@ def _design(s: pd.DataFrame, use: Sequence[str], m: int, t: int, sigma: float,
     x, y, names = [], [], []
     for _, r in s.iterrows():
         n = int(r[K.GPUS])
-        w = _work(use, m, t, n)
+        w = work_per_rank(use, m, t, n)
         if coef is None:
-            f = 1.0 + sigma * expected_max_normal(_n_top(w))
+            f = 1.0 + sigma * expected_max_normal(top_count(w))
         else:
             mu = coef[0] + w @ coef[1:]
-            f = _cmax(mu, sigma) / mu.max() if mu.max() > 0 else 1.0
+            f = expected_cmax(mu, sigma) / mu.max() if mu.max() > 0 else 1.0
         x += [[1.0, *w.mean(axis=0)], [f, *(f * w[0])]]
         y += [float(r[K.COMPUTE_S]), float(r[K.COMPUTE_MAX_S])]
         names += [f"N={n} compute {float(r[K.COMPUTE_S]):.4g} s",

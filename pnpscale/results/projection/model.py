@@ -87,10 +87,10 @@ from pnpscale.results.projection.base import (
     Options,
     ProjectionError,
     SectionModel,
-    _cpu_cores,
-    _points,
+    cpu_cores_of,
     intra_route,
     local_cores,
+    measured_points,
     parse_algorithms,
     parse_rates,
 )
@@ -181,7 +181,7 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
     """Project every (problem, mode) of a summary table with at least ``min_points`` measured GPU counts.
 
     A sweep's variants (``variant`` column: :func:`pnpscale.results.runs.variants`) are projected one by one,
-    each as its own series: PROBLEM ``2d denoiser_collective=all_gather`` (:func:`pnpscale.results.plotting.labelled`).
+    each as its own series: PROBLEM ``2d denoiser_collective=all_gather`` (:func:`pnpscale.results.series.labelled`).
 
     Args:
         table: :func:`pnpscale.results.runs.load` output (optionally with ALGORITHM per row).
@@ -191,7 +191,7 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
     Returns:
         :class:`Projection`; a (problem, mode) that cannot be projected is in ``skipped`` with the reason.
     """
-    pts = _points(table, unique=False)  # each (problem, mode) is checked by fit
+    pts = measured_points(table, unique=False)  # each (problem, mode) is checked by fit
     frames, vals, found, assumed, skipped, notes = [], [], {}, {}, {}, {}
     models: dict[tuple[str, str], Model] = {}
     for (problem, mode), rows in pts.groupby(GROUP, sort=True):
@@ -201,7 +201,7 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
             skipped[key] = f"{len(measured)} measured GPU count(s); the projection needs {min_points}"
             continue
         try:
-            cores, _ = _cpu_cores(rows, options)  # checked first: the reason that matters for CPU runs
+            cores, _ = cpu_cores_of(rows, options)  # checked first: the reason that matters for CPU runs
             asked = sorted(set(gpus))
             allowed = [n for n in asked if cores is None or n <= cores]
             refused = [n for n in asked if n not in allowed]

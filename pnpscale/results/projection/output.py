@@ -15,6 +15,9 @@ from typing import Any
 import pandas as pd
 
 from pnpscale import columns as K
+from pnpscale.core import layout
+from pnpscale.results.charts import save
+from pnpscale.results.plotting import figure, log2_x
 from pnpscale.results.projection.model import (
     ALL,
     HEADLINE,
@@ -38,6 +41,7 @@ from pnpscale.results.projection.model import (
 )
 from pnpscale.results.projection.overlap import frame as overlap_frame
 from pnpscale.results.projection.overlap import markdown as overlap_markdown
+from pnpscale.results.transfer import transfer_inputs
 
 __all__ = [
     "Model", "Options", "Projection", "ProjectionError", "evaluate", "findings", "fit", "leave_one_out",
@@ -161,7 +165,6 @@ def plot(p: Projection) -> Any:
     its parts (top), LB, CommE and PE (middle), the relative error at the measured points of the fit and of
     leave-one-out with the tolerance band (bottom); a dotted line at the largest measured N.
     Returns a matplotlib Figure."""
-    from pnpscale.results.plotting import figure, log2_x
 
     keys = sorted(p.findings) or [("", "")]
     fig, axes = figure(3, len(keys), (6.0 * len(keys), 11.0), squeeze=False)
@@ -227,9 +230,8 @@ def with_algorithms(table: pd.DataFrame) -> pd.DataFrame:
     """The summary table plus ALGORITHM per complete multi-GPU run x section (NCCL's log; NA without one).
 
     Matched by run folder and section, so a table whose PROBLEM carries the variant
-    (:func:`pnpscale.results.plotting.labelled`) gets its algorithms too.
+    (:func:`pnpscale.results.series.labelled`) gets its algorithms too.
     """
-    from pnpscale.results.transfer import transfer_inputs
 
     done = table[(table["status"] == "complete") & (table[K.GPUS] > 1)] if "status" in table else table.iloc[0:0]
     if done.empty or "run_dir" not in done:
@@ -255,8 +257,6 @@ def write_files(p: Projection, dest: Any) -> list[str]:
     """
     from pathlib import Path
 
-    from pnpscale.core import layout
-    from pnpscale.results.charts import save
 
     dest = Path(dest)
     save(plot(p), dest / layout.PROJECTION_PNG)
@@ -303,7 +303,6 @@ def replace_readme_section(text: str, section: Sequence[str]) -> str:
     ## Side by side: x
     <BLANKLINE>
     """
-    from pnpscale.core import layout
 
     lines = text.split("\n")
     start = next((i for i, x in enumerate(lines) if x.startswith(README_HEADING)), None)
@@ -343,7 +342,6 @@ def write(p: Projection, out: Any, made_by: str | None = None, extra: dict[str, 
     """
     from pathlib import Path
 
-    from pnpscale.core import layout
 
     out = Path(out)
     readme = out / layout.REPORT_README

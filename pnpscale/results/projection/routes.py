@@ -18,11 +18,11 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale.results.jitter import nonnegative_lstsq
-from pnpscale.results.projection.base import INTRA, Model, _bytes, _row_algorithm, _row_nodes, intra_route
+from pnpscale.results.projection.base import INTRA, Model, intra_route, row_algorithm, row_nodes, sent_bytes_of
 from pnpscale.results.transfer import GB
 
 
-def _obs_route(model: Model, n: int, nodes: int, section: str, algo: str | None) -> tuple[str, str, str]:
+def observed_route(model: Model, n: int, nodes: int, section: str, algo: str | None) -> tuple[str, str, str]:
     """(route, algorithm, algorithm source) at N on ``nodes`` nodes."""
     if nodes <= 1:
         return intra_route(n), "ring", "one node"
@@ -44,15 +44,15 @@ def algorithm_at(model: Model, nodes: int, section: str) -> tuple[str, str]:
     return "ring", "assumed"
 
 
-def _fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], label: str) -> None:
+def fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], label: str) -> None:
     """Latency per section and rate per route: ``T = L_s + B/R`` (see module doc); fills ``model``."""
     obs = []
     for sm in model.sections:
         s = pts[(pts[K.SECTION] == sm.section) & (pts[K.GPUS] > 1)]
         for _, r in s.iterrows():
-            n, nodes = int(r[K.GPUS]), _row_nodes(r, model.gpus_per_node)
-            route, algo, _ = _obs_route(model, n, nodes, sm.section, _row_algorithm(r))
-            obs.append((sm.section, route, _bytes(sm.payload_bytes, n, nodes, algo), float(r[K.TRANSFER_S]), n))
+            n, nodes = int(r[K.GPUS]), row_nodes(r, model.gpus_per_node)
+            route, algo, _ = observed_route(model, n, nodes, sm.section, row_algorithm(r))
+            obs.append((sm.section, route, sent_bytes_of(sm.payload_bytes, n, nodes, algo), float(r[K.TRANSFER_S]), n))
     model.fit_routes = {o[1] for o in obs}
     names = [sm.section for sm in model.sections]
 

@@ -1,4 +1,4 @@
-"""The eight wild-trace cases of set 3 (tests/data/traces-turn3): each gives the reference or names its cause.
+"""The eight wild-trace cases of set 3 (tests/data/trace-bug-reports): each gives the reference or names its cause.
 
 Reference (sums over the 3 iterations): gradient C 0.000141 s, T 8.4e-05, W 1.5e-05; denoiser C 0.000465,
 T 7.5e-05, W 0. The traces are generated in the test from a copy of the cases' generator.
@@ -18,7 +18,7 @@ from pnpscale.analysis.offline import ANALYSIS_JSON, main
 from pnpscale.core import layout
 
 _SPEC = importlib.util.spec_from_file_location(
-    "turn3_cases", Path(__file__).parent / "data" / "traces-turn3" / "make_case.py"
+    "bug_report_cases", Path(__file__).parent / "data" / "trace-bug-reports" / "make_case.py"
 )
 assert _SPEC is not None and _SPEC.loader is not None
 cases = importlib.util.module_from_spec(_SPEC)
