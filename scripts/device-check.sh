@@ -5,8 +5,8 @@
 #   bash scripts/device-check.sh --cpu      # CPU mode: the same steps on CPU ranks at tiny sizes
 #   bash scripts/device-check.sh --only versions,busy_wait
 #
-# Through the device tool (the lent H200): run `bash scripts/device-check.sh` with carry=[".device-wheels"],
-# after `bash scripts/device-wheels.sh` here (the wheels that machine lacks).
+# On a GPU machine without a package index: run `bash scripts/device-wheels.sh` on a machine with one,
+# copy the checkout with its .device-wheels/ folder to the GPU machine, and run this script there.
 #
 # Run from anywhere; the repository is this script's parent folder. Python: $PNPSCALE_PYTHON if set,
 # else python3, with torch (whatever version it finds: it is reported) and pnpscale's dependencies.
@@ -31,7 +31,7 @@ fi
 IMPORTS='import torch, deepinv, hydra, pandas, pyarrow, ijson, pnpscale.validation.device_check; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "| deepinv", deepinv.__version__)'
 WHEELS="${PNPSCALE_WHEELS:-$ROOT/.device-wheels}"
 if ! "$PY" -c "$IMPORTS" >/dev/null 2>&1 && [ -d "$WHEELS" ]; then
-  # offline machine (the lent GPU machine): the wheels it lacks, carried in the working tree
+  # a machine without a package index: the wheels it lacks, copied into the checkout's .device-wheels/
   SITE="${PNPSCALE_SITE:-${TMPDIR:-/tmp}/pnpscale-site}"
   echo "== installing $(find "$WHEELS" -maxdepth 1 -name '*.whl' | wc -l) wheel(s) from $WHEELS into $SITE"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
@@ -39,7 +39,7 @@ if ! "$PY" -c "$IMPORTS" >/dev/null 2>&1 && [ -d "$WHEELS" ]; then
   export PYTHONPATH="$ROOT:$SITE${PYTHONPATH#"$ROOT"}"
 fi
 if ! "$PY" -c "$IMPORTS"; then
-  echo "device-check: $PY cannot import pnpscale's dependencies (pip install -e ., or bash scripts/device-wheels.sh on a machine with an index and carry .device-wheels)" >&2
+  echo "device-check: $PY cannot import pnpscale's dependencies (pip install -e ., or bash scripts/device-wheels.sh on a machine with an index and copy .device-wheels/ here)" >&2
   exit 2
 fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Fill .device-wheels/ (git-ignored) with exactly the Python 3.12 wheels the lent GPU machine lacks
-# (issue 19): pnpscale's dependencies that its image does not hold, one version each, --no-deps.
+# Fill .device-wheels/ (git-ignored) with exactly the Python 3.12 wheels a GPU machine without a package
+# index lacks (issue 19): pnpscale's dependencies that its image does not hold, one version each, --no-deps.
 #
-#   bash scripts/device-wheels.sh            # run here, on a machine with a package index
-#   then, through the device tool:  bash scripts/device-check.sh   with carry=[".device-wheels"]
+#   bash scripts/device-wheels.sh            # on a machine with a package index
+#   then copy the checkout, .device-wheels/ included, to the GPU machine and run there:
+#   bash scripts/device-check.sh             # installs the wheels (pip --no-index) and runs the check
 #
-# The GPU machine (Python 3.12, torch 2.11.0+cu130, nothing installable from a registry) has torch,
+# The GPU image these wheels are for (Python 3.12, torch 2.11.0+cu130, no package index) has torch,
 # torchvision, numpy, pandas, pyarrow, matplotlib, seaborn, tabulate, filelock, psutil, h5py, einops,
 # requests, tqdm, torchmetrics, pyyaml, packaging, cloudpickle, typing-extensions; it lacks the
 # packages below. Versions are the ones installed in this checkout's virtual environment (tested
 # here); antlr4-python3-runtime has no wheel on the index (sdist only): it is built here.
 #
 # Knobs: PNPSCALE_PYTHON (the venv's python, default .venv/bin/python), DEVICE_WHEELS_DIR
-# (default <repo>/.device-wheels), DEVICE_WHEELS_MAX_MB (64: what one device call carries in all).
+# (default <repo>/.device-wheels), DEVICE_WHEELS_MAX_MB (64: the most the folder may hold in all).
 # Exit status: 0 when the folder holds one wheel per package and fits; 1 otherwise.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,7 +53,7 @@ if [ "$count" -ne "${#PACKAGES[@]}" ] || [ "$(find "$DIR.tmp" -maxdepth 1 -type 
 fi
 bytes="$(du -cb "$DIR.tmp"/*.whl | tail -1 | cut -f1)"
 if [ "$bytes" -gt $((MAX_MB * 1024 * 1024)) ]; then
-  echo "device-wheels: $bytes bytes of wheels, over the $MAX_MB MiB a device call carries" >&2
+  echo "device-wheels: $bytes bytes of wheels, over the $MAX_MB MiB limit (DEVICE_WHEELS_MAX_MB)" >&2
   exit 1
 fi
 rm -rf "$DIR"
