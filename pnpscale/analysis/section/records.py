@@ -55,6 +55,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.events import Collective, Event, Kind, SectionError, SectionRecord, Window, launch_key
@@ -122,6 +123,77 @@ def section_records(
     """
     anomalies = anomalies if anomalies is not None else Anomalies()
     evs = sorted(events, key=lambda e: (e.start_ns, -e.end_ns))
+    ranges, counts = section_ranges(evs, sections, anomalies, rank, file_end_ns)
+    parents = _nesting(ranges, counts)
+    descriptor_events = [e for e in evs if e.kind is Kind.CPU and is_descriptor(e.name)]
+    gpu_events = place_unknown_launches([e for e in evs if e.kind is Kind.GPU], descriptor_events, anomalies, rank)
+    gpu = Window(gpu_events, key=launch_key)
+    if require_gpu and not gpu:
+        raise SectionError(
+            "a CUDA run whose profiler recorded no GPU event (kernels, memcpy): CUPTI did not trace (another "
+            "profiler attached, or CUPTI unavailable); see the Kineto messages in the rank's stderr"
+        )
+    works = [e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)]
+    _refuse_unplaceable([*gpu_events, *works], ranges)
+    typed, issued = typed_by_c10d(works, evs, anomalies, rank)
+    cpu_comm = Window(typed)
+    descriptors = Window(descriptor_events)
+    busy = Busy(evs, sections, gpu_events)
+    origin = ranges[0].start_ns
+    clips = {} if cpu_start or not gpu else gpu_clips(ranges, parents, gpu, anomalies, rank)
+    steps = step_of(evs, ranges, sections)
+    occurrence: dict[str, int] = defaultdict(int)
+    out: list[SectionRecord] = []
+    for r, parent, step in zip(ranges, parents, steps, strict=True):
+        it = occurrence[r.name]
+        occurrence[r.name] += 1
+        if gpu:
+            part = cuda_part(
+                r, it, gpu, descriptors, busy, clips, origin, anomalies, rank, require_gpu, cpu_start, missing_gpu
+            )
+        else:
+            part = gloo_part(r, cpu_comm, issued, busy, origin)
+        bad = f"{r.name!r} range: {r.bad}" if r.bad else None
+        out.append(
+            SectionRecord(
+                it,
+                r.name,
+                (r.start_ns - origin) * 1e-9,
+                part.section_ns * 1e-9,
+                part.collectives,
+                step,
+                parent,
+                bad or part.bad,
+                part.missing,
+                None if part.gpu_span_ns is None else part.gpu_span_ns * 1e-9,
+                part.hidden_ns * 1e-9,
+                part.bad_kind if not bad else "non_physical_timing",
+                file_end_ns is not None and r.end_ns > file_end_ns,
+            )  # fmt: skip
+        )
+    return out
+
+
+def section_ranges(
+    evs: Sequence[Event],
+    sections: Sequence[str],
+    anomalies: Anomalies,
+    rank: int | None,
+    file_end_ns: int | None,
+) -> tuple[list[Event], dict[str, int]]:
+    """Step 1 of :func:`section_records`: the section ranges of one rank, and how many there are per name.
+
+    Args:
+        evs: the rank's events sorted by ``(start_ns, -end_ns)``.
+        sections, anomalies, rank, file_end_ns: as for :func:`section_records`.
+
+    Returns:
+        (the ranges in ``evs`` order, ``name -> count``); for a file that may be cut short with names
+        occurring a different number of times, each name's first ``m`` ranges (``trace_cut_short``).
+
+    Raises:
+        SectionError: a name never occurs or names occur a different number of times (``counts`` attached).
+    """
     ranges = [e for e in evs if e.kind in _RANGE_KINDS and e.name in sections]
     counts = {s: sum(1 for r in ranges if r.name == s) for s in sections}
     if file_end_ns is not None and len(set(counts.values())) > 1 and min(counts.values()) > 0:
@@ -152,129 +224,139 @@ def section_records(
         )
         error.counts = dict(counts)
         raise error
-    parents = _nesting(ranges, counts)
+    return ranges, counts
+
+
+def step_of(evs: Sequence[Event], ranges: Sequence[Event], sections: Sequence[str]) -> list[int | None]:
+    """Step 2 of :func:`section_records`: the ``N`` of the ``ProfilerStep#N`` range enclosing each section range
+    (the latest one starting at or before it, if it also ends at or after it), else ``None``; aligned with
+    ``ranges``. ``evs`` sorted by ``(start_ns, -end_ns)``."""
     step_ranges = [
         e for e in evs if e.kind in _RANGE_KINDS and e.name not in sections and step_number(e.name) is not None
     ]
     step_starts = [e.start_ns for e in step_ranges]
-    descriptor_events = [e for e in evs if e.kind is Kind.CPU and is_descriptor(e.name)]
-    gpu_events = place_unknown_launches([e for e in evs if e.kind is Kind.GPU], descriptor_events, anomalies, rank)
-    gpu = Window(gpu_events, key=launch_key)
-    if require_gpu and not gpu:
-        raise SectionError(
-            "a CUDA run whose profiler recorded no GPU event (kernels, memcpy): CUPTI did not trace (another "
-            "profiler attached, or CUPTI unavailable); see the Kineto messages in the rank's stderr"
-        )
-    works = [e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)]
-    _refuse_unplaceable([*gpu_events, *works], ranges)
-    typed, issued = typed_by_c10d(works, evs, anomalies, rank)
-    cpu_comm = Window(typed)
-    descriptors = Window(descriptor_events)
-    busy = Busy(evs, sections, gpu_events)
-    origin = ranges[0].start_ns
-    clips = {} if cpu_start or not gpu else gpu_clips(ranges, parents, gpu, anomalies, rank)
-    occurrence: dict[str, int] = defaultdict(int)
-    out: list[SectionRecord] = []
-    for r, parent in zip(ranges, parents, strict=True):
-        it = occurrence[r.name]
-        occurrence[r.name] += 1
+    out: list[int | None] = []
+    for r in ranges:
         i = bisect_right(step_starts, r.start_ns) - 1
-        step = step_number(step_ranges[i].name) if i >= 0 and step_ranges[i].end_ns >= r.end_ns else None
-        bad = f"{r.name!r} range: {r.bad}" if r.bad else None
-        bad_kind = "non_physical_timing"
-        missing = 0
-        if gpu:
-            launched = sorted(gpu.between(r.start_ns, r.end_ns), key=lambda e: (e.start_ns, -e.end_ns))
-            kernels = [e for e in launched if is_nccl_kernel(e)]
-            descs = descriptors_in(descriptors.between(r.start_ns, r.end_ns))
-            n_descs = len(descs) if require_gpu else 0  # offline: recorded as anomalies below
-            section_ns, gpu_span_ns = cuda_section_span(r, launched, n_descs, len(kernels), it, cpu_start)
-            window = None
-            if id(r) in clips and gpu_span_ns is not None:  # GPU work past the next section's start: clipped
-                first = min(e.start_ns for e in launched)
-                window = (first, clips[id(r)])
-                section_ns = gpu_span_ns = clips[id(r)] - first
-            # by issue order: kernels by launch, descriptors by start; trusted when one CPU thread issued
-            # them all (its order is the kernels' order), else only where every kernel name agrees
-            by_launch = sorted(range(len(kernels)), key=lambda j: (launch_key(kernels[j]), kernels[j].start_ns))
-            paired = len(descs) == len(kernels) and (
-                len({d.tid for d in descs}) <= 1
-                or all(compatible(kernels[j], d) for j, d in zip(by_launch, descs, strict=True))
-            )
-            desc_of = dict(zip(by_launch, descs, strict=True)) if paired else {}
-            if len(descs) > len(kernels):
-                missing = len(descs) - len(kernels)
-                anomalies.add(
-                    "collective_without_kernel",
-                    rank,
-                    f"iteration {it} section {r.name!r}: {len(descs)} descriptor(s) "
-                    f"({', '.join(d.name for d in descs)}), {len(kernels)} kernel(s)",
-                    missing,
-                )
-            colls = []
-            for i, k in enumerate(kernels):
-                d = desc_of.get(i)
-                hint = kernel_collective(k.name)
-                described = k.collective or (d.collective if d else None)
-                if described and hint and hint != described and not may_run(hint, described):
-                    anomalies.add(
-                        "kernel_name_disagrees", rank, f"{k.name.split('(')[0]} ran {described} (iteration {it})"
-                    )
-                name = described or hint or k.name
-                payload = k.payload_bytes if k.payload_bytes is not None else (d.payload_bytes if d else None)
-                group = k.group if k.group is not None else (d.group if d else None)
-                gseq = k.group_seq if k.group_seq is not None else (d.group_seq if d else None)
-                start = (k.start_ns - origin) * 1e-9
-                colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
-            hidden_ns = busy.split(colls, kernels, busy.gpu, window, waits=False)
-            bad = bad or next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
-            lost = bisect_right(missing_gpu, r.end_ns) - bisect_left(missing_gpu, r.start_ns)
-            if lost and not bad:
-                first_lost = missing_gpu[bisect_left(missing_gpu, r.start_ns)]
-                bad = (f"{lost} launch(es) inside it (the first at ts {first_lost / 1000:.3f} us), among the "
-                       f"file's last, have no GPU event, in a file Kineto did not close (no {END_MARKER!r}): cut "
-                       f"short (or the profiler dropped those GPU records); its GPU work is missing")  # fmt: skip
-                bad_kind = "trace_cut_short"
-        else:
-            gpu_span_ns = None
-            works = cpu_comm.between(r.start_ns, r.end_ns)
-            colls = [
-                Collective(
-                    i,
-                    e.collective or collective_type(e.name) or e.name,
-                    e.duration_ns * 1e-9,
-                    e.payload_bytes,
-                    None,
-                    e.group,
-                    e.group_seq,
-                    (e.start_ns - origin) * 1e-9,
-                )
-                for i, e in enumerate(works)
-            ]
-            # from the c10d call on: the calling thread is inside the collective (enqueue, then Work.wait())
-            called = [(min(issued.get(id(e), e.start_ns), e.start_ns), e.end_ns) for e in works]
-            computing, in_calls = busy.cpu(r, works)
-            hidden_ns = busy.split(colls, works, computing, (r.start_ns, r.end_ns), True, called, in_calls)
-            bad = bad or next((f"{e.name!r}: {e.bad}" for e in works if e.bad), None)
-            section_ns = r.duration_ns
-        out.append(
-            SectionRecord(
-                it,
-                r.name,
-                (r.start_ns - origin) * 1e-9,
-                section_ns * 1e-9,
-                colls,
-                step,
-                parent,
-                bad,
-                missing,
-                None if gpu_span_ns is None else gpu_span_ns * 1e-9,
-                hidden_ns * 1e-9,
-                bad_kind,
-                file_end_ns is not None and r.end_ns > file_end_ns,
-            )  # fmt: skip
-        )
+        out.append(step_number(step_ranges[i].name) if i >= 0 and step_ranges[i].end_ns >= r.end_ns else None)
     return out
+
+
+@dataclass
+class Part:
+    """What one section occurrence holds, from :func:`cuda_part` or :func:`gloo_part` (times in ns).
+
+    Attributes:
+        section_ns: the section's time. collectives: its collectives (``seq`` = position by start).
+        hidden_ns: their time overlapped by compute (union). bad, bad_kind: a non-physical event inside and
+        the anomaly kind to drop it under. missing: descriptors without a kernel (CUDA). gpu_span_ns: CUDA's
+        GPU span, ``None`` without GPU work and on CPU backends.
+    """
+
+    section_ns: int
+    collectives: list[Collective]
+    hidden_ns: int
+    bad: str | None = None
+    bad_kind: str = "non_physical_timing"
+    missing: int = 0
+    gpu_span_ns: int | None = None
+
+
+def cuda_part(
+    r: Event,
+    it: int,
+    gpu: Window,
+    descriptors: Window,
+    busy: Busy,
+    clips: Mapping[int, int],
+    origin: int,
+    anomalies: Anomalies,
+    rank: int | None,
+    require_gpu: bool,
+    cpu_start: bool,
+    missing_gpu: Sequence[int],
+) -> Part:
+    """Step 3 of :func:`section_records` on CUDA: the section range ``r`` (iteration ``it``): its time, its
+    collective kernels typed from their descriptors, their blocked and hidden time (module doc)."""
+    bad = None
+    bad_kind = "non_physical_timing"
+    missing = 0
+    launched = sorted(gpu.between(r.start_ns, r.end_ns), key=lambda e: (e.start_ns, -e.end_ns))
+    kernels = [e for e in launched if is_nccl_kernel(e)]
+    descs = descriptors_in(descriptors.between(r.start_ns, r.end_ns))
+    n_descs = len(descs) if require_gpu else 0  # offline: recorded as anomalies below
+    section_ns, gpu_span_ns = cuda_section_span(r, launched, n_descs, len(kernels), it, cpu_start)
+    window = None
+    if id(r) in clips and gpu_span_ns is not None:  # GPU work past the next section's start: clipped
+        first = min(e.start_ns for e in launched)
+        window = (first, clips[id(r)])
+        section_ns = gpu_span_ns = clips[id(r)] - first
+    # by issue order: kernels by launch, descriptors by start; trusted when one CPU thread issued
+    # them all (its order is the kernels' order), else only where every kernel name agrees
+    by_launch = sorted(range(len(kernels)), key=lambda j: (launch_key(kernels[j]), kernels[j].start_ns))
+    paired = len(descs) == len(kernels) and (
+        len({d.tid for d in descs}) <= 1
+        or all(compatible(kernels[j], d) for j, d in zip(by_launch, descs, strict=True))
+    )
+    desc_of = dict(zip(by_launch, descs, strict=True)) if paired else {}
+    if len(descs) > len(kernels):
+        missing = len(descs) - len(kernels)
+        anomalies.add(
+            "collective_without_kernel",
+            rank,
+            f"iteration {it} section {r.name!r}: {len(descs)} descriptor(s) "
+            f"({', '.join(d.name for d in descs)}), {len(kernels)} kernel(s)",
+            missing,
+        )
+    colls = []
+    for i, k in enumerate(kernels):
+        d = desc_of.get(i)
+        hint = kernel_collective(k.name)
+        described = k.collective or (d.collective if d else None)
+        if described and hint and hint != described and not may_run(hint, described):
+            anomalies.add("kernel_name_disagrees", rank, f"{k.name.split('(')[0]} ran {described} (iteration {it})")
+        name = described or hint or k.name
+        payload = k.payload_bytes if k.payload_bytes is not None else (d.payload_bytes if d else None)
+        group = k.group if k.group is not None else (d.group if d else None)
+        gseq = k.group_seq if k.group_seq is not None else (d.group_seq if d else None)
+        start = (k.start_ns - origin) * 1e-9
+        colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
+    hidden_ns = busy.split(colls, kernels, busy.gpu, window, waits=False)
+    bad = next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
+    lost = bisect_right(missing_gpu, r.end_ns) - bisect_left(missing_gpu, r.start_ns)
+    if lost and not bad and not r.bad:
+        first_lost = missing_gpu[bisect_left(missing_gpu, r.start_ns)]
+        bad = (f"{lost} launch(es) inside it (the first at ts {first_lost / 1000:.3f} us), among the "
+               f"file's last, have no GPU event, in a file Kineto did not close (no {END_MARKER!r}): cut "
+               f"short (or the profiler dropped those GPU records); its GPU work is missing")  # fmt: skip
+        bad_kind = "trace_cut_short"
+    return Part(section_ns, colls, hidden_ns, bad, bad_kind, missing, gpu_span_ns)
+
+
+def gloo_part(r: Event, cpu_comm: Window, issued: Mapping[int, int], busy: Busy, origin: int) -> Part:
+    """Step 3 of :func:`section_records` on a CPU backend: the section range ``r``: its wall span, the gloo work
+    ranges starting inside it (typed: :func:`~pnpscale.analysis.section.gloo.typed_by_c10d`; ``issued``: each
+    one's c10d call start), their blocked and hidden time (module doc)."""
+    works = cpu_comm.between(r.start_ns, r.end_ns)
+    colls = [
+        Collective(
+            i,
+            e.collective or collective_type(e.name) or e.name,
+            e.duration_ns * 1e-9,
+            e.payload_bytes,
+            None,
+            e.group,
+            e.group_seq,
+            (e.start_ns - origin) * 1e-9,
+        )
+        for i, e in enumerate(works)
+    ]
+    # from the c10d call on: the calling thread is inside the collective (enqueue, then Work.wait())
+    called = [(min(issued.get(id(e), e.start_ns), e.start_ns), e.end_ns) for e in works]
+    computing, in_calls = busy.cpu(r, works)
+    hidden_ns = busy.split(colls, works, computing, (r.start_ns, r.end_ns), True, called, in_calls)
+    bad = next((f"{e.name!r}: {e.bad}" for e in works if e.bad), None)
+    return Part(r.duration_ns, colls, hidden_ns, bad)
 
 
 #: what a non-physical event's ``bad`` says when its time (or its launch's) is not a time: it cannot be placed
