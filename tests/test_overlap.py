@@ -15,6 +15,7 @@ from pnpscale.analysis.events import Event, Kind, rank_rows
 from pnpscale.analysis.metrics import check_invariants, decompose, summarize
 from pnpscale.analysis.offline import ANALYSIS_JSON, main
 from pnpscale.analysis.overlap import (
+    LATE_CLOSE_NS,
     attribute,
     communicating,
     compute_spans,
@@ -50,6 +51,21 @@ def test_waited_keeps_idle_time_up_to_a_collective_end_in_the_same_gap():
     assert waited(idle, busy, [35, 60]) == [(30, 35), (50, 60)]
 
 
+def test_a_wait_ends_when_the_thread_resumes_though_gloo_closes_its_range_late():
+    """The minimal job of issue 34: the thread idles in ``Future.wait()`` 50 ms, resumes at 60 ms; gloo's worker
+    closes its range at 62 ms, inside the compute that follows: the whole gap is blocked."""
+    busy = [(0, 10 * MS), (60 * MS, 80 * MS)]
+    assert waited([(10 * MS, 60 * MS)], busy, [62 * MS]) == [(10 * MS, 60 * MS)]
+    # closed past LATE_CLOSE_NS after the thread resumed, or in a later compute span: not a wait
+    assert waited([(10 * MS, 60 * MS)], busy, [60 * MS + LATE_CLOSE_NS + 1]) == []
+    later = [(0, 10 * MS), (60 * MS, 61 * MS), (62 * MS, 80 * MS)]
+    assert waited([(10 * MS, 60 * MS)], later, [63 * MS]) == []
+    # inside a c10d call: gloo's copies (FSDP's reduce_scatter) are the collective's, not compute
+    ops = [(0, 100, "c10d::_reduce_scatter_base_"), (10, 60, "aten::clone"), (20, 30, "aten::copy_")]
+    assert communicating(ops) == [True, True, True]
+    assert compute_spans([(s, e, f) for (s, e, _), f in zip(ops, communicating(ops), strict=True)]) == []
+
+
 def test_blocked_pieces_go_to_the_collective_that_ends_first():
     assert attribute([(0, 50), (10, 100)], [(0, 100)]) == [[(0, 50)], [(50, 100)]]
 
@@ -61,7 +77,10 @@ def test_blocked_pieces_go_to_the_collective_that_ends_first():
         ([(10, 60)], [(0, 100)], True, [[]], 50),  # hidden behind compute
         ([(10, 60), (20, 70)], [], True, [[(10, 60)], [(60, 70)]], 0),  # two in flight: their union, once
         ([(10, 60)], [(0, 40)], True, [[(40, 60)]], 30),  # compute, then wait() until the end
-        ([(10, 60)], [(0, 40), (45, 100)], True, [[]], 50),  # ended during compute: the gap was Python
+        # ended 45 ms into compute: the gap was Python
+        ([(10 * MS, 90 * MS)], [(0, 40 * MS), (45 * MS, 100 * MS)], True, [[]], 80 * MS),
+        # gloo closed the range 15 ms after the thread resumed (issue 34): the gap was the wait
+        ([(10 * MS, 60 * MS)], [(0, 40 * MS), (45 * MS, 100 * MS)], True, [[(40 * MS, 45 * MS)]], 45 * MS),
         ([(10, 60)], [(0, 40), (45, 100)], False, [[(40, 45)]], 45),  # GPU: any time without compute kernel
     ],
 )

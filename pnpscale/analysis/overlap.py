@@ -157,11 +157,15 @@ def compute_spans(ops: Sequence[tuple[int, int, bool]]) -> list[Span]:
 
 
 def communicating(ops: Sequence[tuple[int, int, str]]) -> list[bool]:
-    """Which operators of one thread communicate: a ``c10d::`` call, or an operator that encloses one.
+    """Which operators of one thread communicate: a ``c10d::`` call, an operator inside one, or an operator
+    that encloses one.
 
-    An operator enclosing a collective call (``autograd::engine::evaluate_function: ...Backward`` of an
-    autograd-aware all_reduce, whose backward issues the collective and waits for it) spends its own time
-    waiting, not computing.
+    Everything inside a ``c10d::`` call on the calling thread is communication: the copies gloo makes inside
+    ``c10d::_reduce_scatter_base_`` (``aten::clone``/``aten::copy_``, FSDP's gradients) are part of the
+    collective, not the rank's compute. An operator enclosing a collective call
+    (``autograd::engine::evaluate_function: ...Backward`` of an autograd-aware all_reduce, whose backward
+    issues the collective and waits for it) spends its own time waiting, not computing; its other children
+    (the backward's compute) stay compute.
 
     Args:
         ops: ``(start_ns, end_ns, name)`` per operator of one thread.
@@ -170,19 +174,22 @@ def communicating(ops: Sequence[tuple[int, int, str]]) -> list[bool]:
         One flag per operator, aligned with ``ops``.
 
     >>> communicating([(0, 100, "autograd::engine::evaluate_function: X"), (10, 20, "c10d::allreduce_"),
-    ...                (200, 300, "aten::mm")])
-    [True, True, False]
+    ...                (12, 15, "aten::clone"), (30, 40, "aten::mm"), (200, 300, "aten::mm")])
+    [True, True, True, False, False]
     """
     order = sorted(range(len(ops)), key=lambda i: (ops[i][0], -ops[i][1]))
-    flags = [ops[i][2].startswith(C10D_PREFIX) for i in range(len(ops))]
+    calls = [ops[i][2].startswith(C10D_PREFIX) for i in range(len(ops))]
+    flags = list(calls)
     stack: list[int] = []
     for i in order:
         s, e, _ = ops[i]
         while stack and ops[stack[-1]][1] <= s:
             stack.pop()
-        if flags[i]:
+        if calls[i]:
             for j in stack:
                 flags[j] = True
+        if any(calls[j] for j in stack):  # inside a c10d call: part of the collective
+            flags[i] = True
         stack.append(i)
     return flags
 
@@ -227,20 +234,38 @@ def attribute(activity: Sequence[Span], blocked: Sequence[Span]) -> list[list[Sp
     return out
 
 
+#: how long after the calling thread resumed a gloo worker may still close the collective's range (ns): gloo
+#: completes the work (the waiting thread resumes) before it closes its ``gloo:*`` range; 0.1-19 ms were
+#: measured on loaded CPU/gloo jobs (issue 34), 25 ms is the bound :func:`waited` allows.
+LATE_CLOSE_NS = 25_000_000
+
+
 def waited(idle: Sequence[Span], busy: Sequence[Span], ends: Sequence[int]) -> list[Span]:
     """The part of a thread's idle time (collectives in flight, no compute) spent waiting for one to end.
 
-    ``Work.wait()`` returns when its collective ends, so the thread waits from some moment of an idle gap
-    (a gap between compute spans) up to a collective's end inside that gap: the idle time of a gap up to
-    the last collective end in it is blocked; idle time in a gap where no collective ends (Python
-    between two operators while a collective is in flight) and after the last end is not.
+    From the calling thread's view: ``Work.wait()`` / ``Future.wait()`` returns when its collective
+    completes, so the thread waits from some moment of an idle gap (a gap between compute spans) until it
+    resumes. The idle time of a gap up to the last collective end in it is blocked; so is the whole idle
+    time of a gap after which a collective's range closes late, i.e. the first end after the gap lies in
+    the compute span that resumes it, at most :data:`LATE_CLOSE_NS` after the gap (gloo's worker closes its
+    range after it completed the work and the waiting thread went on). Idle time in a gap where no
+    collective ends (Python between two operators while a collective is in flight) and after the last end
+    is not blocked.
+
+    Limits: a long stretch of un-profiled work (Python, ``time.sleep``) in the last gap before a collective
+    whose range ends less than :data:`LATE_CLOSE_NS` into the following compute counts as blocked; a range
+    closed later than that bound after the thread resumed leaves its wait uncounted.
 
     Args:
         idle: sorted disjoint spans (collectives in flight, not busy). busy: sorted disjoint compute spans.
         ends: the collectives' ends (ns).
 
-    >>> waited([(10, 20), (30, 40), (50, 60)], [(0, 10), (20, 30), (40, 50)], [35, 45])
+    >>> waited([(10, 20), (30, 40), (50, 60)], [(0, 10), (20, 30), (40, 50)], [35])
     [(30, 35)]
+    >>> waited([(10, 20)], [(0, 10), (20, 30)], [25])  # the range closed 5 ns after the thread resumed
+    [(10, 20)]
+    >>> waited([(10, 20)], [(0, 10), (20, 30), (40, 50)], [45])  # it ended in a later compute span: hidden
+    []
     """
     ordered = sorted(ends)
     starts = [b[0] for b in busy]
@@ -250,7 +275,10 @@ def waited(idle: Sequence[Span], busy: Sequence[Span], ends: Sequence[int]) -> l
         gap_hi = starts[k] if k < len(starts) else 1 << 62
         j = bisect.bisect_right(ordered, gap_hi) - 1
         last = ordered[j] if j >= 0 else None
-        if last is not None and last > lo:
+        late = ordered[j + 1] if j + 1 < len(ordered) else None
+        if late is not None and k < len(starts) and late <= min(busy[k][1], gap_hi + LATE_CLOSE_NS):
+            out.append((lo, hi))  # closed late, in the compute that resumed the thread
+        elif last is not None and last > lo:
             out.append((lo, min(hi, last)))
     return out
 
@@ -272,8 +300,9 @@ def rank_blocked(
     ([[(0, 100)]], 0)
     >>> rank_blocked([(0, 100), (50, 120)], [(0, 90)])  # two in flight, compute until 90
     ([[(90, 100)], [(100, 120)]], 90)
-    >>> rank_blocked([(0, 100)], [(0, 40), (45, 100)], waits=True)  # ended in compute: hidden
-    ([[]], 100)
+    >>> ms = 1_000_000  # ended in compute 55 ms after the thread resumed: hidden
+    >>> rank_blocked([(0, 100 * ms)], [(0, 40 * ms), (45 * ms, 100 * ms)], waits=True)
+    ([[]], 100000000)
     >>> rank_blocked([(0, 100)], [(5, 100)], waits=True, calls=[(0, 5)])  # the c10d call itself is blocked
     ([[(0, 5)]], 95)
     """
