@@ -86,6 +86,8 @@ class Collective:
         hidden_s: the part of ``duration_s`` overlapped by the rank's compute (0 when unknown).
         blocked_spans: the blocked spans as text (``"lo-hi,..."``, ns from the collective's start;
             :func:`pnpscale.analysis.overlap.spans_text`), ``None`` when unknown.
+        carried: ``(iteration, section, seq)`` of the entry of the section occurrence that issued it, for the
+            part of a collective waited in a later section (:mod:`pnpscale.analysis.section.p2p`), else ``None``.
     """
 
     seq: int
@@ -99,6 +101,7 @@ class Collective:
     blocked_s: float | None = None
     hidden_s: float = 0.0
     blocked_spans: str | None = None
+    carried: tuple[int, str, int] | None = None
 
 
 @dataclass(slots=True)

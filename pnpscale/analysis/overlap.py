@@ -293,7 +293,9 @@ def rank_blocked(
     """Blocked spans of each collective of one rank's section occurrence, and the hidden time (ns).
 
     ``b = (∪ activity) − busy`` (clipped to ``window``, the section), with ``waits`` (CPU threads) only its
-    part spent waiting for a collective to end (:func:`waited`) plus the time inside collective calls
+    part spent waiting for a collective to end (:func:`waited`; a collective whose range closes more than
+    :data:`LATE_CLOSE_NS` after the window was not waited for inside it: the thread closed the section meanwhile,
+    and waits for it in a later one) plus the time inside collective calls
     (``calls``: the thread's ``c10d::`` operators); attributed by :func:`attribute`; hidden ``= |∪ activity| − |b|``.
 
     >>> rank_blocked([(0, 100)], [])  # a collective that blocks: the whole range
@@ -312,7 +314,11 @@ def rank_blocked(
     blocked = subtract(active, busy_u)
     if waits:
         in_calls = intersect(blocked, union(calls))
-        blocked = union([*waited(blocked, busy_u, [hi for lo, hi in clipped if hi > lo]), *in_calls])
+        # the real ends: a collective still in flight when the window (its section) closes was not waited for in
+        # it, unless its range closes within LATE_CLOSE_NS after the window (a wait at the section's very end)
+        late = window[1] + LATE_CLOSE_NS if window else 1 << 62
+        ends = [min(a[1], c[1]) for a, c in zip(activity, clipped, strict=True) if c[1] > c[0] and a[1] <= late]
+        blocked = union([*waited(blocked, busy_u, ends), *in_calls])
     return attribute(clipped, blocked), length(active) - length(blocked)
 
 

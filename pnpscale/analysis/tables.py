@@ -80,7 +80,6 @@ def write_timeline(path: Any, ranks: pd.DataFrame, collectives: pd.DataFrame) ->
     """
     import json
 
-
     with open(path, "w", encoding="utf-8") as f:
         json.dump(run_trace(ranks, collectives), f, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 

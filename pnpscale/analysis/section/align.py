@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from pnpscale.analysis.events import Collective, SectionError, SectionRecord
+from pnpscale.analysis.section.p2p import fill_carried, is_p2p, pair_point_to_point
 
 
 def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[int, list[SectionRecord]]:
@@ -44,6 +45,7 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
     """
     if not records:
         return {}
+    records = pair_point_to_point(records)
     ranks = sorted(records)
     index = {r: {(s.iteration, s.section): s for s in records[r]} for r in ranks}
     occurrences = list(index[ranks[0]])
@@ -56,10 +58,17 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
             )
     out: dict[int, list[SectionRecord]] = {r: [] for r in ranks}
     new_seq: dict[int, dict[tuple[int, str], list[Collective]]] = {r: {} for r in ranks}
+    issuing: dict[int, dict[tuple[int, str], dict]] = {r: {} for r in ranks}  # rank -> occ -> key -> collective
+    key_of: dict[int, dict[tuple[int, str], dict[int, tuple]]] = {r: {} for r in ranks}  # rank -> occ -> seq -> key
     for occ in occurrences:
-        colls = {r: index[r][occ].collectives for r in ranks}
-        by_pg = all(c.group is not None and c.group_seq is not None for r in ranks for c in colls[r])
-        keys = {r: _match_keys(colls[r], by_pg) for r in ranks}
+        colls = {r: list(index[r][occ].collectives) for r in ranks}
+        own = [c for r in ranks for c in colls[r] if c.carried is None and not is_p2p(c)]
+        by_pg = all(c.group is not None and c.group_seq is not None for c in own)
+        keys = {r: _match_keys(colls[r], by_pg, key_of[r]) for r in ranks}
+        fill_carried(colls, keys, issuing, occ)
+        for r in ranks:
+            key_of[r][occ] = {c.seq: k for c, k in zip(colls[r], keys[r], strict=True) if c.carried is None}
+            issuing[r][occ] = {k: c for c, k in zip(colls[r], keys[r], strict=True) if c.carried is None}
         ref = [k for _, k in sorted(zip((c.seq for c in colls[ranks[0]]), keys[ranks[0]], strict=True))]
         if len(set(ref)) != len(ref):
             raise SectionError(f"iteration {occ[0]} section {occ[1]!r}: rank {ranks[0]} repeats a collective key")
@@ -111,15 +120,37 @@ def nested_sections(records: Mapping[int, Sequence[SectionRecord]]) -> dict[str,
     return {name: parent for name, (parent, _, _) in seen.items() if parent is not None}
 
 
-def _match_keys(colls: Sequence[Collective], by_pg: bool) -> list[tuple]:
-    """Match key of each collective of one rank's section occurrence, aligned with ``colls``."""
+def _match_keys(
+    colls: Sequence[Collective], by_pg: bool, earlier: Mapping[tuple[int, str], Mapping[int, tuple]]
+) -> list[tuple]:
+    """Match key of each collective of one rank's section occurrence, aligned with ``colls``: paired
+    point-to-point by pair and sequence, carried ones by the key of their issuing entry (``earlier``: occurrence
+    -> seq -> key, of this rank; :mod:`pnpscale.analysis.section.p2p`), the others by process group and sequence
+    number (``by_pg``) or by order within each stream.
+
+    Raises:
+        SectionError: a carried entry whose issuing occurrence was not seen before.
+    """
+    keys: list[tuple] = [()] * len(colls)
+    rest = []
+    for i, c in enumerate(colls):
+        if is_p2p(c):
+            keys[i] = ("pg", str(c.group), int(c.group_seq))  # type: ignore[arg-type]
+        elif c.carried is not None:
+            it, sec, seq = c.carried
+            if seq not in earlier.get((it, sec), {}):
+                raise SectionError(f"a collective waited in a later section: iteration {it} section {sec!r} not seen")
+            keys[i] = ("carried", it, sec, earlier[(it, sec)][seq])
+        else:
+            rest.append(i)
     if by_pg:
-        return [("pg", str(c.group), int(c.group_seq)) for c in colls]  # type: ignore[arg-type]
-    streams = sorted({c.stream for c in colls}, key=lambda s: (s is not None, s or 0))
+        for i in rest:
+            keys[i] = ("pg", str(colls[i].group), int(colls[i].group_seq))  # type: ignore[arg-type]
+        return keys
+    streams = sorted({colls[i].stream for i in rest}, key=lambda s: (s is not None, s or 0))
     ordinal = {s: i for i, s in enumerate(streams)}
     seen: dict[int | None, int] = defaultdict(int)
-    keys: list[tuple] = [()] * len(colls)
-    for i in sorted(range(len(colls)), key=lambda i: colls[i].seq):
+    for i in sorted(rest, key=lambda i: colls[i].seq):
         c = colls[i]
         keys[i] = ("stream", ordinal[c.stream], seen[c.stream])
         seen[c.stream] += 1

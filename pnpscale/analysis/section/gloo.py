@@ -17,7 +17,7 @@ _GLOO_RUNS_AS = {"reduce_scatter": {"all_reduce"}, "all_gather": {"all_reduce"}}
 
 def typed_by_c10d(
     works: list[Event], evs: Sequence[Event], anomalies: Anomalies, rank: int | None
-) -> tuple[list[Event], dict[int, int]]:
+) -> tuple[list[Event], dict[int, tuple[int, int]]]:
     """Collective types of gloo work ranges from the ``c10d::`` calls that issued them, and when each was issued.
 
     The gloo range is named after the algorithm that ran (FSDP's ``reduce_scatter`` runs as
@@ -29,8 +29,9 @@ def typed_by_c10d(
     own name. Each disagreement is recorded (``range_name_disagrees``).
 
     Returns:
-        (the work ranges, typed; ``id(range) -> start of its c10d call`` (ns) for the paired ones: the calling
-        thread is inside the collective from that moment).
+        (the work ranges, typed; ``id(range) -> (start, end) of its c10d call`` (ns) for the paired ones: the
+        calling thread is inside the collective from that start, and still inside it until that end, also
+        when the work range ended earlier: a buffered ``gloo:send`` inside a longer ``c10d::send``).
     """
     calls = sorted(
         (e for e in evs if e.kind is Kind.OP and e.name.startswith(C10D_PREFIX) and collective_type(e.name)),
@@ -39,7 +40,7 @@ def typed_by_c10d(
     if not calls:
         return works, {}
     out = []
-    issued: dict[int, int] = {}
+    issued: dict[int, tuple[int, int]] = {}
     differ: list[str] = []
     k = 0
     for w in sorted(works, key=lambda e: (e.start_ns, e.tid)):
@@ -53,7 +54,7 @@ def typed_by_c10d(
             if asked and asked != ran:
                 differ.append(f"{w.name} issued by {call.name}")
                 w = replace(w, collective=asked)
-            issued[id(w)] = call.start_ns
+            issued[id(w)] = (call.start_ns, call.end_ns)
             break
         out.append(w)
     if differ:

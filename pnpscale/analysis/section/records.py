@@ -67,6 +67,7 @@ from pnpscale.analysis.kineto import (
     kernel_collective,
     step_number,
 )
+from pnpscale.analysis.overlap import union
 from pnpscale.analysis.section.busy import Busy
 from pnpscale.analysis.section.gloo import typed_by_c10d
 from pnpscale.analysis.section.gpu import (
@@ -136,7 +137,10 @@ def section_records(
     works = [e for e in evs if e.kind is Kind.CPU and is_gloo_work(e.name)]
     _refuse_unplaceable([*gpu_events, *works], ranges)
     typed, issued = typed_by_c10d(works, evs, anomalies, rank)
-    cpu_comm = Window(typed)
+    place = placement(typed, issued, ranges)
+    cpu_comm = Window(typed, key=lambda e: place[id(e)])
+    flying = in_flight(ranges, typed, place)
+    owner: dict[int, tuple[int, str, int]] = {}  # id(work) -> (iteration, section, seq) of the entry that issued it
     descriptors = Window(descriptor_events)
     busy = Busy(evs, sections, gpu_events)
     origin = ranges[0].start_ns
@@ -152,7 +156,15 @@ def section_records(
                 r, it, gpu, descriptors, busy, clips, origin, anomalies, rank, require_gpu, cpu_start, missing_gpu
             )
         else:
-            part = gloo_part(r, cpu_comm, issued, busy, origin)
+            ancestors = [q for q in ranges if q is not r and q.start_ns <= r.start_ns and q.end_ns >= r.end_ns]
+            carried = [
+                (w, owner[id(w)])
+                for w in flying[id(r)]
+                if id(w) in owner and not any(q.start_ns <= place[id(w)] <= q.end_ns for q in ancestors)
+            ]
+            part = gloo_part(r, cpu_comm, issued, busy, origin, carried)
+            for c, w in zip(part.collectives, cpu_comm.between(r.start_ns, r.end_ns), strict=False):
+                owner.setdefault(id(w), (it, r.name, c.seq))
         bad = f"{r.name!r} range: {r.bad}" if r.bad else None
         out.append(
             SectionRecord(
@@ -333,11 +345,55 @@ def cuda_part(
     return Part(section_ns, colls, hidden_ns, bad, bad_kind, missing, gpu_span_ns)
 
 
-def gloo_part(r: Event, cpu_comm: Window, issued: Mapping[int, int], busy: Busy, origin: int) -> Part:
+def placement(works: Sequence[Event], issued: Mapping[int, tuple[int, int]], ranges: Sequence[Event]) -> dict[int, int]:
+    """Where each gloo work range is placed (ns): at its ``c10d::`` call when the call lies in a section range (the
+    section that issued it, whenever gloo's worker starts it), else at its own start. ``id(work) -> ns``.
+
+    >>> w = Event("gloo:all_reduce", Kind.CPU, 105, 200)
+    >>> placement([w], {id(w): (95, 98)}, [Event("a", Kind.CPU, 0, 100)])[id(w)]
+    95
+    """
+    spans = union((r.start_ns, r.end_ns + 1) for r in ranges)
+    starts = [lo for lo, _ in spans]
+    out = {}
+    for w in works:
+        call = issued[id(w)][0] if id(w) in issued else None
+        i = bisect_right(starts, call) - 1 if call is not None else -1
+        out[id(w)] = call if call is not None and i >= 0 and call < spans[i][1] else w.start_ns
+    return out
+
+
+def in_flight(ranges: Sequence[Event], works: Sequence[Event], place: Mapping[int, int]) -> dict[int, list[Event]]:
+    """Per section range (``id``), the work ranges placed before it starts that end after it starts: collectives
+    issued earlier and still in flight when it begins (ranges sorted by start)."""
+    by_place = sorted(works, key=lambda w: place[id(w)])
+    out: dict[int, list[Event]] = {}
+    open_: list[Event] = []
+    k = 0
+    for r in ranges:
+        while k < len(by_place) and place[id(by_place[k])] < r.start_ns:
+            open_.append(by_place[k])
+            k += 1
+        open_ = [w for w in open_ if w.end_ns > r.start_ns]
+        out[id(r)] = list(open_)
+    return out
+
+
+def gloo_part(
+    r: Event,
+    cpu_comm: Window,
+    issued: Mapping[int, tuple[int, int]],
+    busy: Busy,
+    origin: int,
+    carried: Sequence[tuple[Event, tuple[int, str, int]]] = (),
+) -> Part:
     """Step 3 of :func:`section_records` on a CPU backend: the section range ``r``: its wall span, the gloo work
-    ranges starting inside it (typed: :func:`~pnpscale.analysis.section.gloo.typed_by_c10d`; ``issued``: each
-    one's c10d call start), their blocked and hidden time (module doc)."""
-    works = cpu_comm.between(r.start_ns, r.end_ns)
+    ranges placed inside it (:func:`placement`; typed: :func:`~pnpscale.analysis.section.gloo.typed_by_c10d`;
+    ``issued``: each one's c10d call, start and end), their blocked and hidden time (module doc). ``carried``:
+    work issued in an earlier section occurrence and still in flight when ``r`` starts, with that entry's
+    ``(iteration, section, seq)``: an entry each (after the section's own), blocked where ``r`` waits for it."""
+    own = cpu_comm.between(r.start_ns, r.end_ns)
+    works = [*own, *(w for w, _ in carried)]
     colls = [
         Collective(
             i,
@@ -351,8 +407,15 @@ def gloo_part(r: Event, cpu_comm: Window, issued: Mapping[int, int], busy: Busy,
         )
         for i, e in enumerate(works)
     ]
-    # from the c10d call on: the calling thread is inside the collective (enqueue, then Work.wait())
-    called = [(min(issued.get(id(e), e.start_ns), e.start_ns), e.end_ns) for e in works]
+    for c, (_, ref) in zip(colls[len(own) :], carried, strict=True):
+        c.carried = ref
+    # from the c10d call on: the calling thread is inside the collective (enqueue, then Work.wait()), at least
+    # until the call returns
+    called = [
+        (min(issued[id(e)][0], e.start_ns), max(issued[id(e)][1], e.end_ns)) if id(e) in issued else
+        (e.start_ns, e.end_ns)
+        for e in works
+    ]  # fmt: skip
     computing, in_calls = busy.cpu(r, works)
     hidden_ns = busy.split(colls, works, computing, (r.start_ns, r.end_ns), True, called, in_calls)
     bad = next((f"{e.name!r}: {e.bad}" for e in works if e.bad), None)

@@ -1,0 +1,137 @@
+"""Point-to-point operations and collectives waited in another section, matched across ranks (pure, no torch).
+
+Two rules used by :func:`pnpscale.analysis.section.align.align_collectives` before it numbers collectives:
+
+* **Point-to-point** (:func:`pair_point_to_point`): ``send``/``recv`` (``isend``/``irecv``,
+  ``batch_isend_irecv``: the same ``c10d::send``/``c10d::recv_`` calls, the same ``gloo:send``/``gloo:recv``
+  ranges; NCCL's from their descriptors, run in ``SendRecv`` kernels) are typed operations matched by peer and
+  sequence: in each section occurrence, the k-th send of rank ``a`` is the k-th receive of its peer ``b``. Both
+  become one operation ``send_recv`` keyed ``("p2p:a->b", k)``, so that the metrics treat it as a transfer
+  between two ranks: with ``t_c = min(D_send, D_recv)`` the receiver's blocked time splits into wait (before the
+  sender's data came: the sender arrives late) and transfer (the last ``t_c``). Its payload (bytes of the tensor
+  sent) and duration give the pair's rate (GB/s = 1e9 B/s) in ``collectives.parquet``.
+  Limit: Kineto's gloo and NCCL events do not name the peer (only ``Concrete Inputs`` with
+  ``record_shapes`` hold it, which the trace reader does not keep), so peers are known only in a 2-rank job (each
+  rank's peer is the other); point-to-point among more ranks is refused, naming iteration and section.
+* **Carried** collectives (:func:`fill_carried`): a collective issued in one section and waited in a later one
+  (the prefetch pattern) belongs to the section that issued it (its ``c10d::`` call), and the time the rank
+  waits for it in a later section is a *carried* entry of that later section
+  (:attr:`~pnpscale.analysis.events.Collective.carried`). A rank on which it completed before that section
+  began has no carried entry: it gets one blocked 0 s (the same duration, so the transfer ``t_c`` stays the
+  collective's), so that every rank holds the same entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from pnpscale.analysis.events import Collective, SectionError, SectionRecord
+
+#: collective types that are one half of a point-to-point transfer
+P2P_TYPES = frozenset({"send", "recv"})
+#: the type both halves get once paired
+SEND_RECV = "send_recv"
+#: prefix of the group of a paired point-to-point operation: ``p2p:<src>-><dst>``
+P2P_GROUP = "p2p:"
+
+
+def is_p2p(c: Collective) -> bool:
+    """Whether ``c`` is a paired point-to-point operation (keyed by its pair and sequence, whatever the rest)."""
+    return c.group is not None and c.group.startswith(P2P_GROUP)
+
+
+def pair_point_to_point(records: Mapping[int, Sequence[SectionRecord]]) -> dict[int, list[SectionRecord]]:
+    """Pair every rank's sends with its peer's receives, per section occurrence (see module doc).
+
+    Args:
+        records: rank -> that rank's records (:func:`~pnpscale.analysis.section.records.section_records`).
+
+    Returns:
+        rank -> records (inputs untouched) in which each send/recv is ``send_recv`` with group ``p2p:<src>-><dst>``
+        and ``group_seq`` its position among that pair's transfers in the occurrence (by start).
+
+    Raises:
+        SectionError: point-to-point in a job of more than 2 ranks (peers unknown), or the sends of one rank
+            and the receives of the other differ in number in an occurrence (iteration, section and counts named).
+
+    >>> s = [SectionRecord(0, "f", 0.0, 1.0, [Collective(0, "send", 0.001, 8)])]
+    >>> r = [SectionRecord(0, "f", 0.0, 1.0, [Collective(0, "recv", 0.06, 8)])]
+    >>> c = pair_point_to_point({0: s, 1: r})[1][0].collectives[0]
+    >>> c.name, c.group, c.group_seq
+    ('send_recv', 'p2p:0->1', 0)
+    """
+    has = any(c.name in P2P_TYPES for recs in records.values() for s in recs for c in s.collectives)
+    if not has:
+        return {r: list(recs) for r, recs in records.items()}
+    ranks = sorted(records)
+    if len(ranks) != 2:
+        where = next((r, s) for r in ranks for s in records[r] if any(c.name in P2P_TYPES for c in s.collectives))
+        raise SectionError(
+            f"rank {where[0]} iteration {where[1].iteration} section {where[1].section!r}: point-to-point "
+            f"(send/recv) in a job of {len(ranks)} ranks: the trace does not name the peers, pnpscale pairs "
+            f"sends with receives only between 2 ranks"
+        )
+    a, b = ranks
+    index = {r: {(s.iteration, s.section): s for s in records[r]} for r in ranks}
+    out: dict[int, list[SectionRecord]] = {r: [] for r in ranks}
+    for r in ranks:
+        peer = b if r == a else a
+        for s in records[r]:
+            other = index[peer].get((s.iteration, s.section))
+            colls = []
+            k = {"send": 0, "recv": 0}
+            for c in sorted(s.collectives, key=lambda c: c.seq):
+                if c.name not in P2P_TYPES:
+                    colls.append(c)
+                    continue
+                src, dst = (r, peer) if c.name == "send" else (peer, r)
+                colls.append(replace(c, name=SEND_RECV, group=f"{P2P_GROUP}{src}->{dst}", group_seq=k[c.name]))
+                k[c.name] += 1
+            if other is not None:
+                mine = sum(1 for c in s.collectives if c.name == "send")
+                theirs = sum(1 for c in other.collectives if c.name == "recv")
+                if mine != theirs:
+                    raise SectionError(
+                        f"iteration {s.iteration} section {s.section!r}: rank {r} sent {mine} time(s), rank {peer} "
+                        f"received {theirs} time(s): point-to-point transfers must be sent and received in the "
+                        f"same section occurrence"
+                    )
+            out[r].append(replace(s, collectives=colls))
+    return out
+
+
+def fill_carried(
+    colls: Mapping[int, list[Collective]],
+    keys: Mapping[int, list[tuple]],
+    issuing: Mapping[int, Mapping[tuple[int, str], Mapping[int, Collective]]],
+    where: tuple[int, str],
+) -> None:
+    """Give every rank the carried entries some rank has in one section occurrence (in place; see module doc).
+
+    Args:
+        colls: rank -> the occurrence's collectives; keys: rank -> their match keys (aligned), carried ones
+            ``("carried", iteration, section, issuing key)``.
+        issuing: rank -> (iteration, section) -> issuing key -> that rank's collective there.
+        where: (iteration, section) of the occurrence, for the error.
+
+    Raises:
+        SectionError: a rank lacks the issuing collective of a carried entry.
+    """
+    wanted = {k for ks in keys.values() for k in ks if k and k[0] == "carried"}
+    for r in colls:
+        have = set(keys[r])
+        for k in sorted(wanted - have, key=repr):
+            _, it, sec, ikey = k
+            src = issuing[r].get((it, sec), {}).get(ikey)
+            if src is None:
+                raise SectionError(
+                    f"iteration {where[0]} section {where[1]!r}: a collective issued in iteration {it} section "
+                    f"{sec!r} and waited here on another rank has no counterpart on rank {r}"
+                )
+            colls[r].append(
+                replace(
+                    src, seq=len(colls[r]), blocked_s=0.0, hidden_s=0.0, blocked_spans="", carried=(it, sec, src.seq)
+                )
+            )
+            keys[r].append(k)

@@ -1,0 +1,128 @@
+"""Point-to-point transfers and collectives waited in a later section (issue 34), on synthetic gloo events whose
+shape was read off real traces (tests/overlap_jobs.py ``pipeline`` and ``prefetch``): the pure rules, then the
+whole decomposition (CommE <= 1, PE = LB x CommE)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pnpscale import columns as K
+from pnpscale.analysis.events import Collective, Event, Kind, SectionError, SectionRecord, rank_rows
+from pnpscale.analysis.metrics import check_invariants, decompose, summarize
+from pnpscale.analysis.section.align import align_collectives
+from pnpscale.analysis.section.p2p import SEND_RECV, pair_point_to_point
+from pnpscale.analysis.section.records import in_flight, placement, section_records
+from pnpscale.analysis.tables import frames
+
+MS = 1_000_000  # ns
+
+
+def _decompose(per_rank: dict[int, list[Event]], sections: list[str]):
+    recs = {r: section_records(evs, sections, rank=r) for r, evs in per_rank.items()}
+    aligned = align_collectives(recs)
+    ranks, colls = frames([(rank_rows(r, rr, 0), {}) for r, rr in sorted(aligned.items())])
+    table = decompose(ranks, colls)
+    check_invariants(ranks, table)
+    summary = summarize(table, gpus=len(per_rank))
+    assert (summary[K.COMM_E] <= 1 + 1e-12).all()
+    assert summary[K.PE].to_numpy() == pytest.approx((summary[K.LB] * summary[K.COMM_E]).to_numpy())
+    return aligned, ranks, colls, table
+
+
+def _pipeline_rank(rank: int, it: int) -> list[Event]:
+    """Stage 0 computes 60 ms then sends (gloo:send buffered, 0.05 ms); stage 1 receives (waits 60 ms), computes
+    20 ms. Both on the calling thread, as gloo records them."""
+    t0 = it * 100 * MS
+    evs = [Event("forward", Kind.CPU, t0, t0 + 81 * MS, tid=1)]
+    if rank == 0:
+        send = t0 + 60 * MS
+        evs += [Event("aten::mm", Kind.OP, t0, send, tid=1), Event("c10d::send", Kind.OP, send, send + 400_000, tid=1),
+                Event("gloo:send", Kind.CPU, send + 300_000, send + 350_000, tid=1, payload_bytes=1 << 20)]  # fmt: skip
+    else:
+        evs += [Event("c10d::recv_", Kind.OP, t0 + MS // 2, t0 + MS // 2 + 40_000, tid=1),
+                Event("gloo:recv", Kind.CPU, t0 + MS // 2 + 30_000, t0 + 60 * MS + 360_000, tid=1, payload_bytes=8),
+                Event("aten::mm", Kind.OP, t0 + 60 * MS + 400_000, t0 + 80 * MS, tid=1)]  # fmt: skip
+    return evs
+
+
+def test_send_recv_pair_by_peer_and_sequence_and_the_receiver_waits_for_the_sender():
+    per_rank = {r: [e for it in range(3) for e in _pipeline_rank(r, it)] for r in (0, 1)}
+    aligned, ranks, colls, table = _decompose(per_rank, ["forward"])
+    c = colls[colls[K.ITERATION] == 1].set_index(K.RANK)
+    assert (c[K.COLLECTIVE] == SEND_RECV).all()
+    # the receiver: blocked from its call (0.5 ms) to the end of its gloo:recv (60.36 ms)
+    assert c.loc[1, K.BLOCKED_S] == pytest.approx(59.86e-3, abs=1e-5)
+    assert c.loc[0, K.BLOCKED_S] == pytest.approx(0.4e-3, abs=1e-6)  # the sender: its c10d::send call, whole
+    row = table[table[K.ITERATION] == 1].iloc[0]
+    # transfer: t_c = min(D) = the sender's 0.05 ms gloo:send: the receiver's last 0.05 ms, the rest its wait; the
+    # sender's call after its gloo:send is transfer too (0.1 ms from the start of its gloo:send), its start wait
+    assert row[K.TRANSFER_S] == pytest.approx((0.05e-3 + 0.1e-3) / 2, abs=1e-6)
+    assert row[K.WAIT_S] == pytest.approx((59.86e-3 - 0.05e-3 + 0.3e-3) / 2, abs=1e-5)
+
+
+def test_point_to_point_refusals_name_the_occurrence():
+    send = [SectionRecord(0, "f", 0.0, 1.0, [Collective(0, "send", 1e-3, 8)])]
+    recv = [SectionRecord(0, "f", 0.0, 1.0, [Collective(0, "recv", 1e-3, 8)])]
+    none = [SectionRecord(0, "f", 0.0, 1.0, [])]
+    with pytest.raises(SectionError, match=r"iteration 0 section 'f'.*3 ranks"):
+        pair_point_to_point({0: send, 1: recv, 2: none})
+    with pytest.raises(SectionError, match=r"iteration 0 section 'f': rank 0 sent 1 time\(s\), rank 1 received 0"):
+        pair_point_to_point({0: send, 1: none})
+    # both directions in one occurrence, a collective between: keyed by pair, the collective by order
+    a = [SectionRecord(0, "f", 0.0, 1.0, [Collective(0, "send", 1e-3, 8), Collective(1, "all_reduce", 1e-3, 8),
+                                          Collective(2, "recv", 1e-3, 8)])]  # fmt: skip
+    b = [SectionRecord(0, "f", 0.0, 1.0, [Collective(0, "recv", 1e-3, 8), Collective(1, "send", 1e-3, 8),
+                                          Collective(2, "all_reduce", 1e-3, 8)])]  # fmt: skip
+    out = align_collectives({0: a, 1: b})
+    names = {r: [(c.name, c.group) for c in out[r][0].collectives] for r in (0, 1)}
+    assert names[0] == names[1]
+    assert sorted(names[0], key=str) == sorted(
+        [(SEND_RECV, "p2p:0->1"), ("all_reduce", None), (SEND_RECV, "p2p:1->0")], key=str
+    )
+
+
+def _prefetch_rank(rank: int, it: int, late_ms: float) -> list[Event]:
+    """Section 'issue' computes then issues an all_reduce at its very end (gloo's worker starts it after the
+    section closed on rank 1); section 'use' computes 20 ms then waits for it. Its gloo range ends ``late_ms``
+    after 'use' starts (<= 0: before 'use' started)."""
+    t0 = it * 200 * MS
+    end_issue = t0 + (30 if rank == 0 else 60) * MS
+    use0 = end_issue + MS // 5
+    done = use0 + int(late_ms * MS)
+    return [
+        Event("issue", Kind.CPU, t0, end_issue, tid=1),
+        Event("aten::mm", Kind.OP, t0, end_issue - MS // 2, tid=1),
+        Event("c10d::allreduce_", Kind.OP, end_issue - 400_000, end_issue - 200_000, tid=1),
+        Event("gloo:all_reduce", Kind.CPU, end_issue + (-100_000 if rank == 0 else 20_000), done, tid=9),
+        Event("use", Kind.CPU, use0, use0 + 40 * MS, tid=1),
+        Event("aten::mm", Kind.OP, use0, use0 + 20 * MS, tid=1),
+    ]
+
+
+def test_a_collective_issued_in_one_section_is_waited_in_the_next():
+    per_rank = {0: [e for it in range(3) for e in _prefetch_rank(0, it, 35)],  # waits 15 ms in 'use'
+                1: [e for it in range(3) for e in _prefetch_rank(1, it, 5)]}  # done during compute: hidden  # fmt: skip
+    aligned, ranks, colls, table = _decompose(per_rank, ["issue", "use"])
+    issue = colls[(colls[K.SECTION] == "issue") & (colls[K.ITERATION] == 1)]
+    use = colls[(colls[K.SECTION] == "use") & (colls[K.ITERATION] == 1)].set_index(K.RANK)
+    assert len(issue) == 2 and len(use) == 2  # placed by its c10d call on both ranks, not by the range start
+    assert use.loc[0, K.BLOCKED_S] == pytest.approx(15e-3, abs=1e-6)  # waited from 20 ms to 35 ms into 'use'
+    assert use.loc[1, K.BLOCKED_S] == 0.0
+    r = ranks[ranks[K.ITERATION] == 1].set_index([K.SECTION, K.RANK])[K.COMM_S]
+    assert r[("use", 0)] == pytest.approx(15e-3, abs=1e-6)
+    assert r[("issue", 0)] == pytest.approx(0.2e-3, abs=1e-6)  # its call; in flight at the end: not waited there
+    # on a rank where it ended before 'use' began, 'use' gets an entry blocked 0 s (the same duration)
+    per_rank[1] = [e for it in range(3) for e in _prefetch_rank(1, it, -0.1)]
+    aligned, ranks, colls, table = _decompose(per_rank, ["issue", "use"])
+    use = colls[(colls[K.SECTION] == "use") & (colls[K.ITERATION] == 1)].set_index(K.RANK)
+    assert use.loc[1, K.BLOCKED_S] == 0.0 and use.loc[1, K.DURATION_S] == pytest.approx(use.loc[1, K.DURATION_S])
+    assert use.loc[0, K.BLOCKED_S] == pytest.approx(15e-3, abs=1e-6)
+
+
+def test_placement_and_in_flight():
+    a, b = Event("a", Kind.CPU, 0, 100), Event("b", Kind.CPU, 200, 300)
+    w1 = Event("gloo:all_reduce", Kind.CPU, 105, 250)  # called in a, started after it: in a, in flight in b
+    w2 = Event("gloo:all_reduce", Kind.CPU, 150, 160)  # called between sections: placed at its start
+    place = placement([w1, w2], {id(w1): (90, 95), id(w2): (140, 145)}, [a, b])
+    assert place == {id(w1): 90, id(w2): 150}
+    assert in_flight([a, b], [w1, w2], place) == {id(a): [], id(b): [w1]}
