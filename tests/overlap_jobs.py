@@ -23,7 +23,18 @@ import sys
 import time
 from pathlib import Path
 
-JOBS = ("ddp", "ddp_default", "hidden", "concurrent", "imbalanced", "fsdp")
+JOBS = (
+    "ddp",
+    "ddp_default",
+    "hidden",
+    "concurrent",
+    "imbalanced",
+    "fsdp",
+    "fsdp2",
+    "future_wait",
+    "pipeline",
+    "prefetch",
+)
 ITERATIONS = 4
 
 
@@ -66,6 +77,10 @@ class Clock:
     def wait(self, work) -> None:
         self._timed(work.wait)
 
+    def call(self, fn, *args, **kwargs):
+        """A blocking call (``send``, ``recv``...), timed: all of it is communication."""
+        return self._timed(lambda: fn(*args, **kwargs))
+
     def ddp_hook(self, state, bucket):
         """DDP's default all_reduce comm hook (average of the bucket), its collective call timed; the last
         bucket's call also waits (timed) for every bucket in flight, where the reducer would wait untimed."""
@@ -79,6 +94,41 @@ class Clock:
                 self.wait(w)
             self._in_flight.clear()
         return work.get_future().then(lambda f: f.value()[0])
+
+
+class _TimedWork:
+    """A ``Work`` whose ``wait()`` the job times (FSDP2 issues its collectives itself)."""
+
+    def __init__(self, work, clock: Clock) -> None:
+        self._work, self._clock = work, clock
+
+    def wait(self, *args, **kwargs):
+        return self._clock._timed(lambda: self._work.wait(*args, **kwargs))
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _time_dist_calls(clock: Clock) -> None:
+    """Replace FSDP2's collective entry points in ``torch.distributed`` by versions whose call and ``wait()`` the
+    job times (wall clock): FSDP2 reaches them as ``dist.<name>`` at call time."""
+    import torch.distributed as dist
+
+    names = (
+        "all_gather_single",
+        "reduce_scatter_single",
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "all_reduce",
+    )
+    for name in (n for n in names if hasattr(dist, n)):
+        fn = getattr(dist, name)
+
+        def timed(*args, _fn=fn, **kwargs):
+            out = clock._timed(lambda: _fn(*args, **kwargs))
+            return _TimedWork(out, clock) if out is not None else None
+
+        setattr(dist, name, timed)
 
 
 def _compute(x, seconds: float):
@@ -98,6 +148,8 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    if job == "future_wait" and hasattr(os, "sched_setaffinity"):  # both ranks on one core
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     torch.set_num_threads(1)
     torch.manual_seed(0)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -122,6 +174,17 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
         mlp = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
         sharded = FullyShardedDataParallel(mlp, device_id=torch.device("cpu"))
         batch = torch.rand(8, 256)
+    if job == "fsdp2":  # FSDP2 (fully_shard) on CPU: all_gather in forward, reduce_scatter in backward
+        from torch.distributed.fsdp import fully_shard
+
+        layers = [torch.nn.Linear(512, 512) for _ in range(4)]
+        net2 = torch.nn.Sequential(*layers)
+        for layer in layers:
+            fully_shard(layer)
+        fully_shard(net2)
+        batch2 = torch.rand(64, 512)
+        net2(batch2).sum().backward()  # lazy init outside the profile
+        _time_dist_calls(clock)
     payload = torch.ones(1 << 20)  # 4 MB
     big = torch.ones(1 << 22)  # 16 MB: the last rank's blocking all_reduce well above wake-up latencies
     other = torch.ones(1 << 20)
@@ -152,9 +215,45 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
                     w2 = clock.issue(dist.all_reduce, other)
                     clock.wait(w1)
                     clock.wait(w2)
+            elif job == "fsdp2":
+                with clock.section("forward", it):
+                    loss2 = net2(batch2).sum()
+                with clock.section("backward", it):
+                    loss2.backward()
             elif job == "fsdp":
                 with clock.section("step", it):
                     sharded(batch).sum().backward()
+            elif job == "future_wait":  # rank 1 late by 50 ms; both wait on the collective's Future
+                with clock.section("sync", it):
+                    if rank == 1:
+                        time.sleep(0.05)
+                    fut = clock.issue(dist.all_reduce, payload).get_future()
+                    clock._timed(fut.wait)
+            elif job == "pipeline":  # 2 stages: activations forward (send/recv), gradients back (isend/irecv)
+                act = torch.empty(1 << 18)  # 1 MB
+                with clock.section("forward", it):
+                    if rank == 0:
+                        act = _compute(m, 0.06).flatten().repeat(6)[: 1 << 18].contiguous()
+                        clock.call(dist.send, act, 1)
+                    else:
+                        clock.call(dist.recv, act, 0)  # waits for stage 0's 60 ms
+                        _compute(m, 0.02)
+                with clock.section("backward", it):
+                    grad = torch.empty(1 << 18)
+                    if rank == 1:
+                        _compute(m, 0.04)
+                        clock.wait(clock._timed(lambda g=grad: dist.isend(g.fill_(1.0), 0)))
+                    else:
+                        clock.wait(clock._timed(lambda g=grad: dist.irecv(g, 1)))  # waits for stage 1's 40 ms
+                        _compute(m, 0.01)
+            elif job == "prefetch":  # an all_reduce issued at the end of one section, waited in the next
+                with clock.section("issue", it):
+                    _compute(m, 0.03 + (0.03 if rank == 1 else 0.0))
+                    work = clock.issue(dist.all_reduce, payload)
+                with clock.section("use", it):
+                    _compute(m, 0.02)
+                    clock.wait(work)
+                    clock.wait(clock.issue(dist.all_reduce, other))
             elif job == "imbalanced":
                 with clock.section("work", it):  # no collective: rank 1 works 60 ms longer
                     _compute(m, 0.04 + (0.06 if rank == 1 else 0.0))
@@ -169,8 +268,15 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def run(job: str, out: str | Path, world: int = 2, timeout_s: float = 240) -> Path:
-    """Run ``job`` on ``world`` gloo ranks (spawned processes); returns ``out``."""
+def _spin() -> None:
+    while True:
+        pass
+
+
+def run(job: str, out: str | Path, world: int = 2, timeout_s: float = 240, load: int = 0) -> Path:
+    """Run ``job`` on ``world`` gloo ranks (spawned processes), with ``load`` extra processes spinning on the CPUs
+    meanwhile (CPU load: the ranks get preempted); returns ``out``."""
+    import multiprocessing
     import socket
 
     import torch.multiprocessing as mp
@@ -180,13 +286,23 @@ def run(job: str, out: str | Path, world: int = 2, timeout_s: float = 240) -> Pa
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.start_processes(_job, args=(world, port, job, str(out)), nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            raise TimeoutError(f"job {job} did not finish in {timeout_s} s")
+    spinners = [multiprocessing.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(load)]
+    for p in spinners:
+        p.start()
+    try:
+        ctx = mp.start_processes(
+            _job, args=(world, port, job, str(out)), nprocs=world, join=False, start_method="spawn"
+        )
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise TimeoutError(f"job {job} did not finish in {timeout_s} s")
+    finally:
+        for p in spinners:
+            p.kill()
+            p.join()
     return Path(out)
 
 
@@ -200,4 +316,4 @@ def truth(out: str | Path) -> list[dict]:
 
 
 if __name__ == "__main__":
-    run(sys.argv[1], sys.argv[2])
+    run(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:4]), load=int(sys.argv[4]) if len(sys.argv) > 4 else 0)

@@ -1,4 +1,4 @@
-"""Real 2-rank gloo jobs whose communication overlaps computation (tests/overlap_jobs.py), analysed by
+"""Real 2- and 4-rank gloo jobs whose communication overlaps computation (tests/overlap_jobs.py), analysed by
 ``python -m pnpscale.analyze``; the truth is each job's own wall clock (``time.perf_counter`` around its
 collective calls and ``wait()``, DDP's through its comm hook).
 
@@ -27,8 +27,10 @@ pytestmark = pytest.mark.slow
 POINTS = 10.0  # percentage points
 
 
-def _analyse(tmp: Path, job: str, sections: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    out = overlap_jobs.run(job, tmp / job)
+def _analyse(
+    tmp: Path, job: str, sections: str, world: int = 2, load: int = 0
+) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    out = overlap_jobs.run(job, tmp / job, world=world, load=load, timeout_s=400)
     code = main([str(out / "traces"), "--sections", sections, "--warmup", "1", "--out", str(out / "analysis")])
     assert code == 0, f"{job}: the analysis refused the job"
     ranks = pd.read_parquet(out / "analysis" / "ranks.parquet")
@@ -43,14 +45,16 @@ def _analyse(tmp: Path, job: str, sections: str) -> tuple[pd.DataFrame, pd.DataF
     return g, pd.read_parquet(out / "analysis" / "sections.parquet"), doc
 
 
-def _agree(g: pd.DataFrame) -> None:
+def _agree(g: pd.DataFrame, points: float = POINTS) -> None:
     off = (g["share"] - g["truth"]).abs()
-    assert (off <= POINTS).all(), f"communication share vs the job's blocked time:\n{g.round(4)}"
+    assert (off <= points).all(), f"communication share vs the job's blocked time:\n{g.round(4)}"
 
 
 def _comm_e_at_most_1(doc: dict) -> None:
     for m in (doc["metrics"], *doc["metrics"]["sections"].values()):
         assert m["comm_e"] is None or m["comm_e"] <= 1 + 1e-12
+        if m["comm_e"] is not None:
+            assert m["pe"] == pytest.approx(m["lb"] * m["comm_e"])
 
 
 @pytest.mark.parametrize("job", ["ddp", "ddp_default"])
@@ -110,3 +114,70 @@ def test_fsdp_reduce_scatter_is_typed_from_its_c10d_call(tmp_path):
     assert all(v == ["all_gather", "reduce_scatter"] for v in per_it), per_it
     doc = json.loads((out / "analysis" / ANALYSIS_JSON).read_text())
     assert any(a["kind"] == "range_name_disagrees" for a in doc["anomalies"])
+
+
+# --- issue 34: past the blocking shape ---------------------------------------------------------
+
+
+def test_ddp_default_buckets_at_4_ranks_under_load(tmp_path):
+    """resnet18 under DDP with its default 25 MB buckets, 4 ranks and a process spinning on the 2 cores: the
+    buckets' waits that gloo's worker closes late are blocked, within 8 points of the job's clock."""
+    g, sections, doc = _analyse(tmp_path, "ddp_default", "forward,backward", world=4, load=1)
+    _agree(g, 8.0)
+    _comm_e_at_most_1(doc)
+
+
+def test_future_wait_pinned_to_one_core(tmp_path):
+    """Rank 1 sleeps 50 ms, then both ``all_reduce(async_op=True).get_future().wait()``, both ranks on one core:
+    rank 0's wait is blocked although gloo may close its range after the thread resumed."""
+    g, sections, doc = _analyse(tmp_path, "future_wait", "sync")
+    _agree(g, 8.0)
+    _comm_e_at_most_1(doc)
+    assert g.loc[("sync", 0), "share"] > 50
+
+
+def test_pipeline_send_recv_with_a_known_delay(tmp_path):
+    """A 2-stage pipeline: stage 1 receives stage 0's activations after its 60 ms of compute (send/recv), stage 0
+    receives stage 1's gradients after its 40 ms (isend/irecv): each receiver's blocked time within 20 % of its
+    own clock, split into wait (the sender's delay) and transfer."""
+    out = overlap_jobs.run("pipeline", tmp_path / "pipeline")
+    code = main([str(out / "traces"), "--sections", "forward,backward", "--warmup", "1", "--out", str(out / "a")])
+    assert code == 0
+    ranks = pd.read_parquet(out / "a" / "ranks.parquet")
+    truth = pd.DataFrame(overlap_jobs.truth(out))
+    m = ranks.merge(truth, on=[K.RANK, K.ITERATION, K.SECTION], validate="one_to_one")
+    m = m[~m[K.WARMUP]].groupby([K.SECTION, K.RANK])[[K.COMM_S, "blocked_s"]].sum()
+    for receiver in (("forward", 1), ("backward", 0)):
+        assert m.loc[receiver, K.COMM_S] == pytest.approx(m.loc[receiver, "blocked_s"], rel=0.2), m
+    colls = pd.read_parquet(out / "a" / "collectives.parquet")
+    assert set(colls[K.COLLECTIVE]) == {"send_recv"}
+    sections = pd.read_parquet(out / "a" / "sections.parquet")
+    measured = sections[~sections[K.WARMUP]]
+    assert (measured[K.WAIT_S] > 10 * measured[K.TRANSFER_S]).all()  # the receivers wait for the senders
+    _comm_e_at_most_1(json.loads((out / "a" / ANALYSIS_JSON).read_text()))
+
+
+def test_prefetch_collective_is_waited_in_the_next_section(tmp_path):
+    """An all_reduce issued at the end of 'issue' (gloo starts it after the section closed on some ranks) and
+    waited in 'use': analysed, its wait in 'use', every section within 8 points of the job's clock."""
+    g, sections, doc = _analyse(tmp_path, "prefetch", "issue,use")
+    _agree(g, 8.0)
+    _comm_e_at_most_1(doc)
+    assert (g.loc["use", "share"] > g.loc["issue", "share"]).all()
+
+
+_FSDP2_4 = pytest.mark.xfail(
+    strict=False,
+    reason="4 ranks on 2 cores: backward 4-14 points below the job's clock (measured 2026-12-02), the job's time in "
+    "Python inside the dist.* wrappers and its threads preempted there, outside any c10d:: call (docs/overlap.md)",
+)
+
+
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=_FSDP2_4)])
+def test_fsdp2(tmp_path, world):
+    """FSDP2 (``fully_shard``) on CPU: all_gathers in forward, reduce_scatters in backward, their calls and waits
+    timed by the job through ``dist.*``: within 10 points, gloo's copies inside the c10d calls counted as
+    communication."""
+    g, sections, doc = _analyse(tmp_path, "fsdp2", "forward,backward", world=world)
+    _agree(g, 10.0)
+    _comm_e_at_most_1(doc)
