@@ -126,3 +126,10 @@ def test_placement_and_in_flight():
     place = placement([w1, w2], {id(w1): (90, 95), id(w2): (140, 145)}, [a, b])
     assert place == {id(w1): 90, id(w2): 150}
     assert in_flight([a, b], [w1, w2], place) == {id(a): [], id(b): [w1]}
+
+
+def test_a_carried_entry_whose_issuing_occurrence_was_dropped_is_refused():
+    carried = Collective(0, "all_reduce", 1e-3, 8, carried=(0, "issue", 0))
+    recs = {r: [SectionRecord(1, "use", 0.0, 1.0, [carried])] for r in (0, 1)}
+    with pytest.raises(SectionError, match=r"iteration 0 section 'issue' is waited in a later section"):
+        align_collectives(recs)

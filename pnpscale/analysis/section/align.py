@@ -139,7 +139,11 @@ def _match_keys(
         elif c.carried is not None:
             it, sec, seq = c.carried
             if seq not in earlier.get((it, sec), {}):
-                raise SectionError(f"a collective waited in a later section: iteration {it} section {sec!r} not seen")
+                raise SectionError(
+                    f"a collective issued in iteration {it} section {sec!r} is waited in a later section, but that "
+                    f"occurrence is not among the iterations kept on every rank (dropped, or before the first "
+                    f"matched one): its wait cannot be matched across ranks"
+                )
             keys[i] = ("carried", it, sec, earlier[(it, sec)][seq])
         else:
             rest.append(i)
