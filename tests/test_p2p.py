@@ -10,7 +10,7 @@ from pnpscale import columns as K
 from pnpscale.analysis.events import Collective, Event, Kind, SectionError, SectionRecord, rank_rows
 from pnpscale.analysis.metrics import check_invariants, decompose, summarize
 from pnpscale.analysis.section.align import align_collectives
-from pnpscale.analysis.section.p2p import SEND_RECV, pair_point_to_point
+from pnpscale.analysis.section.p2p import SEND_RECV, pair_point_to_point, pair_rates
 from pnpscale.analysis.section.records import in_flight, placement, section_records
 from pnpscale.analysis.tables import frames
 
@@ -39,8 +39,9 @@ def _pipeline_rank(rank: int, it: int) -> list[Event]:
         evs += [Event("aten::mm", Kind.OP, t0, send, tid=1), Event("c10d::send", Kind.OP, send, send + 400_000, tid=1),
                 Event("gloo:send", Kind.CPU, send + 300_000, send + 350_000, tid=1, payload_bytes=1 << 20)]  # fmt: skip
     else:
-        evs += [Event("c10d::recv_", Kind.OP, t0 + MS // 2, t0 + MS // 2 + 40_000, tid=1),
-                Event("gloo:recv", Kind.CPU, t0 + MS // 2 + 30_000, t0 + 60 * MS + 360_000, tid=1, payload_bytes=8),
+        recv = t0 + MS // 2
+        evs += [Event("c10d::recv_", Kind.OP, recv, recv + 40_000, tid=1),
+                Event("gloo:recv", Kind.CPU, recv + 30_000, t0 + 60 * MS + 360_000, tid=1, payload_bytes=1 << 20),
                 Event("aten::mm", Kind.OP, t0 + 60 * MS + 400_000, t0 + 80 * MS, tid=1)]  # fmt: skip
     return evs
 
@@ -58,6 +59,9 @@ def test_send_recv_pair_by_peer_and_sequence_and_the_receiver_waits_for_the_send
     # sender's call after its gloo:send is transfer too (0.1 ms from the start of its gloo:send), its start wait
     assert row[K.TRANSFER_S] == pytest.approx((0.05e-3 + 0.1e-3) / 2, abs=1e-6)
     assert row[K.WAIT_S] == pytest.approx((59.86e-3 - 0.05e-3 + 0.3e-3) / 2, abs=1e-5)
+    (pair,) = pair_rates(aligned)  # 3 transfers of 1 MiB, each in the sender's 0.05 ms
+    assert (pair["src"], pair["dst"], pair["transfers"], pair["bytes"]) == (0, 1, 3, 3 << 20)
+    assert pair["rate_gb_s"] == pytest.approx((1 << 20) / 0.05e-3 / 1e9)
 
 
 def test_point_to_point_refusals_name_the_occurrence():

@@ -9,7 +9,7 @@ Two rules used by :func:`pnpscale.analysis.section.align.align_collectives` befo
   become one operation ``send_recv`` keyed ``("p2p:a->b", k)``, so that the metrics treat it as a transfer
   between two ranks: with ``t_c = min(D_send, D_recv)`` the receiver's blocked time splits into wait (before the
   sender's data came: the sender arrives late) and transfer (the last ``t_c``). Its payload (bytes of the tensor
-  sent) and duration give the pair's rate (GB/s = 1e9 B/s) in ``collectives.parquet``.
+  sent) and ``t_c`` give the pair's rate (GB/s = 1e9 B/s): :func:`pair_rates`.
   Limit: Kineto's gloo and NCCL events do not name the peer (only ``Concrete Inputs`` with
   ``record_shapes`` hold it, which the trace reader does not keep), so peers are known only in a 2-rank job (each
   rank's peer is the other); point-to-point among more ranks is refused, naming iteration and section.
@@ -135,3 +135,45 @@ def fill_carried(
                 )
             )
             keys[r].append(k)
+
+
+def pair_rates(records: Mapping[int, Sequence[SectionRecord]]) -> list[dict]:
+    """Per point-to-point pair and section: transfers, bytes and rate, from paired records.
+
+    Args:
+        records: rank -> records after :func:`pair_point_to_point` (or
+            :func:`~pnpscale.analysis.section.align.align_collectives`).
+
+    Returns:
+        One dict per (section, src, dst), sorted: ``section``, ``src``, ``dst``, ``transfers`` (count over all
+        iterations), ``bytes`` (sum of the payloads, either side's, ``None`` when one is unknown on both: no shapes),
+        ``transfer_s`` (sum of ``t_c = min(D_send, D_recv)``, seconds) and ``rate_gb_s`` (bytes / transfer_s /
+        1e9; ``None`` without bytes or time).
+
+    >>> s = [SectionRecord(0, "f", 0.0, 1.0, [Collective(0, "send", 0.001, 8_000_000)])]
+    >>> r = [SectionRecord(0, "f", 0.0, 1.0, [Collective(0, "recv", 0.06, 8_000_000)])]
+    >>> pair_rates(pair_point_to_point({0: s, 1: r}))
+    [{'section': 'f', 'src': 0, 'dst': 1, 'transfers': 1, 'bytes': 8000000, 'transfer_s': 0.001, 'rate_gb_s': 8.0}]
+    """
+    per: dict[tuple[str, int, int, int, int], list[Collective]] = {}
+    for recs in records.values():
+        for s in recs:
+            for c in s.collectives:
+                if is_p2p(c) and c.carried is None:
+                    src, dst = (int(x) for x in str(c.group)[len(P2P_GROUP) :].split("->"))
+                    per.setdefault((s.section, src, dst, s.iteration, int(c.group_seq or 0)), []).append(c)
+    rows: dict[tuple[str, int, int], dict] = {}
+    for (section, src, dst, _, _), halves in sorted(per.items()):
+        row = rows.setdefault(
+            (section, src, dst),
+            {"section": section, "src": src, "dst": dst, "transfers": 0, "bytes": 0, "transfer_s": 0.0},
+        )
+        row["transfers"] += 1
+        known = [c.payload_bytes for c in halves if c.payload_bytes is not None]  # the same tensor on both sides
+        payload = max(known) if known else None
+        row["bytes"] = None if row["bytes"] is None or payload is None else row["bytes"] + payload
+        row["transfer_s"] += min(c.duration_s for c in halves)
+    for row in rows.values():
+        ok = row["bytes"] is not None and row["transfer_s"] > 0
+        row["rate_gb_s"] = row["bytes"] / row["transfer_s"] / 1e9 if ok else None
+    return [rows[k] for k in sorted(rows)]
