@@ -14,8 +14,11 @@ Rules:
 * A section occurrence is a CPU range event whose name is a section name (a
   ``torch.profiler.record_function``). The k-th occurrence of a name is iteration k.
 * CPU backends (gloo): section time is the wall span of that range; collectives are the
-  ``gloo:*`` work ranges (on gloo worker threads) that start inside it, typed and timed from the
-  ``c10d::`` call that issued each (:func:`~pnpscale.analysis.section.gloo.typed_by_c10d`).
+  ``gloo:*`` work ranges (on gloo worker threads) whose ``c10d::`` call lies inside it (else whose range starts
+  inside it: :func:`placement`), typed and timed from that call
+  (:func:`~pnpscale.analysis.section.gloo.typed_by_c10d`). One still in flight when a later section starts is
+  also a *carried* entry of that section, blocked where it waits for it (:func:`in_flight`,
+  :mod:`~pnpscale.analysis.section.p2p`).
 * Cost of a collective: the time the rank was blocked on it (:mod:`pnpscale.analysis.overlap`): CPU, the
   calling thread's time in ``c10d::`` calls and waiting for a collective to end, outside compute operators
   (``Kind.OP``: profiled ``cpu_op`` operators); CUDA, collective kernels minus the rank's other GPU events.
@@ -156,7 +159,11 @@ def section_records(
                 r, it, gpu, descriptors, busy, clips, origin, anomalies, rank, require_gpu, cpu_start, missing_gpu
             )
         else:
-            ancestors = [q for q in ranges if q is not r and q.start_ns <= r.start_ns and q.end_ns >= r.end_ns]
+            ancestors = (
+                [q for q in ranges if q is not r and q.start_ns <= r.start_ns and q.end_ns >= r.end_ns]
+                if parent is not None and flying[id(r)]
+                else []
+            )  # a collective issued in an enclosing section is that section's, not carried into a nested one
             carried = [
                 (w, owner[id(w)])
                 for w in flying[id(r)]
