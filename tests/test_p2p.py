@@ -137,3 +137,34 @@ def test_a_carried_entry_whose_issuing_occurrence_was_dropped_is_refused():
     recs = {r: [SectionRecord(1, "use", 0.0, 1.0, [carried])] for r in (0, 1)}
     with pytest.raises(SectionError, match=r"iteration 0 section 'issue' is waited in a later section"):
         align_collectives(recs)
+
+
+def _nccl_pipeline_rank(rank: int, it: int) -> list[Event]:
+    """The same 2-stage pipeline on CUDA: stage 0's 60 ms compute kernel, then its send; stage 1's receive (its
+    SendRecv kernel waits for the sender from 1 ms on), then 20 ms of compute. Descriptors ``nccl:send`` /
+    ``nccl:recv`` name the operation, the kernel ``ncclDevKernel_SendRecv``."""
+    t0 = it * 100 * MS
+    kernel = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+    evs = [Event("forward", Kind.CPU, t0, t0 + 85 * MS, tid=1)]
+    if rank == 0:
+        evs += [Event("nccl:send", Kind.CPU, t0 + MS // 10, t0 + MS // 5, tid=1, collective="send", payload_bytes=4096),
+                Event("void gemm_kernel", Kind.GPU, t0 + MS, t0 + 61 * MS, tid=7, launch_ns=t0 + 50_000),
+                Event(kernel, Kind.GPU, t0 + 61 * MS, t0 + 61_020_000, tid=8, launch_ns=t0 + MS // 9)]  # fmt: skip
+    else:
+        evs += [Event("nccl:recv", Kind.CPU, t0 + MS // 10, t0 + MS // 5, tid=1, collective="recv", payload_bytes=4096),
+                Event(kernel, Kind.GPU, t0 + MS, t0 + 61 * MS + 20_000, tid=8, launch_ns=t0 + MS // 10),
+                Event("void gemm", Kind.GPU, t0 + 62 * MS, t0 + 82 * MS, tid=7, launch_ns=t0 + MS // 5)]  # fmt: skip
+    return evs
+
+
+def test_nccl_sendrecv_kernels_pair_and_the_receiver_waits():
+    per_rank = {r: [e for it in range(3) for e in _nccl_pipeline_rank(r, it)] for r in (0, 1)}
+    aligned, ranks, colls, table = _decompose(per_rank, ["forward"])
+    c = colls[colls[K.ITERATION] == 1].set_index(K.RANK)
+    assert (c[K.COLLECTIVE] == SEND_RECV).all()
+    assert c.loc[1, K.BLOCKED_S] == pytest.approx(60.02e-3)  # the receiver's kernel, no compute beside it
+    row = table[table[K.ITERATION] == 1].iloc[0]
+    assert row[K.TRANSFER_S] == pytest.approx(0.02e-3)  # t_c: the sender's 20 us kernel
+    assert row[K.WAIT_S] == pytest.approx((60.02e-3 - 0.02e-3) / 2)  # the receiver waited 60 ms, over 2 ranks
+    (pair,) = pair_rates(aligned)
+    assert pair["bytes"] == 3 * 4096 and pair["rate_gb_s"] == pytest.approx(4096 / 0.02e-3 / 1e9)
