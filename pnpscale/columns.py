@@ -4,8 +4,10 @@ Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_GBps`` 1e9 bytes pe
 
 ``ranks.parquet`` — one row per rank x iteration x section:
     RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES, GPU_SPAN_S,
-    HIDDEN_S
-    (SECTION_S on CUDA: CPU range start to last GPU end; GPU_SPAN_S: first to last GPU event, NaN on CPU;
+    HIDDEN_S, GPU_START_S
+    (SECTION_S on CUDA: CPU range start to last GPU end (pnpscale's runs) or the GPU span (other jobs' traces);
+    GPU_SPAN_S: first to last GPU event, NaN on CPU; GPU_START_S: the first GPU event's start on the rank's
+    clock, NaN on CPU: SECTION_S ends at GPU_START_S + GPU_SPAN_S;
     COMM_S: the time the rank was blocked on its collectives, their union minus its compute;
     HIDDEN_S: the collectives' time overlapped by compute; see pnpscale.analysis.overlap)
 
@@ -45,6 +47,8 @@ COMM_S = "comm_s"
 N_COLLECTIVES = "n_collectives"
 PEAK_MEM_BYTES = "peak_mem_bytes"
 GPU_SPAN_S = "gpu_span_s"
+#: ranks.parquet: first GPU start of a CUDA section's work (rank's clock, seconds; NaN on CPU and in older folders).
+GPU_START_S = "gpu_start_s"
 
 SEQ = "seq"
 COLLECTIVE = "collective"
@@ -135,7 +139,7 @@ def total_name(name: str) -> str:
 
 RANKS_COLUMNS = (
     RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES, GPU_SPAN_S,
-    HIDDEN_S,
+    HIDDEN_S, GPU_START_S,
 )  # fmt: skip
 COLLECTIVES_COLUMNS = (
     RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN,

@@ -39,7 +39,7 @@ def frames(
     ranks = ranks.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.WARMUP: "bool",
                           K.START_S: "float64", K.SECTION_S: "float64", K.COMM_S: "float64",
                           K.N_COLLECTIVES: "int64", K.PEAK_MEM_BYTES: "Int64", K.GPU_SPAN_S: "float64",
-                          K.HIDDEN_S: "float64"})  # fmt: skip
+                          K.HIDDEN_S: "float64", K.GPU_START_S: "float64"})  # fmt: skip
     colls = colls.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.SEQ: "int64",
                           K.COLLECTIVE: "string", K.START_S: "float64", K.DURATION_S: "float64",
                           K.PAYLOAD_BYTES: "Int64", K.BLOCKED_S: "float64", K.HIDDEN_S: "float64",

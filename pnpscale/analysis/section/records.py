@@ -183,12 +183,14 @@ def section_records(
         bad = f"{r.name!r} range: {r.bad}" if r.bad else None
         bad_kind = "non_physical_timing"
         missing = 0
+        gpu_start_ns: int | None = None
         if gpu:
             launched = sorted(gpu.between(r.start_ns, r.end_ns), key=lambda e: (e.start_ns, -e.end_ns))
             kernels = [e for e in launched if is_nccl_kernel(e)]
             descs = descriptors_in(descriptors.between(r.start_ns, r.end_ns))
             n_descs = len(descs) if require_gpu else 0  # offline: recorded as anomalies below
             section_ns, gpu_span_ns = cuda_section_span(r, launched, n_descs, len(kernels), it, cpu_start)
+            gpu_start_ns = min(e.start_ns for e in launched) if launched else None  # where the GPU span starts
             window = None
             if id(r) in clips and gpu_span_ns is not None:  # GPU work past the next section's start: clipped
                 first = min(e.start_ns for e in launched)
@@ -272,6 +274,7 @@ def section_records(
                 hidden_ns * 1e-9,
                 bad_kind,
                 file_end_ns is not None and r.end_ns > file_end_ns,
+                None if gpu_start_ns is None or gpu_span_ns is None else (gpu_start_ns - origin) * 1e-9,
             )  # fmt: skip
         )
     return out
