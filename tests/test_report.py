@@ -299,7 +299,8 @@ def run_notebook(sweep_dir: Path) -> list[dict]:
         os.environ.pop("PNPSCALE_SWEEP")
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not any(o.get("output_type") == "error" for o in outputs)
-    charts = [cell for cell in nb.cells if cell.cell_type == "code" and ("plot_" in cell.source or "sns." in cell.source)]
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    charts = [cell for cell in code if "plot_" in cell.source or "sns." in cell.source]
     assert len(charts) >= 2
     for cell in charts:  # every chart cell shows its figure as an image, not "<Figure size 900x440 with 1 Axes>"
         shown = [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]

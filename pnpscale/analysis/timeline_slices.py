@@ -424,7 +424,7 @@ def _flows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if old is None or (old["cat"] == HIDDEN and e["cat"] == TRANSFER):
             mine[e["pid"]] = e
     out: list[dict[str, Any]] = []
-    for n, (key, by_pid) in enumerate(sorted(at.items())):
+    for n, (_, by_pid) in enumerate(sorted(at.items())):
         if len(by_pid) < 2:
             continue
         pids = sorted(by_pid)

@@ -182,7 +182,8 @@ _FIELD_TYPES: dict[str, type] = {
     "status": str, "problem": str, "mode": str, "gpus": int, "scale": str, "scale_requested": str,
     "fingerprint": str, "spec": dict, "config": dict, "error": str, "started_at": str, "finished_at": str,
     "pid": int, "host": str, "versions": dict, "backend": str, "world_size": int, "nodes": int, "hosts": list,
-    "device_names": list, "threads_per_rank": int, "time_shared": bool, "cores": int, "assignment": dict, "solver": dict, "timings": dict,
+    "device_names": list, "threads_per_rank": int, "time_shared": bool, "cores": int,
+    "assignment": dict, "solver": dict, "timings": dict,
     "metrics": dict, "files": list, "slurm": dict, "processes": list,
 }  # fmt: skip
 

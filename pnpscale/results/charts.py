@@ -129,7 +129,8 @@ def band_note(drawn: bool) -> str:
     >>> band_note(True), band_note(False)
     ('band: p10–p90 of the measured iterations', 'no p10–p90 band: too few measured iterations to draw one')
     """
-    return "band: p10–p90 of the measured iterations" if drawn else "no p10–p90 band: too few measured iterations to draw one"
+    drew = "band: p10–p90 of the measured iterations"
+    return drew if drawn else "no p10–p90 band: too few measured iterations to draw one"
 
 
 def style_note(table: pd.DataFrame) -> str:

@@ -83,7 +83,8 @@ COUNT_COLUMNS = [
 
 def typed(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` with :data:`TEXT_COLUMNS` as ``str``, :data:`COUNT_COLUMNS` as ``Int64``, ``gpus`` as
-    ``int64`` and TIME_SHARED as ``boolean`` (the columns it has): the same dtypes whichever runs (complete, failed, none) it holds.
+    ``int64`` and TIME_SHARED as ``boolean``
+    (the columns it has): the same dtypes whichever runs (complete, failed, none) it holds.
 
     >>> t = typed(pd.DataFrame({"problem": ["2d", None], "gpus": [1, 2], "n_main": [2.0, float("nan")]}))
     >>> [str(t[c].dtype) for c in t], t["n_main"].tolist()
