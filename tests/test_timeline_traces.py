@@ -46,10 +46,16 @@ def assert_timeline_agrees(out: Path) -> pd.DataFrame:
     """The run folder's timeline.json against its tables: per rank and section occurrence the tiling adds up to
     S_r and its wait + transfer to the time blocked (COMM_S), to the nanosecond; averaged over ranks, compute,
     transfer and wait are sections.parquet's (1e-9 s); the format rules hold (no partial overlap on a thread)."""
-    doc, problems = check_trace((out / layout.TIMELINE_JSON).read_text())
+    return tables_agree((out / layout.TIMELINE_JSON).read_text(), pd.read_parquet(out / layout.RANKS),
+                        pd.read_parquet(out / layout.SECTIONS))
+
+
+def tables_agree(text: str, ranks: pd.DataFrame, sec: pd.DataFrame) -> pd.DataFrame:
+    """:func:`assert_timeline_agrees` on a trace's text and its tables; the per-kind sums (ns)."""
+    doc, problems = check_trace(text)
     assert problems == [], problems[:5]
     sums = slice_sums(doc)
-    ranks = pd.read_parquet(out / layout.RANKS)
+    ranks = ranks.copy()
     ranks[K.SECTION] = ranks[K.SECTION].astype(object).astype(str)
     r = ranks.set_index([K.RANK, K.ITERATION, K.SECTION]).reindex(sums.index)
     assert len(sums) == len(ranks)  # every section occurrence placed
@@ -57,7 +63,6 @@ def assert_timeline_agrees(out: Path) -> pd.DataFrame:
     assert (tiling - np.rint(r[K.SECTION_S] * 1e9)).abs().max() <= 2  # ns: each boundary rounds once
     comm = sums[T.WAIT] + sums[T.TRANSFER]
     assert (comm - np.rint(r[K.COMM_S] * 1e9)).abs().max() <= 2
-    sec = pd.read_parquet(out / layout.SECTIONS)
     sec = sec.assign(**{K.SECTION: sec[K.SECTION].astype(str)}).set_index([K.ITERATION, K.SECTION])
     mean = sums.groupby([K.ITERATION, K.SECTION])[list(T.TILING)].mean() * 1e-9
     for kind, col in ((T.COMPUTE, K.COMPUTE_S), (T.TRANSFER, K.TRANSFER_S), (T.WAIT, K.WAIT_S)):
@@ -67,7 +72,7 @@ def assert_timeline_agrees(out: Path) -> pd.DataFrame:
 
 def test_the_set4_timeline_case_places_gpu_work_at_its_gpu_times(tmp_path):
     """GPU work starting 50 us after the CPU range, the NCCL kernel last: its 10 us transfer is in the slices."""
-    shutil.copytree(DATA / "traces-set4-timeline", tmp_path / "timeline")
+    shutil.copytree(DATA / "trace-gpu-after-cpu-range", tmp_path / "timeline")
     out = analyse(tmp_path / "timeline", tmp_path / "out", "--sections", "step=ProfilerStep#*")
     sums = assert_timeline_agrees(out)
     assert sums.loc[(0, 0, "step"), T.TRANSFER] == 10_000 and sums.loc[(0, 0, "step"), T.COMPUTE] == 30_000
@@ -133,3 +138,22 @@ def test_untangle_moves_only_what_would_overlap_and_the_check_names_it():
           {"ph": "X", "pid": 1, "tid": 2, "name": "b", "ts": 8, "dur": 4}]  # fmt: skip
     (line,) = T.nesting_problems(ev)
     assert "pid 1 tid 2: 'b' [8.0, 12.0] us overlaps 'a'" in line
+
+
+def test_the_live_cuda_rule_cpu_start_to_gpu_end_places_the_same_intervals():
+    """pnpscale's own CUDA runs (``cpu_start``: S_r from the CPU range start to the last GPU end, the live
+    rule): the same trace's timeline adds up to those tables too, nested sections nesting."""
+    import tempfile
+
+    from pnpscale.analysis.offline import analyze_traces, assign_ranks
+    from pnpscale.analysis.trace.read import parse_sections, read_header
+
+    job = nested_cuda_job()
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write(job, Path(tmp) / "job")
+        traces, world = assign_ranks([read_header(p) for p in paths])
+        a = analyze_traces(traces, parse_sections("step=ProfilerStep#*,gradient,denoiser"), 0, world,
+                           cpu_start=True, jobs=1)  # fmt: skip
+    assert (a.ranks[K.SECTION_S] > a.ranks[K.GPU_SPAN_S] + 1e-9).any()  # the CPU lead is in S_r here
+    text = json.dumps(T.run_trace(a.ranks, a.collectives), separators=(",", ":"), allow_nan=False)
+    tables_agree(text, a.ranks, a.sections)

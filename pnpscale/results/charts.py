@@ -348,14 +348,17 @@ def plot_wait_causes(table: pd.DataFrame) -> Figure:
         sub = sub.sort_values("gpus")
         x = np.arange(len(sub))
         up, down = np.zeros(len(sub)), np.zeros(len(sub))
+        hatch = ["//" if int(g) in shared_gpus(sub) else None for g in sub["gpus"]]
         for col, label in CAUSE_LABELS.items():
             v = (sub[col] if col in sub else pd.Series(np.nan, index=sub.index)).to_numpy(float)
             v = np.nan_to_num(v)
             pos, neg = np.clip(v, 0, None), np.clip(v, None, 0)
-            ax.bar(x, pos, bottom=up, color=colors[col], label=label)
-            ax.bar(x, neg, bottom=down, color=colors[col])
+            ax.bar(x, pos, bottom=up, color=colors[col], label=label, hatch=hatch, edgecolor="white")
+            ax.bar(x, neg, bottom=down, color=colors[col], hatch=hatch, edgecolor="white")
             up, down = up + pos, down + neg
         ax.plot(x, sub[K.WAIT_S].to_numpy(float), "o", color="black", label="measured wait")
+        if any(hatch):
+            ax.bar([0], [0], color="lightgray", hatch="//", edgecolor="white", label=TIME_SHARED_LABEL)
         ax.axhline(0, color="black", lw=0.8)
         for xi, (_, r) in enumerate(sub.iterrows()):
             if r["status"] != "complete":

@@ -177,8 +177,8 @@ def timeline_table(
             and its critical-path rank of each section is the one named (the report's text names the same).
 
     Returns:
-        :data:`TABLE_COLUMNS` plus ``world_size`` (ranks in the run, drawn or not); empty (with those
-        columns) when no run can be drawn.
+        :data:`TABLE_COLUMNS` plus ``world_size`` (ranks in the run, drawn or not) and TIME_SHARED (the
+        point's flag, NA unknown); empty (with those columns) when no run can be drawn.
     """
     done = table[(table["status"] == layout.STATUS_COMPLETE) & (table[K.SECTION] == "all")]
     frames = []
@@ -198,9 +198,11 @@ def timeline_table(
                     "(collective starts not recorded)"
                 )
             continue
+        shared = top.get(K.TIME_SHARED)
+        flag = None if shared is None or pd.isna(shared) else bool(shared)
         frames.append(sl.assign(**{K.PROBLEM: problem, K.MODE: mode, K.GPUS: int(top[K.GPUS]),
-                                   K.WORLD_SIZE: int(top[K.GPUS])}))  # fmt: skip
-    cols = [*TABLE_COLUMNS, K.WORLD_SIZE]
+                                   K.WORLD_SIZE: int(top[K.GPUS]), K.TIME_SHARED: flag}))  # fmt: skip
+    cols = [*TABLE_COLUMNS, K.WORLD_SIZE, K.TIME_SHARED]
     if not frames:
         return pd.DataFrame(columns=cols)
     return pd.concat(frames, ignore_index=True)[cols]
@@ -327,6 +329,8 @@ def plot_timeline(tl: pd.DataFrame) -> Figure:
         extra = f"; {len(drawn)} of {world} ranks drawn, {hidden} not drawn" if hidden else ""
         if hidden:
             extra += "\n" + drawn_note(roles)
+        if K.TIME_SHARED in sub and sub[K.TIME_SHARED].astype("boolean").fillna(False).any():
+            extra += f"; time-shared: {world} ranks on too few cores, not a scaling result"
         ax.set_title(
             f"{problem} {mode}, {int(sub[K.GPUS].iloc[0])} GPUs: iteration {int(sub[K.ITERATION].iloc[0])} "
             f"(median measured){extra}",
