@@ -13,7 +13,7 @@ import pytest
 from pnpscale import columns as K
 from pnpscale.core import layout
 from pnpscale.rank.commit import time_sharing, write_run
-from pnpscale.results.charts import TIME_SHARED_LABEL, plot_load_balance, plot_scaled_cost
+from pnpscale.results.charts import TIME_SHARED_LABEL, plot_load_balance, plot_scaled_cost, plot_wait_pct
 from pnpscale.results.report import write_report
 from pnpscale.results.runs import build_table
 from tests.test_report import fake_run, spec
@@ -71,7 +71,7 @@ def _hollow(fig) -> list[float]:
     return xs
 
 
-def test_every_chart_marks_the_time_shared_point(two_core_sweep):
+def test_the_charts_mark_the_time_shared_point_and_promise_only_what_they_draw(two_core_sweep):
     table = build_table(two_core_sweep, echo=lambda s: None)
     lb = plot_load_balance(table)
     assert set(_hollow(lb)) == {4.0}
@@ -79,9 +79,10 @@ def test_every_chart_marks_the_time_shared_point(two_core_sweep):
     cost = plot_scaled_cost(table)
     hatched = [p for p in cost.axes[0].patches if p.get_hatch() and p.get_height() > 0]
     assert len(hatched) == 2 and {round(p.get_x() + p.get_width() / 2) for p in hatched} == {2}  # the 3rd bar
-    # two iterations (one measured): no band can be drawn, so no title promises one
-    assert "no p10–p90 band" in lb.texts[0].get_text() if lb.texts else True
-    assert "band: p10" not in " ".join(t.get_text() for t in lb.texts)
+    # one measured iteration: no band can be drawn, so no title promises one; the legend names only 2d's style
+    assert "no p10–p90 band" in lb.get_suptitle() and "band: p10" not in lb.get_suptitle()
+    wait = plot_wait_pct(table)
+    assert "(2d solid; no p10–p90 band" in wait.axes[0].get_title() and "3D" not in wait.axes[0].get_title()
 
 
 def test_a_16_rank_timeline_draws_the_operator_holders_and_the_reports_critical_rank(tmp_path):
@@ -111,3 +112,16 @@ def test_a_16_rank_timeline_draws_the_operator_holders_and_the_reports_critical_
     crit = ranks_table[ranks_table["critical"]].set_index(K.SECTION)[K.RANK].astype(str).to_dict()
     assert chart == crit
     np.testing.assert_array_equal(sorted(ranks_table[ranks_table["operators"] > 0][K.RANK].unique()), [0, 1])
+
+
+def test_the_ideal_line_stays_readable_on_a_0_to_140_scale():
+    """A 129x scaled cost: the chart goes to a log axis, where 1.0 sits mid-height, not on the floor."""
+    t = pd.DataFrame({"problem": "2d", "mode": "inference", "section": "all", "status": "complete",
+                      "gpus": [1, 8, 64], "baseline_gpus": 1, "scaled_compute": [1.0, 6.0, 9.0],
+                      "scaled_comm": [0.0, 20.0, 120.0], K.TIME_SHARED: [False, True, True]})  # fmt: skip
+    ax = plot_scaled_cost(t).axes[0]
+    assert ax.get_yscale() == "log"
+    lo, hi = ax.get_ylim()
+    assert 0.15 < (np.log(1.0) - np.log(lo)) / (np.log(hi) - np.log(lo)) < 0.5  # the ideal line's height
+    small = plot_scaled_cost(t.assign(scaled_compute=[1.0, 1.2, 1.5], scaled_comm=[0.0, 0.5, 1.0])).axes[0]
+    assert small.get_yscale() == "linear"
