@@ -162,7 +162,7 @@ def timeline_chart(table: pd.DataFrame, out: Path, ranks: pd.DataFrame | None = 
         world = int(sub[K.WORLD_SIZE].iloc[0])
         shown = sub.drop_duplicates(K.RANK).set_index(K.RANK)[ROLE]
         if len(shown) < world:
-            head += f" ({len(shown)} of {world} ranks {drawn_note(shown)})"
+            head += f" ({len(shown)} of {world} ranks {drawn_note(shown)})"  # the critical ranks follow per section
         lines.append(f"- {md_escape(head)}: " + "; ".join(md_escape(p) for p in parts) + ".")
     return [*lines, *notes, ""]
 

@@ -86,6 +86,8 @@ def pick_ranks(
     [[0, 'fastest', ''], [3, 'typical', ''], [4, 'typical', ''], [9, 'critical', 's']]
     >>> pick_ranks(sl, 4, holders=[0, 1, 2], critical={"s": 7})[["rank", "role"]].values.tolist()
     [[0, 'operator'], [1, 'operator'], [2, 'operator'], [5, 'typical'], [7, 'critical']]
+    >>> pick_ranks(sl, 4, holders=[0, 1], critical={"s": 1}).values.tolist()[:2]
+    [[0, 'operator', ''], [1, 'operator', 's']]
     """
     comp = sl[sl[K.KIND] == "compute"].groupby([K.SECTION, K.RANK])[K.DURATION_S].sum().unstack(K.RANK)
     comp = comp.reindex(columns=sorted(sl[K.RANK].unique())).fillna(0.0)
@@ -96,11 +98,12 @@ def pick_ranks(
     for sec, row in comp.iterrows():  # critical path per section: the report's, else the largest compute
         mine = (critical or {}).get(str(sec))
         rank = int(mine) if mine is not None and int(mine) in present else int(row.idxmax())
-        roles.setdefault(rank, CRITICAL)
         crit_for.setdefault(rank, []).append(str(sec))
-    for r in holders:
+    for r in holders:  # a holder's role says it holds an operator; CRITICAL_FOR says where it is critical too
         if int(r) in present:
             roles.setdefault(int(r), HOLDER)
+    for rank in crit_for:
+        roles.setdefault(rank, CRITICAL)
     if len(total) <= max_ranks:
         return pd.DataFrame({K.RANK: total.index.astype(int), ROLE: [roles.get(int(r), "") for r in total.index],
                              CRITICAL_FOR: [",".join(crit_for.get(int(r), [])) for r in total.index]})  # fmt: skip
@@ -242,11 +245,15 @@ def _span_text(ranks: list[int]) -> str:
     return ", ".join(parts)
 
 
-def drawn_note(roles: pd.Series) -> str:
-    """Which ranks a panel draws and why (rank -> ROLE).
+def drawn_note(roles: pd.Series, critical: Mapping[str, int] | None = None) -> str:
+    """Which ranks a panel draws and why (rank -> ROLE; ``critical``: section -> its critical-path rank,
+    :func:`critical_ranks`).
 
-    >>> drawn_note(pd.Series({0: "operator", 1: "operator", 16: "critical", 40: "typical"}))
+    >>> note = drawn_note(pd.Series({0: "operator", 1: "operator", 16: "critical", 40: "typical"}), {"s": 16, "t": 1})
+    >>> note.split("; ")[0]
     'drawn: ranks 0–1 (hold an operator), 16 (critical path), 40 (a sample of the rest)'
+    >>> note.split("; ")[1]
+    'critical path: s rank 16, t rank 1'
     """
     what = {HOLDER: "hold an operator", CRITICAL: "critical path", FASTEST: "fastest", TYPICAL: "a sample of the rest"}
     parts = []
@@ -254,7 +261,8 @@ def drawn_note(roles: pd.Series) -> str:
         mine = [int(r) for r, v in roles.items() if v == role]
         if mine:
             parts.append(f"{_span_text(mine)} ({what[role]})")
-    return "drawn: ranks " + ", ".join(parts)
+    crit = "; critical path: " + ", ".join(f"{s} rank {r}" for s, r in critical.items()) if critical else ""
+    return "drawn: ranks " + ", ".join(parts) + crit
 
 
 def _label(payload: object) -> str:
@@ -275,7 +283,7 @@ def plot_timeline(tl: pd.DataFrame) -> Figure:
     title which ranks are drawn and why (:func:`drawn_note`) and how many are not."""
 
     panels = sorted({(p, m) for p, m in zip(tl[K.PROBLEM], tl[K.MODE], strict=True)}) or [("", "")]
-    heights = [max(1.6, 0.45 * tl[(tl[K.PROBLEM] == p) & (tl[K.MODE] == m)][K.RANK].nunique() + 1.2) for p, m in panels]
+    heights = [max(1.6, 0.45 * tl[(tl[K.PROBLEM] == p) & (tl[K.MODE] == m)][K.RANK].nunique() + 1.8) for p, m in panels]
     fig, axes = figure(len(panels), 1, (12, sum(heights) + 0.8), squeeze=False,
                         gridspec_kw={"height_ratios": heights})  # fmt: skip
     names: list[tuple[Any, float, float, str, float]] = []  # collective labels, placed once the layout is set
@@ -308,7 +316,8 @@ def plot_timeline(tl: pd.DataFrame) -> Figure:
             crit.setdefault(rank, []).append(sec)
         ticks = []
         for r in reversed(drawn):
-            why = f"critical: {', '.join(crit[r])}" if r in crit else roles[r]
+            own = roles[r] if roles[r] != CRITICAL else ""  # an operator holder may be critical too
+            why = "; ".join(w for w in (own, f"critical: {', '.join(crit[r])}" if r in crit else "") if w)
             ticks.append(f"rank {r}" + (f"\n({why})" if why else ""))
         ax.set_yticks(range(len(drawn)), ticks, fontsize=9)
         for label, r in zip(ax.get_yticklabels(), reversed(drawn), strict=True):
@@ -328,9 +337,9 @@ def plot_timeline(tl: pd.DataFrame) -> Figure:
         hidden = world - len(drawn)
         extra = f"; {len(drawn)} of {world} ranks drawn, {hidden} not drawn" if hidden else ""
         if hidden:
-            extra += "\n" + drawn_note(roles)
+            extra += "\n" + drawn_note(roles, critical_ranks(sub)).replace("; critical path", "\ncritical path")
         if K.TIME_SHARED in sub and sub[K.TIME_SHARED].astype("boolean").fillna(False).any():
-            extra += f"; time-shared: {world} ranks on too few cores, not a scaling result"
+            extra += f"\ntime-shared: {world} ranks on too few cores (or GPUs), not a scaling result"
         ax.set_title(
             f"{problem} {mode}, {int(sub[K.GPUS].iloc[0])} GPUs: iteration {int(sub[K.ITERATION].iloc[0])} "
             f"(median measured){extra}",
