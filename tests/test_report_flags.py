@@ -14,8 +14,9 @@ from pnpscale import columns as K
 from pnpscale.core import layout
 from pnpscale.rank.commit import time_sharing, write_run
 from pnpscale.results.charts import TIME_SHARED_LABEL, plot_load_balance, plot_scaled_cost, plot_wait_pct
-from pnpscale.results.report import write_report
+from pnpscale.results.report import plot_transfer_figure, shared_points, transfer_explained, write_report
 from pnpscale.results.runs import build_table
+from pnpscale.results.series import labelled
 from tests.test_report import fake_run, spec
 from tests.test_timeline import random_run
 
@@ -79,6 +80,9 @@ def test_the_charts_mark_the_time_shared_point_and_promise_only_what_they_draw(t
     cost = plot_scaled_cost(table)
     hatched = [p for p in cost.axes[0].patches if p.get_hatch() and p.get_height() > 0]
     assert len(hatched) == 2 and {round(p.get_x() + p.get_width() / 2) for p in hatched} == {2}  # the 3rd bar
+    rows, _ = transfer_explained(labelled(table))
+    title = plot_transfer_figure(rows, shared_points(table)).axes[0].get_title()
+    assert "time-shared, not a scaling result: 2d inference gpus=4" in title and "gpus=2" not in title
     # one measured iteration: no band can be drawn, so no title promises one; the legend names only 2d's style
     assert "no p10–p90 band" in lb.get_suptitle() and "band: p10" not in lb.get_suptitle()
     wait = plot_wait_pct(table)

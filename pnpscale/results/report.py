@@ -106,7 +106,7 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         charts = list(CHARTS)
         if transfer is not None:
             rows, rates = transfer
-            save(plot_transfer_figure(rows), stage / TRANSFER_PNG)
+            save(plot_transfer_figure(rows, shared_points(view)), stage / TRANSFER_PNG)
             charts.append(TRANSFER_PNG)
             rows.to_parquet(stage / TRANSFER, index=False)
             rates.to_parquet(stage / RATES, index=False)
@@ -439,15 +439,32 @@ def _wait_markdown(table: pd.DataFrame, ranks: pd.DataFrame, problem: str, mode:
     return lines + [""]
 
 
-def plot_transfer_figure(rows: pd.DataFrame) -> Figure:
-    """The transfer chart (:func:`pnpscale.results.transfer.plot_transfer`) on its own figure."""
+def shared_points(table: pd.DataFrame) -> list[str]:
+    """``"<problem> <mode> gpus=N"`` of the complete points whose ranks time-shared cores or GPUs.
+
+    >>> shared_points(pd.DataFrame({"problem": "2d", "mode": "inference", "gpus": [2, 4], "section": "all",
+    ...                             "status": "complete", "time_shared": [False, True]}))
+    ['2d inference gpus=4']
+    """
+    if K.TIME_SHARED not in table:
+        return []
+    done = table[(table["status"] == "complete") & (table[K.SECTION] == "all")]
+    flag = done[K.TIME_SHARED].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    return [f"{p} {m} gpus={int(g)}" for p, m, g in zip(done["problem"][flag], done["mode"][flag], done["gpus"][flag],
+                                                         strict=True)]  # fmt: skip
+
+
+def plot_transfer_figure(rows: pd.DataFrame, shared: list[str] | None = None) -> Figure:
+    """The transfer chart (:func:`pnpscale.results.transfer.plot_transfer`) on its own figure; ``shared``
+    (:func:`shared_points`) named in its title: their transfer is measured on time-shared cores."""
 
     fig, ax = figure(1, 1, (9, 5))
     plot_transfer(rows, ax)
     ax.set_yscale("log")
     # one meaning per word: this chart's transfer is the main collective's only (compute_transfer_wait.png: all)
+    note = f"\ntime-shared, not a scaling result: {', '.join(shared)}" if shared else ""
     ax.set_title("Main (image-sized) collective's transfer only, measured vs predicted\n"
-                 f"(every collective's transfer: {layout.COMPONENTS_PNG})", fontsize=10)  # fmt: skip
+                 f"(every collective's transfer: {layout.COMPONENTS_PNG}){note}", fontsize=10)  # fmt: skip
     legend = ax.get_legend()
     if legend is not None:  # the legend lies below the axes: one more line of height per legend row
         n = len(legend.get_texts())
