@@ -13,11 +13,14 @@ choice is printed), then writes ``DIR/report/``::
     timeline.png     (the largest GPU count of each (problem, mode): one median iteration, a row per rank)
     wait_ranks.parquet (per point x section x rank: compute, critical-path share, wait by cause, assignment)
     projection.png, projection.parquet, projection_validation.parquet, projection.md
-                     (a (problem, mode) with >= 3 measured GPU counts: see pnpscale.results.projection.output)
+                     (only when something is projected: a (problem, mode) with >= 3 measured GPU counts
+                     the model may describe, see pnpscale.results.projection.output; otherwise the README
+                     says why, e.g. that no honest projection exists from time-shared CPU ranks)
     compare.png, compare.parquet  (when the runs vary problem, solver.denoiser_collective or
                      problem.num_operators: the values side by side per GPU count, pnpscale.results.compare)
-    README.md        (a table per (problem, mode), the study's headline checks, why the ranks wait,
-                      transfer explained, the projection, the side-by-side comparison)
+    README.md        (a table per (problem, mode) with each point's time-shared flag, the study's headline
+                      checks (time-shared points named first), why the ranks wait, transfer explained, the
+                      projection, the side-by-side comparison)
 
 A variant (a value of ``solver.denoiser_collective`` or ``problem.num_operators`` that the runs of one
 (problem, mode) vary) is its own series everywhere: ``2d denoiser_collective=all_gather``.
