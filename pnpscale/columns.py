@@ -4,8 +4,10 @@ Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_GBps`` 1e9 bytes pe
 
 ``ranks.parquet`` — one row per rank x iteration x section:
     RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES, GPU_SPAN_S,
-    HIDDEN_S
-    (SECTION_S on CUDA: CPU range start to last GPU end; GPU_SPAN_S: first to last GPU event, NaN on CPU;
+    HIDDEN_S, GPU_START_S
+    (SECTION_S on CUDA: CPU range start to last GPU end (pnpscale's runs) or the GPU span (other jobs' traces);
+    GPU_SPAN_S: first to last GPU event, NaN on CPU; GPU_START_S: the first GPU event's start on the rank's
+    clock, NaN on CPU: SECTION_S ends at GPU_START_S + GPU_SPAN_S;
     COMM_S: the time the rank was blocked on its collectives, their union minus its compute;
     HIDDEN_S: the collectives' time overlapped by compute; see pnpscale.analysis.overlap)
 
@@ -21,8 +23,10 @@ Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_GBps`` 1e9 bytes pe
 ``sections.parquet`` — one row per iteration x section (the POP decomposition):
     ITERATION, SECTION, WARMUP, WORLD_SIZE, SECTION_S, SECTION_MAX_S, COMPUTE_S, COMPUTE_MAX_S,
     TRANSFER_S, WAIT_S, LB, N_COLLECTIVES, MAIN_COLLECTIVE, MAIN_PAYLOAD_BYTES, N_MAIN,
-    MAIN_TRANSFER_S, OTHER_PAYLOAD_BYTES, WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S, HIDDEN_S
-    (HIDDEN_S: mean over ranks of the collectives' time overlapped by compute, not in C + T + W; the
+    MAIN_TRANSFER_S, OTHER_PAYLOAD_BYTES, WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S, HIDDEN_S,
+    TIME_SHARED
+    (TIME_SHARED: the point's ranks time-shared cores or GPUs, the same on every row; NA when unknown;
+    HIDDEN_S: mean over ranks of the collectives' time overlapped by compute, not in C + T + W; the
     three wait parts sum to WAIT_S; see pnpscale.analysis.waits; NA in older run folders)
 
 ``timeline.json`` is built from the slices table of :func:`pnpscale.analysis.timeline_slices.slices`, one row per
@@ -45,6 +49,14 @@ COMM_S = "comm_s"
 N_COLLECTIVES = "n_collectives"
 PEAK_MEM_BYTES = "peak_mem_bytes"
 GPU_SPAN_S = "gpu_span_s"
+#: ranks.parquet: first GPU start of a CUDA section's work (rank's clock, seconds; NaN on CPU and in older folders).
+GPU_START_S = "gpu_start_s"
+#: per point (sections.parquet, summary.parquet, run.json): its ranks time-shared cores or GPUs (ranks x threads per
+#: rank > the host's usable cores, or two ranks on one GPU): not a scaling result. NA: unknown (traces of other
+#: jobs, older folders). See pnpscale.rank.commit.time_sharing.
+TIME_SHARED = "time_shared"
+#: run.json / summary.parquet: the usable CPU cores of the point's most loaded host (its ranks' affinity, union).
+CORES = "cores"
 
 SEQ = "seq"
 COLLECTIVE = "collective"
@@ -135,7 +147,7 @@ def total_name(name: str) -> str:
 
 RANKS_COLUMNS = (
     RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, COMM_S, N_COLLECTIVES, PEAK_MEM_BYTES, GPU_SPAN_S,
-    HIDDEN_S,
+    HIDDEN_S, GPU_START_S,
 )  # fmt: skip
 COLLECTIVES_COLUMNS = (
     RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN,
@@ -145,7 +157,7 @@ SECTIONS_COLUMNS = (
     ITERATION, SECTION, WARMUP, WORLD_SIZE, SECTION_S, SECTION_MAX_S, COMPUTE_S, COMPUTE_MAX_S,
     TRANSFER_S, WAIT_S, LB, N_COLLECTIVES, MAIN_COLLECTIVE, MAIN_PAYLOAD_BYTES, N_MAIN, MAIN_TRANSFER_S,
     OTHER_PAYLOAD_BYTES, WAIT_LATE_START_S, WAIT_IMBALANCE_S, WAIT_JITTER_S,
-    HIDDEN_S,
+    HIDDEN_S, TIME_SHARED,
 )  # fmt: skip
 
 #: Columns a run folder's table must have: the readers (metrics, wait by cause, the report, ``load``) need

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pandas as pd
@@ -48,6 +49,8 @@ def test_run_json_provenance(sweep):
     assert len(run["device_names"]) == 2 and run["assignment"]["operators_per_rank"] == [2, 2]
     assert run["assignment"]["tiles_per_rank"] == [8, 8] and run["assignment"]["num_tiles"] == 16
     assert run["config"]["gpus"] == 2 and run["timings"]["measure_s"] > 0
+    cores = len(os.sched_getaffinity(0))  # the ranks' cores: time-shared when 2 ranks' threads need more
+    assert run["cores"] == cores and run["time_shared"] is (2 * run["threads_per_rank"] > cores)
     assert 0 < run["metrics"]["pe"] <= 1 and run["metrics"]["iterations"] == 2
     # issue 19: every rank of a real sweep started clean (not a bad fork), each its own process
     procs = run["processes"]

@@ -74,13 +74,15 @@ def fake_run(
     times: dict[str, list[tuple[float, float]]],
     collective: dict[str, tuple[str, int]] | None = None,
     operators: int | None = None,
+    cpus: list[int] | None = None,
     **spec_fields,
 ) -> None:
     """Write a run whose per-rank (section_s, collective_s) per section are ``times``; iteration 0 = warm-up.
 
     ``collective``: per section, (collective, payload bytes) of its one collective (default an
     all_reduce of the 32²×3 float32 image); ``operators``: the operators dealt round-robin over the
-    ranks (run.json's assignment; default one per rank); ``spec_fields``: RunSpec fields to change.
+    ranks (run.json's assignment; default one per rank); ``cpus``: the cores every rank may run on (run.json's
+    time_shared; default not recorded); ``spec_fields``: RunSpec fields to change.
     """
     gpus = len(next(iter(times.values())))
     gathered = []
@@ -123,6 +125,7 @@ def fake_run(
             "local_tiles": 1,
             "num_tiles": 16,
             "solver": {"weights_sha256": "x"},
+            **({"cpus": cpus, "gpu": None} if cpus is not None else {}),
         }
         gathered.append(({"ranks": rows, "collectives": colls}, info))
     write_run(run_dir, spec(problem, mode, gpus, **spec_fields), gathered, backend="gloo", timings={})
@@ -299,7 +302,12 @@ def run_notebook(sweep_dir: Path) -> list[dict]:
         os.environ.pop("PNPSCALE_SWEEP")
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not any(o.get("output_type") == "error" for o in outputs)
-    assert any("image/png" in o.get("data", {}) for o in outputs)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    charts = [cell for cell in code if "plot_" in cell.source or "sns." in cell.source]
+    assert len(charts) >= 2
+    for cell in charts:  # every chart cell shows its figure as an image, not "<Figure size 900x440 with 1 Axes>"
+        shown = [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+        assert len(shown) == 1, (cell.source, [o.get("data", {}).get("text/plain") for o in cell.get("outputs", [])])
     return outputs
 
 

@@ -143,7 +143,8 @@ def test_sections_without_collective_starts_are_not_guessed():
     assert s.empty and len(T.unplaced(ranks, colls)) == len(ranks)
     doc = T.run_trace(ranks, colls)
     assert "only their section range is drawn" in doc["otherData"]["note"]
-    assert sum(e["ph"] == "X" for e in doc["traceEvents"]) == len(ranks)
+    assert sum(e["ph"] == "X" and e["cat"] == "section" for e in doc["traceEvents"]) == len(ranks)
+    assert sum(e["ph"] == "X" and e["cat"] == "iteration" for e in doc["traceEvents"]) == 2  # one per rank
 
 
 def test_one_rank_is_all_compute():
@@ -218,7 +219,8 @@ def test_nested_sections_get_their_own_track():
     tids = {(e["args"]["section"], e["tid"]) for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == T.COMPUTE}
     assert tids == {("step", T.SLICES_TID), ("gradient", T.SLICES_TID + 1)}
     threads = [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"]
-    assert threads == ["sections", "compute / transfer / wait", "compute / transfer / wait (sections nested 1 deep)"]
+    assert threads == ["sections", "compute / transfer / wait", "compute / transfer / wait (sections nested 1 deep)",
+                       "iterations"]
 
 
 def test_the_chart_draws_a_hidden_slice_when_the_collectives_have_one(tmp_path):

@@ -19,7 +19,10 @@ So the rules are checked one by one instead. Sources:
     must carry one name in every process);
   - pid / tid 0 are the idle ("swapper") process, and some versions map a trace's pid / tid 0 onto it;
   - slices on one thread must nest (two slices that overlap without one containing the other are not
-    both shown as they were written).
+    both shown as they were written);
+  - flow events (``s`` / ``t`` / ``f``, v1) carry an ``id`` and a ``cat``; with ``bp`` ``e`` each binds to the
+    slice enclosing its ``ts`` on its thread (without one, the flow is dropped); one flow starts once and
+    finishes once.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
-PHASES = {"X", "i", "I", "M"}  # the phases timeline.json may use
+PHASES = {"X", "i", "I", "M", "s", "t", "f"}  # the phases timeline.json may use
+FLOWS = {"s", "t", "f"}  # flow events (v1): bound to the slice enclosing their ts on their thread
 METADATA = {"process_name": "name", "thread_name": "name", "process_sort_index": "sort_index",
             "thread_sort_index": "sort_index", "process_labels": "labels"}  # fmt: skip
 _NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?\Z")
@@ -93,6 +97,7 @@ def check_trace(text: str) -> tuple[dict[str, Any], list[str]]:
     named_processes: set[int] = set()
     used: set[tuple[int, int]] = set()
     slices: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
+    flows: list[tuple[int, int, int, str, str, int]] = []
     for i, e in enumerate(doc["traceEvents"]):
         where = f"event {i}"
         if not isinstance(e, dict):
@@ -160,7 +165,20 @@ def check_trace(text: str) -> tuple[dict[str, Any], list[str]]:
                 problems.append(f"{where}: dur {e.get('dur')!r} is not a number of microseconds >= 0")
                 continue
             slices[(ids["pid"], ids["tid"])].append((ts, ts + dur, i))
+        if ph in FLOWS:
+            if type(e.get("id")) is not _Int or not isinstance(e.get("cat"), str) or e.get("bp") != "e":
+                problems.append(f"{where}: flow event without an integer id, a cat, or bp 'e'")
+            flows.append((ids["pid"], ids["tid"], ts, ph, str(e.get("id")), i))
         used.add((ids["pid"], ids["tid"]))
+    for pid, tid, ts, ph, fid, i in flows:
+        if not any(a <= ts < b for a, b, _ in slices.get((pid, tid), [])):
+            problems.append(f"event {i}: flow {fid} ({ph}) at {ts} ns lies in no slice of (pid {pid}, tid {tid})")
+    ends = defaultdict(list)
+    for *_, ph, fid, _i in flows:
+        ends[fid].append(ph)
+    for fid, phs in ends.items():
+        if phs.count("s") != 1 or phs.count("f") != 1:
+            problems.append(f"flow {fid}: {phs.count('s')} start(s) and {phs.count('f')} finish(es), need one each")
     names_of_tid: dict[int, set[str]] = defaultdict(set)
     for (_, tid), name in named_threads.items():
         names_of_tid[tid].add(name)

@@ -124,6 +124,9 @@ class SectionRecord:
         bad_kind: the anomaly kind under which :func:`drop_bad_iterations` records ``bad``.
         open_end: read from a file that may be cut short (no Kineto end marker), and no event of the file
             starts after this range ends: whether it is complete cannot be seen (:func:`drop_cut_iterations`).
+        gpu_start_s: on CUDA, the first GPU start of the work launched inside (seconds, same clock and origin as
+            ``start_s``; ``None`` without GPU work, and on CPU backends): with ``gpu_span_s`` it places
+            ``section_s`` on the rank's clock (it ends at ``gpu_start_s + gpu_span_s``).
     """
 
     iteration: int
@@ -139,6 +142,7 @@ class SectionRecord:
     hidden_s: float = 0.0
     bad_kind: str = "non_physical_timing"
     open_end: bool = False
+    gpu_start_s: float | None = None
 
     @property
     def comm_s(self) -> float:
@@ -211,6 +215,7 @@ def rank_rows(
                 K.PEAK_MEM_BYTES: peaks.get((s.iteration, s.section)),
                 K.GPU_SPAN_S: s.gpu_span_s,
                 K.HIDDEN_S: s.hidden_s,
+                K.GPU_START_S: s.gpu_start_s,
             }
         )
         for c in s.collectives:

@@ -498,6 +498,7 @@ def decompose(
     out[K.MAIN_COLLECTIVE] = out[K.MAIN_COLLECTIVE].astype("string")
     causes = wait_by_cause(ranks, collectives).astype({K.SECTION: out[K.SECTION].dtype})
     out = out.merge(causes, on=_KEY, how="left", validate="one_to_one")
+    out[K.TIME_SHARED] = pd.array([pd.NA] * len(out), dtype="boolean")  # a live run sets it (rank.commit)
     return out[list(K.SECTIONS_COLUMNS)].reset_index(drop=True)
 
 

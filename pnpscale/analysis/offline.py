@@ -547,6 +547,15 @@ def _pnpscale_run(paths: Sequence[Path]) -> bool:
     return (first.parent / layout.RUN_JSON).is_file()
 
 
+def _recorded_time_shared(paths: Sequence[Path]) -> bool | None:
+    """The ``time_shared`` of the run folder holding the traces (``None``: not recorded, or unreadable)."""
+    first = paths[0] if paths[0].is_dir() else paths[0].parent
+    try:
+        return read_record(first.parent).time_shared
+    except RecordError:
+        return None
+
+
 def _default_warmup(paths: Sequence[Path]) -> tuple[int, str]:
     first = paths[0] if paths[0].is_dir() else paths[0].parent
     run_json = first.parent / layout.RUN_JSON
@@ -596,6 +605,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup, warmup_from = (args.warmup, "--warmup") if args.warmup is not None else _default_warmup(paths)
         own = _pnpscale_run(paths)  # its sections start with the GPU idle: S_r from the CPU range start
         analysis = analyze_traces(traces, sections, warmup, world, anomalies, cpu_start=own, jobs=args.jobs)
+        if own:  # a pnpscale run folder says whether its ranks time-shared cores (run.json): the live flag
+            flag = _recorded_time_shared(paths)
+            analysis.sections[K.TIME_SHARED] = pd.array([flag] * len(analysis.sections), dtype="boolean")
         meta = {"sections": sections, "warmup": warmup, "warmup_from": warmup_from,
                 "cuda_section_time": "cpu_start_to_gpu_end" if own else "gpu_span"}  # fmt: skip
         doc = write_analysis(out, analysis, meta)

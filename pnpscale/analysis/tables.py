@@ -39,7 +39,7 @@ def frames(
     ranks = ranks.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.WARMUP: "bool",
                           K.START_S: "float64", K.SECTION_S: "float64", K.COMM_S: "float64",
                           K.N_COLLECTIVES: "int64", K.PEAK_MEM_BYTES: "Int64", K.GPU_SPAN_S: "float64",
-                          K.HIDDEN_S: "float64"})  # fmt: skip
+                          K.HIDDEN_S: "float64", K.GPU_START_S: "float64"})  # fmt: skip
     colls = colls.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.SEQ: "int64",
                           K.COLLECTIVE: "string", K.START_S: "float64", K.DURATION_S: "float64",
                           K.PAYLOAD_BYTES: "Int64", K.BLOCKED_S: "float64", K.HIDDEN_S: "float64",
@@ -87,9 +87,12 @@ def write_timeline(path: Any, ranks: pd.DataFrame, collectives: pd.DataFrame) ->
 def complete_sections(sections: pd.DataFrame) -> pd.DataFrame:
     """``sections`` with every column of :data:`pnpscale.columns.SECTIONS_COLUMNS`: columns a folder written
     by an older version lacks (e.g. ``main_transfer_s``, ``other_payload_bytes``) added as NA (NaN; ``pd.NA``
-    for the collective's name), so that they read as missing values, never as zeros."""
+    for the collective's name and ``time_shared``), so that they read as missing values, never as zeros."""
     out = sections.copy()
     for col in K.SECTIONS_COLUMNS:
         if col not in out:
-            out[col] = pd.Series(pd.NA, index=out.index, dtype=object) if col == K.MAIN_COLLECTIVE else float("nan")
+            if col == K.TIME_SHARED:
+                out[col] = pd.array([pd.NA] * len(out), dtype="boolean")
+            else:
+                out[col] = pd.Series(pd.NA, index=out.index, dtype=object) if col == K.MAIN_COLLECTIVE else float("nan")
     return out

@@ -51,6 +51,8 @@ _NS = 1e9
 #: is 0: Perfetto reserves pid / tid 0 for the idle ("swapper") process, and some of its versions map a trace's
 #: pid / tid 0 onto it (a process the UI leaves out of its views).
 PID_BASE, SECTIONS_TID, SLICES_TID = 1, 1, 2
+#: ``timeline.json``'s thread of the iteration slices (one per rank and iteration).
+ITERATIONS_TID = 90
 #: the ``timeline.json`` thread of the hidden slices (overlapping the compute of the slice track); hidden
 #: slices of collectives in flight together go to the next threads (99, 100, ...: no thread holds two
 #: slices that overlap, which Perfetto's and Chrome's importers would not show as written).
@@ -61,12 +63,34 @@ def _ns(x: pd.Series) -> np.ndarray:
     return np.rint(x.astype("float64").to_numpy() * _NS)
 
 
+def placement(ranks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Where each ``ranks`` row's section time ``S_r`` lies on the rank's clock: integer nanoseconds
+    ``(start, end)``, ``end − start = round(S_r · 1e9)`` (NaN where the row has no start).
+
+    The decomposition's interval: on CUDA (GPU_START_S and GPU_SPAN_S known) ``S_r`` ends at the last GPU end
+    ``GPU_START_S + GPU_SPAN_S`` (pnpscale's runs: ``S_r`` runs from the CPU range start to it; other jobs'
+    traces: ``S_r`` is the GPU span, from the first GPU start), so GPU work is placed at its GPU times; on CPU
+    (and in folders written before GPU_START_S) ``S_r`` starts at START_S, the range start.
+
+    >>> r = pd.DataFrame({"start_s": [0.0, 0.0], "section_s": [4e-5, 1.0], "gpu_start_s": [5e-5, float("nan")],
+    ...                   "gpu_span_s": [4e-5, float("nan")]})
+    >>> [v.tolist() for v in placement(r)]
+    [[50000.0, 0.0], [90000.0, 1000000000.0]]
+    """
+    start = _ns(ranks[K.START_S]) if K.START_S in ranks else np.full(len(ranks), np.nan)
+    length = _ns(ranks[K.SECTION_S])
+    if K.GPU_START_S in ranks and K.GPU_SPAN_S in ranks:
+        gpu_end = _ns(ranks[K.GPU_START_S]) + _ns(ranks[K.GPU_SPAN_S])
+        start = np.where(np.isfinite(gpu_end), gpu_end - length, start)
+    return start, start + length
+
+
 def slices(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
     """Every rank's compute / wait / transfer slices of every iteration and section, and its hidden ones.
 
     Args:
-        ranks: ``ranks.parquet`` rows (RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S; seconds, on
-            the rank's clock).
+        ranks: ``ranks.parquet`` rows (RANK, ITERATION, SECTION, WARMUP, START_S, SECTION_S, optionally
+            GPU_START_S and GPU_SPAN_S; seconds, on the rank's clock; placed by :func:`placement`).
         collectives: ``collectives.parquet`` rows (RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S,
             DURATION_S, PAYLOAD_BYTES; optionally BLOCKED_SPANS_NS); may be empty (one rank).
 
@@ -90,14 +114,13 @@ def slices(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
     """
     rows: list[tuple[Any, ...]] = []
     by_key = _collectives_by_rank(collectives)
-    for r in ranks.itertuples(index=False) if K.START_S in ranks else ():
+    lo_ns, hi_ns = placement(ranks)
+    for i, r in enumerate(ranks.itertuples(index=False) if K.START_S in ranks else ()):
         rank, it, sec = int(getattr(r, K.RANK)), int(getattr(r, K.ITERATION)), str(getattr(r, K.SECTION))
         warm = bool(getattr(r, K.WARMUP))
-        start = getattr(r, K.START_S)
-        if pd.isna(start):
+        if not np.isfinite(lo_ns[i]):
             continue
-        s0 = int(round(float(start) * _NS))
-        s1 = s0 + int(round(float(getattr(r, K.SECTION_S)) * _NS))
+        s0, s1 = int(lo_ns[i]), int(hi_ns[i])
         colls = by_key.get((it, sec, rank), [])
         if any(c["a"] is None for c in colls):
             continue  # no recorded start: cannot be placed (unplaced())
@@ -240,98 +263,206 @@ def section_totals(table: pd.DataFrame) -> pd.DataFrame:
 def chrome_trace(
     table: pd.DataFrame, ranks: pd.DataFrame, offsets: Mapping[int, float] | None = None, note: str | None = None
 ) -> dict[str, Any]:
-    """The Chrome trace (JSON object format) of a run: one process per rank, two threads per process.
+    """The Chrome trace (JSON object format) of a run: one process per rank, a thread per kind of track.
 
     Args:
         table: :func:`slices` output.
-        ranks: ``ranks.parquet`` rows (for the section ranges: RANK, ITERATION, SECTION, WARMUP, START_S,
-            SECTION_S).
+        ranks: ``ranks.parquet`` rows (for the section ranges, placed by :func:`placement`: RANK, ITERATION,
+            SECTION, WARMUP, START_S, SECTION_S, optionally GPU_START_S, GPU_SPAN_S).
         offsets: :func:`clock_offsets` (default: none); the times written are ``rank's time + offset``,
             shifted so that the earliest is 0.
         note: a line for ``otherData`` (e.g. sections that could not be placed).
 
     Returns:
         ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``: metadata events naming
-        each process ``rank <r>`` (pid r + 1: :data:`PID_BASE`, ordered by rank) and its threads ``sections``
-        (tid 1: one ``X`` event per section occurrence, named after the section) and
-        ``compute / transfer / wait`` (tid 2: one ``X`` event per
-        slice, named after its kind; the slices of a section nested in another, e.g. ``gradient`` inside
-        ``ProfilerStep#*`` in an offline analysis, go to tid 2 + its nesting depth, so that no track holds
-        overlapping slices); hidden slices on ``hidden: communication overlapped by compute`` (tid 99, and
-        99 + k for the k-th further lane when collectives in flight together overlap: :func:`_hidden_lanes`;
-        every rank names the same threads, so that a tid has one name in every process);
-        ``ts``/``dur`` in microseconds (integer nanoseconds / 1000); every
-        ``args`` has ``section``, ``iteration``, ``warmup``, and on communication slices ``collective``,
-        ``seq`` and ``bytes`` (the payload; ``null`` when unknown).
+        each process ``rank <r>`` (pid r + 1: :data:`PID_BASE`, ordered by rank) and its threads
+        ``iterations`` (tid :data:`ITERATIONS_TID`: one ``X`` event per iteration, first section start to last
+        section end of that iteration number on the rank), ``sections`` (tid 1: one ``X`` event per section
+        occurrence at the decomposition's interval, named after the section; nested sections nest on it) and
+        ``compute / transfer / wait`` (tid 2: one ``X`` event per slice, named after its kind; the slices of a
+        section nested ``d`` deep in others, e.g. ``gradient`` inside ``ProfilerStep#*`` in an offline
+        analysis, go to tid 2 + d); hidden slices on ``hidden: communication overlapped by compute`` (tid 99,
+        and 99 + k for the k-th further lane when collectives in flight together overlap:
+        :func:`_hidden_lanes`); every rank names the same threads, so that a tid has one name in every process.
+        No two slices of a thread overlap without nesting (:func:`nesting_problems`: a slice that would is
+        moved to an overflow thread, tid + :data:`OVERFLOW_TID` x k, named so). Flow events (``ph`` ``s`` /
+        ``t`` / ``f``, ``cat`` ``collective``, ``bp`` ``e``) link each collective's slices across the ranks,
+        in rank order, at the middle of its transfer slice (its hidden one where it has none).
+        ``ts``/``dur`` in microseconds (integer nanoseconds / 1000); every ``args`` has ``section``,
+        ``iteration``, ``warmup``, and on communication slices ``collective``, ``seq`` and ``bytes`` (the
+        payload; ``null`` when unknown).
     """
     offsets = dict(offsets or {})
     off_ns = {int(r): int(round(offsets.get(int(r), 0.0) * _NS)) for r in ranks[K.RANK].unique()}
-    r_start = _ns(ranks[K.START_S]) + np.array([off_ns[int(r)] for r in ranks[K.RANK]], dtype=float)
+    lo, hi = placement(ranks)
+    r_off = np.array([off_ns[int(r)] for r in ranks[K.RANK]], dtype=float)
+    r_start, r_end = lo + r_off, hi + r_off
     t_start = _ns(table[K.START_S]) + np.array([off_ns.get(int(r), 0) for r in table[K.RANK]], dtype=float)
     finite = r_start[np.isfinite(r_start)]
     shift = int(finite.min()) if finite.size else 0
-    events: list[dict[str, Any]] = []
     depth = _depths(ranks)
     dur_ns = _ns(table[K.DURATION_S])
     lanes = _hidden_lanes(table, t_start, dur_ns)
     n_lanes = max(lanes.values(), default=-1) + 1  # every rank names the same hidden threads
-    for rank in sorted(off_ns):
-        meta = {"ph": "M", "pid": rank + PID_BASE, "tid": SECTIONS_TID}
-        events += [
-            {**meta, "name": "process_name", "args": {"name": f"rank {rank}"}},
-            {**meta, "name": "process_sort_index", "args": {"sort_index": rank}},
-            {**meta, "name": "thread_name", "args": {"name": "sections"}},
-        ]
-        for d in sorted({v for (r, _, _), v in depth.items() if r == rank} or {0}):
-            name = "compute / transfer / wait" + (f" (sections nested {d} deep)" if d else "")
-            events.append({"ph": "M", "pid": rank + PID_BASE, "tid": SLICES_TID + d, "name": "thread_name",
-                           "args": {"name": name}})  # fmt: skip
-        for lane in range(n_lanes):
-            name = "hidden: communication overlapped by compute" + (f" ({lane + 1})" if lane else "")
-            events.append({"ph": "M", "pid": rank + PID_BASE, "tid": HIDDEN_TID + lane, "name": "thread_name",
-                           "args": {"name": name}})  # fmt: skip
+    names: dict[int, str] = {ITERATIONS_TID: "iterations", SECTIONS_TID: "sections"}
+    for d in sorted(set(depth.values()) | {0}):
+        names[SLICES_TID + d] = "compute / transfer / wait" + (f" (sections nested {d} deep)" if d else "")
+    for lane in range(n_lanes):
+        names[HIDDEN_TID + lane] = "hidden: communication overlapped by compute" + (f" ({lane + 1})" if lane else "")
+    spans: list[dict[str, Any]] = []  # X events, as integer ns (written in us below)
+    iters: dict[tuple[int, int], list[Any]] = {}
     for i, r in enumerate(ranks.itertuples(index=False)):
         if not np.isfinite(r_start[i]):
             continue
+        rank = int(getattr(r, K.RANK))
         sec, it, warm = str(getattr(r, K.SECTION)), int(getattr(r, K.ITERATION)), bool(getattr(r, K.WARMUP))
-        events.append({
-            "ph": "X", "pid": int(getattr(r, K.RANK)) + PID_BASE, "tid": SECTIONS_TID, "name": sec, "cat": "section",
-            "ts": (int(r_start[i]) - shift) / 1000, "dur": int(round(float(getattr(r, K.SECTION_S)) * _NS)) / 1000,
-            "args": {"section": sec, "iteration": it, "warmup": warm, K.SECTION_S: float(getattr(r, K.SECTION_S))},
-        })  # fmt: skip
-    for i, s in enumerate(table.itertuples(index=False)):
-        kind = str(getattr(s, K.KIND))
+        a, b = int(r_start[i]) - shift, int(r_end[i]) - shift
+        spans.append({"pid": rank + PID_BASE, "tid": SECTIONS_TID, "name": sec, "cat": "section", "a": a, "b": b,
+                      "args": {"section": sec, "iteration": it, "warmup": warm,
+                               K.SECTION_S: float(getattr(r, K.SECTION_S))}})  # fmt: skip
+        box = iters.setdefault((rank, it), [a, b, warm])
+        box[0], box[1], box[2] = min(box[0], a), max(box[1], b), box[2] and warm
+    for (rank, it), (a, b, warm) in sorted(iters.items()):
+        spans.append({"pid": rank + PID_BASE, "tid": ITERATIONS_TID, "name": f"iteration {it}", "cat": "iteration",
+                      "a": a, "b": b, "args": {"iteration": it, "warmup": bool(warm)}})  # fmt: skip
+    for i, sl in enumerate(table.itertuples(index=False)):
+        kind = str(getattr(sl, K.KIND))
+        rank = int(getattr(sl, K.RANK))
         args: dict[str, Any] = {
-            "section": str(getattr(s, K.SECTION)), "iteration": int(getattr(s, K.ITERATION)),
-            "warmup": bool(getattr(s, K.WARMUP)),
+            "section": str(getattr(sl, K.SECTION)), "iteration": int(getattr(sl, K.ITERATION)),
+            "warmup": bool(getattr(sl, K.WARMUP)),
         }  # fmt: skip
         if kind != COMPUTE:
-            coll, seq, payload = getattr(s, K.COLLECTIVE), getattr(s, K.SEQ), getattr(s, K.PAYLOAD_BYTES)
+            coll, seq, payload = getattr(sl, K.COLLECTIVE), getattr(sl, K.SEQ), getattr(sl, K.PAYLOAD_BYTES)
             args.update(
                 collective=None if pd.isna(coll) else str(coll),
                 seq=None if pd.isna(seq) else int(seq),
                 bytes=None if pd.isna(payload) else int(payload),
             )
-        events.append({
-            "ph": "X", "pid": int(getattr(s, K.RANK)) + PID_BASE, "name": kind, "cat": kind,
-            "tid": HIDDEN_TID + lanes[i] if kind == HIDDEN
-            else SLICES_TID + depth.get((int(getattr(s, K.RANK)), args["iteration"], args["section"]), 0),
-            "ts": (int(t_start[i]) - shift) / 1000, "dur": int(dur_ns[i]) / 1000, "args": args,
-        })  # fmt: skip
+        tid = HIDDEN_TID + lanes[i] if kind == HIDDEN else SLICES_TID + depth.get((rank, args["iteration"],
+                                                                                   args["section"]), 0)
+        a = int(t_start[i]) - shift
+        spans.append({"pid": rank + PID_BASE, "tid": tid, "name": kind, "cat": kind, "a": a, "b": a + int(dur_ns[i]),
+                      "args": args})  # fmt: skip
+    _untangle(spans, names)
+    events: list[dict[str, Any]] = []
+    for rank in sorted(off_ns):
+        meta = {"ph": "M", "pid": rank + PID_BASE}
+        events += [
+            {**meta, "tid": SECTIONS_TID, "name": "process_name", "args": {"name": f"rank {rank}"}},
+            {**meta, "tid": SECTIONS_TID, "name": "process_sort_index", "args": {"sort_index": rank}},
+        ]
+        for tid, name in sorted(names.items()):
+            events.append({**meta, "tid": tid, "name": "thread_name", "args": {"name": name}})
+            events.append({**meta, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+    for e in spans:
+        events.append({"ph": "X", "pid": e["pid"], "tid": e["tid"], "name": e["name"], "cat": e["cat"],
+                       "ts": e["a"] / 1000, "dur": (e["b"] - e["a"]) / 1000, "args": e["args"]})  # fmt: skip
+    events += _flows(spans)
     other: dict[str, Any] = {
         "source": "pnpscale",
         "clock": "seconds from the lowest rank's first section start; each rank shifted by its clock offset "
         "(ranks leave a collective together: median difference of collective exits)",
         "clock_offsets_s": {str(k): float(v) for k, v in sorted(offsets.items())},
-        "placement": "per collective, the rank's blocked time in its last min-over-ranks duration is transfer, the "
-        "rest of its blocked time wait (a blocking collective: wait first, transfer last); compute fills the rest "
-        "of the section; compute, wait and transfer slices of a section add up to the rank's section time; "
-        "hidden slices (in flight, not blocked) lie over compute on their own tracks (one lane per collective "
-        "in flight at the same time)",
+        "placement": "each section at the decomposition's interval (CUDA: ending at its last GPU end, GPU work at "
+        "its GPU times; CPU: from its range start); per collective, the rank's blocked time in its last "
+        "min-over-ranks duration is transfer, the rest of its blocked time wait (a blocking collective: wait "
+        "first, transfer last); compute fills the rest of the section; compute, wait and transfer slices of a "
+        "section add up to the rank's section time; hidden slices (in flight, not blocked) lie over compute on "
+        "their own tracks (one lane per collective in flight at the same time); flows link each collective "
+        "across ranks",
     }
     if note:
         other["note"] = note
+    problems = nesting_problems(events)
+    if problems:  # _untangle guarantees none: a bug, never written
+        raise ValueError(f"timeline.json would hold slices that overlap without nesting: {problems[0]}")
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+#: a slice that would overlap another on its thread without nesting goes to thread ``tid + OVERFLOW_TID * k``.
+OVERFLOW_TID = 1000
+
+
+def _untangle(spans: list[dict[str, Any]], names: dict[int, str]) -> None:
+    """Move every span (``pid``, ``tid``, ``a``, ``b`` in ns) that would overlap an earlier one of its thread
+    without nesting to the first overflow thread (``tid + OVERFLOW_TID x k``) where it nests; names them in
+    ``names``. In place; spans that nest are left where they are (the usual case: none moves)."""
+    tracks: dict[tuple[int, int], list[int]] = {}
+    for i, e in enumerate(spans):
+        tracks.setdefault((e["pid"], e["tid"]), []).append(i)
+    for (_, tid), idx in tracks.items():
+        stacks: list[list[int]] = []  # per lane, the open spans' ends
+        for i in sorted(idx, key=lambda j: (spans[j]["a"], -spans[j]["b"])):
+            a, b = spans[i]["a"], spans[i]["b"]
+            k = 0
+            while True:
+                if k == len(stacks):
+                    stacks.append([])
+                st = stacks[k]
+                while st and st[-1] <= a:
+                    st.pop()
+                if not st or b <= st[-1]:
+                    st.append(b)
+                    break
+                k += 1
+            if k:
+                spans[i]["tid"] = tid + OVERFLOW_TID * k
+                names[tid + OVERFLOW_TID * k] = f"{names[tid]} (overlapping, {k})"
+
+
+def _flows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flow events linking each collective (iteration, section, seq) across ranks, in rank order: bound
+    (``bp`` ``e``) to the middle of the rank's transfer slice of it, or of its first hidden slice."""
+    at: dict[tuple[int, str, int], dict[int, dict[str, Any]]] = {}
+    for e in spans:
+        if e["cat"] not in (TRANSFER, HIDDEN) or e["args"].get("seq") is None:
+            continue
+        key = (e["args"]["iteration"], e["args"]["section"], e["args"]["seq"])
+        mine = at.setdefault(key, {})
+        old = mine.get(e["pid"])
+        if old is None or (old["cat"] == HIDDEN and e["cat"] == TRANSFER):
+            mine[e["pid"]] = e
+    out: list[dict[str, Any]] = []
+    for n, (_, by_pid) in enumerate(sorted(at.items())):
+        if len(by_pid) < 2:
+            continue
+        pids = sorted(by_pid)
+        for j, pid in enumerate(pids):
+            e = by_pid[pid]
+            ph = "s" if j == 0 else ("f" if j == len(pids) - 1 else "t")
+            name = e["args"].get("collective") or "collective"
+            out.append({"ph": ph, "id": n + 1, "pid": pid, "tid": e["tid"], "name": str(name), "cat": "collective",
+                        "ts": ((e["a"] + e["b"]) // 2) / 1000, "bp": "e"})  # fmt: skip
+    return out
+
+
+def nesting_problems(events: list[dict[str, Any]]) -> list[str]:
+    """The ``X`` events of a Chrome trace that overlap another of their (pid, tid) without nesting (Perfetto
+    and Chrome do not show such slices as written), one line each naming pid, tid, both names and times (us);
+    empty when every thread's slices nest.
+
+    >>> x = lambda ts, dur: {"ph": "X", "pid": 1, "tid": 1, "name": "s", "ts": ts, "dur": dur}
+    >>> nesting_problems([x(0, 10), x(2, 3)]), len(nesting_problems([x(0, 10), x(5, 10)]))
+    ([], 1)
+    """
+    tracks: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
+    for e in events:
+        if e.get("ph") == "X":
+            a = int(round(float(e["ts"]) * 1000))
+            tracks.setdefault((e["pid"], e["tid"]), []).append((a, a + int(round(float(e["dur"]) * 1000)), e["name"]))
+    out = []
+    for (pid, tid), spans in sorted(tracks.items()):
+        stack: list[tuple[int, int, str]] = []
+        for a, b, name in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while stack and stack[-1][1] <= a:
+                stack.pop()
+            if stack and b > stack[-1][1]:
+                top = stack[-1]
+                out.append(f"pid {pid} tid {tid}: {name!r} [{a / 1000}, {b / 1000}] us overlaps {top[2]!r} "
+                           f"[{top[0] / 1000}, {top[1] / 1000}] us without nesting")  # fmt: skip
+            stack.append((a, b, name))
+    return out
 
 
 def _hidden_lanes(table: pd.DataFrame, start_ns: np.ndarray, dur_ns: np.ndarray) -> dict[int, int]:
@@ -359,11 +490,13 @@ def _hidden_lanes(table: pd.DataFrame, start_ns: np.ndarray, dur_ns: np.ndarray)
 
 
 def _depths(ranks: pd.DataFrame) -> dict[tuple[int, int, str], int]:
-    """(rank, iteration, section) -> how many of the rank's other section ranges enclose it (0: top level)."""
+    """(rank, iteration, section) -> how many of the rank's other section intervals (:func:`placement`)
+    enclose it (0: top level)."""
     out: dict[tuple[int, int, str], int] = {}
     if K.START_S not in ranks:
         return out
-    r = ranks.assign(_s=_ns(ranks[K.START_S]), _e=_ns(ranks[K.START_S]) + _ns(ranks[K.SECTION_S]))
+    lo, hi = placement(ranks)
+    r = ranks.assign(_s=lo, _e=hi)
     r = r[np.isfinite(r["_s"])].sort_values([K.RANK, "_s", "_e"], ascending=[True, True, False], kind="stable")
     for rank, grp in r.groupby(K.RANK, sort=False):
         ends: list[float] = []  # the enclosing ranges' ends

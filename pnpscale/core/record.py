@@ -71,6 +71,9 @@ class RunRecord:
             record whose process is gone was killed before it could record its end.
         versions: python, torch, deepinv, nccl, pnpscale, platform, backend.
         backend, world_size, nodes, hosts, device_names, threads_per_rank: where it ran.
+        time_shared, cores: whether the ranks time-shared CPU cores (ranks x threads > usable cores of a host) or
+            GPUs, and the usable cores of the most loaded host (:func:`pnpscale.rank.commit.time_sharing`);
+            ``None`` in records written before they were recorded.
         assignment: ``operators_per_rank``, ``tiles_per_rank``, ``num_tiles``.
         solver: mode-specific (training: ``losses``, ``grad_norms``), ``weights_sha256_per_rank``.
         timings: ``launch_s``, ``init_s``, ``setup_s``, ``measure_s``... (seconds).
@@ -110,6 +113,8 @@ class RunRecord:
     hosts: list[str] | None = None
     device_names: list[str] | None = None
     threads_per_rank: int | None = None
+    time_shared: bool | None = None
+    cores: int | None = None
     assignment: dict[str, Any] | None = None
     solver: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
@@ -177,7 +182,8 @@ _FIELD_TYPES: dict[str, type] = {
     "status": str, "problem": str, "mode": str, "gpus": int, "scale": str, "scale_requested": str,
     "fingerprint": str, "spec": dict, "config": dict, "error": str, "started_at": str, "finished_at": str,
     "pid": int, "host": str, "versions": dict, "backend": str, "world_size": int, "nodes": int, "hosts": list,
-    "device_names": list, "threads_per_rank": int, "assignment": dict, "solver": dict, "timings": dict,
+    "device_names": list, "threads_per_rank": int, "time_shared": bool, "cores": int,
+    "assignment": dict, "solver": dict, "timings": dict,
     "metrics": dict, "files": list, "slurm": dict, "processes": list,
 }  # fmt: skip
 
@@ -191,7 +197,7 @@ def _check_type(key: str, value: Any) -> None:
         raise RecordError(f"{key} is {value!r} ({type(value).__name__}): must be {_JSON_NAMES[want]}")
 
 
-_JSON_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "an array"}
+_JSON_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "an array", bool: "true or false"}
 
 
 #: Nested fields readers use (the report, :func:`pnpscale.load`, resume), dotted path -> JSON shape:

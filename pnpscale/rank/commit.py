@@ -9,6 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
+from pnpscale import columns as K
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.metrics import check_invariants, decompose, run_metrics
 from pnpscale.analysis.tables import frames, table_writers
@@ -33,6 +36,44 @@ def image_bytes(spec: RunSpec) -> int:
     """Bytes of the reconstructed signal (the problem class's :meth:`~pnpscale.rank.problems.Problem.signal_bytes`)."""
 
     return make_problem(spec).signal_bytes()
+
+
+def time_sharing(infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether a run's ranks time-shared CPU cores or GPUs: ``run.json``'s ``time_shared`` and ``cores``.
+
+    Per host, the usable cores are the union of its ranks' CPU affinities (``info["cpus"]``: core ids) and the
+    demand is the sum of its ranks' threads (``info["threads"]``); the ranks time-share when the demand exceeds
+    the cores on some host, or when two ranks of a host ran on one GPU (``info["gpu"]``, a physical GPU id).
+    A point whose ranks time-share measures contention, not scaling (compute and communication both wait
+    for a core).
+
+    Args:
+        infos: one per rank, as gathered by rank 0 (keys ``host``, ``threads``, optionally ``cpus``, ``gpu``).
+
+    Returns:
+        ``{"time_shared": bool | None, "cores": int | None}``: ``cores`` is the usable cores of the host with
+        the highest demand per core; ``None`` for both when a rank did not say its cores (an older rank).
+
+    >>> infos = [{"host": "a", "threads": 1, "cpus": [0, 1], "gpu": None} for _ in range(4)]
+    >>> time_sharing(infos[:2]), time_sharing(infos)
+    ({'time_shared': False, 'cores': 2}, {'time_shared': True, 'cores': 2})
+    >>> time_sharing([{"host": "a", "threads": 1, "cpus": [0], "gpu": "GPU-1"}, {"host": "a", "threads": 1,
+    ...               "cpus": [1], "gpu": "GPU-1"}])["time_shared"]
+    True
+    """
+    if not infos or any("cpus" not in i for i in infos):
+        return {"time_shared": None, "cores": None}
+    hosts: dict[str, tuple[set[int], int]] = {}
+    gpus: dict[tuple[str, str], int] = {}
+    for i in infos:
+        cores, demand = hosts.get(i["host"], (set(), 0))
+        hosts[i["host"]] = (cores | {int(c) for c in i["cpus"]}, demand + int(i["threads"]))
+        if i.get("gpu") is not None:
+            gpus[(i["host"], str(i["gpu"]))] = gpus.get((i["host"], str(i["gpu"])), 0) + 1
+    host = max(hosts, key=lambda h: hosts[h][1] / max(1, len(hosts[h][0])))
+    cores, demand = hosts[host]
+    shared = demand > len(cores) or any(n > 1 for n in gpus.values())
+    return {"time_shared": bool(shared), "cores": len(cores)}
 
 
 
@@ -70,6 +111,7 @@ def write_run(
             "hosts": sorted({i["host"] for i in infos}),
             "device_names": [i["device"] for i in infos],
             "threads_per_rank": infos[0]["threads"],
+            **time_sharing(infos),
             "assignment": {
                 "operators_per_rank": [len(i["local_operators"]) for i in infos],
                 "tiles_per_rank": [i["local_tiles"] for i in infos],
@@ -94,6 +136,7 @@ def write_run(
     try:
         ranks, colls = frames(gathered, image_bytes(spec))
         sections = decompose(ranks, colls)
+        sections[K.TIME_SHARED] = pd.array([fields["time_shared"]] * len(sections), dtype="boolean")
         check_invariants(ranks, sections)
         base.metrics = run_metrics(sections, spec.gpus)
         base.peak_memory = peak_memory(

@@ -158,6 +158,8 @@ def _measure_and_report(
             "host": socket.gethostname(),
             "device": device_name(ctx.device),
             "threads": threads,
+            "cpus": sorted(os.sched_getaffinity(0)),  # the cores this rank may run on (time_sharing in run.json)
+            "gpu": physical_gpu(ctx.device),
             "local_operators": list(solver.physics.local_indexes),
             "local_tiles": len(solver.denoiser.local_indices),
             "num_tiles": solver.num_tiles,
@@ -191,3 +193,18 @@ def _measure_and_report(
         beat(spec.warmup + spec.iterations - 1, "barrier")
         group.barrier()
         beat(spec.warmup + spec.iterations - 1, "done")
+
+
+def physical_gpu(device: Any) -> str | None:
+    """Which physical GPU a CUDA ``device`` is (its UUID, else its index among all GPUs through
+    ``CUDA_VISIBLE_DEVICES``), so that two ranks on one GPU can be told apart; ``None`` on CPU."""
+    import torch
+
+    if getattr(device, "type", None) != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None:
+        return str(uuid)
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[index] if index < len(visible) else str(index)

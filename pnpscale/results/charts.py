@@ -25,6 +25,8 @@ from pnpscale.results.plotting import KIND_COLORS, figure, log2_x
 from pnpscale.results.series import labelled
 
 ALL = "all"
+#: the scaled-cost chart goes to a log axis when its tallest bar passes this (the ideal line stays readable).
+LOG_ABOVE = 6.0
 #: Line styles of problems whose runs do not name one (records older than the problem registry).
 FALLBACK_STYLES = ("-", "--", ":", "-.")
 
@@ -80,19 +82,65 @@ def _mark_missing(ax: Any, table: pd.DataFrame, problem: str | None = None, mode
         )
 
 
-def _line(ax: Any, grp: pd.DataFrame, y: str, all_gpus: list[int], **kw: Any) -> None:
+#: the legend entry of the hollow markers (and hatched bars) of time-shared points.
+TIME_SHARED_LABEL = "hollow / hatched: time-shared (ranks x threads > cores): not a scaling result"
+
+
+def shared_gpus(table: pd.DataFrame) -> set[int]:
+    """The GPU counts of ``table``'s rows whose point time-shared cores or GPUs (TIME_SHARED true; NA: not)."""
+    if K.TIME_SHARED not in table:
+        return set()
+    flag = table[K.TIME_SHARED].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    return {int(g) for g in table.loc[flag, "gpus"]}
+
+
+def _legend_once(ax: Any, label: str, **kw: Any) -> None:
+    """A legend proxy for ``label`` on ``ax`` unless it has one."""
+    if label not in ax.get_legend_handles_labels()[1]:
+        ax.plot([], [], **kw, label=label)
+
+
+def _line(ax: Any, grp: pd.DataFrame, y: str, all_gpus: list[int], **kw: Any) -> bool:
     """Plot y vs gpus with NaN at every GPU count of the sweep that this group lacks (a gap), and, where the
     table has the spread of ``y`` (:data:`pnpscale.columns.SPREAD_COLUMNS`), a band from its per-iteration
-    p10 to p90 in the line's colour (values <= 0 left out: they cannot sit on a log axis)."""
+    p10 to p90 in the line's colour (values <= 0 left out: they cannot sit on a log axis). Time-shared points
+    (:func:`shared_gpus`) get hollow markers. Returns whether a band of non-zero width was drawn."""
     positive_only = kw.pop("positive", False)
     s = grp.set_index("gpus")[y].reindex(all_gpus)
     (line,) = ax.plot(s.index, s.to_numpy(dtype=float), marker="o", **kw)
+    shared = sorted(g for g in shared_gpus(grp) if g in s.index and np.isfinite(float(s[g])))
+    if shared:
+        ax.plot(shared, s[shared].to_numpy(dtype=float), "o", ms=9, mfc="white", mec=line.get_color(), mew=1.8)
+        _legend_once(ax, TIME_SHARED_LABEL, marker="o", ls="none", mfc="white", mec="black")
     lo, hi = K.spread_column(y, 10), K.spread_column(y, 90)
     if y in K.SPREAD_METRICS and lo in grp and hi in grp:
         band = grp.set_index("gpus")[[lo, hi]].reindex(all_gpus).astype(float)
         positive = band.where(band > 0) if positive_only else band
         ax.fill_between(band.index, positive[lo], positive[hi], color=line.get_color(), alpha=0.18, lw=0)
         ax.vlines(band.index, positive[lo], positive[hi], color=line.get_color(), alpha=0.45, lw=3)  # lone points
+        width = (positive[hi] - positive[lo]).to_numpy(dtype=float)
+        return bool((np.nan_to_num(width) > 0).any())
+    return False
+
+
+def band_note(drawn: bool) -> str:
+    """What a chart's title says of its bands: only what it drew.
+
+    >>> band_note(True), band_note(False)
+    ('band: p10–p90 of the measured iterations', 'no p10–p90 band: too few measured iterations to draw one')
+    """
+    drew = "band: p10–p90 of the measured iterations"
+    return drew if drawn else "no p10–p90 band: too few measured iterations to draw one"
+
+
+def style_note(table: pd.DataFrame) -> str:
+    """The line styles of the problems present, in words (``2d solid, 3d dashed``): a legend true to the sweep.
+
+    >>> style_note(pd.DataFrame({"problem": ["2d"], "linestyle": ["-"]}))
+    '2d solid'
+    """
+    words = {"-": "solid", "--": "dashed", ":": "dotted", "-.": "dash-dot"}
+    return ", ".join(f"{p} {words.get(s, s)}" for p, s in line_styles(table).items())
 
 
 def plot_scaled_cost(table: pd.DataFrame) -> Figure:
@@ -100,33 +148,44 @@ def plot_scaled_cost(table: pd.DataFrame) -> Figure:
     table = labelled(table)  # one series per (problem, variant)
     panels = _panels(table)
     fig, axes = figure(1, len(panels), (max(8.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
-    colors = sns.color_palette("deep")
     all_rows = table[table[K.SECTION] == ALL]
     totals = (all_rows["scaled_compute"] + all_rows["scaled_comm"]).to_numpy(float)
     finite = totals[np.isfinite(totals)]
     top = max(1.2, 1.15 * float(finite.max())) if finite.size else 1.2
+    log = top > LOG_ABOVE  # on a linear 0-140 axis the ideal line at 1.0 is lost: a log axis keeps it readable
     for ax, (problem, mode) in zip(axes[0], panels, strict=True):
         sub = table[(table["problem"] == problem) & (table["mode"] == mode) & (table[K.SECTION] == ALL)]
         sub = sub.sort_values("gpus")
         labels = [str(int(g)) for g in sub["gpus"]]
         x = np.arange(len(sub))
         comp, comm = sub["scaled_compute"].to_numpy(float), sub["scaled_comm"].to_numpy(float)
-        ax.bar(x, comp, color=colors[0], label="compute")
-        ax.bar(x, comm, bottom=comp, color=colors[3], label="communication (transfer + wait)")
-        for xi, (status, total) in enumerate(zip(sub["status"], comp + comm, strict=True)):
+        shared = [int(g) in shared_gpus(sub) for g in sub["gpus"]]
+        hatch = ["//" if s else None for s in shared]
+        ax.bar(x, comp, color=KIND_COLORS["compute"], label="compute", hatch=hatch, edgecolor="white")
+        ax.bar(x, comm, bottom=comp, color=KIND_COLORS["wait"], label="communication (transfer + wait)",
+               hatch=hatch, edgecolor="white")  # fmt: skip
+        if any(shared):
+            ax.bar([0], [0], color="lightgray", hatch="//", edgecolor="white", label=TIME_SHARED_LABEL)
+        for xi, (status, total, sh) in enumerate(zip(sub["status"], comp + comm, shared, strict=True)):
             if status != "complete":
-                ax.text(xi, 0.05, "missing", rotation=90, ha="center", va="bottom", color="red")
+                ax.text(xi, 0.05 if not log else 0.12, "missing", rotation=90, ha="center", va="bottom", color="red")
             else:
-                ax.text(xi, total, f"{total:.2f}", ha="center", va="bottom", fontsize=8)
-        ax.axhline(1.0, color="black", ls="--", lw=1, label="ideal (linear scaling)")
-        ax.set_ylim(0, top)
+                ax.text(xi, total, f"{total:.2f}" + (" time-shared" if sh else ""), ha="center", va="bottom",
+                        fontsize=8, rotation=90 if sh else 0)  # fmt: skip
+        ax.axhline(1.0, color="black", ls="--", lw=1.5, label="ideal (linear scaling)", zorder=3)
+        ax.text(1.0, 1.0, " ideal 1.0", transform=ax.get_yaxis_transform(), va="center", ha="left", fontsize=8)
+        if log:
+            ax.set_yscale("log")
+            ax.set_ylim(0.1, top * 2)
+        else:
+            ax.set_ylim(0, top)
         ax.set_xticks(x, labels)
         ax.set_xlabel("GPUs (ranks)")
         base = sub["baseline_gpus"].dropna()
         ax.set_title(f"{problem} {mode}" + (f" (baseline {int(base.iloc[0])} GPU)" if not base.empty else ""))
-    axes[0][0].set_ylabel("GPU-seconds relative to baseline")
+    axes[0][0].set_ylabel("GPU-seconds relative to baseline" + (" (log)" if log else ""))
     axes[0][-1].legend(loc="upper left", fontsize=8)
-    fig.suptitle("Scaled GPU-seconds: 1.0 = perfect linear scaling")
+    fig.suptitle("Scaled GPU-seconds: 1.0 = perfect linear scaling" + (" (log axis)" if log else ""))
     fig.tight_layout()
     return fig
 
@@ -142,39 +201,57 @@ def _per_section(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any], lis
 
 def _section_lines(
     ax: Any, data: pd.DataFrame, col: str, palette: dict[str, Any], all_gpus: list[int], positive: bool = False
-) -> None:
-    """One line per (problem, mode: section): colour by section, line style by problem (2D solid, 3D dashed);
-    its p10–p90 band (``positive``: band values <= 0 left out, for a log axis)."""
+) -> bool:
+    """One line per (problem, mode: section): colour by section, line style by problem (:func:`style_note`);
+    its p10–p90 band (``positive``: band values <= 0 left out, for a log axis). Returns whether a band was drawn."""
     styles = line_styles(data)
+    drawn = False
     for (problem, key), grp in data.groupby(["problem", "key"]):
-        _line(
+        drawn |= _line(
             ax, grp, col, all_gpus, color=palette[key], ls=styles[str(problem)], label=f"{problem} {key}",
             positive=positive,
         )  # fmt: skip
+    return drawn
 
 
 def plot_components(table: pd.DataFrame) -> Figure:
-    """Chart 2: compute, transfer and wait per section vs GPU count (s/iteration), 2D solid, 3D dashed."""
+    """Chart 2: compute, transfer and wait per section vs GPU count (s/iteration), a line style per problem.
+
+    "transfer" is every collective's (TRANSFER_S); the main (image-sized) collective's share of it
+    (MAIN_TRANSFER_S, what ``transfer.png`` models) is drawn beside it, thin and dotted, where it differs."""
     table = labelled(table)  # one series per (problem, variant)
     data, palette, all_gpus = _per_section(table)
     fig, axes = figure(1, 3, (15, 5.4), sharey=True)
     panels = [(K.COMPUTE_S, "compute"), (K.TRANSFER_S, "transfer"), (K.WAIT_S, "wait")]
+    banded = False
     for ax, (col, title) in zip(axes, panels, strict=True):
         positive = data.assign(**{col: data[col].where(data[col] > 0)})  # zeros cannot sit on a log axis
-        _section_lines(ax, positive, col, palette, all_gpus, positive=True)
+        banded |= _section_lines(ax, positive, col, palette, all_gpus, positive=True)
+        if col == K.TRANSFER_S and K.MAIN_TRANSFER_S in data:
+            main = data[K.MAIN_TRANSFER_S].astype(float)
+            differs = data.assign(_m=main.where((main > 0) & ((data[col] - main).abs() > 1e-12 * data[col].abs())))
+            for (_, key), grp in differs.dropna(subset=["_m"]).groupby(["problem", "key"]):
+                s = grp.set_index("gpus")["_m"].reindex(all_gpus)
+                ax.plot(s.index, s.to_numpy(dtype=float), ls=":", lw=1, marker=".", color=palette[key])
+                _legend_once(ax, "dotted: the main collective's share (transfer.png)", ls=":", color="black")
+            title = "transfer (all collectives)"
         _mark_missing(ax, table)
         log2_x(ax, all_gpus)
         if (data[col] > 0).any():
             ax.set_yscale("log")
         else:
             ax.text(0.5, 0.5, "no complete run with a non-zero value", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(title, color=KIND_COLORS[title])
+        ax.set_title(title, color=KIND_COLORS[title.split(" ")[0]])
     axes[0].set_ylabel("seconds per iteration (log)")
     handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:  # the proxies only some panels hold (main collective, time-shared)
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles, labels = [*handles, h], [*labels, lab]
     fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
     fig.suptitle(
-        "Compute, transfer and wait per section (2D solid, 3D dashed; zeros not drawn; "
-        "band: p10–p90 of the measured iterations)"
+        f"Compute, transfer and wait per section ({style_note(data) or 'no complete run'}; zeros not drawn; "
+        f"{band_note(banded)})"
     )
     rows = -(-len(labels) // 4)
     fig.tight_layout(rect=(0, min(0.35, 0.06 * rows + 0.02), 1, 1))
@@ -186,13 +263,14 @@ def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figu
     panels = _panels(table)
     all_gpus = sorted({int(g) for g in table["gpus"]})
     fig, axes = figure(1, len(panels), (max(9.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
+    banded = False
     for ax, (problem, mode) in zip(axes[0], panels, strict=True):
         sub = table[(table["problem"] == problem) & (table["mode"] == mode) & (table["status"] == "complete")]
         sections = [s for s in dict.fromkeys(sub[K.SECTION]) if s != ALL]
         colors = sns.color_palette("tab10", len(sections))
         for color, section in zip(colors, sections, strict=True):
-            _line(ax, sub[sub[K.SECTION] == section], col, all_gpus, color=color, ls="-", label=section)
-        _line(
+            banded |= _line(ax, sub[sub[K.SECTION] == section], col, all_gpus, color=color, ls="-", label=section)
+        banded |= _line(
             ax,
             sub[sub[K.SECTION] == ALL],
             col,
@@ -207,7 +285,7 @@ def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figu
         ax.set_title(f"{problem} {mode}")
         ax.legend(fontsize=8, loc="lower left")
     axes[0][0].set_ylabel(ylabel)
-    fig.suptitle(title + "\nband: p10–p90 of the measured iterations", fontsize=11)
+    fig.suptitle(f"{title}\n{band_note(banded)}", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -227,15 +305,16 @@ def plot_comm_efficiency(table: pd.DataFrame) -> Figure:
 
 
 def plot_wait_pct(table: pd.DataFrame) -> Figure:
-    """Chart 5: wait as a percentage of compute per section vs GPU count (2D solid, 3D dashed)."""
+    """Chart 5: wait as a percentage of compute per section vs GPU count (a line style per problem)."""
     table = labelled(table)  # one series per (problem, variant)
     data, palette, all_gpus = _per_section(table)
     fig, ax = figure(1, 1, (8, 4.6))
-    _section_lines(ax, data, "wait_pct_of_compute", palette, all_gpus)
+    banded = _section_lines(ax, data, "wait_pct_of_compute", palette, all_gpus)
     _mark_missing(ax, table)
     log2_x(ax, all_gpus)
     ax.set_ylabel("wait / compute (%)")
-    ax.set_title("Wait as % of compute per section (2D solid, 3D dashed; band: p10–p90 of the iterations)")
+    ax.set_title(f"Wait as % of compute per section\n({style_note(data) or 'no complete run'}; {band_note(banded)})",
+                 fontsize=10)  # fmt: skip
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -262,20 +341,24 @@ def plot_wait_causes(table: pd.DataFrame) -> Figure:
     ncols = min(2, len(keys))
     nrows = -(-len(keys) // ncols)
     fig, axes = figure(nrows, ncols, (6.5 * ncols, 3.8 * nrows), squeeze=False)
-    colors = dict(zip(CAUSE_LABELS, sns.color_palette("deep")[1:4], strict=True))
+    # shades of wait's red (plotting.KIND_COLORS): the causes are parts of the wait, not other kinds of time
+    colors = dict(zip(CAUSE_LABELS, sns.light_palette(KIND_COLORS["wait"], 5, reverse=True)[:3], strict=True))
     for ax, (problem, mode, section) in zip(axes.flat, keys, strict=False):
         sub = data[(data["problem"] == problem) & (data["mode"] == mode) & (data[K.SECTION] == section)]
         sub = sub.sort_values("gpus")
         x = np.arange(len(sub))
         up, down = np.zeros(len(sub)), np.zeros(len(sub))
+        hatch = ["//" if int(g) in shared_gpus(sub) else None for g in sub["gpus"]]
         for col, label in CAUSE_LABELS.items():
             v = (sub[col] if col in sub else pd.Series(np.nan, index=sub.index)).to_numpy(float)
             v = np.nan_to_num(v)
             pos, neg = np.clip(v, 0, None), np.clip(v, None, 0)
-            ax.bar(x, pos, bottom=up, color=colors[col], label=label)
-            ax.bar(x, neg, bottom=down, color=colors[col])
+            ax.bar(x, pos, bottom=up, color=colors[col], label=label, hatch=hatch, edgecolor="white")
+            ax.bar(x, neg, bottom=down, color=colors[col], hatch=hatch, edgecolor="white")
             up, down = up + pos, down + neg
         ax.plot(x, sub[K.WAIT_S].to_numpy(float), "o", color="black", label="measured wait")
+        if any(hatch):
+            ax.bar([0], [0], color="lightgray", hatch="//", edgecolor="white", label=TIME_SHARED_LABEL)
         ax.axhline(0, color="black", lw=0.8)
         for xi, (_, r) in enumerate(sub.iterrows()):
             if r["status"] != "complete":

@@ -13,11 +13,14 @@ choice is printed), then writes ``DIR/report/``::
     timeline.png     (the largest GPU count of each (problem, mode): one median iteration, a row per rank)
     wait_ranks.parquet (per point x section x rank: compute, critical-path share, wait by cause, assignment)
     projection.png, projection.parquet, projection_validation.parquet, projection.md
-                     (a (problem, mode) with >= 3 measured GPU counts: see pnpscale.results.projection.output)
+                     (only when something is projected: a (problem, mode) with >= 3 measured GPU counts
+                     the model may describe, see pnpscale.results.projection.output; otherwise the README
+                     says why, e.g. that no honest projection exists from time-shared CPU ranks)
     compare.png, compare.parquet  (when the runs vary problem, solver.denoiser_collective or
                      problem.num_operators: the values side by side per GPU count, pnpscale.results.compare)
-    README.md        (a table per (problem, mode), the study's headline checks, why the ranks wait,
-                      transfer explained, the projection, the side-by-side comparison)
+    README.md        (a table per (problem, mode) with each point's time-shared flag, the study's headline
+                      checks (time-shared points named first), why the ranks wait, transfer explained, the
+                      projection, the side-by-side comparison)
 
 A variant (a value of ``solver.denoiser_collective`` or ``problem.num_operators`` that the runs of one
 (problem, mode) vary) is its own series everywhere: ``2d denoiser_collective=all_gather``.
@@ -58,7 +61,7 @@ from pnpscale.results.projection.output import (
 from pnpscale.results.runs import NoRunsError, build_table, read_table
 from pnpscale.results.series import labelled
 from pnpscale.results.summary import describe, headline_checks
-from pnpscale.results.timeline_chart import plot_timeline, timeline_table
+from pnpscale.results.timeline_chart import ROLE, critical_ranks, drawn_note, plot_timeline, timeline_table
 from pnpscale.results.transfer import calibrate, plot_transfer, predict, transfer_inputs, transfer_rows
 
 SUMMARY, README, TRANSFER, RATES = layout.SUMMARY, layout.REPORT_README, layout.TRANSFER, layout.RATES
@@ -106,7 +109,7 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         charts = list(CHARTS)
         if transfer is not None:
             rows, rates = transfer
-            save(plot_transfer_figure(rows), stage / TRANSFER_PNG)
+            save(plot_transfer_figure(rows, shared_points(view)), stage / TRANSFER_PNG)
             charts.append(TRANSFER_PNG)
             rows.to_parquet(stage / TRANSFER, index=False)
             rates.to_parquet(stage / RATES, index=False)
@@ -117,7 +120,7 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
         projected = project_sweep(view, stage, out)
         if (stage / layout.PROJECTION_PNG).exists():  # drawn only when something was projected
             charts.append(layout.PROJECTION_PNG)
-        timeline = timeline_chart(view, stage)
+        timeline = timeline_chart(view, stage, ranks)
         charts += [layout.TIMELINE_PNG] if (stage / layout.TIMELINE_PNG).exists() else []
         readme = markdown(view, charts, transfer, ranks, run_anomalies(view))
         (stage / README).write_text("\n".join([readme, *timeline, *spread_markdown(view), *projected, *extra]))
@@ -126,13 +129,15 @@ def write_report(path: str | Path, out: str | Path | None = None, echo: Callable
     return out
 
 
-def timeline_chart(table: pd.DataFrame, out: Path) -> list[str]:
+def timeline_chart(table: pd.DataFrame, out: Path, ranks: pd.DataFrame | None = None) -> list[str]:
     """Draw ``timeline.png`` into ``out`` (:mod:`pnpscale.results.timeline_chart`) and return its README lines:
-    per (problem, mode), the iteration drawn and, per section, the critical-path rank and the largest wait,
-    and why a (problem, mode) is not drawn (runs without collective starts); no chart when none is drawn."""
+    per (problem, mode), the iteration drawn, the ranks drawn, and per section the critical-path rank (the one
+    the chart marks: ``ranks``' (:func:`wait_ranks`) most often critical rank, as the wait sentences name it)
+    and the largest wait among the drawn ranks, and why a (problem, mode) is not drawn (runs without collective
+    starts); no chart when none is drawn."""
 
     skipped: dict[tuple[str, str], str] = {}
-    tl = timeline_table(table, skipped=skipped)
+    tl = timeline_table(table, skipped=skipped, wait_ranks=ranks)
     notes = [f"- {md_escape(p)} {md_escape(m)}: not drawn: {md_escape(why)}" for (p, m), why in skipped.items()]
     if tl.empty:
         return ["## One iteration per rank", "", *notes, ""] if notes else []
@@ -147,14 +152,20 @@ def timeline_chart(table: pd.DataFrame, out: Path) -> list[str]:
     ]
     for (problem, mode), sub in tl.groupby([K.PROBLEM, K.MODE], sort=True):
         parts = []
+        crit = critical_ranks(sub)
         for sec, g in sub.groupby(K.SECTION, sort=False):
             comp = g[g[K.KIND] == "compute"].groupby(K.RANK)[K.DURATION_S].sum()
             wait = g[g[K.KIND] == "wait"].groupby(K.RANK)[K.DURATION_S].sum()
-            text = f"{sec}: critical-path rank {int(comp.idxmax())} ({comp.max():.4g} s of compute)"
+            rank = crit.get(str(sec), int(comp.idxmax()))
+            text = f"{sec}: critical-path rank {rank} ({comp.get(rank, float('nan')):.4g} s of compute)"
             if not wait.empty:
                 text += f", rank {int(wait.idxmax())} waits longest ({wait.max():.4g} s)"
             parts.append(text)
         head = f"{problem} {mode} at {int(sub[K.GPUS].iloc[0])} GPUs, iteration {int(sub[K.ITERATION].iloc[0])}"
+        world = int(sub[K.WORLD_SIZE].iloc[0])
+        shown = sub.drop_duplicates(K.RANK).set_index(K.RANK)[ROLE]
+        if len(shown) < world:
+            head += f" ({len(shown)} of {world} ranks {drawn_note(shown)})"  # the critical ranks follow per section
         lines.append(f"- {md_escape(head)}: " + "; ".join(md_escape(p) for p in parts) + ".")
     return [*lines, *notes, ""]
 
@@ -256,11 +267,30 @@ def project_sweep(table: pd.DataFrame, out: Path, report_dir: Path | None = None
         return ["## Projection", "", *kept] if kept else []
     p = project(with_algorithms(done), default_targets(int(done["gpus"].max())), Options(), min_points=3)
     if not p.findings:
-        skipped = [f"- {k[0]} {k[1]}: not projected: {v}" for k, v in p.skipped.items()]
+        skipped = [f"- {k[0]} {k[1]}: not projected: {honest_refusal(v)}" for k, v in p.skipped.items()]
         return ["## Projection", "", *kept, *skipped, *(f"- {n}" for n in p.overlap_notes), ""]
     lines = write_files(p, out)
     section = readme_section(lines, "Written by the report (default options)")
     return [*section[:2], *kept, *section[2:]] if kept else section
+
+
+#: the projection's hint that leads to another refusal (``--devices 64``: "past the 64 cores").
+_DEVICES_HINT = "(give --devices D for the cores the runs had)"
+
+
+def honest_refusal(reason: str) -> str:
+    """A projection refusal as the report prints it: a hint that would only lead to another refusal (``give
+    --devices D``) is replaced by what is true of CPU ranks past their cores.
+
+    >>> text = honest_refusal("past the 2 cores the CPU ranks share (give --devices D for the cores the runs had)")
+    >>> text.split("; ")[0]
+    'past the 2 cores the CPU ranks share: no honest projection exists from time-shared CPU ranks'
+    """
+    if _DEVICES_HINT not in reason:
+        return reason
+    head = reason.replace(_DEVICES_HINT, "").rstrip(" ,;:")
+    return (f"{head}: no honest projection exists from time-shared CPU ranks; measure on a machine with a core per "
+            "rank thread (or on GPUs), then project from those runs")  # fmt: skip
 
 
 def comparison_section(table: pd.DataFrame, out: Path, files: dict[str, Callable[[Path], None]]) -> list[str]:
@@ -412,12 +442,32 @@ def _wait_markdown(table: pd.DataFrame, ranks: pd.DataFrame, problem: str, mode:
     return lines + [""]
 
 
-def plot_transfer_figure(rows: pd.DataFrame) -> Figure:
-    """The transfer chart (:func:`pnpscale.results.transfer.plot_transfer`) on its own figure."""
+def shared_points(table: pd.DataFrame) -> list[str]:
+    """``"<problem> <mode> gpus=N"`` of the complete points whose ranks time-shared cores or GPUs.
+
+    >>> shared_points(pd.DataFrame({"problem": "2d", "mode": "inference", "gpus": [2, 4], "section": "all",
+    ...                             "status": "complete", "time_shared": [False, True]}))
+    ['2d inference gpus=4']
+    """
+    if K.TIME_SHARED not in table:
+        return []
+    done = table[(table["status"] == "complete") & (table[K.SECTION] == "all")]
+    flag = done[K.TIME_SHARED].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    return [f"{p} {m} gpus={int(g)}" for p, m, g in zip(done["problem"][flag], done["mode"][flag], done["gpus"][flag],
+                                                         strict=True)]  # fmt: skip
+
+
+def plot_transfer_figure(rows: pd.DataFrame, shared: list[str] | None = None) -> Figure:
+    """The transfer chart (:func:`pnpscale.results.transfer.plot_transfer`) on its own figure; ``shared``
+    (:func:`shared_points`) named in its title: their transfer is measured on time-shared cores."""
 
     fig, ax = figure(1, 1, (9, 5))
     plot_transfer(rows, ax)
     ax.set_yscale("log")
+    # one meaning per word: this chart's transfer is the main collective's only (compute_transfer_wait.png: all)
+    note = f"\ntime-shared, not a scaling result: {', '.join(shared)}" if shared else ""
+    ax.set_title("Main (image-sized) collective's transfer only, measured vs predicted\n"
+                 f"(every collective's transfer: {layout.COMPONENTS_PNG}){note}", fontsize=10)  # fmt: skip
     legend = ax.get_legend()
     if legend is not None:  # the legend lies below the axes: one more line of height per legend row
         n = len(legend.get_texts())
@@ -437,6 +487,11 @@ def md_escape(text: object) -> str:
     """
     out = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
     return " ".join(out.splitlines())
+
+
+def _flag(v: object) -> str:
+    """A TIME_SHARED cell: ``yes`` / ``no``, ``—`` when unknown (older folders)."""
+    return "—" if v is None or v is pd.NA or (isinstance(v, float) and pd.isna(v)) else ("**yes**" if v else "no")
 
 
 def _fmt(v: object, pattern: str) -> str:
@@ -464,7 +519,10 @@ def markdown(
         "the smallest GPU count of each (problem, mode) (1.0 = linear scaling); LB = ΣC/ΣC_max, "
         "CommE = ΣC_max/ΣS_max (S_max: the slowest rank's section time), PE = LB × CommE (POP); hidden s is "
         "communication overlapped by compute (not in compute + transfer + wait). `missing` marks a point without "
-        "a complete run.",
+        "a complete run. transfer s is every collective's transfer (the main collective's alone: `main_transfer_s` "
+        "in `summary.parquet`, `transfer.png`). `time-shared` **yes**: the point's ranks needed more cores than "
+        "its host had (ranks × threads per rank > usable cores) or shared a GPU: its times measure contention, "
+        "not scaling (hollow markers, hatched bars in the charts).",
         "",
     ]
     checks = {(c["problem"], c["mode"]): c for c in headline_checks(table)}
@@ -477,6 +535,7 @@ def markdown(
                 {
                     "gpus": int(r["gpus"]),
                     "status": md_escape(r["status"] if ok else f"missing ({r['status']})"),
+                    "time-shared": _flag(r.get(K.TIME_SHARED)),
                     "scaled cost": _fmt(r["scaled_cost"], ".3f"),
                     "compute s": _fmt(r[K.COMPUTE_S], ".4g"),
                     "transfer s": _fmt(r[K.TRANSFER_S], ".4g"),

@@ -58,6 +58,8 @@ RUN_COLUMNS = [
     "overlap",
     "overlap_chunks",
     "gradient_collective",
+    K.TIME_SHARED,
+    K.CORES,
 ]
 #: Metric columns of :func:`load` (NaN for failed points; present even when no run completed).
 METRIC_COLUMNS = [
@@ -75,13 +77,14 @@ TEXT_COLUMNS = [
 #: Integer counts of :func:`load`: ``Int64`` (NA for failed points or counts a run did not record).
 COUNT_COLUMNS = [
     "iterations", K.N_MAIN, K.MAIN_PAYLOAD_BYTES, K.OTHER_PAYLOAD_BYTES, "nodes", "world_size", "num_operators",
-    "num_tiles", "overlap_chunks",
+    "num_tiles", "overlap_chunks", K.CORES,
 ]  # fmt: skip
 
 
 def typed(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with :data:`TEXT_COLUMNS` as ``str``, :data:`COUNT_COLUMNS` as ``Int64`` and ``gpus`` as
-    ``int64`` (the columns it has): the same dtypes whichever runs (complete, failed, none) it holds.
+    """``table`` with :data:`TEXT_COLUMNS` as ``str``, :data:`COUNT_COLUMNS` as ``Int64``, ``gpus`` as
+    ``int64`` and TIME_SHARED as ``boolean``
+    (the columns it has): the same dtypes whichever runs (complete, failed, none) it holds.
 
     >>> t = typed(pd.DataFrame({"problem": ["2d", None], "gpus": [1, 2], "n_main": [2.0, float("nan")]}))
     >>> [str(t[c].dtype) for c in t], t["n_main"].tolist()
@@ -96,6 +99,9 @@ def typed(table: pd.DataFrame) -> pd.DataFrame:
             out[col] = pd.to_numeric(out[col]).astype("Int64")
     if "gpus" in out:
         out["gpus"] = out["gpus"].astype("int64")
+    if K.TIME_SHARED in out:  # True / False / NA (unknown: older folders)
+        out[K.TIME_SHARED] = pd.array([None if v is None or v is pd.NA or (isinstance(v, float) and v != v)
+                                       else bool(v) for v in out[K.TIME_SHARED]], dtype="boolean")  # fmt: skip
     return out
 
 
@@ -200,6 +206,8 @@ def discover(root: str | Path) -> pd.DataFrame:
             **variant,
             "num_operators": fields.get("num_operators", variant["num_operators"]),
             "num_tiles": fields.get("num_tiles"),
+            K.TIME_SHARED: run.get(K.TIME_SHARED),
+            K.CORES: run.get(K.CORES),
         }
         if None not in (row["problem"], row["mode"], row["gpus"]):
             rows.append(row)

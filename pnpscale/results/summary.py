@@ -76,8 +76,9 @@ def headline_checks(table: pd.DataFrame) -> list[dict[str, Any]]:
         ``compute_over_transfer`` (their ratio: > 1 compute-bound, < 1 transfer-bound),
         ``fastest_growing_section`` and its ``growth`` (GPU-seconds relative to its own baseline),
         ``transfer_share_of_comm`` (transfer / (transfer + wait) at the largest GPU count),
-        ``failed_gpus`` (points without a complete run) and ``mixed`` (run settings that differ between
-        the points compared: scale preset, measured iterations).
+        ``failed_gpus`` (points without a complete run), ``mixed`` (run settings that differ between
+        the points compared: scale preset, measured iterations), ``time_shared_gpus`` (complete points whose
+        ranks time-shared cores or GPUs, TIME_SHARED) and ``cores`` (their usable cores: a sorted list).
     """
     out = []
     for (problem, mode), grp in table.groupby(GROUP, sort=True):
@@ -88,6 +89,12 @@ def headline_checks(table: pd.DataFrame) -> list[dict[str, Any]]:
             values = sorted({str(v) for v in grp.loc[grp["status"] == "complete", col].dropna()}) if col in grp else []
             if len(values) > 1:
                 row["mixed"][col] = values
+        alls = done[done[K.SECTION] == ALL]
+        flag = alls[K.TIME_SHARED].astype("boolean").fillna(False) if K.TIME_SHARED in alls else None
+        shared = alls[flag.to_numpy(dtype=bool)] if flag is not None else alls.iloc[0:0]
+        row["time_shared_gpus"] = sorted(int(g) for g in shared["gpus"])
+        cores = shared[K.CORES].dropna() if K.CORES in shared else pd.Series(dtype="Int64")
+        row["cores"] = sorted({int(c) for c in cores})
         if done.empty:
             out.append(row)
             continue
@@ -111,15 +118,37 @@ def headline_checks(table: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
+def time_shared_sentence(gpus: list[int], cores: list[int]) -> str | None:
+    """The headline's warning on time-shared points, or ``None`` when there is none.
+
+    >>> time_shared_sentence([4, 8, 16, 32, 64], [2])
+    'gpus=4..64: 4–64 ranks on 2 cores, time-shared: not a scaling result.'
+    >>> time_shared_sentence([4], [])
+    'gpus=4: 4 ranks on fewer cores (or GPUs) than they need, time-shared: not a scaling result.'
+    """
+    if not gpus:
+        return None
+    where = f"gpus={gpus[0]}" if len(gpus) == 1 else f"gpus={gpus[0]}..{gpus[-1]}"
+    ranks = f"{gpus[0]}" if len(gpus) == 1 else f"{gpus[0]}–{gpus[-1]}"
+    on = (f"on {cores[0]} cores" if len(cores) == 1 else f"on {cores[0]}–{cores[-1]} cores") if cores else \
+        "on fewer cores (or GPUs) than they need"
+    return f"{where}: {ranks} ranks {on}, time-shared: not a scaling result."
+
+
 def describe(check: dict[str, Any]) -> list[str]:
-    """Sentences for one :func:`headline_checks` entry (the report's README)."""
+    """Sentences for one :func:`headline_checks` entry (the report's README); time-shared points are named
+    first, and the sentences about the largest GPU count say when it is one of them."""
     if "largest_gpus" not in check:
         return ["No complete run: nothing to compare."]
     n, n0 = check["largest_gpus"], check["baseline_gpus"]
-    lines = [f"At {n} GPUs the run costs {check['cost_vs_ideal']:.2f}x the GPU-seconds of ideal scaling from {n0}."]
+    shared = check.get("time_shared_gpus") or []
+    first = time_shared_sentence(shared, check.get("cores") or [])
+    at = f"At {n} GPUs" + (" (time-shared)" if n in shared else "")
+    lines = [first] if first else []
+    lines.append(f"{at} the run costs {check['cost_vs_ideal']:.2f}x the GPU-seconds of ideal scaling from {n0}.")
     ratio = check["compute_over_transfer"]
     if ratio is None:
-        lines.append(f"At {n} GPUs nothing is transferred (compute_max {check['compute_max_s']:.4g} s).")
+        lines.append(f"{at} nothing is transferred (compute_max {check['compute_max_s']:.4g} s).")
     elif ratio >= 1:
         lines.append(
             f"Critical-path compute ({check['compute_max_s']:.4g} s) is {100 * (ratio - 1):.0f}% above transfer "
@@ -128,7 +157,7 @@ def describe(check: dict[str, Any]) -> list[str]:
     else:
         lines.append(
             f"Transfer ({check['transfer_s']:.4g} s) exceeds critical-path compute ({check['compute_max_s']:.4g} s): "
-            "transfer-bound."
+            + ("transfer-bound." if n not in shared else "transfer-bound as measured, on time-shared cores.")
         )
     if check.get("fastest_growing_section"):
         lines.append(
@@ -136,7 +165,10 @@ def describe(check: dict[str, Any]) -> list[str]:
             f"({check['growth']:.2f}x its GPU-seconds at {n0})."
         )
     if check.get("transfer_share_of_comm") is not None:
-        lines.append(f"Transfer is {100 * check['transfer_share_of_comm']:.0f}% of the non-compute time at {n} GPUs.")
+        lines.append(
+            f"Transfer (all collectives) is {100 * check['transfer_share_of_comm']:.0f}% of the non-compute time at "
+            f"{n} GPUs."
+        )
     for col, values in check.get("mixed", {}).items():
         lines.append(f"Caution: the points compared differ in {col} ({', '.join(values)}).")
     if check["failed_gpus"]:

@@ -188,6 +188,7 @@ def section_records(
                 part.hidden_ns * 1e-9,
                 part.bad_kind if not bad else "non_physical_timing",
                 file_end_ns is not None and r.end_ns > file_end_ns,
+                None if part.gpu_start_ns is None or part.gpu_span_ns is None else (part.gpu_start_ns - origin) * 1e-9,
             )  # fmt: skip
         )
     return out
@@ -269,7 +270,7 @@ class Part:
         section_ns: the section's time. collectives: its collectives (``seq`` = position by start).
         hidden_ns: their time overlapped by compute (union). bad, bad_kind: a non-physical event inside and
         the anomaly kind to drop it under. missing: descriptors without a kernel (CUDA). gpu_span_ns: CUDA's
-        GPU span, ``None`` without GPU work and on CPU backends.
+        GPU span, ``None`` without GPU work and on CPU backends. gpu_start_ns: where that span starts.
     """
 
     section_ns: int
@@ -279,6 +280,7 @@ class Part:
     bad_kind: str = "non_physical_timing"
     missing: int = 0
     gpu_span_ns: int | None = None
+    gpu_start_ns: int | None = None  # CUDA: the first GPU start of the work launched inside (ns, trace clock)
 
 
 def cuda_part(
@@ -305,6 +307,7 @@ def cuda_part(
     descs = descriptors_in(descriptors.between(r.start_ns, r.end_ns))
     n_descs = len(descs) if require_gpu else 0  # offline: recorded as anomalies below
     section_ns, gpu_span_ns = cuda_section_span(r, launched, n_descs, len(kernels), it, cpu_start)
+    gpu_start_ns = min(e.start_ns for e in launched) if launched else None  # where the GPU span starts
     window = None
     if id(r) in clips and gpu_span_ns is not None:  # GPU work past the next section's start: clipped
         first = min(e.start_ns for e in launched)
@@ -349,7 +352,7 @@ def cuda_part(
                f"file's last, have no GPU event, in a file Kineto did not close (no {END_MARKER!r}): cut "
                f"short (or the profiler dropped those GPU records); its GPU work is missing")  # fmt: skip
         bad_kind = "trace_cut_short"
-    return Part(section_ns, colls, hidden_ns, bad, bad_kind, missing, gpu_span_ns)
+    return Part(section_ns, colls, hidden_ns, bad, bad_kind, missing, gpu_span_ns, gpu_start_ns)
 
 
 def placement(works: Sequence[Event], issued: Mapping[int, tuple[int, int]], ranges: Sequence[Event]) -> dict[int, int]:

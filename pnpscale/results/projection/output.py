@@ -17,7 +17,7 @@ import pandas as pd
 from pnpscale import columns as K
 from pnpscale.core import layout
 from pnpscale.results.charts import save
-from pnpscale.results.plotting import figure, log2_x
+from pnpscale.results.plotting import KIND_COLORS, figure, log2_x
 from pnpscale.results.projection.model import (
     ALL,
     HEADLINE,
@@ -176,8 +176,9 @@ def plot(p: Projection) -> Any:
             continue
         meas, proj = t[t[K.MEASURED]].sort_values(K.GPUS), t[~t[K.MEASURED]].sort_values(K.GPUS)
         top, mid, bottom = axes[0][j], axes[1][j], axes[2][j]
-        for i, (col, label) in enumerate(metrics):
-            color = f"C{i}"
+        for col, label in metrics:  # one colour per kind, as in every chart (plotting.KIND_COLORS)
+            color = {K.COMPUTE_MAX_S: KIND_COLORS["compute"], K.TRANSFER_S: KIND_COLORS["transfer"],
+                     K.WAIT_S: KIND_COLORS["wait"]}.get(col, "black")  # fmt: skip
             top.plot(proj[K.GPUS], proj[col].where(proj[col] > 0), "-", color=color, label=f"{label} (projected)")
             top.plot(meas[K.GPUS], meas[col].where(meas[col] > 0), "o", color=color, label=f"{label} (measured)")
         for i, (col, label) in enumerate(((K.PE, "PE"), (K.COMM_E, "CommE"), (K.LB, "LB"))):

@@ -1,0 +1,131 @@
+"""The report says what matters: time-shared points flagged everywhere, and timeline.png drawing the ranks that
+hold operators and naming the critical rank the README names (synthetic run folders, the project's writer)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pnpscale import columns as K
+from pnpscale.core import layout
+from pnpscale.rank.commit import time_sharing, write_run
+from pnpscale.results.charts import TIME_SHARED_LABEL, plot_load_balance, plot_scaled_cost, plot_wait_pct
+from pnpscale.results.report import plot_transfer_figure, shared_points, transfer_explained, write_report
+from pnpscale.results.runs import build_table
+from pnpscale.results.series import labelled
+from tests.test_report import fake_run, spec
+from tests.test_timeline import random_run
+
+
+@pytest.fixture(scope="module")
+def two_core_sweep(tmp_path_factory):
+    """gpus=1, 2, 4 of one thread per rank on a host whose ranks may run on cores 0 and 1."""
+    root = tmp_path_factory.mktemp("cores") / "sweep"
+    for g in (1, 2, 4):
+        times = {"gradient": [(1.0 / g, 0.01 * (g > 1))] * g, "denoiser": [(3.0 / g, 0.02 * (g > 1))] * g}
+        fake_run(root / layout.point_subdir("2d", "inference", g), "2d", "inference", times, cpus=[0, 1])
+    write_report(root, echo=lambda s: None)  # one report for the tests below
+    return root
+
+
+def test_time_sharing_counts_threads_against_each_hosts_cores():
+    one = {"host": "a", "threads": 1, "cpus": [0, 1], "gpu": None}
+    assert time_sharing([one] * 2) == {"time_shared": False, "cores": 2}
+    assert time_sharing([one] * 3) == {"time_shared": True, "cores": 2}
+    assert time_sharing([{**one, "threads": 2}] * 2)["time_shared"] is True  # 2 ranks x 2 threads on 2 cores
+    # SLURM: each rank its own cores, two hosts: not shared; two ranks of a host on one GPU: shared
+    slurm = [{"host": h, "threads": 2, "cpus": [2 * r, 2 * r + 1], "gpu": f"GPU-{h}{r}"} for h in "ab" for r in (0, 1)]
+    assert time_sharing(slurm) == {"time_shared": False, "cores": 4}
+    assert time_sharing([*slurm[:1], {**slurm[1], "gpu": slurm[0]["gpu"]}])["time_shared"] is True
+    assert time_sharing([{"host": "a", "threads": 1}]) == {"time_shared": None, "cores": None}  # older ranks
+
+
+def test_the_flag_is_true_exactly_at_4_ranks_on_2_cores_in_every_table(two_core_sweep):
+    for g, want in ((1, False), (2, False), (4, True)):
+        d = two_core_sweep / layout.point_subdir("2d", "inference", g)
+        run = json.loads((d / layout.RUN_JSON).read_text())
+        assert (run[K.TIME_SHARED], run[K.CORES]) == (want, 2)
+        sec = pd.read_parquet(d / layout.SECTIONS)
+        assert str(sec[K.TIME_SHARED].dtype) == "boolean" and sec[K.TIME_SHARED].tolist() == [want] * len(sec)
+    out = two_core_sweep / layout.REPORT_DIR
+    summary = pd.read_parquet(out / layout.SUMMARY)
+    assert summary.groupby("gpus")[K.TIME_SHARED].agg(lambda v: set(v.tolist())).to_dict() == {
+        1: {False}, 2: {False}, 4: {True}}
+    readme = (out / layout.REPORT_README).read_text()
+    assert "- gpus=4: 4 ranks on 2 cores, time-shared: not a scaling result." in readme
+    assert "At 4 GPUs (time-shared) the run costs" in readme
+    table = [line for line in readme.splitlines() if line.startswith("|") and "complete" in line]
+    assert [("**yes**" in line) for line in table] == [False, False, True]
+
+
+def _hollow(fig) -> list[float]:
+    """x of the hollow (white-faced) markers of a figure."""
+    xs = []
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if line.get_marker() == "o" and line.get_markerfacecolor() in ("white", (1.0, 1.0, 1.0, 1.0)):
+                xs += [float(x) for x in line.get_xdata()]
+    return xs
+
+
+def test_the_charts_mark_the_time_shared_point_and_promise_only_what_they_draw(two_core_sweep):
+    table = build_table(two_core_sweep, echo=lambda s: None)
+    lb = plot_load_balance(table)
+    assert set(_hollow(lb)) == {4.0}
+    assert TIME_SHARED_LABEL in [t.get_text() for t in lb.axes[0].get_legend().get_texts()]
+    cost = plot_scaled_cost(table)
+    hatched = [p for p in cost.axes[0].patches if p.get_hatch() and p.get_height() > 0]
+    assert len(hatched) == 2 and {round(p.get_x() + p.get_width() / 2) for p in hatched} == {2}  # the 3rd bar
+    rows, _ = transfer_explained(labelled(table))
+    title = plot_transfer_figure(rows, shared_points(table)).axes[0].get_title()
+    assert "time-shared, not a scaling result: 2d inference gpus=4" in title and "gpus=2" not in title
+    # one measured iteration: no band can be drawn, so no title promises one; the legend names only 2d's style
+    assert "no p10–p90 band" in lb.get_suptitle() and "band: p10" not in lb.get_suptitle()
+    wait = plot_wait_pct(table)
+    assert "(2d solid; no p10–p90 band" in wait.axes[0].get_title() and "3D" not in wait.axes[0].get_title()
+
+
+def test_a_16_rank_timeline_draws_the_operator_holders_and_the_reports_critical_rank(tmp_path):
+    """16 ranks, operators on ranks 0 and 1 only: both drawn, and the chart's critical rank is the README's."""
+    ranks, colls = random_run(world=16, iterations=4, seed=7)
+    ranks[K.PEAK_MEM_BYTES], ranks[K.N_COLLECTIVES] = 1, 3
+    gathered = []
+    for r in range(16):
+        table = {"ranks": ranks[ranks[K.RANK] == r].to_dict("records"),
+                 "collectives": colls[colls[K.RANK] == r].to_dict("records")}  # fmt: skip
+        info = {"host": "h", "device": "cpu", "threads": 1, "cpus": list(range(16)), "gpu": None,
+                "local_operators": [r] if r < 2 else [], "local_tiles": 1, "num_tiles": 16,
+                "solver": {"weights_sha256": "x"}}  # fmt: skip
+        gathered.append((table, info))
+    root = tmp_path / "sweep"
+    write_run(root / layout.point_subdir("2d", "inference", 16), spec("2d", "inference", 16), gathered,
+              backend="gloo", timings={})  # fmt: skip
+    out = write_report(root, echo=lambda s: None)
+    assert (out / layout.TIMELINE_PNG).is_file()
+    readme = (out / layout.REPORT_README).read_text()
+    (line,) = [x for x in readme.splitlines() if x.startswith("- 2d inference at 16 GPUs")]
+    assert "ranks 0–1 (hold an operator)" in line
+    chart = dict(re.findall(r"(\w+): critical-path rank (\d+)", line))
+    waits = dict(re.findall(r"- (\w+) at 16: .*critical-path rank (\d+):", readme))
+    assert chart and chart == waits, (chart, waits)
+    ranks_table = pd.read_parquet(out / layout.WAIT_RANKS)
+    crit = ranks_table[ranks_table["critical"]].set_index(K.SECTION)[K.RANK].astype(str).to_dict()
+    assert chart == crit
+    np.testing.assert_array_equal(sorted(ranks_table[ranks_table["operators"] > 0][K.RANK].unique()), [0, 1])
+
+
+def test_the_ideal_line_stays_readable_on_a_0_to_140_scale():
+    """A 129x scaled cost: the chart goes to a log axis, where 1.0 sits mid-height, not on the floor."""
+    t = pd.DataFrame({"problem": "2d", "mode": "inference", "section": "all", "status": "complete",
+                      "gpus": [1, 8, 64], "baseline_gpus": 1, "scaled_compute": [1.0, 6.0, 9.0],
+                      "scaled_comm": [0.0, 20.0, 120.0], K.TIME_SHARED: [False, True, True]})  # fmt: skip
+    ax = plot_scaled_cost(t).axes[0]
+    assert ax.get_yscale() == "log"
+    lo, hi = ax.get_ylim()
+    assert 0.15 < (np.log(1.0) - np.log(lo)) / (np.log(hi) - np.log(lo)) < 0.5  # the ideal line's height
+    small = plot_scaled_cost(t.assign(scaled_compute=[1.0, 1.2, 1.5], scaled_comm=[0.0, 0.5, 1.0])).axes[0]
+    assert small.get_yscale() == "linear"
