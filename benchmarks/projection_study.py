@@ -174,12 +174,32 @@ def configs() -> dict[str, Config]:
     }
 
 
-def point(cfg: Config, n: int, iterations: int, rng: np.random.Generator) -> list[dict]:
-    """One synthetic run of ``n`` GPUs: summary rows (seconds per iteration) per section."""
+@dataclass(frozen=True)
+class Noise:
+    """Off the study's happy path: ``sigma`` per-rank, per-iteration noise (relative; None: the section's
+    jitter), a common factor ``1 + U(−iteration, iteration)`` per iteration on every rank, node ``slow_node``
+    ``slow`` times slower (1: none; ranks on nodes in blocks of :data:`GPUS_PER_NODE`)."""
+
+    sigma: float | None = None
+    iteration: float = 0.0
+    slow_node: int = 1
+    slow: float = 1.0
+
+
+#: the issue's noisy sweep: 3.5 % per-rank noise, ±3 % per iteration, node 1 8 % slow.
+NOISY = Noise(sigma=0.035, iteration=0.03, slow_node=1, slow=1.08)
+
+
+def point(cfg: Config, n: int, iterations: int, rng: np.random.Generator,
+          noise: Noise = Noise()) -> tuple[list[dict], list[pd.DataFrame]]:  # fmt: skip
+    """One synthetic run of ``n`` GPUs: summary rows (seconds per iteration) per section, and its per-rank,
+    per-iteration compute samples (:data:`pnpscale.results.projection.samples.SAMPLE_COLUMNS`)."""
     nodes = math.ceil(n / GPUS_PER_NODE)
     ops, tiles = _counts(cfg.operators, n), _counts(cfg.tiles, n)
-    rows = []
+    speed = np.where(np.arange(n) // GPUS_PER_NODE == noise.slow_node, noise.slow, 1.0)
+    rows, samples = [], []
     for name, s in cfg.sections.items():
+        sigma = s.sigma if noise.sigma is None else noise.sigma
         # segments: half carry the operators' work (physics), half the tiles' (denoiser); fixed split evenly
         k = s.syncs
         seg = []
@@ -190,11 +210,12 @@ def point(cfg: Config, n: int, iterations: int, rng: np.random.Generator) -> lis
                 work += s.per_op * ops / max(1, k // 2)
             if not phys or k == 1:
                 work += s.per_tile * tiles / max(1, k // 2)
-            seg.append(work)
+            seg.append(work * speed)
+        common = 1 + noise.iteration * rng.uniform(-1, 1, (iterations, 1)) if noise.iteration else 1.0
         comp = np.zeros((iterations, n))
         wait = np.zeros((iterations, n))
         for work in seg:
-            x = work[None, :] * (1 + s.sigma * rng.standard_normal((iterations, n)))
+            x = work[None, :] * (1 + sigma * rng.standard_normal((iterations, n))) * common
             comp += x
             wait += x.max(axis=1, keepdims=True) - x if n > 1 else 0.0
         transfer = _transfer(s.payload, n)
@@ -207,12 +228,28 @@ def point(cfg: Config, n: int, iterations: int, rng: np.random.Generator) -> lis
             K.N_MAIN: s.n_main if n > 1 else 0, K.OTHER_PAYLOAD_BYTES: s.payload - s.n_main * s.image,
             "num_operators": cfg.operators, "num_tiles": cfg.tiles,
         })  # fmt: skip
-    return rows
+        it, rk = np.meshgrid(np.arange(iterations), np.arange(n), indexing="ij")
+        samples.append(pd.DataFrame({K.PROBLEM: cfg.problem, K.MODE: cfg.mode, K.GPUS: n, K.SECTION: name,
+                                     K.RANK: rk.ravel(), K.ITERATION: it.ravel(), K.COMPUTE_S: comp.ravel()}))  # fmt: skip
+    return rows, samples
+
+
+def generate(cfg: Config, iterations: int = 200, seed: int = 0, noise: Noise = Noise(),
+             gpus: tuple[int, ...] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """A seeded synthetic sweep of ``cfg`` at ``gpus`` (default: the study's): (summary rows, per-rank samples).
+    Pure: the same arguments give the same tables."""
+    rng = np.random.default_rng(seed)
+    rows, samples = [], []
+    for n in gpus or cfg.gpus:
+        r, x = point(cfg, n, iterations, rng, noise)
+        rows += r
+        samples += x
+    return pd.DataFrame(rows), pd.concat(samples, ignore_index=True)
 
 
 def sweep(cfg: Config, iterations: int = 200, seed: int = 0) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    return pd.DataFrame([r for n in cfg.gpus for r in point(cfg, n, iterations, rng)])
+    """:func:`generate`'s summary rows alone (the study's clean mechanism)."""
+    return generate(cfg, iterations, seed)[0]
 
 
 # --- the study's 64-GPU figures and the same figures from a table --------------------------------

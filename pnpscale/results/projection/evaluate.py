@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,10 @@ from pnpscale.results.projection.base import (
     EPS,
     INTRA,
     Model,
+    BAND,
+    NodeSizeUnknown,
     ProjectionError,
+    TimeShared,
     Unidentified,
     compute_at,
     is_balanced,
@@ -73,14 +77,21 @@ def evaluate(
         if n < 1:
             raise ProjectionError(f"gpus={n}: must be >= 1")
         if model.cores is not None and n > model.cores and not past_cores:
-            raise ProjectionError(f"{model.problem} {model.mode} gpus={n}: more ranks than the {model.cores} cores "
-                                  "they share: time-sharing is not modelled")  # fmt: skip
+            raise TimeShared(f"{model.problem} {model.mode} gpus={n}: more ranks than the {model.cores} cores "
+                             "they time-share: no honest projection exists there")  # fmt: skip
+        if model.gpus_per_node is None and model.largest_node is not None and n > model.largest_node \
+                and n not in (at or {}):  # a measured point's own nodes are a fact
+            raise NodeSizeUnknown(
+                f"{model.problem} {model.mode} gpus={n}: every measured run sat on one node (of at least "
+                f"{model.largest_node} GPUs) and the node size is unknown: a node of {n} GPUs, bigger than any "
+                "measured one, is not assumed; give --gpus-per-node G and the inter-node rate (--rate ring=GBps)"
+            )
         nodes, algos = (at or {}).get(n, (nodes_for(n, model.gpus_per_node), {}))
         if not assumed:
             _refuse_unidentified(model, n)
         per = []
         for sm in model.sections:
-            c, cmax = compute_at(sm, m, t, n)
+            c, cmax = compute_at(sm, m, t, n, model.gpus_per_node)
             route, algo, source = "", "", ""
             rate: float | None = math.nan
             if n == 1:
@@ -111,6 +122,47 @@ def evaluate(
     out = pd.DataFrame(rows, columns=list(K.PROJECTION_COLUMNS))
     check_possible(out)
     return out
+
+
+#: the band's metrics: each gets ``<metric>_lo`` and ``<metric>_hi`` (:data:`pnpscale.columns.PROJECTION_BAND_COLUMNS`).
+BANDED = (K.SECTION_S, K.SCALED_COST, K.COMM_E, K.PE)
+
+
+def with_band(model: Model, table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (:func:`evaluate`'s rows of ``model``) with the 5–95 % band of :data:`BANDED` from the
+    model's bootstrap replicates (``model.replicates``): every replicate evaluated at the same N and nodes,
+    the quantiles per (N, section); NaN without replicates. A replicate that cannot be evaluated (an
+    impossible number from a resampled coefficient) is left out; more than 5 % left out: no band (NaN).
+    """
+    out = table.copy()
+    for col in BANDED:
+        for name in band_columns(col):
+            out[name] = math.nan
+    if not model.replicates or table.empty:
+        return out
+    gpus = sorted({int(g) for g in table[K.GPUS]})
+    key = [K.GPUS, K.SECTION]
+    frames = []
+    for rep in model.replicates:
+        try:
+            frames.append(evaluate(replace(model, sections=rep, replicates=[]), gpus)[[*key, *BANDED]])
+        except ProjectionError:
+            continue
+    if len(frames) < 0.95 * len(model.replicates):
+        return out
+    allr = pd.concat(frames, ignore_index=True)
+    q = allr.groupby(key)[list(BANDED)].quantile(list(BAND)).unstack()
+    idx = pd.MultiIndex.from_frame(out[key])
+    for col in BANDED:
+        lo, hi = band_columns(col)
+        out[lo] = q[(col, BAND[0])].reindex(idx).to_numpy()
+        out[hi] = q[(col, BAND[1])].reindex(idx).to_numpy()
+    return out
+
+
+def band_columns(col: str) -> tuple[str, str]:
+    """(lo, hi) column names of a banded metric (:func:`pnpscale.columns.band_column`)."""
+    return K.band_column(col, "lo"), K.band_column(col, "hi")
 
 
 def _refuse_unidentified(model: Model, n: int) -> None:
@@ -165,6 +217,8 @@ def _row(model: Model, n: int, nodes: int, section: str, c: float, cmax: float, 
         K.ALGORITHM: algo,
         K.ALGORITHM_SOURCE: source,
         K.MEASURED: False,
+        **dict.fromkeys(K.PROJECTION_BAND_COLUMNS, math.nan),
+        K.CAVEAT: "",
     }
 
 

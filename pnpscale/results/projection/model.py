@@ -84,9 +84,11 @@ from pnpscale.results.projection.base import (
     TREE,
     VALIDATED,
     Model,
+    NodeSizeUnknown,
     Options,
     ProjectionError,
     SectionModel,
+    TimeShared,
     cpu_cores_of,
     intra_route,
     local_cores,
@@ -95,14 +97,14 @@ from pnpscale.results.projection.base import (
     parse_rates,
 )
 from pnpscale.results.projection.checks import leave_one_out, loo_misses, misses, residuals
-from pnpscale.results.projection.evaluate import check_possible, evaluate, findings, measured_rows
+from pnpscale.results.projection.evaluate import check_possible, evaluate, findings, measured_rows, with_band
 from pnpscale.results.projection.fit import fit
 from pnpscale.results.projection.overlap import OverlapProjection, overlap_projections
 from pnpscale.results.projection.routes import algorithm_at, rate_at
 
 __all__ = [
     "ALGORITHMS", "ALL", "GROUP", "HEADLINE", "INTRA", "LOO", "RESIDUAL", "RING", "ROUTE_ALIASES", "TREE",
-    "VALIDATED", "Model", "Options", "OverlapProjection", "Projection", "ProjectionError", "SectionModel",
+    "VALIDATED", "Model", "NodeSizeUnknown", "Options", "TimeShared", "unpredicted", "with_band", "OverlapProjection", "Projection", "ProjectionError", "SectionModel",
     "algorithm_at", "algorithm_notes", "check_possible", "evaluate", "findings", "fit", "intra_route",
     "leave_one_out", "local_cores", "loo_misses", "measured_rows", "misses", "option_notes", "parse_algorithms",
     "parse_rates", "project", "rate_at", "residuals",
@@ -177,7 +179,8 @@ def option_notes(model: Model, table: pd.DataFrame, options: Options) -> list[st
     return out
 
 
-def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options(), min_points: int = 2) -> Projection:
+def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options(), min_points: int = 2,
+            samples: pd.DataFrame | None = None) -> Projection:  # fmt: skip
     """Project every (problem, mode) of a summary table with at least ``min_points`` measured GPU counts.
 
     A sweep's variants (``variant`` column: :func:`pnpscale.results.runs.variants`) are projected one by one,
@@ -187,9 +190,13 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
         table: :func:`pnpscale.results.runs.load` output (optionally with ALGORITHM per row).
         gpus: GPU counts to project (the measured ones are evaluated too, for the lines).
         options: :class:`Options`. min_points: measured GPU counts needed (the report uses 3).
+        samples: per-rank, per-iteration compute (:data:`pnpscale.results.projection.samples.SAMPLE_COLUMNS`;
+            PROBLEM labelled as the table's): the unbiased fit and the band (:func:`fit`).
 
     Returns:
         :class:`Projection`; a (problem, mode) that cannot be projected is in ``skipped`` with the reason.
+        GPU counts refused (past the cores CPU ranks time-share, past the largest measured node with no node
+        size) are said in ``notes``; when every asked count is refused the (problem, mode) is skipped.
     """
     pts = measured_points(table, unique=False)  # each (problem, mode) is checked by fit
     frames, vals, found, assumed, skipped, notes = [], [], {}, {}, {}, {}
@@ -206,29 +213,58 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
             allowed = [n for n in asked if cores is None or n <= cores]
             refused = [n for n in asked if n not in allowed]
             if asked and not allowed:
-                raise ProjectionError(
+                raise TimeShared(
                     f"GPU counts {', '.join(map(str, refused))} are past the {cores} cores the CPU ranks "
-                    "share: time-sharing of compute and transfer is not modelled, so nothing is projected "
-                    "(give --devices D for the cores the runs had)"
+                    "time-share: no honest projection exists past the cores (time-sharing changes compute and "
+                    "transfer in ways the model does not describe), so nothing is projected"
                 )
-            model = fit(rows, options)
-            proj = evaluate(model, sorted(set(allowed) | set(model.fitted_gpus)))
+            model = fit(rows, options, samples)
+            node_refused = [n for n in allowed if model.largest_node is not None and n > model.largest_node]
+            if asked and allowed and len(node_refused) == len(allowed):
+                evaluate(model, node_refused[:1])  # raises NodeSizeUnknown, naming the fix
+            allowed = [n for n in allowed if n not in node_refused]
+            proj = with_band(model, evaluate(model, sorted(set(allowed) | set(model.fitted_gpus))))
             found[key] = findings(model, max([*allowed, *model.fitted_gpus]), options.pe_min)
-            checks = pd.concat([residuals(rows, model), leave_one_out(rows, options, model)], ignore_index=True)
+            checks = pd.concat([residuals(rows, model), leave_one_out(rows, options, model, samples)],
+                               ignore_index=True)  # fmt: skip
         except ProjectionError as exc:  # said after the key: the message's own "<problem> <mode>: " goes
             skipped[key] = str(exc).removeprefix(f"{key[0]} {key[1]}: ")
             continue
+        caveat = unpredicted(checks, options.tolerance)
+        if caveat:
+            past = ~proj[K.GPUS].isin(model.fitted_gpus)
+            proj.loc[past, K.CAVEAT] = caveat
         models[key] = model
         frames += [measured_rows(rows, model), proj]
         vals.append(checks)
         assumed[key] = model.assumptions + algorithm_notes(model, proj)
         notes[key] = option_notes(model, proj, options) + (
-            [f"not projected: {', '.join(map(str, refused))} GPUs (past the {model.cores} cores the CPU ranks share)"]
+            [f"not projected: {', '.join(map(str, refused))} GPUs (past the {model.cores} cores the CPU ranks "
+             "time-share: no honest projection exists there)"]
             if refused else []
-        )  # fmt: skip
+        ) + (
+            [f"not projected: {', '.join(map(str, node_refused))} GPUs (past the largest measured node, "
+             f"{model.largest_node} GPUs, with no node size: give --gpus-per-node G and --rate ring=GBps)"]
+            if node_refused else []
+        ) + ([f"caveat: {caveat}"] if caveat else [])  # fmt: skip
     cols = list(K.PROJECTION_COLUMNS)
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
     val = pd.concat(vals, ignore_index=True) if vals else pd.DataFrame(columns=list(K.VALIDATION_COLUMNS))
     searched = {k: int(f["searched_up_to"]) for k, f in found.items()}
     overlap, overlap_notes = overlap_projections(pts, models, searched, skipped, sorted(set(gpus)))
     return Projection(out, val, found, assumed, skipped, notes, options.tolerance, overlap, overlap_notes)
+
+
+def unpredicted(checks: pd.DataFrame, tolerance: float) -> str:
+    """Why the projection rests on a term its validation could not predict, or "": a held-out point
+    leave-one-out refused (a term the other points cannot identify), or the headline (the largest fitted N
+    from the smaller ones) missed by more than ``tolerance`` (time, transfer, wait or PE)."""
+    loo = checks[checks["kind"] == LOO]
+    refused = loo[(loo["metric"] == "") & (loo["note"].astype(str) != "")]
+    parts = [f"leave-one-out could not predict {int(g)} GPUs" for g in sorted(set(refused[K.GPUS].astype(int)))]
+    far = loo_misses(loo[loo["headline"].astype(bool)], tolerance)
+    if not far.empty:
+        worst = far.loc[far[K.REL_ERROR].abs().idxmax()]
+        parts.append(f"leave-one-out misses {int(worst[K.GPUS])} GPUs by {100 * worst[K.REL_ERROR]:+.0f} % "
+                     f"({worst['metric']})")  # fmt: skip
+    return ("rests on a model its validation could not confirm: " + "; ".join(parts)) if parts else ""
