@@ -230,7 +230,8 @@ def point(cfg: Config, n: int, iterations: int, rng: np.random.Generator,
         })  # fmt: skip
         it, rk = np.meshgrid(np.arange(iterations), np.arange(n), indexing="ij")
         samples.append(pd.DataFrame({K.PROBLEM: cfg.problem, K.MODE: cfg.mode, K.GPUS: n, K.SECTION: name,
-                                     K.RANK: rk.ravel(), K.ITERATION: it.ravel(), K.COMPUTE_S: comp.ravel()}))  # fmt: skip
+                                     K.RANK: rk.ravel(), K.ITERATION: it.ravel(),
+                                     K.COMPUTE_S: comp.ravel()}))  # fmt: skip
     return rows, samples
 
 

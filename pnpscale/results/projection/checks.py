@@ -120,8 +120,8 @@ def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model
             } if held > 1 else set())  # fmt: skip
             note = ""
             if lacking:  # no other point takes its route: its own rate, and its transfer is no prediction
-                sub = fit(pts[pts[K.GPUS].isin(rest_gpus)],
-                          replace(opts, rates={**opts.rates, **{r: full.rates[r] for r in lacking}}), samples)  # fmt: skip
+                own_rates = replace(opts, rates={**opts.rates, **{r: full.rates[r] for r in lacking}})
+                sub = fit(pts[pts[K.GPUS].isin(rest_gpus)], own_rates, samples)
                 note = (f"rate of {', '.join(lacking)} from this point itself (no other point takes that route): "
                         "its transfer is not a prediction")  # fmt: skip
             try:

@@ -20,10 +20,10 @@ from pnpscale import columns as K
 from pnpscale.results.jitter import expected_max_normal
 from pnpscale.results.projection.base import (
     ALL,
+    BAND,
     EPS,
     INTRA,
     Model,
-    BAND,
     NodeSizeUnknown,
     ProjectionError,
     TimeShared,

@@ -70,7 +70,7 @@ def fit(rows: pd.DataFrame, options: Options = Options(), samples: pd.DataFrame 
     assumptions = [f"assignment: deepinv's round-robin (item i on rank i % N) of {m} operators and {t} tiles"]
     cores, fitted = fitted_points(pts, options, label, assumptions)
     pts = pts[pts[K.GPUS].isin(fitted)]
-    gpn, largest_node = node_size(pts, options, assumptions)
+    gpn, largest_node = node_size(pts, options, assumptions, cores)
     logged = logged_algorithms(pts, gpn)
     mine = None
     if samples is not None and not samples.empty:
@@ -121,7 +121,8 @@ def assignment_counts(pts: pd.DataFrame, label: str) -> tuple[int, int]:
     return m_t["num_operators"], m_t["num_tiles"]
 
 
-def fitted_points(pts: pd.DataFrame, options: Options, label: str, assumptions: list[str]) -> tuple[int | None, list[int]]:
+def fitted_points(pts: pd.DataFrame, options: Options, label: str,
+                  assumptions: list[str]) -> tuple[int | None, list[int]]:  # fmt: skip
     """(cores CPU ranks time-share or None, the GPU counts fitted): points past the cores are not fitted.
 
     Raises:
@@ -146,11 +147,13 @@ def fitted_points(pts: pd.DataFrame, options: Options, label: str, assumptions: 
     return cores, fitted
 
 
-def node_size(pts: pd.DataFrame, options: Options, assumptions: list[str]) -> tuple[int | None, int | None]:
-    """(GPUs per node, or None; the largest measured node when it is None): ``--gpus-per-node``, else
+def node_size(pts: pd.DataFrame, options: Options, assumptions: list[str], cores: int | None = None
+              ) -> tuple[int | None, int | None]:  # fmt: skip
+    """(GPUs per node, or None; the largest node known when it is None): ``--gpus-per-node``, else
     ``ceil(gpus / nodes)`` of the largest measured multi-node run (its hosts or SLURM's node count), else
-    unknown: every measured run sat on one node, of at least the largest measured GPU count, and a node
-    bigger than that is never assumed (N past it refused: :class:`~pnpscale.results.projection.base.NodeSizeUnknown`)."""
+    unknown: every measured run sat on one node, of at least the largest measured GPU count (CPU ranks: the
+    ``cores`` of their machine), and a node bigger than that is never assumed (N past it refused:
+    :class:`~pnpscale.results.projection.base.NodeSizeUnknown`)."""
     gpn = options.gpus_per_node
     if gpn is not None:
         assumptions.append(f"nodes = ceil(N / {gpn}) (--gpus-per-node)")
@@ -163,6 +166,9 @@ def node_size(pts: pd.DataFrame, options: Options, assumptions: list[str]) -> tu
             assumptions.append(f"nodes = ceil(N / {gpn}) ({gpn} GPUs per node, as in the measured runs)")
             return gpn, None
     largest = int(pts[K.GPUS].max())
+    if cores is not None:  # CPU ranks on one machine: it holds its cores' worth (past them: time-shared)
+        assumptions.append(f"every N on one machine of {cores} cores (CPU ranks)")
+        return None, max(largest, cores)
     assumptions.append(
         f"node size unknown: every measured run sat on one node (of at least {largest} GPUs); no N past {largest} "
         "is projected (a node bigger than any measured one is not assumed): give --gpus-per-node and an "
@@ -330,7 +336,8 @@ def _worst_misfit(arrays: dict[int, np.ndarray], coef: np.ndarray, use: Sequence
     rel = (f * (g.x @ coef) - g.y) / np.where(np.abs(g.y) > 0, np.abs(g.y), 1.0)
     i = int(np.argmax(np.abs(rel)))
     work = ", ".join(f"{u} {v:g}" for u, v in zip(use, g.x[i, 1:], strict=True))
-    return float(abs(rel[i])), f"ranks holding {work} on node {int(g.node[i])}: mean {g.y[i]:.4g} s (fit {100 * rel[i]:+.0f} %)"
+    where = f"ranks holding {work} on node {int(g.node[i])}: mean {g.y[i]:.4g} s (fit {100 * rel[i]:+.0f} %)"
+    return float(abs(rel[i])), where
 
 
 @dataclass
@@ -401,8 +408,9 @@ def solve_groups(g: Groups, cols: Sequence[int], slow: Sequence[int]
     return coef, speed, se, err[len(cols) :], full
 
 
-def compute_from_means(arrays: dict[int, np.ndarray], units: tuple[str, ...], m: int, t: int, gpn: int | None,
-                       keep: Sequence[int] | None) -> tuple[np.ndarray, tuple[str, ...], dict[int, float], np.ndarray]:  # fmt: skip
+def compute_from_means(
+    arrays: dict[int, np.ndarray], units: tuple[str, ...], m: int, t: int, gpn: int | None, keep: Sequence[int] | None
+) -> tuple[np.ndarray, tuple[str, ...], dict[int, float], np.ndarray]:
     """The compute coefficients and node speeds from the rank means by (N, node, work) (:func:`rank_groups`,
     :func:`solve_groups`): every node measured besides node 0 gets a speed factor, kept where it differs from 1
     by more than 3 standard errors (else 1, not listed), and dropped altogether where the points cannot tell it

@@ -104,7 +104,8 @@ from pnpscale.results.projection.routes import algorithm_at, rate_at
 
 __all__ = [
     "ALGORITHMS", "ALL", "GROUP", "HEADLINE", "INTRA", "LOO", "RESIDUAL", "RING", "ROUTE_ALIASES", "TREE",
-    "VALIDATED", "Model", "NodeSizeUnknown", "Options", "TimeShared", "unpredicted", "with_band", "OverlapProjection", "Projection", "ProjectionError", "SectionModel",
+    "VALIDATED", "Model", "NodeSizeUnknown", "Options", "TimeShared", "unpredicted", "with_band",
+    "OverlapProjection", "Projection", "ProjectionError", "SectionModel",
     "algorithm_at", "algorithm_notes", "check_possible", "evaluate", "findings", "fit", "intra_route",
     "leave_one_out", "local_cores", "loo_misses", "measured_rows", "misses", "option_notes", "parse_algorithms",
     "parse_rates", "project", "rate_at", "residuals",
@@ -214,9 +215,9 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
             refused = [n for n in asked if n not in allowed]
             if asked and not allowed:
                 raise TimeShared(
-                    f"GPU counts {', '.join(map(str, refused))} are past the {cores} cores the CPU ranks "
-                    "time-share: no honest projection exists past the cores (time-sharing changes compute and "
-                    "transfer in ways the model does not describe), so nothing is projected"
+                    f"GPU counts {', '.join(map(str, refused))} are past the {cores} cores the CPU ranks share: "
+                    "ranks there time-share the cores, and no honest projection exists past them (time-sharing "
+                    "changes compute and transfer in ways the model does not describe), so nothing is projected"
                 )
             model = fit(rows, options, samples)
             node_refused = [n for n in allowed if model.largest_node is not None and n > model.largest_node]
@@ -240,7 +241,7 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
         assumed[key] = model.assumptions + algorithm_notes(model, proj)
         notes[key] = option_notes(model, proj, options) + (
             [f"not projected: {', '.join(map(str, refused))} GPUs (past the {model.cores} cores the CPU ranks "
-             "time-share: no honest projection exists there)"]
+             "share: time-shared, no honest projection exists there)"]
             if refused else []
         ) + (
             [f"not projected: {', '.join(map(str, node_refused))} GPUs (past the largest measured node, "

@@ -41,6 +41,9 @@ from pnpscale.results.projection.model import (
 )
 from pnpscale.results.projection.overlap import frame as overlap_frame
 from pnpscale.results.projection.overlap import markdown as overlap_markdown
+from pnpscale.results.projection.samples import SAMPLE_COLUMNS, from_ranks
+from pnpscale.results.runs import read_table
+from pnpscale.results.series import labelled
 from pnpscale.results.transfer import transfer_inputs
 
 __all__ = [
@@ -242,6 +245,39 @@ def with_algorithms(table: pd.DataFrame) -> pd.DataFrame:
         return table.assign(**{K.ALGORITHM: pd.NA})
     algos = algos[["run_dir", K.SECTION, K.ALGORITHM]].drop_duplicates(["run_dir", K.SECTION])
     return table.drop(columns=[K.ALGORITHM], errors="ignore").merge(algos, on=["run_dir", K.SECTION], how="left")
+
+
+def rank_samples(table: pd.DataFrame) -> pd.DataFrame:
+    """The per-rank, per-iteration compute of every complete run of ``table`` (its ``run_dir``), read from the
+    run's ``ranks.parquet`` (:func:`pnpscale.results.projection.samples.from_ranks`), PROBLEM labelled with the
+    variant as the summary rows are (:data:`pnpscale.results.projection.samples.SAMPLE_COLUMNS`, seconds).
+    A run without a readable ``ranks.parquet`` gives none (its (problem, mode) is then fitted on the summary,
+    and says so).
+
+    Raises:
+        ProjectionError: a run whose ranks table gives a negative compute (naming the run, rank, iteration).
+    """
+    from pathlib import Path
+
+    cols = list(SAMPLE_COLUMNS)
+    if "run_dir" not in table or table.empty:
+        return pd.DataFrame(columns=cols)
+    runs = labelled(table[table["status"] == "complete"] if "status" in table else table)
+    frames = []
+    for d, g in runs.groupby("run_dir", sort=True):
+        path = Path(str(d)) / layout.RANKS
+        try:
+            ranks = read_table(path)
+        except (OSError, ValueError):  # UnreadableFile is a ValueError
+            continue
+        try:
+            x = from_ranks(ranks)
+        except ProjectionError as exc:
+            raise ProjectionError(f"{path}: {exc}") from None
+        first = g.iloc[0]
+        frames.append(x.assign(**{K.PROBLEM: str(first[K.PROBLEM]), K.MODE: str(first[K.MODE]),
+                                  K.GPUS: int(first[K.GPUS])}))  # fmt: skip
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
 README_HEADING = "## Projection"
