@@ -453,13 +453,13 @@ def bootstrap(model: Model, arrays: dict[str, dict[int, np.ndarray]], options: O
     for _ in range(options.bootstrap):
         rep = []
         for sm in model.sections:
-            a = resample(arrays[sm.section], groups[sm.section], rng)
+            its, a = resample(arrays[sm.section], groups[sm.section], rng)
             keep = [i for i, v in enumerate(sm.coef) if v != 0]
             try:
                 coef, _, speed, _ = compute_from_means(a, sm.units, m, t, gpn, keep)
             except ProjectionError:
                 coef, speed = sm.coef, sm.node_speed
-            sigma = jitter(a)
+            sigma = jitter(its)
             rep.append(replace(sm, coef=coef, sigma=sm.sigma if sigma is None else sigma, node_speed=speed))
         model.replicates.append(rep)
     model.assumptions.append(

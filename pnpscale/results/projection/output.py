@@ -133,7 +133,8 @@ def markdown(p: Projection) -> list[str]:
                 f"- **leave-one-out misses by more than {100 * p.tolerance:g} %**: "
                 + "; ".join(f"N={int(r[K.GPUS])} from {r['fitted_on']}: {_NAMES[r['metric']]} {_pct(r[K.REL_ERROR])}"
                             for _, r in far.iterrows())
-                + ": fitted without them, the model misses them; expect errors of that size past the measured points"
+                + ": fitted without them, the model misses them (errors at measured points: they do not bound the "
+                "error past them)"
             )  # fmt: skip
         bad = misses(v, p.tolerance)
         if bad.empty:
@@ -150,8 +151,21 @@ def markdown(p: Projection) -> list[str]:
         proj = t[~t[K.MEASURED] & (t[K.SECTION] == ALL) & (t[K.GPUS] > largest)]
         if not proj.empty:
             view = proj[[K.GPUS, K.NODES, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, K.LB, K.COMM_E, K.PE,
-                         K.SCALED_COST]]  # fmt: skip
+                         K.SCALED_COST]].copy()  # fmt: skip
+            banded = proj[K.band_column(K.SECTION_S, "lo")].notna().any()
+            if banded:
+                for col in (K.SECTION_S, K.SCALED_COST, K.COMM_E, K.PE):
+                    lo, hi = proj[K.band_column(col, "lo")], proj[K.band_column(col, "hi")]
+                    view[f"{col} 5–95 %"] = [f"{a:.4g}–{b:.4g}" for a, b in zip(lo, hi, strict=True)]
             lines += [view.to_markdown(index=False, floatfmt=".4g"), ""]
+            if banded:
+                lines += ["5–95 %: the band of the sampling uncertainty (bootstrap over iterations and ranks of the "
+                          "per-rank samples: compute, jitter, node speeds); the model's own assumptions and the "
+                          "transfer rates are not in it.", ""]  # fmt: skip
+            else:
+                lines += ["No band: no per-rank samples were fitted (the summary's C and C_max only).", ""]
+            caveats = sorted({str(c) for c in proj[K.CAVEAT] if c})
+            lines += [f"**Caveat: this projection {c}.**" for c in caveats] + ([""] if caveats else [])
         table = _checks_table(v)
         if table:
             lines += ["Relative error (%) at the measured points, section `all`: *fit* = the model fitted on every "
@@ -165,7 +179,8 @@ def markdown(p: Projection) -> list[str]:
 
 def plot(p: Projection) -> Any:
     """Per (problem, mode): measured points (markers) and the projection (lines) of time per iteration and
-    its parts (top), LB, CommE and PE (middle), the relative error at the measured points of the fit and of
+    its parts (top, the time's 5–95 % band shaded), LB, CommE and PE (middle, CommE's and PE's bands
+    shaded), the relative error at the measured points of the fit and of
     leave-one-out with the tolerance band (bottom); a dotted line at the largest measured N.
     Returns a matplotlib Figure."""
 
@@ -179,6 +194,14 @@ def plot(p: Projection) -> Any:
             continue
         meas, proj = t[t[K.MEASURED]].sort_values(K.GPUS), t[~t[K.MEASURED]].sort_values(K.GPUS)
         top, mid, bottom = axes[0][j], axes[1][j], axes[2][j]
+        lo, hi = proj[K.band_column(K.SECTION_S, "lo")], proj[K.band_column(K.SECTION_S, "hi")]
+        if lo.notna().any():
+            top.fill_between(proj[K.GPUS], lo.where(lo > 0), hi.where(hi > 0), color="C0", alpha=0.2,
+                             label="time per iteration, 5–95 % band")  # fmt: skip
+        for i, (col, label) in enumerate(((K.PE, "PE"), (K.COMM_E, "CommE"))):
+            lo, hi = proj[K.band_column(col, "lo")], proj[K.band_column(col, "hi")]
+            if lo.notna().any():
+                mid.fill_between(proj[K.GPUS], lo, hi, color=f"C{i}", alpha=0.15, label=f"{label}, 5–95 % band")
         for i, (col, label) in enumerate(metrics):
             color = f"C{i}"
             top.plot(proj[K.GPUS], proj[col].where(proj[col] > 0), "-", color=color, label=f"{label} (projected)")

@@ -72,11 +72,15 @@ def section_arrays(samples: pd.DataFrame, section: str, gpus: Sequence[int], lab
         ranks = sorted({int(r) for r in g[K.RANK]})
         if ranks != list(range(n)):
             raise ProjectionError(f"{label} {section} gpus={n}: samples of ranks {ranks[:8]}, must be 0..{n - 1}")
-        x = g.pivot_table(index=K.ITERATION, columns=K.RANK, values=K.COMPUTE_S, aggfunc="first")
-        if x.isna().any().any():
-            it, r = next((i, c) for i in x.index for c in x.columns if pd.isna(x.loc[i, c]))
-            raise ProjectionError(f"{label} {section} gpus={n}: rank {r} has no sample at iteration {it}")
-        out[n] = x.to_numpy(dtype=float)
+        its, it_idx = np.unique(g[K.ITERATION].to_numpy(), return_inverse=True)
+        x = np.full((len(its), n), np.nan)
+        x[it_idx, g[K.RANK].to_numpy(dtype=int)] = g[K.COMPUTE_S].to_numpy(dtype=float)
+        if len(g) != x.size or np.isnan(x).any():
+            i, r = (int(v[0]) for v in np.nonzero(np.isnan(x))) if np.isnan(x).any() else (0, 0)
+            raise ProjectionError(f"{label} {section} gpus={n}: rank {r} has no sample at iteration {its[i]}"
+                                  if np.isnan(x).any() else f"{label} {section} gpus={n}: two samples of one rank "
+                                  "and iteration")  # fmt: skip
+        out[n] = x
     return out
 
 
@@ -112,17 +116,23 @@ def cells(n: int, work: np.ndarray, gpus_per_node: int | None) -> list[np.ndarra
 
 
 def resample(arrays: Mapping[int, np.ndarray], groups: Mapping[int, Sequence[np.ndarray]],
-             rng: np.random.Generator) -> Arrays:  # fmt: skip
-    """One bootstrap replicate: per N, iterations drawn with replacement (the same for every rank) and each
-    cell's ranks (``groups[N]``, :func:`cells`) drawn with replacement among themselves."""
-    out: Arrays = {}
+             rng: np.random.Generator) -> tuple[Arrays, Arrays]:  # fmt: skip
+    """One bootstrap replicate: per N, iterations drawn with replacement (the same for every rank), then each
+    cell's ranks (``groups[N]``, :func:`cells`) drawn with replacement among themselves.
+
+    Returns:
+        (iterations resampled only: for :func:`jitter`, whose spread across ranks a rank drawn twice would
+        shrink; iterations and ranks resampled: for the rank means)."""
+    its: Arrays = {}
+    both: Arrays = {}
     for n, x in arrays.items():
         rows = rng.integers(0, x.shape[0], x.shape[0])
         cols = np.arange(n)
         for c in groups[n]:
             cols[c] = rng.choice(c, len(c))
-        out[n] = x[np.ix_(rows, cols)]
-    return out
+        its[n] = x[rows]
+        both[n] = its[n][:, cols]
+    return its, both
 
 
 def iterations_of(arrays: Mapping[int, np.ndarray]) -> int:
