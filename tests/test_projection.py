@@ -200,7 +200,7 @@ def test_one_rate_per_gpu_count_on_one_node_with_the_true_reason():
     assert model.rates["intra-node, 3 GPUs"] == pytest.approx(80.0)
     assert model.rates["intra-node, 4 GPUs"] == pytest.approx(119.0)
     text = " ".join(model.assumptions)
-    assert "latency not identifiable: route(s) measured at byte counts within 20 % of each other" in text
+    assert "latency not identifiable: route(s) measured at hops per byte within 20 % of each other" in text
     assert "too few" not in text
     # no node size: a node of 8 GPUs, bigger than any measured, is not assumed; the fix is named
     with pytest.raises(pb.NodeSizeUnknown, match="give --gpus-per-node G and the inter-node rate"):

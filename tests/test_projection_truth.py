@@ -200,3 +200,21 @@ def test_samples_from_a_ranks_table_and_a_gap_refused():
     bad = ranks.assign(**{K.COMM_S: [0.0, 0.0, 2.0, 0.2]})
     with pytest.raises(ps_samples.ProjectionError, match="rank 0 iteration 1 section s: compute -1 s < 0"):
         ps_samples.from_ranks(bad)
+
+
+def test_latency_per_collective_and_hop_is_fitted_and_carried_to_64():
+    """10 µs per hop and collective (the issue: a constant latency per section put the transfer at 64 at
+    −2.5 %): the ring measured at 16 and 32 GPUs (30 and 62 hops per collective, nearly the same bytes) tells the
+    latency from the rate; the rates of the routes measured at one point each are given."""
+    noise = study.Noise(hop_latency=10e-6)
+    rows, samples = study.generate(CONFIGS["2d inference"], 50, 0, noise, gpus=(1, 2, 4, 8, 16, 32, 64))
+    rates = {"intra-node, 2 GPUs": 40.0, "intra-node, 4 GPUs": 119.0, "inter-node tree": 17.0}
+    keep = rows[K.GPUS] <= 32
+    model = fit(rows[keep], Options(rates=rates, bootstrap=0), samples[samples[K.GPUS] <= 32])
+    assert model.rates[RING] == pytest.approx(10.5, rel=1e-6)
+    assert all(sm.latency_s == pytest.approx(10e-6, rel=1e-6) for sm in model.sections)
+    got = evaluate(model, [64]).set_index(K.SECTION)[K.TRANSFER_S]
+    true = rows[rows[K.GPUS] == 64].set_index(K.SECTION)[K.TRANSFER_S]
+    for section in ("gradient", "denoiser"):
+        assert got[section] == pytest.approx(true[section], rel=1e-6)
+    assert "latency per collective and hop" in " ".join(model.assumptions)

@@ -175,7 +175,7 @@ class SectionModel:
     section: str
     units: tuple[str, ...]
     coef: np.ndarray  # a, then one coefficient per unit (all >= 0)
-    latency_s: float
+    latency_s: float  # per collective and hop (:func:`hops`), seconds
     payload_bytes: float
     sigma: float  # jitter: relative spread of one rank's compute
     excess: float  # ψ: wait beyond C_max − C, per e(N)·C_max
@@ -186,6 +186,8 @@ class SectionModel:
     #: node index -> compute speed factor relative to node 0 (> 1: slower), from the per-rank samples;
     #: a node not listed runs at node 0's speed. Ranks sit on nodes in blocks (rank r on node r // gpus_per_node).
     node_speed: dict[int, float] = field(default_factory=dict)
+    #: collectives per iteration that each pay the latency per hop (the main ones: N_MAIN, at least 1)
+    n_collectives: float = 1.0
 
 
 @dataclass
@@ -288,6 +290,21 @@ def compute_at(sm: SectionModel, m: int, t: int, n: int, gpus_per_node: int | No
 
 def nodes_for(n: int, gpus_per_node: int | None) -> int:
     return 1 if gpus_per_node is None else max(1, math.ceil(n / gpus_per_node))
+
+
+def hops(n: int, nodes: int, algo: str) -> int:
+    """Latency-bearing steps of one all_reduce on N ranks over ``nodes`` nodes: the ring's ``2(N − 1)`` (a
+    reduce-scatter and an all-gather, N − 1 steps each); the tree's ``2·(ceil(log2 nodes) + ceil(N / nodes) − 1)``
+    (up and down a binary tree of nodes and the chain of each node's ranks). Source: nccl-tests' PERFORMANCE.md.
+
+    >>> hops(1, 1, "ring"), hops(4, 1, "ring"), hops(64, 16, "ring"), hops(8, 2, "tree")
+    (0, 6, 126, 8)
+    """
+    if n <= 1:
+        return 0
+    if algo == "tree" and nodes > 1:
+        return 2 * (math.ceil(math.log2(nodes)) + math.ceil(n / nodes) - 1)
+    return 2 * (n - 1)
 
 
 def sent_bytes_of(payload: float, n: int, nodes: int, algo: str) -> float:

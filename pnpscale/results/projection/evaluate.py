@@ -29,6 +29,7 @@ from pnpscale.results.projection.base import (
     TimeShared,
     Unidentified,
     compute_at,
+    hops,
     is_balanced,
     measured_points,
     nodes_for,
@@ -126,7 +127,8 @@ def numbers_at(model: Model, n: int, at: Mapping[int, tuple[int, Mapping[str, st
                     f"{model.problem} {model.mode} gpus={n}: no rate for route {route!r} (measured routes: "
                     f"{measured}); give --rate {flag}"
                 )
-            tr = sm.latency_s + sent_bytes_of(sm.payload_bytes, n, nodes, algo) / (rate * GB)
+            steps = sm.n_collectives * hops(n, nodes, algo)
+            tr = sm.latency_s * steps + sent_bytes_of(sm.payload_bytes, n, nodes, algo) / (rate * GB)
             wait = (cmax - c) + sm.excess * expected_max_normal(n) * cmax
         per.append((sm.section, c, cmax, tr, wait, route, rate, algo, source))
     return nodes, per

@@ -1,9 +1,15 @@
 """The projection's fit: compute per rank, jitter and wait of each section on the measured points (pure functions).
 
 :func:`fit` reads one (problem, mode)'s measured points and returns a :class:`~pnpscale.results.projection.base.Model`
-(:mod:`pnpscale.results.projection.model` states the model): ``μ_r = a + b·ops_r + c·tiles_r`` by non-negative
-least squares on C and C_max, the jitter σ from the balanced points, the wait beyond ``C_max − C`` (ψ), then the
-transfer (:func:`pnpscale.results.projection.routes.fit_transfer`).
+(:mod:`pnpscale.results.projection.model` states the model), in named steps a test can call one by one. With
+per-rank samples (:mod:`pnpscale.results.projection.samples`): ``μ_r = f_node(r)·(a + b·ops_r + c·tiles_r)`` by
+least squares on the rank means grouped by (N, node, work) (:func:`rank_groups`, :func:`solve_groups`: an
+unbiased mean, no clamp; a coefficient below 0 is set to 0 and said, with how many standard errors it was below
+and what 0 costs; refused beyond the tolerance), node speed factors kept where they differ from 1 by more than
+3 standard errors, the jitter σ from the samples, and the band's bootstrap replicates (:func:`bootstrap`).
+Without samples: non-negative least squares on the summary's C and C_max (a max statistic: noise pushes it
+up; said) and σ from the balanced points (:func:`fit_section_summary`). Then the wait beyond ``C_max − C``
+(ψ) and the transfer (:func:`pnpscale.results.projection.routes.fit_transfer`).
 
 Units: seconds per iteration, bytes.
 """
@@ -87,9 +93,9 @@ def fit(rows: pd.DataFrame, options: Options = Options(), samples: pd.DataFrame 
                   largest_node=largest_node, from_samples=bool(arrays))  # fmt: skip
     fit_transfer(model, pts, options.rates, label)
     assumptions.append(
-        "transfer = latency + bytes per GPU / route rate; a section's collectives are modelled as one all_reduce "
-        "of their summed payload (n_main x main payload + other payload); one node: ring bytes 2P(N−1)/N, a rate "
-        "per GPU count"
+        "transfer = latency per collective and hop x n_main x hops (ring 2(N−1), tree 2(log2 nodes + ranks per node "
+        "− 1)) + bytes per GPU / route rate; a section's collectives are modelled as one all_reduce of their summed "
+        "payload (n_main x main payload + other payload); one node: ring bytes 2P(N−1)/N, a rate per GPU count"
     )
     base = pts[pts[K.GPUS] == fitted[0]][K.SECTION_S].sum()
     model.baseline_s = float(base)
@@ -221,6 +227,7 @@ def fit_sections(pts: pd.DataFrame, m: int, t: int, gpn: int | None, options: Op
         if payload is None:
             raise ProjectionError(f"{label} {name}: no measured multi-GPU point with a payload: no transfer model")
         sm.payload_bytes = payload
+        sm.n_collectives = _n_collectives(multi)
         sm.excess = _excess(multi, sm, m, t)
         if sm.excess:
             assumptions.append(f"{name}: wait beyond C_max − C: ψ = {sm.excess:.3g} x e(N)·C_max")
@@ -276,10 +283,14 @@ def _unidentified_note(name: str, units: tuple[str, ...], used: tuple[str, ...],
 
 def fit_section_samples(s: pd.DataFrame, arrays: dict[int, np.ndarray], m: int, t: int, gpn: int | None,
                         tolerance: float, label: str, assumptions: list[str]) -> SectionModel:  # fmt: skip
-    """One section fitted on its per-rank samples (:mod:`pnpscale.results.projection.samples`): the jitter σ,
-    then :func:`compute_from_means` (the rank means by work group, node speeds); a coefficient that is negative
-    but within 2 standard errors of 0 is said to be indistinguishable from 0 and left out (0), a significantly
-    negative one falls back on the non-negative fit (refused beyond the tolerance: :func:`_fit_compute`)."""
+    """One section fitted on its per-rank samples (:mod:`pnpscale.results.projection.samples`): the jitter σ
+    (said uncertain below :data:`MIN_JITTER_ITERATIONS` iterations), then :func:`compute_from_means` (the rank
+    means by work group, node speeds). A coefficient fitted below 0 is set to 0 and the rest refitted, said with
+    how many standard errors it was below 0 (within 2: indistinguishable from 0) and the largest error at a
+    rank mean that costs; more than 2 standard errors below 0 and that error beyond ``tolerance``: refused.
+
+    Raises:
+        ProjectionError: the compute falls faster than 1/N (naming the worst group of ranks)."""
     name = str(s[K.SECTION].iloc[0])
     units = section_work(name)
     fitted = sorted(arrays)
@@ -496,6 +507,14 @@ def _excess(multi: pd.DataFrame, sm: SectionModel, m: int, t: int) -> float:
             vals.append(extra / (expected_max_normal(n) * cmax))
     psi = float(np.mean(vals)) if vals else 0.0
     return psi if psi > 1e-9 else 0.0
+
+
+def _n_collectives(multi: pd.DataFrame) -> float:
+    """The section's latency-bearing collectives per iteration: N_MAIN at the largest multi-GPU point (>= 1)."""
+    if multi.empty or K.N_MAIN not in multi:
+        return 1.0
+    v = multi.sort_values(K.GPUS)[K.N_MAIN].iloc[-1]
+    return max(1.0, float(v)) if pd.notna(v) else 1.0
 
 
 def _payload(multi: pd.DataFrame) -> float | None:

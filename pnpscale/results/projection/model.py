@@ -1,8 +1,26 @@
 """The projection's model: fit on a sweep's measured points, evaluate at any N, check it (pure functions).
 
 Input: the summary table of :func:`pnpscale.results.runs.load` (one row per complete point x section,
-seconds per measured iteration), optionally with an ``algorithm`` column (the one NCCL logged). Per
+seconds per measured iteration), optionally with an ``algorithm`` column (the one NCCL logged), and the
+runs' per-rank, per-iteration compute (``ranks.parquet``: :mod:`pnpscale.results.projection.samples`). Per
 (problem, mode) and section s, from the measured points N_i (at least 2 GPU counts):
+
+* **nodes** — ``nodes = ceil(N / gpus_per_node)``: ``--gpus-per-node``, else the measured multi-node runs'
+  ``gpus / nodes`` (their hosts, or SLURM's node count); else every measured run sat on one node and its size
+  is unknown: N past the largest measured one is refused
+  (:class:`~pnpscale.results.projection.base.NodeSizeUnknown`: a node bigger than any measured one is never
+  assumed), and past the measured nodes only a measured or given inter-node rate is used.
+* **with per-rank samples** (the default of the command; :func:`pnpscale.results.projection.fit.fit_section_samples`):
+  rank r's mean compute ``μ_r = f_node(r)·(a + b·ops_r + c·tiles_r)`` by least squares on the rank means grouped
+  by (N, node, work) — an unbiased mean, not the max — with ``f_k`` node k's speed relative to node 0 (rank r on
+  node ``r // gpus_per_node``), kept where it differs from 1 by more than 3 standard errors and then on the
+  critical path at every projected N (nodes never measured run at node 0's speed); a coefficient fitted below 0
+  is set to 0 and said (how many standard errors below, and the error that costs; refused beyond the tolerance);
+  the jitter σ from the per-rank, per-iteration samples with each iteration's common factor removed (said
+  uncertain below 20 iterations). The **band**: 5–95 % over bootstrap replicates (iterations, and ranks within
+  their node and work, resampled; compute, jitter and node speeds refitted; rates, latencies and ψ held) of
+  time per iteration, scaled cost, CommE and PE at every projected N. Without samples, the summary's fit below
+  (a max statistic that noise pushes up; no band; said).
 
 * **compute** — deepinv's round-robin assignment (item i on rank ``i % N``) of the M operators and T
   tiles gives each rank's work; rank r's mean compute is ``μ_r(N) = a + b·ops_r + c·tiles_r`` (units of
@@ -30,14 +48,17 @@ seconds per measured iteration), optionally with an ``algorithm`` column (the on
   leaves it together), plus ``ψ_s·e(N)·C_max`` when the measured wait exceeds ``C_max − C`` (several
   synchronising collectives per section, e.g. training's unrolled iterations), ``ψ_s >= 0`` the mean of
   ``(W − (C_max − C))/(e(N)·C_max)`` over the measured multi-GPU points.
-* **transfer** — ``T(N) = L_s + B_s(N) / R(route)``: ``B_s`` the bytes each GPU sends for an all_reduce
-  of the section's payload per iteration ``P_s = n_main·main_payload + other_payload``
+* **transfer** — ``T(N) = ℓ_s·n_s·hops(N) + B_s(N) / R(route)``: ``ℓ_s`` a latency per collective and hop,
+  ``n_s`` the section's main collectives per iteration, ``hops`` the algorithm's latency-bearing steps (ring
+  ``2(N−1)``, tree ``2·(ceil(log2 nodes) + ceil(N/nodes) − 1)``: :func:`pnpscale.results.projection.base.hops`);
+  ``B_s`` the bytes each GPU sends for an all_reduce of the section's payload per iteration
+  ``P_s = n_main·main_payload + other_payload``
   (:func:`pnpscale.results.transfer.bytes_per_gpu`: ring ``2P(N−1)/N``, tree ``2P(nodes−1)/nodes``),
   ``nodes = ceil(N / gpus_per_node)``. Route: on one node ``intra-node, g GPUs`` (one rate per GPU
   count: the study's 40 GB/s on 2 V100s, 119 on 4), else ``inter-node <algorithm>``. Algorithm per node
   count (and section, i.e. size): given (``--algorithm NODES=ALGO``), else the one NCCL logged at that
   node count, else ring (assumed; every choice stated). One node: the ring's bytes. Rates: given
-  (``--rate``), else fitted with latencies ``L_s >= 0`` when the points identify them (every route seen
+  (``--rate``), else fitted with latencies ``ℓ_s >= 0`` when the points identify them (every route seen
   at byte counts at least 20 % apart), else ``L_s = 0`` and the route's ``ΣB/ΣT`` over its points (the
   reason stated). A one-node GPU count never measured takes the nearest measured one's rate (stated).
 * section time ``S = C + T + W`` (>= ``C_max`` by construction); ranks leave each section together, so the
@@ -45,9 +66,10 @@ seconds per measured iteration), optionally with an ``algorithm`` column (the on
   combined (section ``all``) from the sums; GPU-seconds ``N·S``; scaled cost ``N·S / (N0·S_all(N0))``,
   N0 the smallest measured GPU count. No projected number is impossible: C, T, W >= 0, LB, CommE,
   PE <= 1 (checked on every row).
-* **CPU ranks** (backend gloo) share the machine's cores (``devices``, default: this machine's):
-  points with more ranks than cores time-share them (compute and transfer), which the model does not
-  describe, so they are not fitted and N past the cores is not projected (said).
+* **CPU ranks** (backend gloo) share the machine's cores (``devices``: the cores the runs' machine had,
+  default this machine's): points with more ranks than cores time-share them (compute and transfer), and no
+  honest projection exists there: they are not fitted and N past the cores is not projected (said plainly;
+  :class:`~pnpscale.results.projection.base.TimeShared`).
 * **pipelined overlap** (``solver.overlap=pipelined`` beside ``none`` in one sweep): the pipelined series'
   exposed transfer from the blocking series' model and the measured hidden share held from the largest
   measured multi-GPU count, hidden at most the critical-path compute, and both crossovers
@@ -56,7 +78,10 @@ seconds per measured iteration), optionally with an ``algorithm`` column (the on
 Checks: :func:`residuals` (the fit at its own points), :func:`leave_one_out` (each measured N predicted
 from the others, with its own nodes and algorithm); the headline is the largest measured N predicted
 from the smaller ones, its worst error over time, transfer, wait and PE; every residual and every
-leave-one-out error beyond the tolerance is listed (:func:`misses`, :func:`loo_misses`).
+leave-one-out error beyond the tolerance is listed (:func:`misses`, :func:`loo_misses`). Leave-one-out is the
+error at measured points: it does not bound the error past them. A projection resting on a term its
+leave-one-out could not predict (a held-out point refused, or the headline missed beyond the tolerance) is
+marked (:func:`unpredicted`: the ``caveat`` column).
 
 Units: seconds per iteration, bytes, GB/s = 1e9 B/s. Sources: the study "Communication under the hood:
 transfer vs wait" (metrics, byte formulas, routes), nccl-tests' PERFORMANCE.md (bytes per GPU).
