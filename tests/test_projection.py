@@ -429,6 +429,10 @@ def test_command_on_cpu_runs_refuses_past_the_cores(tmp_path, capsys):
     assert main([str(root), "--gpus", "8", "--devices", "4"]) == 2
     err = capsys.readouterr().err
     assert "nothing could be projected" in err and "past the 4 cores the CPU ranks share" in err
+    # said plainly, with the command that works (within the cores), and no flag invited to pretend otherwise
+    assert "no honest projection past the cores, and no option makes one" in err
+    assert f"within them, this works: python -m pnpscale.project {root} --gpus 2,4" in err
+    assert "give --devices" not in err
 
 
 def test_failed_command_leaves_the_report_as_it_was(tmp_path, capsys, many_cores):

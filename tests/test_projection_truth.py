@@ -218,3 +218,18 @@ def test_latency_per_collective_and_hop_is_fitted_and_carried_to_64():
     for section in ("gradient", "denoiser"):
         assert got[section] == pytest.approx(true[section], rel=1e-6)
     assert "latency per collective and hop" in " ".join(model.assumptions)
+
+
+def test_a_node_size_refusal_prints_commands_that_work():
+    from argparse import Namespace
+
+    from pnpscale.results.projection.command import fix_hint
+
+    rows, samples = study.generate(CONFIGS["2d inference"], 5, 0, gpus=(1, 2, 4))
+    rows[K.NODES] = 1
+    p = project(rows, [64], Options(bootstrap=0), samples=samples)
+    hint = fix_hint(Namespace(path="SWEEP", devices=None), rows, p)
+    assert "python -m pnpscale.project SWEEP --gpus-per-node G --rate ring=GBps (G >= 4)" in hint
+    assert "within the measured node, this works now: python -m pnpscale.project SWEEP --gpus 2,4" in hint
+    ok = project(rows, [2, 4], Options(bootstrap=0), samples=samples)  # that command's projection: made
+    assert ("2d", "inference") in ok.findings

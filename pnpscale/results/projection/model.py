@@ -282,10 +282,15 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
 
 
 def unpredicted(checks: pd.DataFrame, tolerance: float) -> str:
-    """Why the projection rests on a term its validation could not predict, or "": a held-out point
-    leave-one-out refused (a term the other points cannot identify), or the headline (the largest fitted N
-    from the smaller ones) missed by more than ``tolerance`` (time, transfer, wait or PE)."""
+    """Why the projection rests on a term its validation could not predict, or "": no leave-one-out at all (2
+    fitted GPU counts), a held-out point leave-one-out refused (a term the other points cannot identify), or the
+    headline (the largest fitted N from the smaller ones) missed by more than ``tolerance`` (time, transfer, wait
+    or PE)."""
     loo = checks[checks["kind"] == LOO]
+    if loo.empty:
+        fitted = sorted({int(g) for g in checks.loc[checks["kind"] == RESIDUAL, K.GPUS]})
+        return (f"rests on a fit no leave-one-out checked ({len(fitted)} fitted GPU counts: each held-out N needs 2 "
+                "others)")  # fmt: skip
     refused = loo[(loo["metric"] == "") & (loo["note"].astype(str) != "")]
     parts = [f"leave-one-out could not predict {int(g)} GPUs" for g in sorted(set(refused[K.GPUS].astype(int)))]
     far = loo_misses(loo[loo["headline"].astype(bool)], tolerance)

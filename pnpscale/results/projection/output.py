@@ -48,8 +48,8 @@ from pnpscale.results.transfer import transfer_inputs
 
 __all__ = [
     "Model", "Options", "Projection", "ProjectionError", "evaluate", "findings", "fit", "leave_one_out",
-    "measured_rows", "parse_algorithms", "parse_rates", "project", "residuals", "markdown", "plot", "write",
-    "write_files",
+    "measured_rows", "parse_algorithms", "parse_rates", "project", "rank_samples", "residuals", "markdown", "plot",
+    "write", "write_files",
 ]  # fmt: skip
 
 _NAMES = {K.SECTION_S: "time", K.TRANSFER_S: "transfer", K.WAIT_S: "wait", K.PE: "PE"}
