@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for key, notes in sorted(p.notes.items()):
         for note in notes:
-            if "not used" in note or "not projected" in note:
+            if "not used" in note or "not projected" in note or note.startswith(("warning:", "caveat:")):
                 print(f"pnpscale.project: {key[0]} {key[1]}: {note}", file=sys.stderr)
     out = Path(args.out) if args.out else Path(args.path) / layout.REPORT_DIR
     command = shlex.join(["python", "-m", "pnpscale.project", *argv])

@@ -129,7 +129,7 @@ def numbers_at(model: Model, n: int, at: Mapping[int, tuple[int, Mapping[str, st
                 )
             steps = sm.n_collectives * hops(n, nodes, algo)
             tr = sm.latency_s * steps + sent_bytes_of(sm.payload_bytes, n, nodes, algo) / (rate * GB)
-            wait = (cmax - c) + sm.excess * expected_max_normal(n) * cmax
+            wait = max(0.0, cmax - c) + sm.excess * expected_max_normal(n) * cmax  # cmax >= c: rounding only
         per.append((sm.section, c, cmax, tr, wait, route, rate, algo, source))
     return nodes, per
 

@@ -219,7 +219,8 @@ def fit_sections(pts: pd.DataFrame, m: int, t: int, gpn: int | None, options: Op
     for name in names:
         s = pts[pts[K.SECTION] == name].sort_values(K.GPUS)
         if name in arrays:
-            sm = fit_section_samples(s, arrays[name], m, t, gpn, options.tolerance, label, assumptions)
+            sm = fit_section_samples(s, arrays[name], m, t, gpn, options.tolerance, label, assumptions,
+                                     (sigmas[name], sig_all))  # fmt: skip
         else:
             sm = fit_section_summary(s, m, t, sigmas[name], sig_all, options.tolerance, label, assumptions)
         multi = s[s[K.GPUS] > 1]
@@ -282,7 +283,8 @@ def _unidentified_note(name: str, units: tuple[str, ...], used: tuple[str, ...],
 
 
 def fit_section_samples(s: pd.DataFrame, arrays: dict[int, np.ndarray], m: int, t: int, gpn: int | None,
-                        tolerance: float, label: str, assumptions: list[str]) -> SectionModel:  # fmt: skip
+                        tolerance: float, label: str, assumptions: list[str],
+                        summary_sigmas: tuple[list[float], list[float]] = ([], [])) -> SectionModel:  # fmt: skip
     """One section fitted on its per-rank samples (:mod:`pnpscale.results.projection.samples`): the jitter σ
     (said uncertain below :data:`MIN_JITTER_ITERATIONS` iterations), then :func:`compute_from_means` (the rank
     means by work group, node speeds). A coefficient fitted below 0 is set to 0 and the rest refitted, said with
@@ -297,9 +299,20 @@ def fit_section_samples(s: pd.DataFrame, arrays: dict[int, np.ndarray], m: int, 
     sigma = jitter(arrays)
     iters = iterations_of(arrays)
     notes = []
-    if sigma is None:
-        sigma = 0.0
-        notes.append("no multi-rank point: jitter σ = 0")
+    jitter_unknown = ""
+    if sigma is None:  # one iteration per point (or one rank): a rank's own mean is its only sample
+        own, every = summary_sigmas
+        if own or every:
+            sigma = max(0.0, float(np.mean(own or every)))
+            notes.append(f"no multi-rank point with 2 iterations or more: jitter σ from the summary's balanced "
+                         f"points ({'its own' if own else 'the other sections'})")  # fmt: skip
+        else:
+            sigma = 0.0
+            jitter_unknown = (f"no multi-rank point with 2 iterations or more, and no fitted point "
+                              f"({', '.join(map(str, fitted))}) gives the ranks of any section the same work, so the "
+                              "jitter was never measured apart from the uneven work")  # fmt: skip
+            notes.append("jitter not measured: σ = 0; C_max and wait at N where every rank holds the same work "
+                         "(jitter alone) are not projected")  # fmt: skip
     elif iters < MIN_JITTER_ITERATIONS:
         notes.append(f"jitter from only {iters} iterations per point (fewer than ~{MIN_JITTER_ITERATIONS}: "
                      "uncertain, see the band)")  # fmt: skip
@@ -307,11 +320,12 @@ def fit_section_samples(s: pd.DataFrame, arrays: dict[int, np.ndarray], m: int, 
     names = ("fixed", *used)
     neg = [i for i, v in enumerate(coef) if v < 0]
     if neg:
-        z = {i: -coef[i] / se[i] if se[i] > 0 else math.inf for i in neg}
+        z = {i: -coef[i] / se[i] if se[i] > 0 else math.inf for i in neg}  # inf: no spread to tell (1 iteration)
         keep = [i for i in range(len(coef)) if i not in neg]
         coef, _, speed, se = compute_from_means(arrays, units if used == units else used, m, t, gpn, keep)
         worst = _worst_misfit(arrays, coef, used, m, t, gpn, speed)
-        said = ", ".join(f"{names[i]} fitted {z[i]:.1f} standard errors below 0" for i in neg)
+        said = ", ".join(f"{names[i]} fitted {z[i]:.1f} standard errors below 0" if math.isfinite(z[i])
+                         else f"{names[i]} fitted below 0 (standard error unknown: 1 iteration)" for i in neg)
         if any(v > 2 for v in z.values()) and worst[0] > tolerance:
             raise ProjectionError(
                 f"{label} {name}: no non-negative fixed + per-unit compute fits the per-rank means within "
@@ -322,7 +336,7 @@ def fit_section_samples(s: pd.DataFrame, arrays: dict[int, np.ndarray], m: int, 
                      + ("indistinguishable from 0, " if all(v <= 2 for v in z.values()) else "")
                      + f"set to 0 (the fit then misses the rank means by at most {100 * worst[0]:.1f} %)")  # fmt: skip
     unidentified = _unidentified_note(name, units, used, fitted, m, t, assumptions)
-    sm = SectionModel(name, used, coef, 0.0, 0.0, sigma, 0.0, unidentified, "", speed)
+    sm = SectionModel(name, used, coef, 0.0, 0.0, sigma, 0.0, unidentified, jitter_unknown, speed)
     parts = ", ".join(
         f"{u} {v:.4g} s" + (" (indistinguishable from 0)" if 0 < v < 2 * e else "")
         for u, v, e in zip(("fixed", *used), coef, se, strict=True)
@@ -330,8 +344,9 @@ def fit_section_samples(s: pd.DataFrame, arrays: dict[int, np.ndarray], m: int, 
     slow = "; ".join(f"node {k} x{v:.3f}" for k, v in sorted(speed.items()))
     assumptions.append(
         f"{name}: compute per rank = {parts} (least squares on the per-rank means by work group, weights "
-        f"1/value); jitter σ = {sigma:.3g} (per-rank, per-iteration samples, the iteration's common factor "
-        f"removed; {iters} iterations or more per point)"
+        f"1/value); jitter σ = {sigma:.3g}"
+        + (f" (per-rank, per-iteration samples, the iteration's common factor removed; {iters} iterations or more "
+           "per point)" if iters >= 2 else "")
         + (f"; slower node(s), kept on the critical path: {slow} (compute relative to node 0; nodes never "
            "measured run at node 0's speed)" if slow else "")
         + "".join(f"; {n}" for n in notes)
@@ -456,6 +471,9 @@ def bootstrap(model: Model, arrays: dict[str, dict[int, np.ndarray]], options: O
     as the point fit), jitter and node speeds refitted; the transfer and ψ held. Only when every section was
     fitted on samples."""
     if options.bootstrap <= 0 or not arrays or len(arrays) < len(model.sections):
+        return
+    if min(iterations_of(a) for a in arrays.values()) < 2:
+        model.assumptions.append("no band: a point with one measured iteration has no spread to resample")
         return
     rng = np.random.default_rng(options.seed)
     m, t, gpn = model.num_operators, model.num_tiles, model.gpus_per_node

@@ -272,7 +272,10 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
             [f"not projected: {', '.join(map(str, node_refused))} GPUs (past the largest measured node, "
              f"{model.largest_node} GPUs, with no node size: give --gpus-per-node G and --rate ring=GBps)"]
             if node_refused else []
-        ) + ([f"caveat: {caveat}"] if caveat else [])  # fmt: skip
+        ) + ([f"caveat: {caveat}"] if caveat else []) + [
+            f"warning: {a.split('; ')[0].split(':')[0]}: {w}" for a in model.assumptions for w in a.split("; ")
+            if w.startswith("jitter from only")
+        ]  # fmt: skip
     cols = list(K.PROJECTION_COLUMNS)
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
     val = pd.concat(vals, ignore_index=True) if vals else pd.DataFrame(columns=list(K.VALIDATION_COLUMNS))

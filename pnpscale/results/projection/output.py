@@ -163,7 +163,8 @@ def markdown(p: Projection) -> list[str]:
                           "per-rank samples: compute, jitter, node speeds); the model's own assumptions and the "
                           "transfer rates are not in it.", ""]  # fmt: skip
             else:
-                lines += ["No band: no per-rank samples were fitted (the summary's C and C_max only).", ""]
+                why = next((a for a in p.assumptions.get(key, []) if "no band" in a), "no per-rank samples")
+                lines += [f"No band ({why}).", ""]
             caveats = sorted({str(c) for c in proj[K.CAVEAT] if c})
             lines += [f"**Caveat: this projection {c}.**" for c in caveats] + ([""] if caveats else [])
         table = _checks_table(v)
