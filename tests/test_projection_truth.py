@@ -220,6 +220,7 @@ def test_latency_per_collective_and_hop_is_fitted_and_carried_to_64():
     assert "latency per collective and hop" in " ".join(model.assumptions)
 
 
+@pytest.mark.slow
 def test_a_node_size_refusal_prints_commands_that_work():
     from argparse import Namespace
 

@@ -164,7 +164,7 @@ def markdown(p: Projection) -> list[str]:
                           "transfer rates are not in it.", ""]  # fmt: skip
             else:
                 why = next((a for a in p.assumptions.get(key, []) if "no band" in a), "no per-rank samples")
-                lines += [f"No band ({why}).", ""]
+                lines += [f"No band: {why.split('no band: ')[-1].split(' (')[0].removeprefix('no band')}.", ""]
             caveats = sorted({str(c) for c in proj[K.CAVEAT] if c})
             lines += [f"**Caveat: this projection {c}.**" for c in caveats] + ([""] if caveats else [])
         table = _checks_table(v)
