@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from pnpscale import columns as K
-from pnpscale.results.projection.output import Options, evaluate, fit, leave_one_out, with_algorithms
+from pnpscale.results.projection.output import Options, evaluate, fit, leave_one_out, rank_samples, with_algorithms
 from pnpscale.results.runs import build_table
 
 METRICS = (K.SECTION_S, K.COMPUTE_S, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.PE)
@@ -48,8 +48,9 @@ def main() -> None:
         subprocess.run(cmd, check=True, capture_output=True)
     table = build_table(sweep, echo=lambda s: None)
     table = with_algorithms(table[(table["status"] == "complete") & (table["mode"] == "inference")])
-    options = Options(devices=a.devices or None)
-    model = fit(table[table[K.GPUS].isin(fit_gpus)], options)
+    options = Options(devices=a.devices or None, bootstrap=0)
+    samples = rank_samples(table)  # each run's ranks.parquet: the per-rank compute the command fits too
+    model = fit(table[table[K.GPUS].isin(fit_gpus)], options, samples)
     past = [n for n in check if model.cores is not None and n > model.cores]
     if past:
         print(f"the command refuses {past} (past the {model.cores} cores); evaluated here anyway")
@@ -62,7 +63,7 @@ def main() -> None:
             mv, pv = float(measured.loc[(n, "all"), metric]), float(projected.loc[(n, "all"), metric])
             rows.append({"gpus": n, "metric": metric, "projected": pv, "measured": mv, "error %": 100 * (pv / mv - 1)})
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
-    loo = leave_one_out(table[table[K.GPUS].isin(fit_gpus)], options)
+    loo = leave_one_out(table[table[K.GPUS].isin(fit_gpus)], options, samples=samples)
     loo = loo[(loo[K.SECTION] == "all") & (loo["metric"] == K.SECTION_S)]
     print("\nleave-one-out on the fit points, time per iteration (error %):")
     print(loo[[K.GPUS, "fitted_on", "projected_value", "measured_value", K.REL_ERROR]]

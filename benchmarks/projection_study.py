@@ -37,7 +37,11 @@ GPUs) as :mod:`pnpscale.results.projection.overlap` does with a measured share (
 critical-path compute)), and the crossover N (exposed transfer > critical-path compute) of both variants is
 searched over 1..``--up-to``.
 
+Off the happy path (issue 32, :func:`off_path`): the same generator with :class:`Noise` (per-rank noise, a
+common factor per iteration, a slow node), fitted on its per-rank samples, projected with a 5–95 % band.
+
     python benchmarks/projection_study.py [--iterations 200] [--hidden-share 0.25,0.5,0.75,1] [--up-to 2048]
+                                          [--seeds 3]
 """
 
 from __future__ import annotations
@@ -52,7 +56,17 @@ import pandas as pd
 from pnpscale import columns as K
 from pnpscale.rank.assignment import round_robin
 from pnpscale.results.jitter import expected_max_normal
-from pnpscale.results.projection.model import ALL, RING, Options, evaluate, fit, leave_one_out, loo_misses, residuals
+from pnpscale.results.projection.model import (
+    ALL,
+    RING,
+    Options,
+    evaluate,
+    fit,
+    leave_one_out,
+    loo_misses,
+    project,
+    residuals,
+)
 from pnpscale.results.projection.overlap import crossover, grid
 
 GPUS_PER_NODE = 4
@@ -132,6 +146,16 @@ def _transfer(payload: float, n: int) -> float:
     return 2 * payload * (n - 1) / n / RATES["ring"]
 
 
+def _hops(n: int) -> int:
+    """The all_reduce's latency-bearing steps as the study's routes run it: ring 2(N−1), a tree on 2 nodes."""
+    nodes = math.ceil(n / GPUS_PER_NODE)
+    if n <= 1:
+        return 0
+    if nodes == 2:
+        return 2 * (math.ceil(math.log2(nodes)) + math.ceil(n / nodes) - 1)
+    return 2 * (n - 1)
+
+
 def _training_targets() -> dict[str, dict[str, dict[str, float]]]:
     """Per-section 64-GPU compute, wait, transfer and smallest-N time from the study's 64-GPU figures."""
     out = {}
@@ -174,12 +198,35 @@ def configs() -> dict[str, Config]:
     }
 
 
-def point(cfg: Config, n: int, iterations: int, rng: np.random.Generator) -> list[dict]:
-    """One synthetic run of ``n`` GPUs: summary rows (seconds per iteration) per section."""
+@dataclass(frozen=True)
+class Noise:
+    """Off the study's happy path: ``sigma`` per-rank, per-iteration noise (relative; None: the section's
+    jitter), a common factor ``1 + U(−iteration, iteration)`` per iteration on every rank, node ``slow_node``
+    ``slow`` times slower (1: none; ranks on nodes in blocks of :data:`GPUS_PER_NODE`), and ``hop_latency``
+    seconds per collective and hop of the all_reduce added to the transfer."""
+
+    sigma: float | None = None
+    iteration: float = 0.0
+    slow_node: int = 1
+    slow: float = 1.0
+    hop_latency: float = 0.0
+    hop_latency: float = 0.0  # seconds per collective and hop (ring 2(N−1) hops, tree 2(log2 nodes + 4 − 1))
+
+
+#: the issue's noisy sweep: 3.5 % per-rank noise, ±3 % per iteration, node 1 8 % slow.
+NOISY = Noise(sigma=0.035, iteration=0.03, slow_node=1, slow=1.08)
+
+
+def point(cfg: Config, n: int, iterations: int, rng: np.random.Generator,
+          noise: Noise = Noise()) -> tuple[list[dict], list[pd.DataFrame]]:  # fmt: skip
+    """One synthetic run of ``n`` GPUs: summary rows (seconds per iteration) per section, and its per-rank,
+    per-iteration compute samples (:data:`pnpscale.results.projection.samples.SAMPLE_COLUMNS`)."""
     nodes = math.ceil(n / GPUS_PER_NODE)
     ops, tiles = _counts(cfg.operators, n), _counts(cfg.tiles, n)
-    rows = []
+    speed = np.where(np.arange(n) // GPUS_PER_NODE == noise.slow_node, noise.slow, 1.0)
+    rows, samples = [], []
     for name, s in cfg.sections.items():
+        sigma = s.sigma if noise.sigma is None else noise.sigma
         # segments: half carry the operators' work (physics), half the tiles' (denoiser); fixed split evenly
         k = s.syncs
         seg = []
@@ -190,14 +237,15 @@ def point(cfg: Config, n: int, iterations: int, rng: np.random.Generator) -> lis
                 work += s.per_op * ops / max(1, k // 2)
             if not phys or k == 1:
                 work += s.per_tile * tiles / max(1, k // 2)
-            seg.append(work)
+            seg.append(work * speed)
+        common = 1 + noise.iteration * rng.uniform(-1, 1, (iterations, 1)) if noise.iteration else 1.0
         comp = np.zeros((iterations, n))
         wait = np.zeros((iterations, n))
         for work in seg:
-            x = work[None, :] * (1 + s.sigma * rng.standard_normal((iterations, n)))
+            x = work[None, :] * (1 + sigma * rng.standard_normal((iterations, n))) * common
             comp += x
             wait += x.max(axis=1, keepdims=True) - x if n > 1 else 0.0
-        transfer = _transfer(s.payload, n)
+        transfer = _transfer(s.payload, n) + noise.hop_latency * s.n_main * _hops(n)
         c, cmax, w = comp.mean(), comp.max(axis=1).mean(), wait.mean()
         rows.append({
             K.PROBLEM: cfg.problem, K.MODE: cfg.mode, K.GPUS: n, K.SECTION: name, "status": "complete",
@@ -207,12 +255,29 @@ def point(cfg: Config, n: int, iterations: int, rng: np.random.Generator) -> lis
             K.N_MAIN: s.n_main if n > 1 else 0, K.OTHER_PAYLOAD_BYTES: s.payload - s.n_main * s.image,
             "num_operators": cfg.operators, "num_tiles": cfg.tiles,
         })  # fmt: skip
-    return rows
+        it, rk = np.meshgrid(np.arange(iterations), np.arange(n), indexing="ij")
+        samples.append(pd.DataFrame({K.PROBLEM: cfg.problem, K.MODE: cfg.mode, K.GPUS: n, K.SECTION: name,
+                                     K.RANK: rk.ravel(), K.ITERATION: it.ravel(),
+                                     K.COMPUTE_S: comp.ravel()}))  # fmt: skip
+    return rows, samples
+
+
+def generate(cfg: Config, iterations: int = 200, seed: int = 0, noise: Noise = Noise(),
+             gpus: tuple[int, ...] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """A seeded synthetic sweep of ``cfg`` at ``gpus`` (default: the study's): (summary rows, per-rank samples).
+    Pure: the same arguments give the same tables."""
+    rng = np.random.default_rng(seed)
+    rows, samples = [], []
+    for n in gpus or cfg.gpus:
+        r, x = point(cfg, n, iterations, rng, noise)
+        rows += r
+        samples += x
+    return pd.DataFrame(rows), pd.concat(samples, ignore_index=True)
 
 
 def sweep(cfg: Config, iterations: int = 200, seed: int = 0) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    return pd.DataFrame([r for n in cfg.gpus for r in point(cfg, n, iterations, rng)])
+    """:func:`generate`'s summary rows alone (the study's clean mechanism)."""
+    return generate(cfg, iterations, seed)[0]
 
 
 # --- the study's 64-GPU figures and the same figures from a table --------------------------------
@@ -329,18 +394,18 @@ def run(iterations: int = 200, shares: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0
     hidden share: exposed transfer at 64 and the crossovers; warning lines: leave-one-out errors > 10 %)."""
     rows, heads, overlap, warnings = [], [], [], []
     for name, cfg in configs().items():
-        gen = sweep(cfg, iterations)
+        gen, smp = generate(cfg, iterations)
         base = gen[gen[K.GPUS] == gen[K.GPUS].min()]
         truth = figures(gen, base)
         proj = {}
         for up_to in (8, 16):
-            pts = gen[gen[K.GPUS] <= up_to]
+            pts, sp = gen[gen[K.GPUS] <= up_to], smp[smp[K.GPUS] <= up_to]
             # <= 8 GPUs never ran a ring across nodes: the study's forced-ring 2-node job measured 10.5 GB/s
-            options = Options(rates={RING: 10.5}) if up_to == 8 else Options()
-            model = fit(pts, options)
+            options = Options(rates={RING: 10.5}, bootstrap=0) if up_to == 8 else Options(bootstrap=0)
+            model = fit(pts, options, sp)
             p = evaluate(model, [64])
             proj[up_to] = figures(p, base)
-            loo = leave_one_out(pts, options, model)
+            loo = leave_one_out(pts, options, model, sp)
             res = residuals(pts, model)
             res = res[(res[K.SECTION] == ALL) & res["metric"].isin([K.SECTION_S, K.TRANSFER_S, K.WAIT_S, K.PE])]
             worst_res = res.loc[res[K.REL_ERROR].abs().idxmax()]
@@ -398,6 +463,38 @@ def run(iterations: int = 200, shares: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0
     return pd.DataFrame(rows), pd.DataFrame(heads), pd.DataFrame(overlap), warnings
 
 
+def off_path(seeds: int = 3) -> pd.DataFrame:
+    """Issue 32's sweeps off the happy path, each fitted on <= 8 GPUs with ``--rate ring=10.5`` and projected to
+    64 (with the band), against the generator's own 64-GPU point: clean 3D training at 5 iterations, 2D training
+    and 2D inference with :data:`NOISY` at 200 and 20 iterations; ``seeds`` seeds each. And a one-node 1, 2, 4
+    sweep without a node size (refused, or its error)."""
+    out = []
+    cfgs = configs()
+    cases = [("3d training", "clean", Noise(), 5), ("2d training", "noisy", NOISY, 200),
+             ("2d training", "noisy", NOISY, 20), ("2d inference", "noisy", NOISY, 200),
+             ("2d inference", "noisy", NOISY, 20)]  # fmt: skip
+    for name, kind, noise, iterations in cases:
+        truth = generate(cfgs[name], 200, 1000, noise, gpus=(64,))[0][K.SECTION_S].sum()
+        for seed in range(seeds):
+            rows, smp = generate(cfgs[name], iterations, seed, noise)
+            keep = rows[K.GPUS] <= 8
+            p = project(rows[keep], [64], Options(rates={RING: 10.5}, bootstrap=100), samples=smp[smp[K.GPUS] <= 8])
+            a = p.table[(p.table[K.GPUS] == 64) & (p.table[K.SECTION] == ALL) & ~p.table[K.MEASURED]].iloc[0]
+            out.append({"configuration": f"{name} ({kind})", "iterations": iterations, "seed": seed,
+                        "truth at 64 s": truth, "projected s": a[K.SECTION_S],
+                        "error %": 100 * (a[K.SECTION_S] / truth - 1),
+                        "band %": f"{100 * (a['section_s_lo'] / truth - 1):+.1f}…"
+                                  f"{100 * (a['section_s_hi'] / truth - 1):+.1f}",
+                        "caveat": "yes" if a[K.CAVEAT] else ""})  # fmt: skip
+    rows, smp = generate(cfgs["2d inference"], 20, 0, gpus=(1, 2, 4))
+    rows[K.NODES] = 1
+    p = project(rows, [64], Options(bootstrap=0), samples=smp)
+    why = p.skipped.get(("2d", "inference"), "not refused")
+    out.append({"configuration": "2d inference one node 1, 2, 4, no node size", "iterations": 20, "seed": 0,
+                "error %": math.nan, "caveat": f"refused: {why[:90]}"})  # fmt: skip
+    return pd.DataFrame(out)
+
+
 def criteria(table: pd.DataFrame) -> list[str]:
     """The issue's acceptance checks on :func:`run`'s table, one line each (PASS / FAIL)."""
     out = []
@@ -420,6 +517,7 @@ def main() -> None:
     p.add_argument("--hidden-share", default="0.25,0.5,0.75,1",
                    help="what-if hidden shares of the pipelined overlap, comma-separated in [0, 1] (not measured)")
     p.add_argument("--up-to", type=int, default=2048, help="largest N searched for the crossovers")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per off-path sweep (issue 32's cases)")
     a = p.parse_args()
     shares = tuple(float(x) for x in a.hidden_share.split(","))
     if not all(0 <= s <= 1 for s in shares):
@@ -440,6 +538,9 @@ def main() -> None:
           "= blocking transfer - min(h x transfer, compute_max); crossover = least N with (exposed) transfer > "
           "compute_max:\n")
     print(overlap.to_markdown(index=False, floatfmt=".4g"))
+    print("\nOff the happy path (issue 32): fitted on <= 8 with --rate ring=10.5, projected to 64; band 5–95 % "
+          "relative to the truth:\n")
+    print(off_path(a.seeds).to_markdown(index=False, floatfmt=".4g"))
 
 
 if __name__ == "__main__":

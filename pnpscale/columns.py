@@ -231,9 +231,25 @@ RATES_COLUMNS = (BACKEND, ROUTE, RATE_GBPS, N_ROWS, CALIBRATION, ROWS)
 # --- projection (pnpscale.results.projection.output): one row per (problem, mode) x N x section ---
 SCALED_COST = "scaled_cost"
 MEASURED = "measured"
+#: a projected row resting on a term its leave-one-out could not predict says which ("" otherwise).
+CAVEAT = "caveat"
+
+
+def band_column(metric: str, end: str) -> str:
+    """The projection band's column of ``metric`` (``end`` ``lo``: 5 %, ``hi``: 95 %).
+
+    >>> band_column("section_s", "lo"), band_column("pe", "hi")
+    ('section_s_lo', 'pe_hi')
+    """
+    return f"{metric}_{end}"
+
+
+#: the 5–95 % band of the projection (bootstrap over iterations and ranks; NaN without per-rank samples).
+PROJECTION_BAND_COLUMNS = tuple(band_column(m, e) for m in (SECTION_S, SCALED_COST, COMM_E, PE) for e in ("lo", "hi"))
 PROJECTION_COLUMNS = (
     PROBLEM, MODE, GPUS, NODES, SECTION, COMPUTE_S, COMPUTE_MAX_S, TRANSFER_S, WAIT_S, SECTION_S, LB, COMM_E, PE,
-    GPU_SECONDS, SCALED_COST, ROUTE, RATE_GBPS, ALGORITHM, ALGORITHM_SOURCE, MEASURED,
+    GPU_SECONDS, SCALED_COST, ROUTE, RATE_GBPS, ALGORITHM, ALGORITHM_SOURCE, MEASURED, *PROJECTION_BAND_COLUMNS,
+    CAVEAT,
 )  # fmt: skip
 #: the pipelined variant projected from the blocking one (pnpscale.results.projection.overlap), section ``all``
 #: per N: the blocking model's COMPUTE_MAX_S and TRANSFER_S, the pipelined exposed transfer and hidden time (s)

@@ -200,19 +200,25 @@ def test_one_rate_per_gpu_count_on_one_node_with_the_true_reason():
     assert model.rates["intra-node, 3 GPUs"] == pytest.approx(80.0)
     assert model.rates["intra-node, 4 GPUs"] == pytest.approx(119.0)
     text = " ".join(model.assumptions)
-    assert "latency not identifiable: route(s) measured at byte counts within 20 % of each other" in text
+    assert "latency not identifiable: route(s) measured at hops per byte within 20 % of each other" in text
     assert "too few" not in text
-    # a one-node count never measured takes the nearest measured one's rate, said in the row
-    row = evaluate(model, [8]).query("section == 'denoiser'").iloc[0]
+    # no node size: a node of 8 GPUs, bigger than any measured, is not assumed; the fix is named
+    with pytest.raises(pb.NodeSizeUnknown, match="give --gpus-per-node G and the inter-node rate"):
+        evaluate(model, [8])
+    p = project(sweep([1, 2, 3, 4], gpus_per_node=None), [8])
+    assert "a node of 8 GPUs, bigger than any measured one, is not assumed" in p.skipped[("2d", "inference")]
+    # a node of 8 given: a one-node count never measured takes the nearest measured one's rate, said in the row
+    eight = Options(gpus_per_node=8)
+    row = evaluate(fit(sweep([1, 2, 3, 4], gpus_per_node=None), eight), [8]).query("section == 'denoiser'").iloc[0]
     assert row[K.RATE_GBPS] == pytest.approx(119.0) and row[K.ROUTE] == "intra-node, 8 GPUs"
-    text = " ".join(project(sweep([1, 2, 3, 4], gpus_per_node=None), [8]).assumptions[("2d", "inference")])
+    text = " ".join(project(sweep([1, 2, 3, 4], gpus_per_node=None), [8], eight).assumptions[("2d", "inference")])
     assert "rate intra-node, 8 GPUs: 119 GB/s, not measured on 8 GPUs: the rate of intra-node, 4 GPUs (assumed)" in text
-    given = evaluate(fit(sweep([1, 2, 3, 4], gpus_per_node=None), Options(rates={"intra-node, 8 GPUs": 150.0})), [8])
+    given = evaluate(fit(sweep([1, 2, 3, 4], gpus_per_node=None), Options(8, rates={"intra-node, 8 GPUs": 150.0})), [8])
     assert given.query("section == 'denoiser'")[K.RATE_GBPS].iloc[0] == 150.0
 
 
 def test_a_given_rate_is_used_or_the_projection_says_why_not():
-    options = Options(rates={"inter-node ring": 10.5, "intra-node, 4 GPUs": 119.0}, algorithms={2: "tree"})
+    options = Options(8, rates={"inter-node ring": 10.5, "intra-node, 4 GPUs": 119.0}, algorithms={2: "tree"})
     p = project(sweep([1, 2, 4], gpus_per_node=None), [8], options)
     notes = p.notes[("2d", "inference")]
     assert any(n.startswith("--rate inter-node ring=10.5: not used: no measured or projected point takes route")
@@ -321,7 +327,8 @@ def test_cpu_ranks_past_the_cores_are_not_fitted_nor_projected():
         evaluate(model, [4])
     p = project(cpu, [6, 8, 16], Options(devices=8))
     assert ("2d", "inference") in p.findings and p.findings[("2d", "inference")]["searched_up_to"] == 8
-    assert "not projected: 16 GPUs (past the 8 cores the CPU ranks share)" in p.notes[("2d", "inference")]
+    assert ("not projected: 16 GPUs (past the 8 cores the CPU ranks share: time-shared, no honest projection exists "
+            "there)") in p.notes[("2d", "inference")]
     assert set(p.table.loc[~p.table[K.MEASURED], K.GPUS]) <= {1, 2, 3, 4, 5, 6, 7, 8}
 
 
@@ -422,6 +429,10 @@ def test_command_on_cpu_runs_refuses_past_the_cores(tmp_path, capsys):
     assert main([str(root), "--gpus", "8", "--devices", "4"]) == 2
     err = capsys.readouterr().err
     assert "nothing could be projected" in err and "past the 4 cores the CPU ranks share" in err
+    # said plainly, with the command that works (within the cores), and no flag invited to pretend otherwise
+    assert "no honest projection past the cores, and no option makes one" in err
+    assert f"within them, this works: python -m pnpscale.project {root} --gpus 2,4" in err
+    assert "give --devices" not in err
 
 
 def test_failed_command_leaves_the_report_as_it_was(tmp_path, capsys, many_cores):
@@ -642,7 +653,7 @@ def test_a_large_leave_one_out_error_is_a_warning_line_and_a_missing_one_is_said
     assert len(wait4) == 1 and wait4[K.REL_ERROR].iloc[0] == pytest.approx(-2 / 3, abs=0.05)
     lines = [line for line in markdown(p) if line.startswith("- **leave-one-out misses by more than 10 %**")]
     assert len(lines) == 1 and "N=4 from 1,2,8,16: wait -6" in lines[0]
-    two = markdown(project(sweep([1, 2]), [8]))
+    two = markdown(project(sweep([1, 2]), [8], Options(gpus_per_node=4, rates={"inter-node ring": 10.5})))
     assert "- leave-one-out: not made: 2 measured GPU count(s) (1, 2); each held-out N needs 2 others to fit on" in two
 
 
@@ -670,7 +681,7 @@ def test_a_split_the_points_cannot_identify_is_refused_not_guessed():
     assert "rate of intra-node, 2 GPUs from this point itself" in at2["note"].iloc[0]
     assert at2.loc[[K.SECTION_S, K.WAIT_S, K.PE], K.REL_ERROR].abs().max() < 0.02
     # the projection itself: refused past 4, the series said not projected; at 1, 2, 4 the fit is exact
-    p = project(sweep([1, 2, 4], key=key), [64], Options(rates={"inter-node ring": 10.5}))
+    p = project(sweep([1, 2, 4], key=key), [64], Options(gpus_per_node=4, rates={"inter-node ring": 10.5}))
     assert key not in p.findings and "compute_max and wait at gpus=64 not projected" in p.skipped[key]
     model = fit(sweep([1, 2, 4], key=key))
     assert "C_max and wait at any other N depend on the unknown split" in " ".join(model.assumptions)

@@ -47,6 +47,15 @@ class ProjectionError(InputError, ValueError):
     """A projection that cannot be made honestly (too few points, unknown assignment or rate, a fit)."""
 
 
+class NodeSizeUnknown(ProjectionError):
+    """GPU counts past the largest measured node with no node size known: a node bigger than any measured
+    one is never assumed (the fix: ``--gpus-per-node`` and an inter-node ``--rate``)."""
+
+
+class TimeShared(ProjectionError):
+    """GPU counts past the cores that CPU ranks time-share: no honest projection exists there."""
+
+
 class Unidentified(ProjectionError):
     """A critical path the fitted points cannot identify: a section whose points never told an operator's
     compute from a tile's, evaluated at an N where the ranks hold unequal shares of the two; or a jitter
@@ -68,6 +77,8 @@ class Options:
             per rank). Points with more ranks than devices are not fitted, N past them not projected.
         tolerance: relative error above which the fit is said to miss its own points (and a fit that
             needs negative compute is refused).
+        bootstrap: replicates of the band (resampling iterations and ranks of the per-rank samples;
+            0: no band). seed: the bootstrap's random seed (the band is reproducible).
     """
 
     gpus_per_node: int | None = None
@@ -76,6 +87,14 @@ class Options:
     pe_min: float = 0.8
     devices: int | None = None
     tolerance: float = 0.10
+    bootstrap: int = 200
+    seed: int = 0
+
+
+#: fewer measured iterations than this per point: the jitter (a spread) is said to be uncertain.
+MIN_JITTER_ITERATIONS = 20
+#: the band's quantiles (5–95 %).
+BAND = (0.05, 0.95)
 
 
 def intra_route(gpus: int) -> str:
@@ -156,7 +175,7 @@ class SectionModel:
     section: str
     units: tuple[str, ...]
     coef: np.ndarray  # a, then one coefficient per unit (all >= 0)
-    latency_s: float
+    latency_s: float  # per collective and hop (:func:`hops`), seconds
     payload_bytes: float
     sigma: float  # jitter: relative spread of one rank's compute
     excess: float  # ψ: wait beyond C_max − C, per e(N)·C_max
@@ -164,6 +183,11 @@ class SectionModel:
     unidentified: str = ""
     #: why the jitter σ is unknown (no balanced point in any section: σ = 0 assumed), else ""
     jitter_unknown: str = ""
+    #: node index -> compute speed factor relative to node 0 (> 1: slower), from the per-rank samples;
+    #: a node not listed runs at node 0's speed. Ranks sit on nodes in blocks (rank r on node r // gpus_per_node).
+    node_speed: dict[int, float] = field(default_factory=dict)
+    #: collectives per iteration that each pay the latency per hop (the main ones: N_MAIN, at least 1)
+    n_collectives: float = 1.0
 
 
 @dataclass
@@ -188,6 +212,12 @@ class Model:
     cores: int | None = None  # CPU ranks: projection refused past this many ranks
     tolerance: float = 0.10
     fit_routes: set[str] = field(default_factory=set)
+    #: node size unknown and every measured run on one node: the largest measured node (GPUs); N past it refused
+    largest_node: int | None = None
+    #: the band's replicates: each the model's sections refitted on resampled iterations and ranks
+    replicates: list[list[SectionModel]] = field(default_factory=list)
+    #: True when compute and jitter come from the per-rank samples (unbiased means), False: summary C, C_max
+    from_samples: bool = False
 
 
 # --- work and its features ---------------------------------------------------------------------
@@ -241,14 +271,40 @@ def expected_cmax(mu: np.ndarray, sigma: float) -> float:
     return expected_max(groups, counts, sigma)
 
 
-def compute_at(sm: SectionModel, m: int, t: int, n: int) -> tuple[float, float]:
-    """(C, C_max) at N: the mean of ``μ_r`` and ``E[max_r μ_r·(1 + σ·Z_r)]``."""
-    mu = sm.coef[0] + work_per_rank(sm.units, m, t, n) @ sm.coef[1:]
+def speed_per_rank(sm: SectionModel, n: int, gpus_per_node: int | None) -> np.ndarray:
+    """Each of N ranks' speed factor (rank r on node ``r // gpus_per_node``; one node without a node size)."""
+    f = np.ones(n)
+    if sm.node_speed:
+        nodes = np.arange(n) // gpus_per_node if gpus_per_node else np.zeros(n, dtype=int)
+        for k, v in sm.node_speed.items():
+            f[nodes == k] = v
+    return f
+
+
+def compute_at(sm: SectionModel, m: int, t: int, n: int, gpus_per_node: int | None = None) -> tuple[float, float]:
+    """(C, C_max) at N: the mean of ``μ_r = f_node(r)·(a + b·ops_r + c·tiles_r)`` and
+    ``E[max_r μ_r·(1 + σ·Z_r)]`` (``f`` the node speed factors, 1 without)."""
+    mu = (sm.coef[0] + work_per_rank(sm.units, m, t, n) @ sm.coef[1:]) * speed_per_rank(sm, n, gpus_per_node)
     return float(mu.mean()), expected_cmax(mu, sm.sigma)
 
 
 def nodes_for(n: int, gpus_per_node: int | None) -> int:
     return 1 if gpus_per_node is None else max(1, math.ceil(n / gpus_per_node))
+
+
+def hops(n: int, nodes: int, algo: str) -> int:
+    """Latency-bearing steps of one all_reduce on N ranks over ``nodes`` nodes: the ring's ``2(N − 1)`` (a
+    reduce-scatter and an all-gather, N − 1 steps each); the tree's ``2·(ceil(log2 nodes) + ceil(N / nodes) − 1)``
+    (up and down a binary tree of nodes and the chain of each node's ranks). Source: nccl-tests' PERFORMANCE.md.
+
+    >>> hops(1, 1, "ring"), hops(4, 1, "ring"), hops(64, 16, "ring"), hops(8, 2, "tree")
+    (0, 6, 126, 8)
+    """
+    if n <= 1:
+        return 0
+    if algo == "tree" and nodes > 1:
+        return 2 * (math.ceil(math.log2(nodes)) + math.ceil(n / nodes) - 1)
+    return 2 * (n - 1)
 
 
 def sent_bytes_of(payload: float, n: int, nodes: int, algo: str) -> float:
@@ -309,5 +365,5 @@ def cpu_cores_of(pts: pd.DataFrame, options: Options) -> tuple[int | None, str |
     if options.devices is not None:
         return options.devices, f"--devices {options.devices}"
     if cpu:
-        return local_cores(), f"CPU ranks (gloo) on this machine's {local_cores()} core(s) (give --devices D otherwise)"
+        return local_cores(), f"CPU ranks (gloo) time-sharing this machine's {local_cores()} core(s)"
     return None, None

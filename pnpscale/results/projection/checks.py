@@ -88,9 +88,12 @@ def residuals(rows: pd.DataFrame, model: Model) -> pd.DataFrame:
     return pd.DataFrame(out, columns=list(K.VALIDATION_COLUMNS))
 
 
-def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model | None = None) -> pd.DataFrame:
+def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model | None = None,
+                  samples: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
     """Fit without each fitted N (keeping at least 2 others) and predict it with its own nodes and
-    NCCL-logged algorithm (``gpus_per_node`` and the options of the full fit).
+    NCCL-logged algorithm (``gpus_per_node`` and the options of the full fit; the per-rank ``samples`` of
+    the other points, no band). It measures the error at measured points, inside or at the edge of the fitted
+    range: it does not bound the error past them.
 
     Returns:
         One row per held-out N x section (and ``all``) x metric of :data:`VALIDATED`, ``kind`` =
@@ -99,16 +102,16 @@ def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model
         the reason in ``note``.
     """
     pts = measured_points(rows)
-    full = model or fit(pts, options)
+    full = model or fit(pts, replace(options, bootstrap=0), samples)
     gpus = full.fitted_gpus
-    opts = replace(options, gpus_per_node=full.gpus_per_node, devices=full.cores)
+    opts = replace(options, gpus_per_node=full.gpus_per_node, devices=full.cores, bootstrap=0)
     out = []
     for held in gpus:
         rest_gpus = [g for g in gpus if g != held]
         if len(rest_gpus) < 2:
             continue
         try:
-            sub = fit(pts[pts[K.GPUS].isin(rest_gpus)], opts)
+            sub = fit(pts[pts[K.GPUS].isin(rest_gpus)], opts, samples)
             own = _own(pts, held, full.gpus_per_node)[held]
             lacking = sorted({  # a route of its own: none of the other points measured it (one-node counts too)
                 route for sm in sub.sections
@@ -117,8 +120,8 @@ def leave_one_out(rows: pd.DataFrame, options: Options = Options(), model: Model
             } if held > 1 else set())  # fmt: skip
             note = ""
             if lacking:  # no other point takes its route: its own rate, and its transfer is no prediction
-                sub = fit(pts[pts[K.GPUS].isin(rest_gpus)],
-                          replace(opts, rates={**opts.rates, **{r: full.rates[r] for r in lacking}}))  # fmt: skip
+                own_rates = replace(opts, rates={**opts.rates, **{r: full.rates[r] for r in lacking}})
+                sub = fit(pts[pts[K.GPUS].isin(rest_gpus)], own_rates, samples)
                 note = (f"rate of {', '.join(lacking)} from this point itself (no other point takes that route): "
                         "its transfer is not a prediction")  # fmt: skip
             try:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale.core import layout
+from pnpscale.results.projection.base import NodeSizeUnknown, TimeShared, local_cores
 from pnpscale.results.projection.model import (
     Options,
     Projection,
@@ -20,7 +21,7 @@ from pnpscale.results.projection.model import (
     parse_rates,
     project,
 )
-from pnpscale.results.projection.output import default_targets, with_algorithms, write
+from pnpscale.results.projection.output import default_targets, rank_samples, with_algorithms, write
 from pnpscale.results.runs import NoRunsError, build_table
 
 
@@ -107,11 +108,39 @@ def projection_for(args: Any, table: pd.DataFrame) -> Projection:
             )
         table = table[table[K.GPUS].isin(fit_gpus)]
     gpus = targets or default_targets(int(table[K.GPUS].max()))
-    p = project(with_algorithms(table), gpus, options)
+    p = project(with_algorithms(table), gpus, options, samples=rank_samples(table))
     if not p.findings:
         why = "; ".join(f"{k[0]} {k[1]}: {v}" for k, v in sorted(p.skipped.items()))
-        raise ProjectionError(f"nothing could be projected ({why or 'no (problem, mode)'}); nothing written")
+        raise ProjectionError(f"nothing could be projected ({why or 'no (problem, mode)'}); nothing written"
+                              + fix_hint(args, table, p))  # fmt: skip
     return p
+
+
+def fix_hint(args: Any, table: pd.DataFrame, p: Projection) -> str:
+    """What to run instead, for a refusal the command can name a fix of: past the largest measured node with no
+    node size (the node size and the inter-node rate are facts of the machine: the command with them, and one
+    that works now, within the measured node); past the cores of CPU ranks (no flag fixes it: said plainly, and
+    the command that works, within the cores)."""
+    import shlex
+
+    reasons = " ".join(p.skipped.values())
+    measured = sorted({int(g) for g in table[K.GPUS]})
+    base = ["python", "-m", "pnpscale.project", str(args.path)]
+    if "is not assumed" in reasons or NodeSizeUnknown.__name__ in reasons:
+        top = measured[-1]
+        within = [n for n in measured if n > 1] or [top]
+        return ("\nthe node size is a fact of the machine: give it, with the inter-node rate you measured "
+                f"(nccl-tests' busbw), e.g. {shlex.join([*base, '--gpus-per-node', 'G', '--rate', 'ring=GBps'])}"
+                f" (G >= {top}); within the measured node, this works now: "
+                f"{shlex.join([*base, '--gpus', ','.join(map(str, within))])}")  # fmt: skip
+    if "cores the CPU ranks share" in reasons or TimeShared.__name__ in reasons:
+        cores = args.devices or local_cores()
+        within = [n for n in measured if 1 < n <= cores]
+        return ("\non CPU ranks that time-share the cores there is no honest projection past the cores, and no "
+                "option makes one"
+                + (f"; within them, this works: {shlex.join([*base, '--gpus', ','.join(map(str, within))])}"
+                   if len(within) and len([n for n in measured if n <= cores]) >= 2 else ""))  # fmt: skip
+    return ""
 
 
 def _options_only(argv: Sequence[str]) -> list[str]:
@@ -193,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for key, notes in sorted(p.notes.items()):
         for note in notes:
-            if "not used" in note or "not projected" in note:
+            if "not used" in note or "not projected" in note or note.startswith(("warning:", "caveat:")):
                 print(f"pnpscale.project: {key[0]} {key[1]}: {note}", file=sys.stderr)
     out = Path(args.out) if args.out else Path(args.path) / layout.REPORT_DIR
     command = shlex.join(["python", "-m", "pnpscale.project", *argv])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,12 +20,16 @@ from pnpscale import columns as K
 from pnpscale.results.jitter import expected_max_normal
 from pnpscale.results.projection.base import (
     ALL,
+    BAND,
     EPS,
     INTRA,
     Model,
+    NodeSizeUnknown,
     ProjectionError,
+    TimeShared,
     Unidentified,
     compute_at,
+    hops,
     is_balanced,
     measured_points,
     nodes_for,
@@ -68,49 +73,123 @@ def evaluate(
             uneven work, at an N where every rank holds the same work (C_max and wait unknown there).
     """
     rows = []
-    m, t = model.num_operators, model.num_tiles
     for n in sorted({int(g) for g in gpus}):
-        if n < 1:
-            raise ProjectionError(f"gpus={n}: must be >= 1")
-        if model.cores is not None and n > model.cores and not past_cores:
-            raise ProjectionError(f"{model.problem} {model.mode} gpus={n}: more ranks than the {model.cores} cores "
-                                  "they share: time-sharing is not modelled")  # fmt: skip
-        nodes, algos = (at or {}).get(n, (nodes_for(n, model.gpus_per_node), {}))
-        if not assumed:
-            _refuse_unidentified(model, n)
-        per = []
-        for sm in model.sections:
-            c, cmax = compute_at(sm, m, t, n)
-            route, algo, source = "", "", ""
-            rate: float | None = math.nan
-            if n == 1:
-                tr = wait = 0.0
-            else:
-                route, algo, source = observed_route(model, n, nodes, sm.section, algos.get(sm.section))
-                rate, _ = rate_at(model, n, route)
-                if rate is None:
-                    flag = f"{'intra:' + str(n) if route.startswith(INTRA) else route.split()[-1]}=GBps"
-                    measured = ", ".join(sorted(model.rates)) or "none"
-                    if not route.startswith(INTRA) and all(r.startswith(INTRA) for r in model.rates):
-                        raise ProjectionError(  # not the measured point's fault: nothing measured across nodes
-                            f"{model.problem} {model.mode}: no rate for route {route!r}: no measured point has a "
-                            f"multi-node route (measured: {measured}), and gpus={n} on {nodes} nodes "
-                            f"({model.gpus_per_node} GPUs per node) takes it; give --rate {flag} "
-                            f"(e.g. --rate {route.split()[-1]}=10.5), or --gpus-per-node of the measured nodes"
-                        )
-                    raise ProjectionError(
-                        f"{model.problem} {model.mode} gpus={n}: no rate for route {route!r} (measured routes: "
-                        f"{measured}); give --rate {flag}"
-                    )
-                tr = sm.latency_s + sent_bytes_of(sm.payload_bytes, n, nodes, algo) / (rate * GB)
-                wait = (cmax - c) + sm.excess * expected_max_normal(n) * cmax
-            per.append((sm.section, c, cmax, tr, wait, route, rate, algo, source))
+        nodes, per = numbers_at(model, n, at, past_cores, assumed)
         sums = np.sum([p[1:5] for p in per], axis=0)
         for section, c, cmax, tr, wait, route, rate, algo, source in [*per, (ALL, *sums, "", math.nan, "", "")]:
             rows.append(_row(model, n, nodes, section, c, cmax, tr, wait, route, rate, algo, source))
     out = pd.DataFrame(rows, columns=list(K.PROJECTION_COLUMNS))
     check_possible(out)
     return out
+
+
+def numbers_at(model: Model, n: int, at: Mapping[int, tuple[int, Mapping[str, str]]] | None = None,
+               past_cores: bool = False, assumed: bool = False) -> tuple[int, list[tuple[Any, ...]]]:  # fmt: skip
+    """(nodes, per section ``(section, C, C_max, T, W, route, rate, algorithm, source)``) at N: :func:`evaluate`'s
+    numbers before they become rows (the same refusals)."""
+    m, t = model.num_operators, model.num_tiles
+    if n < 1:
+        raise ProjectionError(f"gpus={n}: must be >= 1")
+    if model.cores is not None and n > model.cores and not past_cores:
+        raise TimeShared(f"{model.problem} {model.mode} gpus={n}: more ranks than the {model.cores} cores "
+                         "they time-share: no honest projection exists there")  # fmt: skip
+    if model.gpus_per_node is None and model.largest_node is not None and n > model.largest_node \
+            and n not in (at or {}):  # a measured point's own nodes are a fact
+        raise NodeSizeUnknown(
+            f"{model.problem} {model.mode} gpus={n}: every measured run sat on one node (of at least "
+            f"{model.largest_node} GPUs) and the node size is unknown: a node of {n} GPUs, bigger than any "
+            "measured one, is not assumed; give --gpus-per-node G and the inter-node rate (--rate ring=GBps)"
+        )
+    nodes, algos = (at or {}).get(n, (nodes_for(n, model.gpus_per_node), {}))
+    if not assumed:
+        _refuse_unidentified(model, n)
+    per = []
+    for sm in model.sections:
+        c, cmax = compute_at(sm, m, t, n, model.gpus_per_node)
+        route, algo, source = "", "", ""
+        rate: float | None = math.nan
+        if n == 1:
+            tr = wait = 0.0
+        else:
+            route, algo, source = observed_route(model, n, nodes, sm.section, algos.get(sm.section))
+            rate, _ = rate_at(model, n, route)
+            if rate is None:
+                flag = f"{'intra:' + str(n) if route.startswith(INTRA) else route.split()[-1]}=GBps"
+                measured = ", ".join(sorted(model.rates)) or "none"
+                if not route.startswith(INTRA) and all(r.startswith(INTRA) for r in model.rates):
+                    raise ProjectionError(  # not the measured point's fault: nothing measured across nodes
+                        f"{model.problem} {model.mode}: no rate for route {route!r}: no measured point has a "
+                        f"multi-node route (measured: {measured}), and gpus={n} on {nodes} nodes "
+                        f"({model.gpus_per_node} GPUs per node) takes it; give --rate {flag} "
+                        f"(e.g. --rate {route.split()[-1]}=10.5), or --gpus-per-node of the measured nodes"
+                    )
+                raise ProjectionError(
+                    f"{model.problem} {model.mode} gpus={n}: no rate for route {route!r} (measured routes: "
+                    f"{measured}); give --rate {flag}"
+                )
+            steps = sm.n_collectives * hops(n, nodes, algo)
+            tr = sm.latency_s * steps + sent_bytes_of(sm.payload_bytes, n, nodes, algo) / (rate * GB)
+            wait = max(0.0, cmax - c) + sm.excess * expected_max_normal(n) * cmax  # cmax >= c: rounding only
+        per.append((sm.section, c, cmax, tr, wait, route, rate, algo, source))
+    return nodes, per
+
+
+#: the band's metrics: each gets ``<metric>_lo`` and ``<metric>_hi`` (:data:`pnpscale.columns.PROJECTION_BAND_COLUMNS`).
+BANDED = (K.SECTION_S, K.SCALED_COST, K.COMM_E, K.PE)
+
+
+def with_band(model: Model, table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (:func:`evaluate`'s rows of ``model``) with the 5–95 % band of :data:`BANDED` from the
+    model's bootstrap replicates (``model.replicates``): every replicate evaluated at the same N and nodes,
+    the quantiles per (N, section); NaN without replicates. A replicate that cannot be evaluated (an
+    impossible number from a resampled coefficient) is left out; more than 5 % left out: no band (NaN).
+    """
+    out = table.copy()
+    for col in BANDED:
+        for name in band_columns(col):
+            out[name] = math.nan
+    if not model.replicates or table.empty:
+        return out
+    gpus = sorted({int(g) for g in table[K.GPUS]})
+    values: dict[tuple[int, str], list[np.ndarray]] = {}
+    for rep in model.replicates:
+        sub = replace(model, sections=rep, replicates=[])
+        try:
+            got = {n: numbers_at(sub, n) for n in gpus}
+        except ProjectionError:
+            continue
+        batch: dict[tuple[int, str], np.ndarray] = {}
+        for n, (_, per) in got.items():
+            parts = np.array([p[1:5] for p in per], dtype=float)  # C, C_max, T, W per section
+            if (parts < -EPS).any():
+                batch = {}
+                break
+            for (section, *_), row in zip([*per, (ALL,)], [*parts, parts.sum(axis=0)], strict=True):
+                c, cmax, tr, wait = row
+                sec = c + tr + wait
+                base = model.baseline_gpus * model.baseline_s
+                cost = n * sec / base if base else math.nan
+                comm_e, pe = (cmax / sec, c / sec) if sec else (math.nan, math.nan)
+                batch[(n, str(section))] = np.array([sec, cost, comm_e, pe])
+        for k, v in batch.items():
+            values.setdefault(k, []).append(v)
+    done = min((len(v) for v in values.values()), default=0)
+    if done < 0.95 * len(model.replicates):
+        return out
+    for i, row in out.iterrows():
+        got_v = values.get((int(row[K.GPUS]), str(row[K.SECTION])))
+        if got_v is None:
+            continue
+        q = np.quantile(np.array(got_v), list(BAND), axis=0)
+        for j, col in enumerate(BANDED):
+            lo, hi = band_columns(col)
+            out.at[i, lo], out.at[i, hi] = float(q[0, j]), float(q[1, j])
+    return out
+
+
+def band_columns(col: str) -> tuple[str, str]:
+    """(lo, hi) column names of a banded metric (:func:`pnpscale.columns.band_column`)."""
+    return K.band_column(col, "lo"), K.band_column(col, "hi")
 
 
 def _refuse_unidentified(model: Model, n: int) -> None:
@@ -165,6 +244,8 @@ def _row(model: Model, n: int, nodes: int, section: str, c: float, cmax: float, 
         K.ALGORITHM: algo,
         K.ALGORITHM_SOURCE: source,
         K.MEASURED: False,
+        **dict.fromkeys(K.PROJECTION_BAND_COLUMNS, math.nan),
+        K.CAVEAT: "",
     }
 
 

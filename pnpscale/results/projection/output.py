@@ -41,12 +41,15 @@ from pnpscale.results.projection.model import (
 )
 from pnpscale.results.projection.overlap import frame as overlap_frame
 from pnpscale.results.projection.overlap import markdown as overlap_markdown
+from pnpscale.results.projection.samples import SAMPLE_COLUMNS, from_ranks
+from pnpscale.results.runs import read_table
+from pnpscale.results.series import labelled
 from pnpscale.results.transfer import transfer_inputs
 
 __all__ = [
     "Model", "Options", "Projection", "ProjectionError", "evaluate", "findings", "fit", "leave_one_out",
-    "measured_rows", "parse_algorithms", "parse_rates", "project", "residuals", "markdown", "plot", "write",
-    "write_files",
+    "measured_rows", "parse_algorithms", "parse_rates", "project", "rank_samples", "residuals", "markdown", "plot",
+    "write", "write_files",
 ]  # fmt: skip
 
 _NAMES = {K.SECTION_S: "time", K.TRANSFER_S: "transfer", K.WAIT_S: "wait", K.PE: "PE"}
@@ -130,7 +133,8 @@ def markdown(p: Projection) -> list[str]:
                 f"- **leave-one-out misses by more than {100 * p.tolerance:g} %**: "
                 + "; ".join(f"N={int(r[K.GPUS])} from {r['fitted_on']}: {_NAMES[r['metric']]} {_pct(r[K.REL_ERROR])}"
                             for _, r in far.iterrows())
-                + ": fitted without them, the model misses them; expect errors of that size past the measured points"
+                + ": fitted without them, the model misses them (errors at measured points: they do not bound the "
+                "error past them)"
             )  # fmt: skip
         bad = misses(v, p.tolerance)
         if bad.empty:
@@ -147,8 +151,22 @@ def markdown(p: Projection) -> list[str]:
         proj = t[~t[K.MEASURED] & (t[K.SECTION] == ALL) & (t[K.GPUS] > largest)]
         if not proj.empty:
             view = proj[[K.GPUS, K.NODES, K.COMPUTE_MAX_S, K.TRANSFER_S, K.WAIT_S, K.SECTION_S, K.LB, K.COMM_E, K.PE,
-                         K.SCALED_COST]]  # fmt: skip
+                         K.SCALED_COST]].copy()  # fmt: skip
+            banded = proj[K.band_column(K.SECTION_S, "lo")].notna().any()
+            if banded:
+                for col in (K.SECTION_S, K.SCALED_COST, K.COMM_E, K.PE):
+                    lo, hi = proj[K.band_column(col, "lo")], proj[K.band_column(col, "hi")]
+                    view[f"{col} 5–95 %"] = [f"{a:.4g}–{b:.4g}" for a, b in zip(lo, hi, strict=True)]
             lines += [view.to_markdown(index=False, floatfmt=".4g"), ""]
+            if banded:
+                lines += ["5–95 %: the band of the sampling uncertainty (bootstrap over iterations and ranks of the "
+                          "per-rank samples: compute, jitter, node speeds); the model's own assumptions and the "
+                          "transfer rates are not in it.", ""]  # fmt: skip
+            else:
+                why = next((a for a in p.assumptions.get(key, []) if "no band" in a), "no per-rank samples")
+                lines += [f"No band: {why.split('no band: ')[-1].split(' (')[0].removeprefix('no band')}.", ""]
+            caveats = sorted({str(c) for c in proj[K.CAVEAT] if c})
+            lines += [f"**Caveat: this projection {c}.**" for c in caveats] + ([""] if caveats else [])
         table = _checks_table(v)
         if table:
             lines += ["Relative error (%) at the measured points, section `all`: *fit* = the model fitted on every "
@@ -162,7 +180,8 @@ def markdown(p: Projection) -> list[str]:
 
 def plot(p: Projection) -> Any:
     """Per (problem, mode): measured points (markers) and the projection (lines) of time per iteration and
-    its parts (top), LB, CommE and PE (middle), the relative error at the measured points of the fit and of
+    its parts (top, the time's 5–95 % band shaded), LB, CommE and PE (middle, CommE's and PE's bands
+    shaded), the relative error at the measured points of the fit and of
     leave-one-out with the tolerance band (bottom); a dotted line at the largest measured N.
     Returns a matplotlib Figure."""
 
@@ -176,6 +195,14 @@ def plot(p: Projection) -> Any:
             continue
         meas, proj = t[t[K.MEASURED]].sort_values(K.GPUS), t[~t[K.MEASURED]].sort_values(K.GPUS)
         top, mid, bottom = axes[0][j], axes[1][j], axes[2][j]
+        lo, hi = proj[K.band_column(K.SECTION_S, "lo")], proj[K.band_column(K.SECTION_S, "hi")]
+        if lo.notna().any():
+            top.fill_between(proj[K.GPUS], lo.where(lo > 0), hi.where(hi > 0), color="black", alpha=0.12,
+                             label="time per iteration, 5–95 % band")  # fmt: skip
+        for i, (col, label) in enumerate(((K.PE, "PE"), (K.COMM_E, "CommE"))):
+            lo, hi = proj[K.band_column(col, "lo")], proj[K.band_column(col, "hi")]
+            if lo.notna().any():
+                mid.fill_between(proj[K.GPUS], lo, hi, color=f"C{i}", alpha=0.15, label=f"{label}, 5–95 % band")
         for col, label in metrics:  # one colour per kind, as in every chart (plotting.KIND_COLORS)
             color = {K.COMPUTE_MAX_S: KIND_COLORS["compute"], K.TRANSFER_S: KIND_COLORS["transfer"],
                      K.WAIT_S: KIND_COLORS["wait"]}.get(col, "black")  # fmt: skip
@@ -243,6 +270,39 @@ def with_algorithms(table: pd.DataFrame) -> pd.DataFrame:
         return table.assign(**{K.ALGORITHM: pd.NA})
     algos = algos[["run_dir", K.SECTION, K.ALGORITHM]].drop_duplicates(["run_dir", K.SECTION])
     return table.drop(columns=[K.ALGORITHM], errors="ignore").merge(algos, on=["run_dir", K.SECTION], how="left")
+
+
+def rank_samples(table: pd.DataFrame) -> pd.DataFrame:
+    """The per-rank, per-iteration compute of every complete run of ``table`` (its ``run_dir``), read from the
+    run's ``ranks.parquet`` (:func:`pnpscale.results.projection.samples.from_ranks`), PROBLEM labelled with the
+    variant as the summary rows are (:data:`pnpscale.results.projection.samples.SAMPLE_COLUMNS`, seconds).
+    A run without a readable ``ranks.parquet`` gives none (its (problem, mode) is then fitted on the summary,
+    and says so).
+
+    Raises:
+        ProjectionError: a run whose ranks table gives a negative compute (naming the run, rank, iteration).
+    """
+    from pathlib import Path
+
+    cols = list(SAMPLE_COLUMNS)
+    if "run_dir" not in table or table.empty:
+        return pd.DataFrame(columns=cols)
+    runs = labelled(table[table["status"] == "complete"] if "status" in table else table)
+    frames = []
+    for d, g in runs.groupby("run_dir", sort=True):
+        path = Path(str(d)) / layout.RANKS
+        try:
+            ranks = read_table(path)
+        except (OSError, ValueError):  # UnreadableFile is a ValueError
+            continue
+        try:
+            x = from_ranks(ranks)
+        except ProjectionError as exc:
+            raise ProjectionError(f"{path}: {exc}") from None
+        first = g.iloc[0]
+        frames.append(x.assign(**{K.PROBLEM: str(first[K.PROBLEM]), K.MODE: str(first[K.MODE]),
+                                  K.GPUS: int(first[K.GPUS])}))  # fmt: skip
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
 README_HEADING = "## Projection"

@@ -3,7 +3,8 @@
 ``T(N) = L_s + B_s(N) / R(route)`` (:mod:`pnpscale.results.projection.model` states the model): the route of
 an all_reduce on one node is ``intra-node, g GPUs``, across nodes ``inter-node <algorithm>``; the algorithm per
 node count is given, else NCCL's log at that node count, else ring (assumed); rates are given, else fitted with
-per-section latencies where the points identify them, else each route's bytes over its transfer.
+latencies per collective and hop (:func:`pnpscale.results.projection.base.hops`) where the points identify them,
+else each route's bytes over its transfer.
 
 Units: seconds, bytes, GB/s = 1e9 B/s. Source: the study "Communication under the hood: transfer vs wait"
 (routes, rates), nccl-tests' PERFORMANCE.md (bytes per GPU).
@@ -18,7 +19,15 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale.results.jitter import nonnegative_lstsq
-from pnpscale.results.projection.base import INTRA, Model, intra_route, row_algorithm, row_nodes, sent_bytes_of
+from pnpscale.results.projection.base import (
+    INTRA,
+    Model,
+    hops,
+    intra_route,
+    row_algorithm,
+    row_nodes,
+    sent_bytes_of,
+)
 from pnpscale.results.transfer import GB
 
 
@@ -45,14 +54,16 @@ def algorithm_at(model: Model, nodes: int, section: str) -> tuple[str, str]:
 
 
 def fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], label: str) -> None:
-    """Latency per section and rate per route: ``T = L_s + B/R`` (see module doc); fills ``model``."""
+    """Latency per collective and hop and rate per route: ``T = ℓ_s·n_s·hops(N) + B/R`` (``n_s`` the section's
+    collectives; see module doc); fills ``model``."""
     obs = []
     for sm in model.sections:
         s = pts[(pts[K.SECTION] == sm.section) & (pts[K.GPUS] > 1)]
         for _, r in s.iterrows():
             n, nodes = int(r[K.GPUS]), row_nodes(r, model.gpus_per_node)
             route, algo, _ = observed_route(model, n, nodes, sm.section, row_algorithm(r))
-            obs.append((sm.section, route, sent_bytes_of(sm.payload_bytes, n, nodes, algo), float(r[K.TRANSFER_S]), n))
+            obs.append((sm.section, route, sent_bytes_of(sm.payload_bytes, n, nodes, algo), float(r[K.TRANSFER_S]), n,
+                        sm.n_collectives * hops(n, nodes, algo)))  # fmt: skip
     model.fit_routes = {o[1] for o in obs}
     names = [sm.section for sm in model.sections]
 
@@ -62,8 +73,8 @@ def fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], la
     free = sorted({o[1] for o in obs if given_rate(o[1]) is None})
     x = np.zeros((len(obs), len(names) + len(free)))
     y = np.zeros(len(obs))
-    for i, (sec, route, b, tr, _) in enumerate(obs):
-        x[i, names.index(sec)] = 1.0
+    for i, (sec, route, b, tr, _, steps) in enumerate(obs):
+        x[i, names.index(sec)] = steps
         g = given_rate(route)
         if g is not None:
             y[i] = tr - b / (g * GB)
@@ -71,8 +82,8 @@ def fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], la
             x[i, len(names) + free.index(route)] = b
             y[i] = tr
 
-    def spread(route: str) -> float:  # relative spread of a route's byte counts: a latency needs >= 20 %
-        b = [o[2] for o in obs if o[1] == route and o[2] > 0]
+    def spread(route: str) -> float:  # relative spread of a route's hops per byte: a latency needs >= 20 %
+        b = [o[5] / o[2] for o in obs if o[1] == route and o[2] > 0]
         return (max(b) - min(b)) / max(b) if b else 0.0
 
     single = [r for r in free if spread(r) < 0.2]
@@ -87,7 +98,8 @@ def fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], la
             why = f"the joint fit with latencies gave no positive rate for {', '.join(bad)}"
     elif single:
         where = "; ".join(f"{r} at {', '.join(sorted({str(o[4]) for o in obs if o[1] == r}))} GPUs" for r in single)
-        why = f"latency not identifiable: route(s) measured at byte counts within 20 % of each other ({where})"
+        why = ("latency not identifiable: route(s) measured at hops per byte within 20 % of each other "
+               f"({where})")  # fmt: skip
     notes = []
     for route in sorted(set(given)):
         measured = [o[2] / o[3] / GB for o in obs if o[1] == route and o[3] > 0]
@@ -97,12 +109,12 @@ def fit_transfer(model: Model, pts: pd.DataFrame, given: Mapping[str, float], la
         latencies = dict(zip(names, coef[: len(names)].tolist(), strict=True))
         for r, v in zip(free, coef[len(names) :], strict=True):
             model.rates[r], model.rate_sources[r] = 1.0 / v / GB, "fitted with the latencies"
-        notes.append("latency per section (s, constant in N, >= 0): "
+        notes.append("latency per collective and hop (s, >= 0; x the section's collectives x the algorithm's hops): "
                      + ", ".join(f"{k} {v:.3g}" for k, v in latencies.items()))  # fmt: skip
     else:
         latencies = dict.fromkeys(names, 0.0)
         for route in free:
-            pairs = [(b, tr) for _, rr, b, tr, _ in obs if rr == route and tr > 0 and b > 0]
+            pairs = [(b, tr) for _, rr, b, tr, *_ in obs if rr == route and tr > 0 and b > 0]
             if pairs:
                 model.rates[route] = sum(b for b, _ in pairs) / sum(tr for _, tr in pairs) / GB
                 model.rate_sources[route] = f"its bytes / its transfer, summed over its points; latency 0 ({why})"
