@@ -54,6 +54,7 @@ from pnpscale.results.projection.output import (
     ProjectionError,
     default_targets,
     project,
+    rank_samples,
     readme_section,
     with_algorithms,
     write_files,
@@ -265,7 +266,8 @@ def project_sweep(table: pd.DataFrame, out: Path, report_dir: Path | None = None
                 )  # fmt: skip
     if done.empty or not (done.groupby(["problem", "mode"])["gpus"].nunique() >= 3).any():
         return ["## Projection", "", *kept] if kept else []
-    p = project(with_algorithms(done), default_targets(int(done["gpus"].max())), Options(), min_points=3)
+    p = project(with_algorithms(done), default_targets(int(done["gpus"].max())), Options(), min_points=3,
+                samples=rank_samples(done))  # the unbiased per-rank fit and its band, as the command's
     if not p.findings:
         skipped = [f"- {k[0]} {k[1]}: not projected: {honest_refusal(v)}" for k, v in p.skipped.items()]
         return ["## Projection", "", *kept, *skipped, *(f"- {n}" for n in p.overlap_notes), ""]
