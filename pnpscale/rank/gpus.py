@@ -9,6 +9,7 @@ The local launcher shares its machine's GPUs out (:data:`NODE_GPUS_ENV`), a SLUR
 from __future__ import annotations
 
 import os
+from typing import Any
 
 #: set by the local launcher: the GPUs of this machine its ranks share out, one per local rank
 #: (``CUDA_VISIBLE_DEVICES`` entries, comma-separated; empty: no GPU)
@@ -17,6 +18,31 @@ NODE_GPUS_ENV = "PNPSCALE_NODE_GPUS"
 
 #: set in a rank bound to one GPU by :func:`bind_gpu`: the ``CUDA_VISIBLE_DEVICES`` it was given
 GPU_BINDING_ENV = "PNPSCALE_GPU_BINDING"
+
+
+#: set (to ``1``) in the launcher's environment for ranks sharing one GPU on NCCL before 2.30: each rank
+#: then gets its own NCCL host id (:func:`per_rank_nccl_env`)
+NCCL_HOSTID_PER_RANK_ENV = "PNPSCALE_NCCL_HOSTID_PER_RANK"
+
+
+def per_rank_nccl_env(rank: int, environ: Any, host: str) -> dict[str, str]:
+    """NCCL settings that let ranks of one host share a GPU on NCCL < 2.30, when :data:`NCCL_HOSTID_PER_RANK_ENV`
+    is ``1`` (a structure check only: the ranks time-slice the GPU); else nothing.
+
+    NCCL refuses two ranks whose host hash and bus id both match ("Duplicate GPU detected", ``init.cc``); the
+    host hash is the hash of ``NCCL_HOSTID`` when set (``getHostHash``). One host id per rank makes NCCL see one
+    host per rank, which it connects through its network transport: the socket transport on the loopback
+    interface (``NCCL_SOCKET_IFNAME=lo``, ``NCCL_IB_DISABLE=1``). Values the user set are kept.
+
+    >>> per_rank_nccl_env(1, {"PNPSCALE_NCCL_HOSTID_PER_RANK": "1"}, "n1")
+    {'NCCL_HOSTID': 'n1-pnpscale-rank1', 'NCCL_SOCKET_IFNAME': 'lo', 'NCCL_IB_DISABLE': '1'}
+    >>> per_rank_nccl_env(1, {}, "n1")
+    {}
+    """
+    if str(environ.get(NCCL_HOSTID_PER_RANK_ENV, "")) != "1":
+        return {}
+    wanted = {"NCCL_HOSTID": f"{host}-pnpscale-rank{rank}", "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"}
+    return {k: v for k, v in wanted.items() if k not in environ}
 
 
 def gpu_binding(local_rank: int, visible: str | None, count: int | None = None) -> str | None:
