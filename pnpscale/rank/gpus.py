@@ -8,6 +8,7 @@ The local launcher shares its machine's GPUs out (:data:`NODE_GPUS_ENV`), a SLUR
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any
 
@@ -86,8 +87,6 @@ def bind_gpu(local_rank: int, visible: str | None, count: int | None = None) -> 
 
 def nvml_device_count() -> int | None:
     """GPUs on this node by NVML (``libnvidia-ml``), without initialising CUDA; ``None`` without NVML."""
-    import ctypes
-
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
         if nvml.nvmlInit_v2() != 0:
@@ -98,6 +97,49 @@ def nvml_device_count() -> int | None:
     except (OSError, AttributeError):
         return None
     return int(count.value) if ok else None
+
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def nvml_free_bytes(visible: str | None) -> list[int] | None:
+    """Free memory (bytes) of each GPU this process may use, by NVML (``nvmlDeviceGetMemoryInfo``: what
+    ``torch.cuda.mem_get_info`` reports, without creating a CUDA context in the caller, which would hold
+    about half a GiB of the GPU while the ranks run): the GPUs of ``visible`` (``CUDA_VISIBLE_DEVICES``: indices
+    or ``GPU-<uuid>``), every GPU when ``None``. ``None`` without NVML, or for MIG names (unknown here)."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    try:
+        if visible is None:
+            count = ctypes.c_uint(0)
+            if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+                return None
+            wanted: list[str] = [str(i) for i in range(count.value)]
+        else:
+            wanted = [g.strip() for g in visible.split(",") if g.strip()]
+        out = []
+        for g in wanted:
+            handle = ctypes.c_void_p()
+            if g.isdigit():
+                rc = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(g)), ctypes.byref(handle))
+            elif g.startswith("GPU-"):
+                rc = nvml.nvmlDeviceGetHandleByUUID(g.encode(), ctypes.byref(handle))
+            else:
+                return None
+            mem = _NvmlMemory()
+            if rc != 0 or nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) != 0:
+                return None
+            out.append(int(mem.free))
+        return out
+    except AttributeError:
+        return None
+    finally:
+        nvml.nvmlShutdown()
 
 
 def check_binding(binding: str | None, visible: int, rank: int) -> None:

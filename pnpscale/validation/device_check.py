@@ -161,10 +161,10 @@ def summary_line(results: Sequence[StepResult], budget_s: float) -> str:
     1 of 2 steps passed, 0 skipped, 0 failed, 0 timed out; cut by the 330 s budget (not run, no defect found): b
     """
     n = {s: [r.name for r in results if r.status == s] for s in (PASS, SKIP, FAIL, TIMEOUT, CUT)}
-    line = (f"{len(n[PASS])} of {len(results)} steps passed, {len(n[SKIP])} skipped, {len(n[FAIL])} failed, "
-            f"{len(n[TIMEOUT])} timed out")  # fmt: skip
-    if n[FAIL] or n[TIMEOUT]:
-        line += f" ({', '.join(n[FAIL] + n[TIMEOUT])})"
+    failed = f" ({', '.join(n[FAIL])})" if n[FAIL] else ""
+    late = f" ({', '.join(n[TIMEOUT])})" if n[TIMEOUT] else ""
+    line = (f"{len(n[PASS])} of {len(results)} steps passed, {len(n[SKIP])} skipped, {len(n[FAIL])} failed{failed}, "
+            f"{len(n[TIMEOUT])} timed out{late}")  # fmt: skip
     if n[CUT]:
         line += f"; cut by the {budget_s:.0f} s budget (not run, no defect found): {', '.join(n[CUT])}"
     return line
@@ -391,7 +391,7 @@ def nccl_version() -> tuple[int, ...] | None:
 # --- steps ----------------------------------------------------------------------------------------------
 
 
-#: the packages ``scripts/device-wheels.sh`` carries to the GPU machine besides deepinv (reported by ``versions``)
+#: the packages ``scripts/device-wheels.sh`` provides on the GPU machine besides deepinv (reported by ``versions``)
 DEVICE_PACKAGES = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "submitit", "hydra-submitit-launcher",
                    "ijson", "natsort", "pandas", "pyarrow")  # fmt: skip
 #: the file ``versions`` leaves in the work folder: the :class:`Machine` the later steps' rules read
