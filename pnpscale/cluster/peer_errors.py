@@ -124,7 +124,7 @@ def watchdog_line(text: str) -> str | None:
     at most 300 characters), ``None`` when it holds none.
 
     >>> watchdog_line("[rank1]:[E ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation "
-    ...               "timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 2000 milliseconds\nnext line")
+    ...               "timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 2000 milliseconds\\nnext line")
     'Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 2000 milliseconds'
     >>> watchdog_line("RuntimeError: odd timeout") is None
     True
