@@ -892,7 +892,8 @@ def step_injected_delay(ctx: Ctx) -> str:
     import pandas as pd
 
     delay = DELAY_S if ctx.cuda else DELAY_CPU_S
-    inj = ["inject.rank=0", "inject.section=denoiser", f"inject.delay_s=0.0,{delay}"]
+    inj = ["inject.rank=0", "inject.section=denoiser", f"inject.delay_s=0.0,{delay}",
+           "hydra.sweep.subdir='gpus=${gpus}/delay_s=${inject.delay_s}'"]  # one run folder per delay
     # tiny on CUDA too: the delay is what is measured, and the runs must fit the check's minutes
     over = [*run_overrides("2d", "inference", cuda=False), f"iterations={DELAY_ITERATIONS}",
             "profile.export_traces=false"]
