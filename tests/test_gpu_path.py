@@ -665,3 +665,37 @@ def test_a_point_too_big_for_the_gpu_is_refused_before_any_rank_starts(monkeypat
     monkeypatch.setattr(local, "nvml_free_bytes", lambda visible: None)
     local.LocalCluster().check({}, spec, 1)  # unknown free memory: no refusal, never a guess
     assert resources.check_gpu_memory(spec, 0, [1]) is None  # CPU ranks: their memory is the host's
+
+
+def test_the_sleep_rate_is_timed_once_the_gpu_has_clocked_up(monkeypatch):
+    """An idle GPU whose clock runs at half speed for its first 50 ms of work: the rate read after the warm-up
+    is the clocked-up one (timing the first 10 ms sleeps read half of it)."""
+    full_hz, busy, timed = 1.5e9, [0.0], []
+
+    class FakeEvent:
+        clock = 0.0
+
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = FakeEvent.clock
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) * 1e3
+
+    def sleep(cycles):
+        seconds = cycles / (full_hz / 2 if busy[0] < 0.05 else full_hz)
+        busy[0] += seconds
+        FakeEvent.clock += seconds
+        timed.append(seconds)
+
+    monkeypatch.setattr(loop, "_SLEEP_RATE_HZ", {})
+    monkeypatch.setattr(torch.cuda, "_sleep", sleep)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
+    assert loop.sleep_rate_hz(torch.device("cuda", 0)) == pytest.approx(full_hz, rel=1e-9)
+    assert timed[1] >= loop.SLEEP_WARMUP_S * 0.5 and all(t >= loop.SLEEP_TIMED_S * 0.99 for t in timed[2:])
