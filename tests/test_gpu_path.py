@@ -698,4 +698,5 @@ def test_the_sleep_rate_is_timed_once_the_gpu_has_clocked_up(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
     assert loop.sleep_rate_hz(torch.device("cuda", 0)) == pytest.approx(full_hz, rel=1e-9)
-    assert timed[1] >= loop.SLEEP_WARMUP_S * 0.5 and all(t >= loop.SLEEP_TIMED_S * 0.99 for t in timed[2:])
+    # sized by the first (slow) rate: the warm-up and the timed sleeps last at least half their nominal length
+    assert timed[1] >= loop.SLEEP_WARMUP_S / 2 and all(t >= loop.SLEEP_TIMED_S / 2 for t in timed[2:])
