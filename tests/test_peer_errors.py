@@ -196,3 +196,18 @@ def test_a_local_launch_whose_rank_the_watchdog_aborts_names_the_hung_rank(tmp_p
     assert text.startswith("rank 1 did not arrive within dist.timeout_s=2 s: last seen in section 'gradient'"), text
     assert "rank 0 gave up waiting in section 'denoiser' of iteration 2" in text
     assert err.value.rank == 0 and err.value.kinds == {0: TIMEOUT}
+
+
+def test_slurm_reads_the_watchdog_line_from_an_aborted_tasks_log(tmp_path):
+    # a SLURM task aborted by the watchdog leaves no result, only submitit's .err log: its line becomes the
+    # task's error, a timeout (the echo of the rank that hung), listed after the causes
+    from pnpscale.cluster.peer_errors import watchdog_timeouts_in_files
+    from pnpscale.cluster.slurm import failure_text
+
+    (tmp_path / "7_0.err").write_text("setup line\n" + WATCHDOG_STDERR)
+    (tmp_path / "7_1.err").write_text("no error here\n")
+    errors = watchdog_timeouts_in_files({0: tmp_path / "7_0.err", 1: tmp_path / "7_1.err", 2: tmp_path / "none"})
+    assert list(errors) == [0] and errors[0].startswith("Watchdog caught collective operation timeout: WorkNCCL(")
+    assert is_secondary_error(errors[0])
+    text = failure_text("7", "FAILED", {}, {**errors, 2: "ValueError: bad input"}, None)
+    assert text.index("rank 2: ValueError") < text.index("rank 0: Watchdog caught")

@@ -18,6 +18,7 @@ Used by :func:`pnpscale.cluster.local.root_failure` and :func:`pnpscale.cluster.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pnpscale.core.errors import TIMEOUT
@@ -149,3 +150,22 @@ def watchdog_timeouts(stderr: Mapping[int, str]) -> dict[int, str]:
         if line is not None:
             out[rank] = line
     return out
+
+
+def watchdog_timeouts_in_files(stderr: Mapping[int, Path | str], limit: int = 64 * 1024) -> dict[int, str]:
+    """:func:`watchdog_timeouts` of each rank's stderr file (its last ``limit`` bytes; a missing or unreadable
+    file says nothing): for launchers whose ranks leave logs, not error records, when aborted (SLURM tasks).
+
+    >>> watchdog_timeouts_in_files({0: "/nonexistent/0.err"})
+    {}
+    """
+    texts = {}
+    for rank, path in stderr.items():
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - limit))
+                texts[rank] = f.read().decode(errors="replace")
+        except OSError:
+            continue
+    return watchdog_timeouts(texts)
