@@ -64,11 +64,15 @@ from pnpscale.analysis.events import Kind
 from pnpscale.analysis.nccl_log import parse_nccl_log
 from pnpscale.analysis.offline import main as analyze_main
 from pnpscale.core import layout
+from pnpscale.core.config import resolve_spec
 from pnpscale.core.errors import PnpscaleError
 from pnpscale.core.record import provenance
 from pnpscale.rank.gpus import NCCL_HOSTID_PER_RANK_ENV
 from pnpscale.rank.group import SHARED_GPU_ENV
 from pnpscale.rank.loop import busy_wait, sleep_rate_hz
+from pnpscale.rank.problems import make_problem
+from pnpscale.results.transfer import transfer_inputs
+from pnpscale.sweep.cli import compose_config
 
 PASS, FAIL, SKIP, TIMEOUT, CUT = "pass", "FAIL", "skip", "TIMEOUT", "cut"
 TABLE_MD = layout.DEVICE_CHECK_MD
@@ -397,7 +401,7 @@ def nccl_version() -> tuple[int, ...] | None:
 DEVICE_PACKAGES = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "submitit", "hydra-submitit-launcher",
                    "ijson", "natsort", "pandas", "pyarrow")  # fmt: skip
 #: the file ``versions`` leaves in the work folder: the :class:`Machine` the later steps' rules read
-MACHINE_JSON = "machine.json"
+MACHINE_JSON = layout.DEVICE_CHECK_MACHINE
 
 
 def step_versions(ctx: Ctx) -> str:
@@ -677,10 +681,7 @@ def check_two_rank_run(run: Path, expect: set[str], signal_bytes: int | None) ->
 
 
 def _signal_bytes(overrides: Sequence[str], cuda: bool) -> int:
-    from pnpscale.core.config import resolve_spec  # deferred: the config stack only in the steps that compose
-    from pnpscale.rank.problems import make_problem
-    from pnpscale.sweep.cli import compose_config
-
+    """The signal's bytes of the point ``overrides`` (the blocking main all_reduce's payload)."""
     return int(make_problem(resolve_spec(compose_config(list(overrides)), cuda_available=cuda)).signal_bytes())
 
 
@@ -691,8 +692,6 @@ def nccl_account(run: Path) -> str:
     Raises:
         CheckFailed: a log missing, or no algorithm found.
     """
-    from pnpscale.results.transfer import transfer_inputs
-
     logs = [layout.nccl_log(run, r) for r in range(2) if layout.nccl_log(run, r).is_file()]
     check(len(logs) == 2, f"{len(logs)} NCCL logs in {run / layout.NCCL_DIR}")
     with open(logs[0], errors="replace") as f:
