@@ -34,18 +34,22 @@ if ! "$PY" -c 'import sys; print("python", sys.version.split()[0])'; then
 fi
 IMPORTS='import torch, deepinv, hydra, pandas, pyarrow, ijson, pnpscale.validation.device_check; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "| deepinv", deepinv.__version__)'
 WHEELS="${PNPSCALE_WHEELS:-$ROOT/.device-wheels}"
-if ! "$PY" -c "$IMPORTS" >/dev/null 2>&1 && [ -d "$WHEELS" ]; then
+# one import of everything (torch, deepinv, pnpscale: seconds each time), again only after installing wheels
+if ! IMPORTED="$("$PY" -c "$IMPORTS" 2>&1)" && [ -d "$WHEELS" ]; then
   # a machine without a package index: the wheels it lacks, copied into the checkout's .device-wheels/
   SITE="${PNPSCALE_SITE:-${TMPDIR:-/tmp}/pnpscale-site}"
   echo "== installing $(find "$WHEELS" -maxdepth 1 -name '*.whl' | wc -l) wheel(s) from $WHEELS into $SITE"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
     || echo "device-check: pip install from $WHEELS failed" >&2
   export PYTHONPATH="$ROOT:$SITE${PYTHONPATH#"$ROOT"}"
+  IMPORTED="$("$PY" -c "$IMPORTS" 2>&1)"
 fi
-if ! "$PY" -c "$IMPORTS"; then
+if ! grep -q '^torch ' <<<"$IMPORTED"; then
+  echo "$IMPORTED" | tail -3 >&2
   echo "device-check: $PY cannot import pnpscale's dependencies (pip install -e ., or bash scripts/device-wheels.sh on a machine with an index and copy .device-wheels/ here)" >&2
   exit 2
 fi
+echo "$IMPORTED" | grep '^torch '
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 ARGS=("$@")
 if [ -n "${OUT:-}" ]; then

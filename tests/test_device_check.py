@@ -208,22 +208,24 @@ def test_a_spent_budget_cuts_every_step_without_starting_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_script_in_cpu_mode_runs_its_first_steps_and_brings_back_only_the_small_files(tmp_path):
-    # the orchestration end to end, through the script: versions, then the NCCL probe's code on 2 gloo ranks
+def test_script_in_cpu_mode_runs_the_probe_step_and_brings_back_only_the_small_files(tmp_path):
+    # the orchestration end to end, through the script: the NCCL probe's code on 2 gloo ranks, what comes back
+    # (the whole CPU mode, every step, is the documented command of docs/validation.md, not a test)
     out, work = tmp_path / "out", tmp_path / "work"
     env = {**os.environ, "OUT": str(out), "OMP_NUM_THREADS": "1", "PNPSCALE_PYTHON": sys.executable}
-    cmd = ["bash", str(ROOT / "scripts" / "device-check.sh"), "--cpu", "--only", "versions,nccl_probe",
-           "--work", str(work)]  # fmt: skip
+    cmd = ["bash", str(ROOT / "scripts" / "device-check.sh"), "--cpu", "--only", "nccl_probe", "--work", str(work)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[2].startswith("torch ")  # the header: the one import check of the script
     rows = dc.parse_table((out / dc.TABLE_MD).read_text())
-    assert [(r.name, r.status) for r in rows] == [("versions", dc.PASS), ("nccl_probe", dc.PASS)], proc.stdout
-    assert "torch" in rows[0].detail and "all_reduce, all_gather, reduce_scatter, send_recv correct" in rows[1].detail
-    assert "| versions | pass |" in proc.stdout and "2 of 2 steps passed" in proc.stdout
+    assert [(r.name, r.status) for r in rows] == [("nccl_probe", dc.PASS)], proc.stdout
+    assert "all_reduce, all_gather, reduce_scatter, send_recv correct on 2 ranks" in rows[0].detail
+    assert "| nccl_probe | pass |" in proc.stdout and "1 of 1 steps passed" in proc.stdout
     files = [p for p in out.rglob("*") if p.is_file()]
     assert len(files) <= dc.OUT_MAX_FILES and sum(p.stat().st_size for p in files) <= dc.OUT_MAX_BYTES
-    assert json.loads((out / layout.DEVICE_CHECK_PROBE).read_text())["method"] == "gloo"
-    assert (work / "runs" / dc.MACHINE_JSON).is_file()  # the bulky part stays in the work folder
+    probe = json.loads((out / layout.DEVICE_CHECK_PROBE).read_text())
+    assert probe["method"] == "gloo" and [r["ok"] for r in probe["attempts"][0]["ranks"]] == [True, True]
+    assert (work / "runs" / "probe").is_dir() and not (out / "runs").exists()  # the bulky part stays in work
     bad = subprocess.run(["bash", str(ROOT / "scripts" / "device-check.sh")], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "PNPSCALE_PYTHON": str(tmp_path / "no-python")})  # fmt: skip
     assert bad.returncode == 2 and "set PNPSCALE_PYTHON" in bad.stderr
