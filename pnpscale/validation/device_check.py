@@ -1097,6 +1097,7 @@ def run_all(work: Path, cuda: bool, budget_s: float, names: Sequence[str] | None
     results: list[StepResult] = []
     todo = list(names or STEPS)
     while todo:
+        # before (or without) ``versions``: the rules assume one GPU whose torch has NCCL; the steps find out
         machine = read_machine(runs, cuda) or Machine(cuda, 1 if cuda else 0, (2, 28) if cuda else None)
         left = deadline - time.monotonic()
         row = plan(machine, max(0.0, left), todo[:1])[0]
