@@ -229,3 +229,10 @@ def test_script_in_cpu_mode_runs_the_probe_step_and_brings_back_only_the_small_f
     bad = subprocess.run(["bash", str(ROOT / "scripts" / "device-check.sh")], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "PNPSCALE_PYTHON": str(tmp_path / "no-python")})  # fmt: skip
     assert bad.returncode == 2 and "set PNPSCALE_PYTHON" in bad.stderr
+
+
+def test_the_two_rank_step_is_not_run_when_the_probe_found_no_way(tmp_path):
+    layout.write_json(tmp_path / dc.PROBE_JSON, {"method": None, "attempts": [
+        {"method": "hostid", "error": "rank 1: DistBackendError: ncclInvalidUsage"}]})  # fmt: skip
+    with pytest.raises(dc.Skipped, match=r"found no way .*hostid: rank 1: DistBackendError: ncclInvalidUsage"):
+        dc.step_nccl_two_ranks(dc.Ctx(True, tmp_path, 60.0, H200))

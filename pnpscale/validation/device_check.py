@@ -711,7 +711,11 @@ def step_nccl_two_ranks(ctx: Ctx) -> str:
     env: dict[str, str] = {}
     if ctx.cuda:
         method = probe_method(ctx.runs)
-        if method is None:
+        if method is None and (ctx.runs / PROBE_JSON).is_file():  # the probe ran and no method worked
+            tried = layout.read_json(ctx.runs / PROBE_JSON).get("attempts") or []
+            raise Skipped("not run: the NCCL probe found no way for two ranks to share the GPU ("
+                          + "; ".join(f"{a.get('method')}: {a.get('error')}" for a in tried) + ")")
+        if method is None:  # the probe did not run (--only): the first method for this NCCL
             m = ctx.machine or Machine(True, 1, nccl_version())
             method = next(iter(shared_gpu_methods(m.nccl)), None)
             check(method is not None, "torch has no NCCL")
