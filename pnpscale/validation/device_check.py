@@ -26,6 +26,7 @@ the GPU-only ones skipped, to test this orchestration without a GPU):
   the halo all_gather and the all_gather denoiser: collectives as expected, every payload known and paired
   across ranks, the main all_reduce's bytes equal to the signal's, no kernel or pairing anomaly, NCCL logs
   parsed with an algorithm for the main all_reduce. Timings meaningless (two ranks time-slice one GPU).
+  Skipped, naming the probe's errors, when the probe found no method.
 * ``two_gpus``: on a machine with two GPUs or more, one 2-rank NCCL point, one GPU per rank.
 * ``busy_wait``, ``kineto`` (one process): the injected delay's accuracy with CUDA events; a profiled
   matmul's events, every GPU event launched before it starts.
