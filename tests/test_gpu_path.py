@@ -587,3 +587,116 @@ def test_ranks_get_a_kineto_config_with_a_larger_cupti_buffer(tmp_path):
     assert text == f"ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB={process.KINETO_GPU_BUFFER_MB}\n"
     assert process.KINETO_GPU_BUFFER_MB > 128  # Kineto's default
     assert process.kineto_config_env({"KINETO_CONFIG": "/mine.conf"}, str(tmp_path)) == {}  # the user's is kept
+
+
+# --- the rank memory probe without smaps_rollup, and the GPU-memory refusal (issue 35) ---------------------
+
+
+SMAPS = """7f0000000000-7f0000001000 r-xp 00000000 08:01 1 /usr/lib/libc.so
+Rss:                 100 kB
+Pss:                  50 kB
+Private_Clean:        10 kB
+Private_Dirty:        20 kB
+7f0000002000-7f0000003000 rw-p 00000000 00:00 0
+Rss:                 200 kB
+Pss:                 200 kB
+Private_Clean:         0 kB
+Private_Dirty:       200 kB
+"""
+
+
+def test_memory_counts_fall_back_to_smaps_and_fail_naming_both_files(tmp_path):
+    from pnpscale.cluster.resources import smaps_rollup
+
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "smaps").write_text(SMAPS)  # a sandboxed kernel (gVisor): smaps, no smaps_rollup
+    got = smaps_rollup(7, proc)
+    assert (got["Rss"], got["Private_Clean"], got["Private_Dirty"], got["source"]) == (300 * 1024, 10 * 1024,
+                                                                                      220 * 1024, 2)  # fmt: skip
+    (proc / "7" / "smaps_rollup").write_text("Rss: 5 kB\nPrivate_Clean: 1 kB\nPrivate_Dirty: 2 kB\n")
+    assert smaps_rollup(7, proc)["Rss"] == 5 * 1024 and smaps_rollup(7, proc)["source"] == 1
+    (proc / "8").mkdir()
+    (proc / "8" / "smaps").write_text("nothing here\n")
+    with pytest.raises(OSError, match=r"smaps_rollup: .*; .*smaps: no Rss/Private_Clean/Private_Dirty"):
+        smaps_rollup(8, proc)
+
+
+def test_a_failed_footprint_probe_is_kept_and_not_run_again(tmp_path, monkeypatch, capsys):
+    from pnpscale.cluster import local, resources
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def probe(cmd, **kwargs):  # the probe's subprocess on a kernel with neither file
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "footprint-failed no memory counts for process self: ...\n", "")
+
+    monkeypatch.setattr(local.subprocess, "run", probe)
+    monkeypatch.setattr(resources, "_SAID", set())
+    assert local.rank_footprint() is None and local.rank_footprint() is None
+    assert len(calls) == 1  # the failure was kept: the second point did not probe again
+    kept = layout.read_json(tmp_path / "pnpscale" / layout.RANK_FOOTPRINT)
+    assert kept["failed"].startswith("no memory counts") and kept["key"] == local._versions_key()
+    err = capsys.readouterr().err
+    assert err.count("host-memory check skipped") == 1 and "delete it to measure again" in err
+
+
+def test_a_point_too_big_for_the_gpu_is_refused_before_any_rank_starts(monkeypatch):
+    from pnpscale.cluster import local, resources
+    from pnpscale.core.config import ConfigError, resolve_spec
+    from pnpscale.sweep.cli import compose_config
+
+    # two ranks sharing one GPU (a structure check) with less free memory than twice the lower bound
+    monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+    spec = resolve_spec(compose_config(["problem=2d", "scale=paper", "gpus=2", "dist.backend=nccl"]),
+                        cuda_available=True)  # fmt: skip
+    per_rank = resources.gpu_bytes_per_rank(spec)
+    assert per_rank >= 6 * 8192**2 * 3 * 4  # the signal's copies alone (paper 2D: 8192² x 3 float32)
+    monkeypatch.setattr(local, "rank_footprint", lambda: None)
+    started = []
+    monkeypatch.setattr(local, "launch_local", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(local, "nvml_free_bytes", lambda visible: [int(1.5 * per_rank)])
+    with pytest.raises(ConfigError, match=r"needs at least .* GB on each GPU \(2 rank\(s\) per GPU"):
+        local.LocalCluster().check({}, spec, 1)
+    assert not started
+    monkeypatch.setattr(local, "nvml_free_bytes", lambda visible: [3 * per_rank])
+    local.LocalCluster().check({}, spec, 1)  # fits: no refusal
+    monkeypatch.setattr(local, "nvml_free_bytes", lambda visible: None)
+    local.LocalCluster().check({}, spec, 1)  # unknown free memory: no refusal, never a guess
+    assert resources.check_gpu_memory(spec, 0, [1]) is None  # CPU ranks: their memory is the host's
+
+
+def test_the_sleep_rate_is_timed_once_the_gpu_has_clocked_up(monkeypatch):
+    """An idle GPU whose clock runs at half speed for its first 50 ms of work: the rate read after the warm-up
+    is the clocked-up one (timing the first 10 ms sleeps read half of it)."""
+    full_hz, busy, timed = 1.5e9, [0.0], []
+
+    class FakeEvent:
+        clock = 0.0
+
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = FakeEvent.clock
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) * 1e3
+
+    def sleep(cycles):
+        seconds = cycles / (full_hz / 2 if busy[0] < 0.05 else full_hz)
+        busy[0] += seconds
+        FakeEvent.clock += seconds
+        timed.append(seconds)
+
+    monkeypatch.setattr(loop, "_SLEEP_RATE_HZ", {})
+    monkeypatch.setattr(torch.cuda, "_sleep", sleep)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
+    assert loop.sleep_rate_hz(torch.device("cuda", 0)) == pytest.approx(full_hz, rel=1e-9)
+    # sized by the first (slow) rate: the warm-up and the timed sleeps last at least half their nominal length
+    assert timed[1] >= loop.SLEEP_WARMUP_S / 2 and all(t >= loop.SLEEP_TIMED_S / 2 for t in timed[2:])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pnpscale.cluster.local import root_failure
@@ -114,3 +116,98 @@ def test_local_and_slurm_apply_the_same_rule():
     rec = {0: {"kind": "OutOfMemoryError", "error_type": "OutOfMemoryError", "own": False}}
     assert root_failure({0: (5, "OutOfMemoryError: " + GLOO_CLOSED), 1: (6, "ValueError: x")}, 2, records=rec) == 0
     assert ranks_by_cause({0: "OutOfMemoryError: " + GLOO_CLOSED, 1: "ValueError: x"}, rec) == [0, 1]
+
+
+# --- a rank aborted by torch's NCCL watchdog: no Python error, only its stderr says it timed out waiting ---
+
+#: what torch 2.x's ProcessGroupNCCL writes before it takes the process down (SIGABRT)
+WATCHDOG_STDERR = (
+    "[rank0]:[E1202 13:40:01.123 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=4096, NumelOut=4096, Timeout(ms)=2000) ran for 2003 milliseconds "
+    "before timing out.\n[rank0]:[E1202 13:40:01.124 ProcessGroupNCCL.cpp:2168] [PG ID 0 PG GUID 0(default_pg) Rank 0]"
+    " To avoid data inconsistency, we are taking the entire process down.\nterminate called after throwing an "
+    "instance of 'c10::DistBackendError'\n"
+)
+
+
+def test_the_watchdog_line_is_read_from_a_ranks_stderr():
+    from pnpscale.cluster.peer_errors import watchdog_line, watchdog_timeouts
+
+    line = watchdog_line(WATCHDOG_STDERR)
+    assert line.startswith("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE")
+    assert "\n" not in line and foreign_echo(line) == TIMEOUT  # the same text the rule reads as a timeout
+    assert watchdog_timeouts({0: WATCHDOG_STDERR, 1: "still computing\n", 2: ""}) == {0: line}
+
+
+def test_a_watchdog_abort_is_a_timeout_and_the_heartbeats_name_the_hung_rank():
+    # what run_ranks makes of it: the aborted rank's line, recorded as a timeout; hung_message then names the
+    # rank that never reached the collective (fewer heartbeats), not the one that waited
+    from pnpscale.cluster.local import RankFailed, hung_message
+    from pnpscale.cluster.peer_errors import watchdog_line
+
+    line = watchdog_line(WATCHDOG_STDERR)
+    failures = {0: (5, line), 1: (6, "SignalException: Process 11 got signal: 15")}  # rank 1: stopped by the agent
+    records = {0: {"kind": TIMEOUT, "own": False, "error_type": "DistBackendError"},
+               1: {"kind": "SignalException", "error_type": "SignalException", "own": False}}  # fmt: skip
+    assert root_failure(failures, 2, records=records) == 0
+    failed = RankFailed(0, line)
+    failed.kinds = {0: TIMEOUT}
+    progress = {0: {"beat": 9, "iteration": 2, "section": "denoiser"},
+                1: {"beat": 8, "iteration": 2, "section": "gradient"}}  # fmt: skip
+    text = hung_message(failed, progress, 2, 2.0)
+    assert text is not None and text.startswith("rank 1 did not arrive within dist.timeout_s=2 s")
+    assert "section 'gradient' of iteration 2" in text and "rank 0 gave up waiting in section 'denoiser'" in text
+
+
+def _watchdog_rank(spec_dict: dict, run_dir: str, config: dict | None = None) -> None:
+    """A fake rank: rank 0 waits in a collective until the (fake) NCCL watchdog aborts it; rank 1 hangs."""
+    import json
+    import sys
+    import time
+
+    from pnpscale.core import layout
+
+    rank = int(os.environ["RANK"])
+    section = ["denoiser", "gradient"][rank]
+    beat = {"rank": rank, "pid": os.getpid(), "beat": 9 - rank, "iteration": 2, "section": section}
+    layout.progress_file(run_dir, rank).write_text(json.dumps(beat))
+    if rank == 0:
+        time.sleep(1.0)
+        sys.stderr.write(WATCHDOG_STDERR)
+        sys.stderr.flush()
+        os.abort()
+    time.sleep(120)
+
+
+@pytest.mark.slow
+def test_a_local_launch_whose_rank_the_watchdog_aborts_names_the_hung_rank(tmp_path, monkeypatch):
+    import pnpscale.rank.worker as worker
+    from pnpscale.cluster import local
+    from pnpscale.core.config import resolve_spec
+    from pnpscale.sweep.cli import compose_config
+
+    _watchdog_rank.__module__ = __name__  # pickled by name into the forkserver's ranks
+    monkeypatch.setattr(worker, "rank_main", _watchdog_rank)
+    spec = resolve_spec(compose_config(["gpus=2", "scale=small", "dist.backend=gloo", "dist.timeout_s=2"]),
+                        cuda_available=False)  # fmt: skip
+    with pytest.raises(local.RankHung) as err:
+        local.launch_local(spec, tmp_path)
+    text = str(err.value)
+    assert text.startswith("rank 1 did not arrive within dist.timeout_s=2 s: last seen in section 'gradient'"), text
+    assert "rank 0 gave up waiting in section 'denoiser' of iteration 2" in text
+    assert err.value.rank == 0 and err.value.kinds == {0: TIMEOUT}
+
+
+def test_slurm_reads_the_watchdog_line_from_an_aborted_tasks_log(tmp_path):
+    # a SLURM task aborted by the watchdog leaves no result, only submitit's .err log: its line becomes the
+    # task's error, a timeout (the echo of the rank that hung), listed after the causes
+    from pnpscale.cluster.peer_errors import watchdog_timeouts_in_files
+    from pnpscale.cluster.slurm import failure_text
+
+    (tmp_path / "7_0.err").write_text("setup line\n" + WATCHDOG_STDERR)
+    (tmp_path / "7_1.err").write_text("no error here\n")
+    errors = watchdog_timeouts_in_files({0: tmp_path / "7_0.err", 1: tmp_path / "7_1.err", 2: tmp_path / "none"})
+    assert list(errors) == [0] and errors[0].startswith("Watchdog caught collective operation timeout: WorkNCCL(")
+    assert is_secondary_error(errors[0])
+    text = failure_text("7", "FAILED", {}, {**errors, 2: "ValueError: bad input"}, None)
+    assert text.index("rank 2: ValueError") < text.index("rank 0: Watchdog caught")

@@ -59,6 +59,7 @@ from hydra_plugins.pnpscale_plugins.launcher import (
     refuse,
     validate_points,
 )
+from pnpscale.cluster.peer_errors import watchdog_timeouts_in_files
 from pnpscale.cluster.slurm import (
     IN_TASK_ENV,
     bind_task_gpu,
@@ -402,6 +403,9 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             task_errors[0] = err.error if isinstance(err, RunFailed) else error_line(str(err))
         state = self._final_state(job)
         wait_until_ended(job.job_id)  # no task may write into the run folder after the failure is recorded
+        # a task aborted by torch's NCCL watchdog (SIGABRT) left no result: its stderr says it timed out waiting
+        silent = {t: job.task(t).paths.stderr for t in range(job.num_tasks) if t not in task_errors}
+        task_errors.update(watchdog_timeouts_in_files(silent))
         if ret0 is None and not task_errors:
 
             if never_started(sacct_info(job.job_id)):  # cancelled while pending (scancel): the point never ran

@@ -25,14 +25,14 @@ from typing import Any
 from pnpscale.cluster import resources
 from pnpscale.cluster.base import Cluster
 from pnpscale.cluster.exits import ExitWatch, RankExit, rank_pids
-from pnpscale.cluster.peer_errors import PEER_LOST, echo_kind
+from pnpscale.cluster.peer_errors import PEER_LOST, echo_kind, watchdog_timeouts
 from pnpscale.cluster.resources import check_memory, cuda_device_count
 from pnpscale.core import layout
 from pnpscale.core.config import CONF_DIR, ConfigError, RunSpec, register_schema, resolve_spec
 from pnpscale.core.errors import TIMEOUT, PnpscaleError
 from pnpscale.core.record import clear_rank_failures, read_rank_failures
 from pnpscale.core.signals import preserved
-from pnpscale.rank.gpus import NODE_GPUS_ENV
+from pnpscale.rank.gpus import NODE_GPUS_ENV, nvml_free_bytes
 from pnpscale.rank.group import shared_gpu_allowed
 from pnpscale.rank.process import (
     LAUNCH_T0_ENV,
@@ -282,6 +282,9 @@ class LocalCluster(Cluster):
                 "dist.backend=nccl with NCCL_MULTI_RANK_GPU_ENABLE=1)",
             )
         refusal = check_memory(spec, cuda_devices, rank_footprint())
+        if refusal is None and cuda_devices:  # the GPUs' free memory (NVML: no CUDA context in this process)
+            free = nvml_free_bytes(os.environ.get("CUDA_VISIBLE_DEVICES"))
+            refusal = resources.check_gpu_memory(spec, cuda_devices, free)
         if refusal is not None:
             raise ConfigError("gpus", spec.gpus, refusal)
 
@@ -310,7 +313,7 @@ def launch_local(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None = N
     try:
         run_ranks(spec.gpus, rank_main, (spec.to_dict(), str(run_dir), config), run_dir / layout.LOGS_DIR, threads)
     except RankFailed as exc:
-        exc.kinds = {r: f["kind"] for r, f in read_rank_failures(run_dir, spec.gpus).items()}
+        exc.kinds = {**exc.kinds, **{r: f["kind"] for r, f in read_rank_failures(run_dir, spec.gpus).items()}}
         hung = hung_message(exc, read_progress(run_dir, spec.gpus), spec.gpus, spec.timeout_s)
         if hung is not None:
             raise RankHung(exc.rank, hung, exc.log) from None
@@ -378,12 +381,19 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         seen = {r: (f.timestamp, _failure_message(f)) for r, f in exc.failures.items()}
         recorded = _recorded_errors(log_dir)
         known = {**recorded, **seen}
-        records = read_rank_failures(log_dir.parent, nprocs)
+        records = dict(read_rank_failures(log_dir.parent, nprocs))
         exits = watch.exits()
+        # a rank aborted by torch's NCCL watchdog (SIGABRT) raised nothing: its stderr says it timed out waiting
+        aborted = watchdog_timeouts({r: _stderr_tail(log_dir, r) for r in range(nprocs) if r not in recorded})
+        for r, line in aborted.items():
+            known[r] = (known[r][0] if r in known else int(time.time()), line)
+            records[r] = {"kind": TIMEOUT, "own": False, "error_type": "DistBackendError"}
         rank = root_failure(known, nprocs, exits, records)
         message = known[rank][1] if rank in known else silent_death(exits.get(rank))
         failures = {r: m for r, (_, m) in known.items()} | ({} if rank in known else {rank: message})
-        raise RankFailed(rank, message, _rank_log(log_dir, rank), failures) from None
+        failed = RankFailed(rank, message, _rank_log(log_dir, rank), failures)
+        failed.kinds = dict.fromkeys(aborted, TIMEOUT)
+        raise failed from None
     except json.JSONDecodeError:  # elastic could not read a failed rank's error file: cut short (a full disk)
         rank, path = next(iter(_unreadable_error_files(log_dir).items()), (0, None))
         full = " (no space left on its disk)" if _disk_full(log_dir) else ""
@@ -561,6 +571,19 @@ def _recorded_errors(log_dir: Path) -> dict[int, tuple[int, str]]:
     return out
 
 
+def _stderr_tail(log_dir: Path, rank: int, limit: int = 64 * 1024) -> str:
+    """The last ``limit`` bytes of a rank's stderr log (``""`` when it has none)."""
+    path = _rank_log(log_dir, rank, "stderr.log")
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _unreadable_error_files(log_dir: Path) -> dict[int, Path]:
     """rank -> its ``error.json`` that is not JSON (empty or cut short: written on a full disk)."""
     out: dict[int, Path] = {}
@@ -623,7 +646,11 @@ def _probe_rank(spec_dict: dict[str, Any], run_dir: str) -> None:
     from pnpscale.rank.worker import rank_main  # deferred: torch only in the process that runs a rank
 
     rank_main(spec_dict, run_dir)
-    mine = resources.smaps_rollup()
+    try:
+        mine = resources.smaps_rollup()
+    except OSError as exc:  # neither smaps_rollup nor smaps: the reason goes back to rank_footprint
+        Path(run_dir, f"probe-rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps({"error": str(exc)}))
+        return
     private = mine.get("Private_Clean", 0) + mine.get("Private_Dirty", 0)
     parent = os.getppid()
     try:  # forked from a server: its resident pages are what the ranks share
@@ -660,6 +687,9 @@ def probe_footprint() -> tuple[int, int, str]:
     with tempfile.TemporaryDirectory() as tmp:
         run_ranks(PROBE_RANKS, _probe_rank, (spec.to_dict(), tmp), Path(tmp) / "logs", 1)
         got = [json.loads(Path(tmp, f"probe-rank{r}.json").read_text()) for r in range(PROBE_RANKS)]
+    errors = [g["error"] for g in got if "error" in g]
+    if errors:
+        raise OSError(errors[0])
     per_rank = max(g["private"] for g in got[1:])
     once = max(g["shared"] for g in got) + max(0, got[0]["private"] - per_rank)
     return per_rank, once, rank_start_method()
@@ -682,7 +712,13 @@ def _versions_key() -> str:
     )
 
 
-_PROBE = "from pnpscale.cluster.local import probe_footprint; print('footprint', *probe_footprint())"
+_PROBE = """
+from pnpscale.cluster.local import probe_footprint
+try:
+    print('footprint', *probe_footprint())
+except OSError as exc:
+    print('footprint-failed', ' '.join(str(exc).split()))
+"""
 
 
 def rank_footprint(measure: bool = True) -> tuple[int, int] | None:
@@ -696,6 +732,10 @@ def rank_footprint(measure: bool = True) -> tuple[int, int] | None:
     path, key = _cache_file(), _versions_key()
     try:
         kept = json.loads(path.read_text())
+        failed = resources.footprint_failure(kept, key)
+        if failed is not None:  # measured before, and it could not be: not again at every point
+            resources.say_memory_check_skipped(failed, path)
+            return None
         if kept.get("key") == key and int(kept["per_rank_bytes"]) > 0:
             return int(kept["per_rank_bytes"]), int(kept["shared_bytes"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -707,7 +747,15 @@ def rank_footprint(measure: bool = True) -> tuple[int, int] | None:
             [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300,
             env={**os.environ, "OMP_NUM_THREADS": "1", PROBE_LAUNCHER_ENV: str(os.getpid())},
         )  # fmt: skip
-        line = next(ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("footprint "))
+        line = next(ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("footprint"))
+        if line.startswith("footprint-failed "):
+            reason = line.split(" ", 1)[1]
+            try:
+                layout.write_json(path, {"key": key, "failed": reason})
+            except OSError:
+                pass
+            resources.say_memory_check_skipped(reason, path)
+            return None
         _, per_text, shared_text, method = line.split()
         per_rank, shared = int(per_text), int(shared_text)
     except (OSError, ValueError, StopIteration, subprocess.TimeoutExpired):

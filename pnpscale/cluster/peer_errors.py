@@ -18,6 +18,7 @@ Used by :func:`pnpscale.cluster.local.root_failure` and :func:`pnpscale.cluster.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pnpscale.core.errors import TIMEOUT
@@ -111,3 +112,60 @@ def echo_kind(message: str, record: Mapping[str, Any] | None = None) -> str | No
         if error_type is not None and error_type not in TRANSPORT_ERROR_TYPES:
             return None
     return foreign_echo(message)
+
+
+#: What torch's NCCL watchdog writes to a rank's stderr before it aborts the process (SIGABRT) when a
+#: collective ran past ``dist.timeout_s`` (``ProcessGroupNCCL.cpp``, ``WorkNCCL::checkTimeout``): the rank raises
+#: nothing in Python, so its error is only in its stderr log.
+WATCHDOG_TIMEOUT = "Watchdog caught collective operation timeout"
+
+
+def watchdog_line(text: str) -> str | None:
+    """The NCCL watchdog's timeout line in a rank's stderr ``text`` (from :data:`WATCHDOG_TIMEOUT` on, one line,
+    at most 300 characters), ``None`` when it holds none.
+
+    >>> watchdog_line("[rank1]:[E ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation "
+    ...               "timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 2000 milliseconds\\nnext line")
+    'Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 2000 milliseconds'
+    >>> watchdog_line("RuntimeError: odd timeout") is None
+    True
+    """
+    at = text.find(WATCHDOG_TIMEOUT)
+    if at < 0:
+        return None
+    return text[at:].splitlines()[0].strip()[:300]
+
+
+def watchdog_timeouts(stderr: Mapping[int, str]) -> dict[int, str]:
+    """rank -> its watchdog line (:func:`watchdog_line`), for the ranks whose stderr holds one: those ranks
+    were waiting in a collective that timed out (:data:`pnpscale.core.errors.TIMEOUT`), not the rank that
+    hung.
+
+    >>> watchdog_timeouts({0: "... Watchdog caught collective operation timeout: WorkNCCL(...)", 1: "hang"})
+    {0: 'Watchdog caught collective operation timeout: WorkNCCL(...)'}
+    """
+    out = {}
+    for rank, text in stderr.items():
+        line = watchdog_line(text)
+        if line is not None:
+            out[rank] = line
+    return out
+
+
+def watchdog_timeouts_in_files(stderr: Mapping[int, Path | str], limit: int = 64 * 1024) -> dict[int, str]:
+    """:func:`watchdog_timeouts` of each rank's stderr file (its last ``limit`` bytes; a missing or unreadable
+    file says nothing): for launchers whose ranks leave logs, not error records, when aborted (SLURM tasks).
+
+    >>> watchdog_timeouts_in_files({0: "/nonexistent/0.err"})
+    {}
+    """
+    texts = {}
+    for rank, path in stderr.items():
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - limit))
+                texts[rank] = f.read().decode(errors="replace")
+        except OSError:
+            continue
+    return watchdog_timeouts(texts)

@@ -7,7 +7,8 @@ with the memory available to this process (``MemAvailable``, lowered by a cgroup
   real point started the way it starts its ranks (:func:`pnpscale.cluster.local.rank_footprint`: forked
   from a forkserver, or spawned where there is no forkserver): a tiny 2-rank point
   (:data:`pnpscale.cluster.local.PROBE_OVERRIDES`, about 10 s) whose ranks read their own
-  ``/proc/self/smaps_rollup`` (:func:`smaps_rollup`) when they are done. A rank's *private* pages (``Private_Clean +
+  ``/proc/self/smaps_rollup`` (:func:`smaps_rollup`; ``smaps`` where the kernel has no rollup) when they are
+  done. A rank's *private* pages (``Private_Clean +
   Private_Dirty``: what it alone holds, the copy-on-write pages it touched included) are the per-rank
   footprint; what is counted once is the pages the ranks share (the forkserver's resident memory, or a
   spawned rank's shared libraries) plus what rank 0 holds beyond another rank (it gathers the tables
@@ -25,8 +26,10 @@ measurement: run.json holds what was measured.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pnpscale.core.config import RunSpec
@@ -35,20 +38,71 @@ if TYPE_CHECKING:
 #: image, measurements and slack for temporaries).
 SIGNAL_COPIES = 6
 GB = 1e9
-def smaps_rollup(pid: int | str = "self") -> dict[str, int]:
-    """``/proc/<pid>/smaps_rollup`` in bytes (``Rss``, ``Pss``, ``Private_Clean``, ``Anonymous``...).
+
+
+def _kb_fields(lines: Any) -> dict[str, int]:
+    """``Key:  123 kB`` lines -> ``{"Key": 123 * 1024}``, values of a repeated key summed."""
+    out: dict[str, int] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+            out[key.strip()] = out.get(key.strip(), 0) + int(parts[0]) * 1024
+    return out
+
+
+#: the fields :func:`smaps_rollup` must give (a rank's private pages and its resident set)
+SMAPS_FIELDS = ("Rss", "Private_Clean", "Private_Dirty")
+
+
+def smaps_rollup(pid: int | str = "self", proc: Path = Path("/proc")) -> dict[str, int]:
+    """A process's memory counts in bytes (``Rss``, ``Pss``, ``Private_Clean``, ``Private_Dirty``...):
+    ``/proc/<pid>/smaps_rollup`` (Linux >= 4.14), else the sum over the mappings of ``/proc/<pid>/smaps``
+    (kernels without the rollup: older ones, sandboxes such as gVisor), with ``"source"`` naming the file
+    read (``smaps_rollup`` = 1, ``smaps`` = 2).
 
     Raises:
-        OSError: no such process, or no ``/proc`` (not Linux).
+        OSError: no such process, no ``/proc`` (not Linux), or neither file gives :data:`SMAPS_FIELDS`;
+            the message names the files tried.
     """
-    out = {}
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            parts = value.split()
-            if len(parts) == 2 and parts[1] == "kB":
-                out[key.strip()] = int(parts[0]) * 1024
-    return out
+    tried = []
+    for source, name in ((1, "smaps_rollup"), (2, "smaps")):
+        path = proc / str(pid) / name
+        try:
+            with open(path) as f:
+                out = _kb_fields(f)
+        except OSError as exc:
+            tried.append(f"{path}: {exc.strerror or exc}")
+            continue
+        if all(k in out for k in SMAPS_FIELDS):
+            out["source"] = source
+            return out
+        tried.append(f"{path}: no {'/'.join(k for k in SMAPS_FIELDS if k not in out)}")
+    raise OSError(f"no memory counts for process {pid}: " + "; ".join(tried))
+
+
+def footprint_failure(kept: Any, key: str) -> str | None:
+    """The reason a kept footprint file gives for a probe that failed on this machine and these versions
+    (``key``), ``None`` when it holds none (so the probe is not run again at every point).
+
+    >>> footprint_failure({"key": "k", "failed": "no smaps"}, "k"), footprint_failure({"key": "o", "failed": "x"}, "k")
+    ('no smaps', None)
+    """
+    if isinstance(kept, dict) and kept.get("key") == key and kept.get("failed"):
+        return str(kept["failed"])
+    return None
+
+
+#: set once the skipped host-memory check has been said in this process
+_SAID: set[str] = set()
+
+
+def say_memory_check_skipped(reason: str, path: Path) -> None:
+    """One line on stderr, once per process and reason: the host-memory check is skipped, and why."""
+    if reason not in _SAID:
+        _SAID.add(reason)
+        print(f"pnpscale: host-memory check skipped: the rank footprint cannot be measured here ({reason}); "
+              f"kept in {path} (delete it to measure again)", file=sys.stderr)  # fmt: skip
 
 
 def cuda_device_count() -> int:
@@ -150,3 +204,69 @@ def check_memory(spec: RunSpec, cuda_devices: int, footprint: tuple[int, int] | 
         return None
     data = 0 if cuda_devices and spec.backend != "gloo" else problem_bytes(spec)
     return memory_refusal(spec.gpus, footprint, data, available)
+
+
+#: Bytes a rank holds on its GPU before any tensor of the problem: the CUDA context, cuBLAS/cuDNN workspaces and
+#: NCCL's buffers (about 0.5 GiB for a context with lazy module loading; NCCL's channels a few hundred MiB more):
+#: a round figure, the low end, so that the estimate stays a lower bound.
+CUDA_RANK_OVERHEAD_BYTES = 512 * 2**20
+
+
+def ranks_per_gpu(gpus: int, devices: int) -> int:
+    """The most local ranks bound to one GPU when ``gpus`` ranks share ``devices`` GPUs (rank ``r`` on GPU
+    ``r mod devices``, :func:`pnpscale.rank.gpus.gpu_binding`).
+
+    >>> ranks_per_gpu(2, 1), ranks_per_gpu(4, 4), ranks_per_gpu(5, 4)
+    (2, 1, 2)
+    """
+    return -(-gpus // max(1, devices))
+
+
+def gpu_memory_refusal(gpus: int, devices: int, per_rank: int, free: Sequence[int]) -> str | None:
+    """The refusal text when the ranks bound to one GPU need more than its free memory, else ``None``.
+
+    Args:
+        gpus: local ranks.
+        devices: GPUs they share (:func:`ranks_per_gpu`).
+        per_rank: a lower bound of one rank's GPU memory (:func:`gpu_bytes_per_rank`), bytes.
+        free: each GPU's free bytes (:func:`pnpscale.rank.gpus.nvml_free_bytes`); the least is compared.
+
+    >>> print(gpu_memory_refusal(1, 1, 150 * 10**9, [140 * 10**9]))  # doctest: +NORMALIZE_WHITESPACE
+    needs at least 150.0 GB on each GPU (1 rank(s) per GPU x 150.0 GB: the problem's tensors and the CUDA
+    context; activations not counted), the GPU with the least free memory has 140.0 GB: use more GPUs, or a
+    smaller scale/problem
+    >>> gpu_memory_refusal(2, 1, 10 * 10**9, [140 * 10**9]) is None
+    True
+    """
+    if not free:
+        return None
+    per_gpu = ranks_per_gpu(gpus, devices)
+    need, least = per_gpu * per_rank, min(free)
+    if need <= least:
+        return None
+    return (
+        f"needs at least {need / GB:.1f} GB on each GPU ({per_gpu} rank(s) per GPU x {per_rank / GB:.1f} GB: the "
+        f"problem's tensors and the CUDA context; activations not counted), the GPU with the least free memory "
+        f"has {least / GB:.1f} GB: use more GPUs, or a smaller scale/problem"
+    )
+
+
+def gpu_bytes_per_rank(spec: RunSpec) -> int:
+    """A lower bound of one CUDA rank's GPU memory: the problem's tensors (:func:`problem_bytes`, every rank
+    holds the whole signal several times over) plus :data:`CUDA_RANK_OVERHEAD_BYTES`; the denoiser's
+    activations (which depend on the batch of tiles) are not counted, so a refusal is certain, a pass is not."""
+    return problem_bytes(spec) + CUDA_RANK_OVERHEAD_BYTES
+
+
+def check_gpu_memory(spec: RunSpec, cuda_devices: int, free: Sequence[int] | None) -> str | None:
+    """:func:`gpu_memory_refusal` for a local CUDA point, before any rank starts; ``None`` when it fits, when
+    the ranks are CPU ranks (no CUDA device, or ``dist.backend=gloo``) or the free memory is unknown.
+
+    Args:
+        spec: the point.
+        cuda_devices: CUDA devices here.
+        free: each usable GPU's free bytes, ``None`` when unknown.
+    """
+    if not cuda_devices or spec.backend == "gloo" or not free:
+        return None
+    return gpu_memory_refusal(spec.gpus, cuda_devices, gpu_bytes_per_rank(spec), free)

@@ -66,6 +66,10 @@ RANK_FOOTPRINT = "rank_footprint-2.json"  # pnpscale.cluster.local.rank_footprin
 VALIDATE_JSON = "validate.json"
 DEVICE_CHECK_MD = "device-check.md"  # scripts/device-check.sh: the pass/fail table
 DEVICE_CHECK_JSON = "device-check.json"
+DEVICE_CHECK_PROBE = "nccl-probe.json"  # the device check's NCCL probe: the method that let 2 ranks share a GPU
+DEVICE_CHECK_NCCL_LOG = "nccl-rank0.log"  # the device check brings back rank 0's NCCL log (head and tail)
+DEVICE_CHECK_MACHINE = "machine.json"  # the device check's work folder: the facts its versions step read
+DEVICE_CHECK_LOGS = "device-check-logs.tar.gz"  # the device check's small log archive (step logs, run.json's)
 COMMAND_STDOUT = "stdout.log"  # a command's output kept beside the run folders it made (device check)
 COMMAND_STDERR = "stderr.log"
 # report/ (python -m pnpscale.report, end of every multirun)

@@ -8,7 +8,9 @@ The local launcher shares its machine's GPUs out (:data:`NODE_GPUS_ENV`), a SLUR
 
 from __future__ import annotations
 
+import ctypes
 import os
+from typing import Any
 
 #: set by the local launcher: the GPUs of this machine its ranks share out, one per local rank
 #: (``CUDA_VISIBLE_DEVICES`` entries, comma-separated; empty: no GPU)
@@ -17,6 +19,31 @@ NODE_GPUS_ENV = "PNPSCALE_NODE_GPUS"
 
 #: set in a rank bound to one GPU by :func:`bind_gpu`: the ``CUDA_VISIBLE_DEVICES`` it was given
 GPU_BINDING_ENV = "PNPSCALE_GPU_BINDING"
+
+
+#: set (to ``1``) in the launcher's environment for ranks sharing one GPU on NCCL before 2.30: each rank
+#: then gets its own NCCL host id (:func:`per_rank_nccl_env`)
+NCCL_HOSTID_PER_RANK_ENV = "PNPSCALE_NCCL_HOSTID_PER_RANK"
+
+
+def per_rank_nccl_env(rank: int, environ: Any, host: str) -> dict[str, str]:
+    """NCCL settings that let ranks of one host share a GPU on NCCL < 2.30, when :data:`NCCL_HOSTID_PER_RANK_ENV`
+    is ``1`` (a structure check only: the ranks time-slice the GPU); else nothing.
+
+    NCCL refuses two ranks whose host hash and bus id both match ("Duplicate GPU detected", ``init.cc``); the
+    host hash is the hash of ``NCCL_HOSTID`` when set (``getHostHash``). One host id per rank makes NCCL see one
+    host per rank, which it connects through its network transport: the socket transport on the loopback
+    interface (``NCCL_SOCKET_IFNAME=lo``, ``NCCL_IB_DISABLE=1``). Values the user set are kept.
+
+    >>> per_rank_nccl_env(1, {"PNPSCALE_NCCL_HOSTID_PER_RANK": "1"}, "n1")
+    {'NCCL_HOSTID': 'n1-pnpscale-rank1', 'NCCL_SOCKET_IFNAME': 'lo', 'NCCL_IB_DISABLE': '1'}
+    >>> per_rank_nccl_env(1, {}, "n1")
+    {}
+    """
+    if str(environ.get(NCCL_HOSTID_PER_RANK_ENV, "")) != "1":
+        return {}
+    wanted = {"NCCL_HOSTID": f"{host}-pnpscale-rank{rank}", "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"}
+    return {k: v for k, v in wanted.items() if k not in environ}
 
 
 def gpu_binding(local_rank: int, visible: str | None, count: int | None = None) -> str | None:
@@ -60,8 +87,6 @@ def bind_gpu(local_rank: int, visible: str | None, count: int | None = None) -> 
 
 def nvml_device_count() -> int | None:
     """GPUs on this node by NVML (``libnvidia-ml``), without initialising CUDA; ``None`` without NVML."""
-    import ctypes
-
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
         if nvml.nvmlInit_v2() != 0:
@@ -72,6 +97,49 @@ def nvml_device_count() -> int | None:
     except (OSError, AttributeError):
         return None
     return int(count.value) if ok else None
+
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def nvml_free_bytes(visible: str | None) -> list[int] | None:
+    """Free memory (bytes) of each GPU this process may use, by NVML (``nvmlDeviceGetMemoryInfo``: what
+    ``torch.cuda.mem_get_info`` reports, without creating a CUDA context in the caller, which would hold
+    about half a GiB of the GPU while the ranks run): the GPUs of ``visible`` (``CUDA_VISIBLE_DEVICES``: indices
+    or ``GPU-<uuid>``), every GPU when ``None``. ``None`` without NVML, or for MIG names (unknown here)."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    try:
+        if visible is None:
+            count = ctypes.c_uint(0)
+            if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+                return None
+            wanted: list[str] = [str(i) for i in range(count.value)]
+        else:
+            wanted = [g.strip() for g in visible.split(",") if g.strip()]
+        out = []
+        for g in wanted:
+            handle = ctypes.c_void_p()
+            if g.isdigit():
+                rc = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(g)), ctypes.byref(handle))
+            elif g.startswith("GPU-"):
+                rc = nvml.nvmlDeviceGetHandleByUUID(g.encode(), ctypes.byref(handle))
+            else:
+                return None
+            mem = _NvmlMemory()
+            if rc != 0 or nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) != 0:
+                return None
+            out.append(int(mem.free))
+        return out
+    except AttributeError:
+        return None
+    finally:
+        nvml.nvmlShutdown()
 
 
 def check_binding(binding: str | None, visible: int, rank: int) -> None:

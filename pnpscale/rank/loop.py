@@ -121,13 +121,22 @@ def sleep_cycles(seconds: float, rate_hz: float) -> int:
 
 
 
+#: seconds the GPU sleeps before the sleep kernel is timed: an idle GPU clocks down, and its clock takes
+#: tens of milliseconds to come back up (the first ~10 ms sleeps of an idle H200 run several % slow)
+SLEEP_WARMUP_S = 0.2
+#: seconds of each timed sleep (CUDA events resolve ~0.5 us: 50 ms reads the rate to 1e-5)
+SLEEP_TIMED_S = 0.05
+
+
 def sleep_rate_hz(device: Any, cycles: int = 20_000_000, repeats: int = 3) -> float:
     """Measured rate of ``torch.cuda._sleep`` on ``device`` (cycles per second), once per device.
 
     The sleep kernel spins on the SM clock, which runs below the maximum clock
     (``clock_rate``) most of the time, so converting with the maximum makes delays longer than
-    asked. Measured with CUDA events around ``_sleep(cycles)`` (after one warm-up call); the median
-    of ``repeats``. Call it before the profiler starts, so its kernels are not traced.
+    asked. Measured with CUDA events: a first sleep of ``cycles`` gives a rough rate, then the GPU
+    sleeps :data:`SLEEP_WARMUP_S` (its clock comes up from idle), then ``repeats`` sleeps of
+    :data:`SLEEP_TIMED_S` each are timed; the median. Call it before the profiler starts, so its
+    kernels are not traced.
 
     Raises:
         RuntimeError: the events measured no time.
@@ -139,19 +148,23 @@ def sleep_rate_hz(device: Any, cycles: int = 20_000_000, repeats: int = 3) -> fl
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index in _SLEEP_RATE_HZ:
         return _SLEEP_RATE_HZ[index]
-    rates = []
+
+    def timed(n: int) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(n)
+        end.record()
+        end.synchronize()
+        ms = float(start.elapsed_time(end))
+        if ms <= 0:
+            raise RuntimeError(f"cuda:{index}: a sleep of {n} cycles measured {ms} ms")
+        return n / (ms * 1e-3)
+
     with torch.cuda.device(index):
-        torch.cuda._sleep(cycles)  # warm-up: clocks up, module loaded
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.cuda._sleep(cycles)
-            end.record()
-            end.synchronize()
-            ms = float(start.elapsed_time(end))
-            if ms <= 0:
-                raise RuntimeError(f"cuda:{index}: a sleep of {cycles} cycles measured {ms} ms")
-            rates.append(cycles / (ms * 1e-3))
+        rough = timed(cycles)  # module loaded, a first rate
+        torch.cuda._sleep(sleep_cycles(SLEEP_WARMUP_S, rough))  # clocks up
+        n = max(cycles, sleep_cycles(SLEEP_TIMED_S, rough))
+        rates = [timed(n) for _ in range(repeats)]
     _SLEEP_RATE_HZ[index] = statistics.median(rates)
     return _SLEEP_RATE_HZ[index]
 

@@ -30,6 +30,7 @@ from pnpscale.core.config import RunSpec
 from pnpscale.core.errors import PnpscaleError, failure_kind
 from pnpscale.core.record import RankFailureRecord
 from pnpscale.rank.commit import write_run
+from pnpscale.rank.gpus import per_rank_nccl_env
 from pnpscale.rank.group import Group, collect_nccl_log, cpu_warning, nccl_debug_env, nccl_log_file
 from pnpscale.rank.loop import Heartbeat, device_name, run_iterations, sync
 from pnpscale.rank.process import (
@@ -81,6 +82,7 @@ def rank_main(
             env = nccl_debug_env(nccl_log, os.environ)
             staged = "NCCL_DEBUG_FILE" in env
             os.environ.update(env)
+            os.environ.update(per_rank_nccl_env(rank, os.environ, socket.gethostname()))
         warning = cpu_warning(len(os.sched_getaffinity(0)), backend, rank)
         if warning:
             print(warning, file=sys.stderr)
