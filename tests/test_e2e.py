@@ -175,7 +175,7 @@ def test_ctrl_c_stops_the_whole_sweep_and_records_the_point(tmp_path):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,2", *TINY_2D[:-2], "iterations=400", "warmup=0",
+    cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,2", *TINY_2D, "iterations=400", "warmup=0",
            f"output.root={tmp_path / 'outputs'}"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # fmt: skip

@@ -1136,7 +1136,7 @@ def _rank_pid(run_dir: Path, rank: int, timeout_s: float = 120) -> int:
     pytest.fail(f"rank {rank} of {run_dir} never reached iteration 1")
 
 
-SLOW_2D = [*TINY_2D[:-2], "iterations=40", "warmup=1", "inject.rank=0", "inject.section=gradient", "inject.delay_s=0.3"]
+SLOW_2D = [*TINY_2D, "iterations=40", "warmup=1", "inject.rank=0", "inject.section=gradient", "inject.delay_s=0.3"]
 
 
 @pytest.mark.slow
