@@ -332,8 +332,8 @@ def test_the_unknown_key_message_lists_every_top_level_key():
         check_overrides(["gpuz=2"])
     (line,) = info.value.problems
     listed = line.split("top-level keys: ")[1].split(", ")
-    assert set(listed) == {f.name for f in dataclasses.fields(Config)} | {p.name for p in CONF.iterdir() if p.is_dir()}
-    assert "sweeps" in listed
+    groups = {p.name for p in CONF.iterdir() if p.is_dir()} | {"sweeps"}  # sweeps/ sits beside conf/ in a checkout
+    assert set(listed) == {f.name for f in dataclasses.fields(Config)} | groups
 
 
 def test_gradient_collective_is_a_variant_with_its_own_folder(composer):
@@ -373,3 +373,18 @@ def test_mode_keys_default_to_null_and_a_sweep_over_both_modes_is_warned(compose
     assert list(refused) == [f"{preset}: takes effect only in mode=training; this point is mode=inference: "
                              "drop it, or run mode=training"]  # fmt: skip
     assert mode_key_problems([("gpus=1", composer(preset, "mode=training"), [preset])]) == ({}, [])
+
+
+def test_the_top_level_sweeps_are_the_group_sweeps_and_a_bad_file_is_named(tmp_path):
+    """The checkout's ``sweeps/`` (beside ``conf/``, not in it) is what ``sweeps=`` offers; each file keeps its
+    ``# @package`` header; a file that is not a YAML mapping is refused naming it."""
+    from pnpscale.core.config import CONF_DIR, SWEEPS_DIR, stored_sweeps
+    from tests.helpers import ROOT
+
+    assert (CONF_DIR, SWEEPS_DIR) == (ROOT / "conf", ROOT / "sweeps")
+    stored = stored_sweeps(SWEEPS_DIR)
+    assert {name for name, _, _ in stored} == set(group_options("sweeps")) >= {"comm_inference_2d", "remedy_overlap"}
+    assert {package for _, _, package in stored} == {"_global_"}
+    (tmp_path / "bad.yaml").write_text("- a list\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml must hold a YAML mapping"):
+        stored_sweeps(tmp_path)

@@ -165,8 +165,15 @@ class ModeConfig:
 #: shared schema keeps the node open.
 CLUSTER_SHARED_KEYS = ("name", "impl")
 
-#: The app's Hydra config tree, package data (``pnpscale/conf``; the stored sweeps are its group ``sweeps``).
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+_PACKAGE = Path(__file__).resolve().parents[1]
+#: The app's Hydra config tree: ``conf/`` at the top of a checkout (an editable install, or ``PYTHONPATH``), the
+#: source users edit; in a built wheel the same files are the package data ``pnpscale/conf/`` (setup.py maps
+#: ``conf/`` there: one tree, no copy kept in step).
+CONF_DIR = _PACKAGE / "conf" if any((_PACKAGE / "conf").glob("*.yaml")) else _PACKAGE.parent / "conf"
+#: The stored sweeps, config group ``sweeps``: ``sweeps/`` at the top of a checkout; in a wheel the package data
+#: ``pnpscale/conf/sweeps/``, inside the tree, where Hydra finds the group itself. Outside it (a checkout)
+#: :func:`register_schema` stores each file in Hydra's ConfigStore under that group.
+SWEEPS_DIR = CONF_DIR / "sweeps" if (CONF_DIR / "sweeps").is_dir() else _PACKAGE.parent / "sweeps"
 
 
 @dataclass
@@ -240,13 +247,40 @@ class Config:
 
 def register_schema() -> None:
     """Register :class:`Config` as ``pnpscale_schema`` in Hydra's ConfigStore, and the
-    ``pnpscale_variant`` resolver of ``conf/config.yaml``'s run folders (idempotent)."""
+    ``pnpscale_variant`` resolver of ``conf/config.yaml``'s run folders, and the stored sweeps of a top-level
+    ``sweeps/`` folder as the config group ``sweeps`` (idempotent)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name="pnpscale_schema", node=Config)
+    if SWEEPS_DIR.parent != CONF_DIR:
+        for name, node, package in stored_sweeps(SWEEPS_DIR):
+            ConfigStore.instance().store(group="sweeps", name=name, node=node, package=package)
     if not OmegaConf.has_resolver("pnpscale_variant"):
         OmegaConf.register_new_resolver("pnpscale_variant", variant_subdir)
+
+
+def stored_sweeps(folder: Path) -> list[tuple[str, Any, str | None]]:
+    """The stored sweeps of ``folder`` (``<name>.yaml``) as ``(name, node, package)`` for Hydra's ConfigStore:
+    ``package`` is the file's ``# @package`` header (``_global_`` in every stored sweep), ``None`` without one.
+
+    Raises:
+        ConfigError: a file is not a YAML mapping (names the file).
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    out: list[tuple[str, Any, str | None]] = []
+    for path in sorted(folder.glob("*.yaml")):
+        text = path.read_text()
+        headers = [ln.split()[2] for ln in text.splitlines() if ln.startswith("# @package ") and ln[11:].strip()]
+        try:
+            node = OmegaConf.create(text)
+        except Exception as exc:  # a YAML syntax error: the file and the parser's words
+            raise ConfigError("sweeps", path.stem, f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(node, DictConfig):
+            raise ConfigError("sweeps", path.stem, f"{path} must hold a YAML mapping")
+        out.append((path.stem, node, headers[0] if headers else None))
+    return out
 
 
 #: Keys that make a run a *variant* of its (problem, mode, gpus) point: a sweep may vary them, and the
@@ -361,7 +395,10 @@ def _impl() -> tuple[Callable[[Any], bool], str]:
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gpus": _int_in(1, MAX_GPUS),
     "scale": _one_of(SCALES),
-    "iterations": (lambda v: v is None or _int_in(1)[0](v), "must be an integer >= 1, or null (the scale preset's: 5; tiny: 2)"),
+    "iterations": (
+        lambda v: v is None or _int_in(1)[0](v),
+        "must be an integer >= 1, or null (the scale preset's: 5; tiny: 2)",
+    ),
     "warmup": _int_in(0),
     "seed": _int_in(0),
     "dist.backend": _one_of(BACKENDS),
