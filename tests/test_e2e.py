@@ -43,7 +43,7 @@ def test_run_json_provenance(sweep):
     run = read_run(dirs[2])
     assert run["status"] == "complete" and run["error"] is None
     assert run["backend"] == "gloo" and run["world_size"] == 2 and run["nodes"] == 1
-    assert run["scale"] == "small" and run["scale_requested"] == "small"
+    assert run["scale"] == "tiny" and run["scale_requested"] == "tiny"
     assert run["versions"]["torch"].startswith("2.14.1") and run["versions"]["deepinv"].startswith("0.5")
     assert len(run["device_names"]) == 2 and run["assignment"]["operators_per_rank"] == [2, 2]
     assert run["assignment"]["tiles_per_rank"] == [8, 8] and run["assignment"]["num_tiles"] == 16
