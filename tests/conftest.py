@@ -21,9 +21,62 @@ def pytest_configure(config: pytest.Config) -> None:
 
 #: Tests that are neither ``slow`` nor ``slurm`` yet take seconds (they start the CLI, a notebook or several
 #: Python processes), left out of ``-m quick``: the function's node id without its parameters, or a whole file.
-#: Measured with ``--durations=0`` (benchmarks/README.md, "Test suite time"); a new test of a second or more
-#: belongs here or under ``@pytest.mark.slow``.
-HEAVY: frozenset[str] = frozenset()
+#: Measured with ``--durations=0`` file by file (benchmarks/README.md, "Test suite time"): every function one of
+#: whose cases took 5 s or more on 2 cores under a load average of about 12 (a second or so on a quiet machine),
+#: plus a few known from earlier runs. A new test of a second or more belongs here or under ``@pytest.mark.slow``.
+HEAVY: frozenset[str] = frozenset({
+    "tests/test_architecture.py::test_every_module_imports_in_a_fresh_interpreter",
+    "tests/test_architecture.py::test_tiny_2d_overrides_still_compose",
+    "tests/test_assignment.py::test_round_robin_matches_deepinv_local_indices",
+    "tests/test_clocks.py::test_a_rank_clock_stepped_between_iterations_is_named_with_its_rank_and_a_bound_under_the_step",
+    "tests/test_compare.py::test_every_chart_draws_a_varied_sweep_from_load",
+    "tests/test_compare.py::test_example_notebook_runs_on_a_varied_sweep",
+    "tests/test_compare.py::test_no_comparison_without_a_varied_key",
+    "tests/test_compare.py::test_problem_and_num_operators_comparisons",
+    "tests/test_compare.py::test_report_writes_comparison_and_transfer_knows_all_gather",
+    "tests/test_compare.py::test_variant_discovered_from_run_json",
+    "tests/test_config.py::test_cli_single_run_checks_the_composed_point_before_anything",
+    "tests/test_config.py::test_cli_sweep_with_a_bad_composed_point_starts_nothing",
+    "tests/test_config.py::test_every_typed_field_refuses_an_unconvertible_value_in_one_line",
+    "tests/test_ct.py::test_split_is_exact_and_lipschitz_bounds_the_normal_operator",
+    "tests/test_docs.py::test_a_pages_runnable_snippets_run",
+    "tests/test_docs.py::test_the_docs_build_strict",
+    "tests/test_faults.py::test_2_a_run_folder_in_use_is_refused_and_left_untouched",
+    "tests/test_faults.py::test_4_a_damaged_point_is_unreadable_for_load_and_the_report_alike",
+    "tests/test_faults.py::test_4_damaged_run_folders_are_reported_one_by_one",
+    "tests/test_faults.py::test_4_every_damaged_file_of_a_run_folder_is_one_unreadable_point",
+    "tests/test_faults.py::test_5_bad_input_is_refused_before_any_rank_starts",
+    "tests/test_faults.py::test_5_command_line_faults_exit_2_with_one_line",
+    "tests/test_faults.py::test_7_paths_that_leave_the_folder_are_refused_and_report_text_is_escaped",
+    "tests/test_faults.py::test_8_a_failed_report_leaves_no_report_folder",
+    "tests/test_gpu_path.py::test_a_fork_after_a_cuda_query_is_refused_by_the_rank",
+    "tests/test_gpu_path.py::test_device_rule_is_deepinvs",
+    "tests/test_gpu_path.py::test_the_forkserver_preload_never_touches_cuda",
+    "tests/test_gradient_collective.py::test_layout_owns_every_pixel_once_and_holds_every_read_pixel",
+    "tests/test_metrics.py::test_one_registry_of_measures_names_totals_and_per_iteration_values",
+    "tests/test_overlap_pipelined.py::test_windows_equal_deepinvs_padded_slices",
+    "tests/test_plugin_params.py::test_plugin_params_are_checked_by_their_class_before_any_rank",
+    "tests/test_projection.py::test_command_on_cpu_runs_refuses_past_the_cores",
+    "tests/test_projection.py::test_command_prints_both_crossovers",
+    "tests/test_projection.py::test_command_projects_each_variant_of_a_sweep",
+    "tests/test_projection.py::test_failed_command_leaves_the_report_as_it_was",
+    "tests/test_projection.py::test_pipelined_variant_projected_with_the_held_hidden_share",
+    "tests/test_projection.py::test_rebuilding_the_report_keeps_a_users_projection",
+    "tests/test_projection.py::test_the_report_on_cpu_runs_says_it_does_not_project_past_the_cores",
+    "tests/test_report.py::test_empty_folder_is_a_one_line_error",
+    "tests/test_report.py::test_every_chart_is_a_png_and_readme_has_checks",
+    "tests/test_report.py::test_example_notebook_runs_headless",
+    "tests/test_report.py::test_newest_complete_run_wins_and_choice_is_printed",
+    "tests/test_report.py::test_stored_sweeps_compose_and_expand",
+    "tests/test_report.py::test_summary_numbers_equal_hand_computed",
+    "tests/test_slurm.py::test_bad_slurm_points_stop_before_anything_is_submitted",
+    "tests/test_slurm.py::test_completed_run_matches_on_the_stored_resolution_of_scale_auto",
+    "tests/test_spread.py::test_load_carries_the_spread_and_the_report_says_too_few",
+    "tests/test_trace_corruptions.py::test_a_lone_cpu_trace_cut_inside_its_last_iteration_is_named_not_read_as_complete",
+    "tests/test_trace_corruptions.py::test_corruption_ends_in_the_numbers_a_refusal_or_a_named_anomaly",
+    "tests/test_trace_properties.py::test_generated_traces_are_analysed_to_the_nanosecond",
+    "tests/test_user_trial.py::test_a_run_folder_whose_record_disagrees_with_its_folder_is_unreadable",
+})
 
 #: Groups of tests that run one at a time on one xdist worker (see :func:`pytest_xdist_make_scheduler`): the
 #: tests that compare a measurement with a job's own clock or an injected delay ("timing"), and the SLURM
