@@ -89,6 +89,20 @@ TIMING = (
 )
 
 
+#: Files whose module-scoped fixture is a real run (a CLI sweep, gloo ranks at several world sizes, a built
+#: wheel, a drawn report): sent whole to one worker, so that the fixture runs once, not once per worker.
+SHARED_RUN_FILES = (
+    "tests/test_e2e.py",
+    "tests/test_training_3d.py",
+    "tests/test_analyze.py",
+    "tests/test_wheel.py",
+    "tests/test_denoiser_collective.py",
+    "tests/test_gradient_collective.py",
+    "tests/test_overlap_pipelined.py",
+    "tests/test_report.py",
+)
+
+
 def _function_id(item: pytest.Item) -> str:
     return item.nodeid.split("[", 1)[0]
 
@@ -103,16 +117,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def run_group(nodeid: str) -> str | None:
-    """The group a test runs in, one at a time with the others of it: ``"slurm"`` (tests/test_slurm.py),
-    ``"timing"`` (:data:`TIMING`), else ``None`` (any worker, any time).
+    """The group a test runs in, one at a time with the others of it on one worker: ``"slurm"``
+    (tests/test_slurm.py), ``"timing"`` (:data:`TIMING`), its file (:data:`SHARED_RUN_FILES`), else ``None``
+    (any worker, any time).
 
-    >>> run_group("tests/test_slurm.py::test_x[2]"), run_group("tests/test_overlap_jobs.py::test_y"), run_group("a::b")
-    ('slurm', 'timing', None)
+    >>> run_group("tests/test_slurm.py::test_x[2]"), run_group("tests/test_overlap_jobs.py::test_y")
+    ('slurm', 'timing')
+    >>> run_group("tests/test_e2e.py::test_z"), run_group("tests/test_metrics.py::test_w")
+    ('tests/test_e2e.py', None)
     """
     fid, path = nodeid.split("[", 1)[0], nodeid.split("::", 1)[0]
     if path == "tests/test_slurm.py":
         return "slurm"
-    return "timing" if any(fid == t or path == t for t in TIMING) else None
+    if any(fid == t or path == t for t in TIMING):
+        return "timing"
+    return path if path in SHARED_RUN_FILES else None
 
 
 if importlib.util.find_spec("xdist") is not None:  # the test extra has it; without it pytest runs in one process
