@@ -1,4 +1,4 @@
-"""``python -m pnpscale [-m] key=value ...``: the Hydra app (see README.md and pnpscale/conf/config.yaml)."""
+"""``python -m pnpscale [-m] key=value ...``: the Hydra app (see README.md and conf/config.yaml)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import hydra
 from omegaconf import DictConfig
 
 from pnpscale.core import signals
-from pnpscale.core.config import register_schema
+from pnpscale.core.config import CONF_DIR, register_schema
 from pnpscale.core.errors import Abort, PnpscaleError, report_lines
 from pnpscale.sweep.cli import check_overrides, check_single_point
 from pnpscale.sweep.task import STOPPED_POINTS, run
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")  # conf/, or a wheel's
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

@@ -9,13 +9,14 @@ import sys
 from pnpscale.core import layout, signals
 
 
-def _main() -> int:
+def main() -> int:
+    """The ``pnpscale-report`` console command (``python -m pnpscale.report``); returns the exit code."""
 
     signals.install()
     try:
-        from pnpscale.results.report import main  # deferred: a stop signal during the heavy imports is caught
+        from pnpscale.results.report import main as report_main  # deferred: a stop during the heavy imports is caught
 
-        return main()
+        return report_main()
     except KeyboardInterrupt as exc:  # main() handles the stops it sees; this is one before it started
 
         out = layout.report_folder(sys.argv[1:])
@@ -25,4 +26,4 @@ def _main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(_main())
+    raise SystemExit(main())

@@ -31,6 +31,39 @@ def test_defaults_compose_and_resolve(composer):
     assert paper.sizes["nc"] == [64, 128, 256, 512] and paper.sizes["nb"] == 4
 
 
+#: The ten overrides the tests typed before ``scale=tiny`` existed (docs/configuration.md repeats them).
+TEN_TINY_OVERRIDES = ["scale=small", "problem.image_size=32", "problem.num_operators=4", "problem.patch_size=8",
+                      "problem.overlap=4", "problem.max_batch_size=4", "problem.nc=[4,8,8,8]", "problem.nb=1",
+                      "iterations=2", "warmup=1"]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_scale_tiny_is_the_ten_documented_overrides(composer, mode):
+    tiny = resolve_spec(composer("scale=tiny", f"mode={mode}"), cuda_available=False)
+    typed = resolve_spec(composer(*TEN_TINY_OVERRIDES, f"mode={mode}"), cuda_available=False)
+    assert (tiny.scale, tiny.scale_requested) == ("tiny", "tiny")
+    assert tiny.sizes == typed.sizes and (tiny.iterations, tiny.warmup) == (typed.iterations, typed.warmup) == (2, 1)
+    # the other presets keep 5 measured iterations; an explicit value wins over every preset
+    assert resolve_spec(composer("scale=small", f"mode={mode}"), cuda_available=False).iterations == 5
+    assert resolve_spec(composer("scale=tiny", "iterations=7", f"mode={mode}"), cuda_available=False).iterations == 7
+
+
+def test_scale_tiny_of_3d_and_ct_runs_in_seconds(composer):
+    d3 = resolve_spec(composer("problem=3d", "scale=tiny"), cuda_available=False).sizes
+    assert (d3["image_size"], d3["patch_size"], d3["overlap"], d3["nc"], d3["nb"]) == (16, 8, 4, [4, 8, 8, 8], 1)
+    ct = resolve_spec(composer("problem=ct", "scale=tiny"), cuda_available=False).sizes
+    assert (ct["image_size"], ct["num_operators"], ct["patch_size"], ct["nc"]) == (32, 8, 8, [4, 8, 8, 8])
+
+
+def test_a_problem_without_the_chosen_preset_is_refused_in_one_line(composer):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(composer("scale=tiny"))  # a user's problem YAML without scales.tiny
+    cfg["problem"]["scales"]["tiny"]["inference"] = dict.fromkeys(cfg["problem"]["scales"]["tiny"]["inference"])
+    with pytest.raises(ConfigError, match=r"problem=2d has no preset problem\.scales\.tiny\.inference"):
+        resolve_spec(cfg, cuda_available=False)
+
+
 def test_explicit_size_overrides_every_preset(composer):
     cfg = composer("problem.image_size=512", "scale=paper")
     spec = resolve_spec(cfg, cuda_available=False)
@@ -50,7 +83,7 @@ def test_explicit_size_overrides_every_preset(composer):
             "problem.patch_size=64",
             "smaller than",
         ),
-        (["scale=huge"], "scale=huge", "paper, small, auto"),
+        (["scale=huge"], "scale=huge", "paper, small, tiny, auto"),
         (["dist.backend=mpi"], "dist.backend=mpi", "auto, gloo, nccl"),
         (["inject.rank=3", "gpus=2"], "inject.rank=3", "0..1"),
         (["inject.section=forward"], "inject.section=forward", "gradient, denoiser"),
@@ -207,8 +240,9 @@ def test_every_typed_field_refuses_an_unconvertible_value_in_one_line():
             assert line == f"{key}=abc: expected {type_text(hint)}, got 'abc'", line
     with pytest.raises(CommandLineError, match=r"^problem.nc=\[a\]: expected a list of integers or null"):
         check_overrides(["problem.nc=[a]"])
-    with pytest.raises(CommandLineError, match=r"^iterations=null: "):
-        check_overrides(["iterations=null"])
+    with pytest.raises(CommandLineError, match=r"^warmup=null: "):
+        check_overrides(["warmup=null"])
+    check_overrides(["iterations=null"])  # null: the scale preset's (5; scale=tiny: 2)
 
 
 @pytest.mark.parametrize(
@@ -298,8 +332,8 @@ def test_the_unknown_key_message_lists_every_top_level_key():
         check_overrides(["gpuz=2"])
     (line,) = info.value.problems
     listed = line.split("top-level keys: ")[1].split(", ")
-    assert set(listed) == {f.name for f in dataclasses.fields(Config)} | {p.name for p in CONF.iterdir() if p.is_dir()}
-    assert "sweeps" in listed
+    groups = {p.name for p in CONF.iterdir() if p.is_dir()} | {"sweeps"}  # sweeps/ sits beside conf/ in a checkout
+    assert set(listed) == {f.name for f in dataclasses.fields(Config)} | groups
 
 
 def test_gradient_collective_is_a_variant_with_its_own_folder(composer):
@@ -339,3 +373,18 @@ def test_mode_keys_default_to_null_and_a_sweep_over_both_modes_is_warned(compose
     assert list(refused) == [f"{preset}: takes effect only in mode=training; this point is mode=inference: "
                              "drop it, or run mode=training"]  # fmt: skip
     assert mode_key_problems([("gpus=1", composer(preset, "mode=training"), [preset])]) == ({}, [])
+
+
+def test_the_top_level_sweeps_are_the_group_sweeps_and_a_bad_file_is_named(tmp_path):
+    """The checkout's ``sweeps/`` (beside ``conf/``, not in it) is what ``sweeps=`` offers; each file keeps its
+    ``# @package`` header; a file that is not a YAML mapping is refused naming it."""
+    from pnpscale.core.config import CONF_DIR, SWEEPS_DIR, stored_sweeps
+    from tests.helpers import ROOT
+
+    assert (CONF_DIR, SWEEPS_DIR) == (ROOT / "conf", ROOT / "sweeps")
+    stored = stored_sweeps(SWEEPS_DIR)
+    assert {name for name, _, _ in stored} == set(group_options("sweeps")) >= {"comm_inference_2d", "remedy_overlap"}
+    assert {package for _, _, package in stored} == {"_global_"}
+    (tmp_path / "bad.yaml").write_text("- a list\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml must hold a YAML mapping"):
+        stored_sweeps(tmp_path)

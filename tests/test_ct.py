@@ -13,8 +13,7 @@ from pnpscale.rank.problems.ct import angle_blocks
 from pnpscale.sweep.cli import compose_config
 from tests.helpers import free_port, gloo_rank
 
-TINY_CT = ["problem=ct", "scale=small", "problem.image_size=32", "problem.num_operators=8", "problem.patch_size=8",
-           "problem.overlap=4", "problem.nc=[4,8,8,8]"]  # fmt: skip
+TINY_CT = ["problem=ct", "scale=tiny"]  # 32² image, 8 angle blocks, 8 px tiles + 4 overlap, DRUNet 4-8-8-8
 
 
 def _spec(*overrides: str):

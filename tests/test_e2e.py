@@ -44,7 +44,7 @@ def test_run_json_provenance(sweep):
     run = read_run(dirs[2])
     assert run["status"] == "complete" and run["error"] is None
     assert run["backend"] == "gloo" and run["world_size"] == 2 and run["nodes"] == 1
-    assert run["scale"] == "small" and run["scale_requested"] == "small"
+    assert run["scale"] == "tiny" and run["scale_requested"] == "tiny"
     assert run["versions"]["torch"].startswith("2.14.1") and run["versions"]["deepinv"].startswith("0.5")
     assert len(run["device_names"]) == 2 and run["assignment"]["operators_per_rank"] == [2, 2]
     assert run["assignment"]["tiles_per_rank"] == [8, 8] and run["assignment"]["num_tiles"] == 16
@@ -178,7 +178,7 @@ def test_ctrl_c_stops_the_whole_sweep_and_records_the_point(tmp_path):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,2", *TINY_2D[:-2], "iterations=400", "warmup=0",
+    cmd = [sys.executable, "-m", "pnpscale", "-m", "gpus=1,2", *TINY_2D, "iterations=400", "warmup=0",
            f"output.root={tmp_path / 'outputs'}"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # fmt: skip

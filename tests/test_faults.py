@@ -1088,7 +1088,7 @@ def test_5_a_read_only_working_folder_with_explicit_output_folders(tmp_path, rea
 def test_5_help_is_quick_with_a_big_folder_in_the_repository_root(tmp_path):
     import shutil
 
-    for name in ("pnpscale", "hydra_plugins"):
+    for name in ("pnpscale", "hydra_plugins", "conf", "sweeps"):  # a checkout's layout
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     venv = tmp_path / ".venv"
     for i in range(300):  # a fake virtual environment: many folders with yaml files
@@ -1136,7 +1136,7 @@ def _rank_pid(run_dir: Path, rank: int, timeout_s: float = 120) -> int:
     pytest.fail(f"rank {rank} of {run_dir} never reached iteration 1")
 
 
-SLOW_2D = [*TINY_2D[:-2], "iterations=40", "warmup=1", "inject.rank=0", "inject.section=gradient", "inject.delay_s=0.3"]
+SLOW_2D = [*TINY_2D, "iterations=40", "warmup=1", "inject.rank=0", "inject.section=gradient", "inject.delay_s=0.3"]
 
 
 @pytest.mark.slow

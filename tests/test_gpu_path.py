@@ -335,7 +335,7 @@ def test_too_few_cpus_per_gpu_task_are_warned():
 
 
 def test_slurm_default_config_keeps_null_and_says_why():
-    text = (Path(__file__).resolve().parents[1] / "pnpscale" / "conf" / "cluster" / "slurm.yaml").read_text()
+    text = (Path(__file__).resolve().parents[1] / "conf" / "cluster" / "slurm.yaml").read_text()
     assert "cpus_per_task: null" in text and ">= 4" in text
 
 

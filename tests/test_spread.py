@@ -66,10 +66,14 @@ def test_load_carries_the_spread_and_the_report_says_too_few(sweep):  # noqa: F8
 def test_the_default_run_measures_enough_iterations_for_a_verdict():
     """``python -m pnpscale`` with no ``iterations=``: enough measured iterations that the report states a
     spread and the comparison of variants can call a difference beyond noise (the yaml and the schema agree)."""
-    from pnpscale.core.config import Config
+    from pnpscale.core.config import PRESET_ITERATIONS, Config, resolve_spec
     from pnpscale.sweep.cli import compose_config
 
-    assert compose_config([])["iterations"] == Config().iterations >= MIN_ITERATIONS
+    cfg = compose_config([])
+    assert cfg["iterations"] is None and Config().iterations is None  # the yaml and the schema agree: the preset's
+    for cuda in (False, True):  # scale=auto: small on CPU ranks, paper on CUDA
+        assert resolve_spec(cfg, cuda_available=cuda).iterations >= MIN_ITERATIONS
+    assert PRESET_ITERATIONS["tiny"] < MIN_ITERATIONS  # seconds per point: too few for a verdict, as the report says
 
 
 def test_a_difference_within_the_spread_is_not_a_gain():

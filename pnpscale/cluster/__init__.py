@@ -8,7 +8,7 @@
 * :mod:`~pnpscale.cluster.slurm`: one SLURM task per rank (submitit), pure sbatch builders;
 * :mod:`~pnpscale.cluster.resources`: will a local point fit in this machine's memory?
 
-The registry is the config group ``cluster``: each ``pnpscale/conf/cluster/<name>.yaml`` names its
+The registry is the config group ``cluster``: each ``conf/cluster/<name>.yaml`` names its
 backend class (``cluster.impl: module:Class``). Adding a backend is a module with a
 :class:`~pnpscale.cluster.base.Cluster` subclass and its YAML (which selects its Hydra launcher); a
 backend kept outside pnpscale works the same way through ``hydra.searchpath``.
@@ -37,7 +37,7 @@ def cluster_backend(cluster: Mapping[str, Any]) -> Cluster:
 
 def cluster_backends(search_dirs: Sequence[Path] = ()) -> dict[str, type[Cluster]]:
     """Every backend of the config group ``cluster``: option name -> class, read from each option's YAML
-    (``pnpscale/conf/cluster/<name>.yaml`` and ``<dir>/cluster/<name>.yaml`` of every extra folder on
+    (``conf/cluster/<name>.yaml`` and ``<dir>/cluster/<name>.yaml`` of every extra folder on
     ``hydra.searchpath``; ``cluster.impl``), for checks made before Hydra composes (the command line's keys).
 
     Raises:

@@ -1,6 +1,6 @@
 """The interface of a cluster backend: where and how the ranks of one sweep point run.
 
-A backend is a :class:`Cluster` subclass named by its ``pnpscale/conf/cluster/<name>.yaml``
+A backend is a :class:`Cluster` subclass named by its ``conf/cluster/<name>.yaml``
 (``cluster.impl: module:Class``; the YAML also selects its Hydra launcher). The Hydra task
 (:mod:`pnpscale.sweep.task`) knows only this interface.
 """

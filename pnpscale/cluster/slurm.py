@@ -472,7 +472,7 @@ def error_line(trace: str) -> str:
 
 @dataclass
 class SlurmParams:
-    """The SLURM backend's own keys under ``cluster.`` (``pnpscale/conf/cluster/slurm.yaml`` repeats the
+    """The SLURM backend's own keys under ``cluster.`` (``conf/cluster/slurm.yaml`` repeats the
     defaults): sbatch's ``--partition``, ``--account``, ``--qos``, ``--constraint``; ``gpus_per_node``
     GPUs (= ranks) per node; ``cpus_per_task`` CPUs per rank; ``mem_gb`` memory per node in GB;
     ``timeout_min`` each job's time limit in minutes; ``setup`` shell lines run before the ranks;

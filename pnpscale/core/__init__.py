@@ -1,6 +1,6 @@
 """The ground floor: what every stage shares, importing nothing of pnpscale above it.
 
-* :mod:`~pnpscale.core.config`: the dataclass schema behind ``pnpscale/conf/``, value rules, ``scale``
+* :mod:`~pnpscale.core.config`: the dataclass schema behind ``conf/``, value rules, ``scale``
   presets, the frozen :class:`~pnpscale.core.config.RunSpec` a rank receives;
 * :mod:`~pnpscale.core.record`: the typed, versioned ``run.json`` (one writer, one reader);
 * :mod:`~pnpscale.core.errors`: the one error family (:class:`~pnpscale.core.errors.PnpscaleError`);

@@ -7,8 +7,9 @@ a type cannot express (``gpus`` in 1..64, tile windows a multiple of 8, ...) are
 the allowed values. Nothing is launched before :func:`validate` has passed.
 
 :func:`resolve_spec` turns a composed config into a :class:`RunSpec`: the problem sizes of the
-chosen ``scale`` preset (``paper`` = the study's sizes, ``small`` = CPU-friendly, ``auto`` =
-paper on CUDA, small on CPU), overlaid with every size key the user set explicitly.
+chosen ``scale`` preset (``paper`` = the study's sizes, ``small`` = CPU-friendly, ``tiny`` = seconds per
+point, what the tests run, ``auto`` = paper on CUDA, small on CPU), overlaid with every size key the user
+set explicitly; ``iterations`` left ``null`` is the preset's (:data:`PRESET_ITERATIONS`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from omegaconf import MISSING
 from pnpscale.core.errors import InputError
 
 MAX_GPUS = 64
-SCALES = ("paper", "small", "auto")
+SCALES = ("paper", "small", "tiny", "auto")
+#: The presets a problem's YAML holds sizes for (``problem.scales.<preset>.<mode>``); ``auto`` picks one.
+PRESETS = ("paper", "small", "tiny")
+#: Measured iterations when ``iterations`` is ``null``: 5 (enough for the spread's p10/p90 verdict), 2 at
+#: ``scale=tiny`` (a point in seconds; too few for a spread verdict, which the report says).
+PRESET_ITERATIONS = {"paper": 5, "small": 5, "tiny": 2}
 BACKENDS = ("auto", "gloo", "nccl")
 #: How the tiled denoiser reconciles ranks (``solver.denoiser_collective``): ``all_reduce`` (deepinv's: every
 #: rank sums a zero image holding its tile cores, ring ``2·P·(n−1)/n`` bytes per GPU) or ``all_gather``
@@ -108,6 +114,7 @@ class ModeSizes:
 class ScalePresets:
     paper: ModeSizes = field(default_factory=ModeSizes)
     small: ModeSizes = field(default_factory=ModeSizes)
+    tiny: ModeSizes = field(default_factory=ModeSizes)
 
 
 @dataclass
@@ -158,8 +165,15 @@ class ModeConfig:
 #: shared schema keeps the node open.
 CLUSTER_SHARED_KEYS = ("name", "impl")
 
-#: The app's Hydra config tree, package data (``pnpscale/conf``; the stored sweeps are its group ``sweeps``).
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+_PACKAGE = Path(__file__).resolve().parents[1]
+#: The app's Hydra config tree: ``conf/`` at the top of a checkout (an editable install, or ``PYTHONPATH``), the
+#: source users edit; in a built wheel the same files are the package data ``pnpscale/conf/`` (setup.py maps
+#: ``conf/`` there: one tree, no copy kept in step).
+CONF_DIR = _PACKAGE / "conf" if any((_PACKAGE / "conf").glob("*.yaml")) else _PACKAGE.parent / "conf"
+#: The stored sweeps, config group ``sweeps``: ``sweeps/`` at the top of a checkout; in a wheel the package data
+#: ``pnpscale/conf/sweeps/``, inside the tree, where Hydra finds the group itself. Outside it (a checkout)
+#: :func:`register_schema` stores each file in Hydra's ConfigStore under that group.
+SWEEPS_DIR = CONF_DIR / "sweeps" if (CONF_DIR / "sweeps").is_dir() else _PACKAGE.parent / "sweeps"
 
 
 @dataclass
@@ -220,7 +234,7 @@ class Config:
     solver: SolverConfig = field(default_factory=SolverConfig)
     gpus: int = 1
     scale: str = "auto"
-    iterations: int = 5
+    iterations: int | None = None  # None: the scale preset's (PRESET_ITERATIONS)
     warmup: int = 1
     seed: int = 0
     resume: bool = True
@@ -233,13 +247,40 @@ class Config:
 
 def register_schema() -> None:
     """Register :class:`Config` as ``pnpscale_schema`` in Hydra's ConfigStore, and the
-    ``pnpscale_variant`` resolver of ``conf/config.yaml``'s run folders (idempotent)."""
+    ``pnpscale_variant`` resolver of ``conf/config.yaml``'s run folders, and the stored sweeps of a top-level
+    ``sweeps/`` folder as the config group ``sweeps`` (idempotent)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name="pnpscale_schema", node=Config)
+    if SWEEPS_DIR.parent != CONF_DIR:
+        for name, node, package in stored_sweeps(SWEEPS_DIR):
+            ConfigStore.instance().store(group="sweeps", name=name, node=node, package=package)
     if not OmegaConf.has_resolver("pnpscale_variant"):
         OmegaConf.register_new_resolver("pnpscale_variant", variant_subdir)
+
+
+def stored_sweeps(folder: Path) -> list[tuple[str, Any, str | None]]:
+    """The stored sweeps of ``folder`` (``<name>.yaml``) as ``(name, node, package)`` for Hydra's ConfigStore:
+    ``package`` is the file's ``# @package`` header (``_global_`` in every stored sweep), ``None`` without one.
+
+    Raises:
+        ConfigError: a file is not a YAML mapping (names the file).
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    out: list[tuple[str, Any, str | None]] = []
+    for path in sorted(folder.glob("*.yaml")):
+        text = path.read_text()
+        headers = [ln.split()[2] for ln in text.splitlines() if ln.startswith("# @package ") and ln[11:].strip()]
+        try:
+            node = OmegaConf.create(text)
+        except Exception as exc:  # a YAML syntax error: the file and the parser's words
+            raise ConfigError("sweeps", path.stem, f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(node, DictConfig):
+            raise ConfigError("sweeps", path.stem, f"{path} must hold a YAML mapping")
+        out.append((path.stem, node, headers[0] if headers else None))
+    return out
 
 
 #: Keys that make a run a *variant* of its (problem, mode, gpus) point: a sweep may vary them, and the
@@ -354,7 +395,10 @@ def _impl() -> tuple[Callable[[Any], bool], str]:
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gpus": _int_in(1, MAX_GPUS),
     "scale": _one_of(SCALES),
-    "iterations": _int_in(1),
+    "iterations": (
+        lambda v: v is None or _int_in(1)[0](v),
+        "must be an integer >= 1, or null (the scale preset's: 5; tiny: 2)",
+    ),
     "warmup": _int_in(0),
     "seed": _int_in(0),
     "dist.backend": _one_of(BACKENDS),
@@ -608,19 +652,22 @@ def resolve_sizes(cfg: Any, scale: str) -> dict[str, Any]:
 
     Args:
         cfg: composed config.
-        scale: ``"paper"`` or ``"small"`` (``"auto"`` must be resolved first, see
-            :func:`choose_scale`).
+        scale: one of :data:`PRESETS` (``"auto"`` must be resolved first, see :func:`choose_scale`).
 
     Returns:
         dict with every :class:`SizeConfig` field (``nc`` as a list).
 
     Raises:
-        ConfigError: ``scale`` is not a preset name.
+        ConfigError: ``scale`` is not a preset name, or the problem's YAML has no such preset for the mode.
     """
-    if scale not in ("paper", "small"):
-        raise ConfigError("scale", scale, "allowed presets: paper, small")
+    if scale not in PRESETS:
+        raise ConfigError("scale", scale, f"allowed presets: {', '.join(PRESETS)}")
     problem, mode = cfg["problem"], cfg["mode"]["name"]
-    preset = problem["scales"][scale][mode]
+    presets = problem["scales"]
+    if scale not in presets or mode not in presets[scale] or all(v is None for v in presets[scale][mode].values()):
+        raise ConfigError("scale", scale, f"problem={problem['name']} has no preset problem.scales.{scale}.{mode} "
+                          f"(conf/problem/{problem['name']}.yaml): add one, or choose another scale")
+    preset = presets[scale][mode]
     out: dict[str, Any] = {}
     for key in _SIZE_KEYS:
         explicit = problem[key]
@@ -734,7 +781,7 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
         noise_sigma=float(p["noise_sigma"]),
         denoiser_sigma=float(p["denoiser_sigma"]),
         stepsize=float(p["stepsize"]),
-        iterations=int(cfg["iterations"]),
+        iterations=int(PRESET_ITERATIONS[scale] if cfg["iterations"] is None else cfg["iterations"]),
         warmup=int(cfg["warmup"]),
         seed=int(cfg["seed"]),
         backend=d["backend"],

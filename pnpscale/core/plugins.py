@@ -1,6 +1,6 @@
 """Plugins named in the config: a problem, a mode (solver) or a cluster backend is ``impl: module:Class``.
 
-The registries are the config groups themselves (``pnpscale/conf/{problem,mode,cluster}/*.yaml``, plus
+The registries are the config groups themselves (``conf/{problem,mode,cluster}/*.yaml``, plus
 any folder on ``hydra.searchpath``): each option's YAML names its class, imported only when used. Adding
 one is its class and its YAML, no edit of pnpscale.
 

@@ -16,6 +16,7 @@ from typing import Any
 from pnpscale.cluster import cluster_backends
 from pnpscale.core.config import (
     CONF_DIR,
+    SWEEPS_DIR,
     ConfigError,
     check_type,
     check_value,
@@ -28,17 +29,17 @@ from pnpscale.core.errors import InputError
 from pnpscale.core.lock import in_use
 from pnpscale.sweep.point import check_room, mode_key_problems, resolve_point, writable_dir
 
-#: The app's Hydra config tree, package data (``pnpscale/conf``): a built wheel carries it.
+#: The app's Hydra config tree (``conf/`` of a checkout; ``pnpscale/conf`` in a wheel, see CONF_DIR).
 CONF = CONF_DIR
-#: The stored sweeps: group ``sweeps`` of the same tree (``pnpscale/conf/sweeps``).
-SWEEPS = CONF / "sweeps"
+#: The stored sweeps, group ``sweeps`` (``sweeps/`` of a checkout; ``pnpscale/conf/sweeps`` in a wheel).
+SWEEPS = SWEEPS_DIR
 GROUPS = ("problem", "mode", "cluster", "sweeps")
 
 
 def group_options(group: str, search_dirs: Sequence[Path] = ()) -> list[str]:
-    """Option names of a config group: yaml files of ``pnpscale/conf/<group>/``, plus
+    """Option names of a config group: yaml files of ``conf/<group>/`` (``sweeps/`` for the stored sweeps), plus
     ``<dir>/<group>/`` of every extra config folder on ``hydra.searchpath`` (a user's own problems)."""
-    folders = [CONF / group, *(Path(d) / group for d in search_dirs)]
+    folders = [SWEEPS if group == "sweeps" else CONF / group, *(Path(d) / group for d in search_dirs)]
     return sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
 
 
@@ -165,13 +166,13 @@ def check_hydra_override(key: str, value: Any) -> None:
 
 def top_level_keys(known: set[str] | None = None) -> list[str]:
     """Every key a command line may start with: the schema's top-level fields and the config groups of
-    ``pnpscale/conf`` (``sweeps`` has no schema field), derived, never listed by hand.
+    ``conf/`` and ``sweeps`` (which has no schema field), derived, never listed by hand.
 
     >>> {"gpus", "problem", "sweeps", "resume"} <= set(top_level_keys())
     True
     """
     keys = set(schema_keys()) if known is None else known
-    groups = {p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    groups = {p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))} | {"sweeps"}
     return sorted({k for k in keys if "." not in k} | groups)
 
 

@@ -2,7 +2,7 @@
 
 Each problem is a class (:mod:`~pnpscale.rank.problems.superres` = 2d, :mod:`~pnpscale.rank.problems.blur3d`
 = 3d, :mod:`~pnpscale.rank.problems.ct`, or any importable module) named by ``impl: module:Class`` in its
-``pnpscale/conf/problem/<name>.yaml``; the base class is in :mod:`pnpscale.rank.problems.base`.
+``conf/problem/<name>.yaml``; the base class is in :mod:`pnpscale.rank.problems.base`.
 """
 
 from pnpscale.rank.problems.base import (
