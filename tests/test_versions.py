@@ -80,6 +80,7 @@ TORCH_APIS = frozenset({
     "torch.distributed.launcher.api.LaunchConfig",
     "torch.distributed.launcher.api.elastic_launch",
     "torch.distributed.reduce_scatter_tensor",
+    "torch.distributed.send", "torch.distributed.recv",  # point-to-point since torch 1.0
     "torch.distributed.rendezvous",
     "torch.dtype",
     "torch.empty",
