@@ -415,17 +415,61 @@ RANK_PRELOAD = (
 )  # fmt: skip
 
 
+def stop_rank_servers() -> list[int]:
+    """End this process's forkserver (SIGKILL, then reaped) and its resource tracker (its pipe closed,
+    then reaped): registered with ``atexit`` by :func:`rank_start_method`, so no process of a run outlives
+    the launcher's exit, whatever ended it (a return, a failure, a stop signal's ``SystemExit``). A
+    SIGKILL of the launcher runs no ``atexit``: the server then gets the kernel's SIGKILL
+    (:func:`pnpscale.rank.forkserver.die_with_launcher`).
+
+    Returns:
+        the pids ended (none when no server was started).
+    """
+    import multiprocessing.forkserver as mp_forkserver
+    import multiprocessing.resource_tracker as mp_tracker
+    import signal
+
+    ended = []
+    server = getattr(mp_forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if isinstance(pid, int) and pid > 0:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            ended.append(pid)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    tracker = getattr(mp_tracker, "_resource_tracker", None)
+    tracker_pid = getattr(tracker, "_pid", None)
+    if isinstance(tracker_pid, int) and tracker_pid > 0:
+        try:
+            tracker._stop()  # closes its pipe; it exits and is reaped
+            ended.append(tracker_pid)
+        except (OSError, ChildProcessError, AttributeError):
+            pass
+    return ended
+
+
+_SERVERS_STOPPED_AT_EXIT: list[bool] = []
+
+
 def rank_start_method() -> str:
     """``forkserver`` (preloading :data:`RANK_PRELOAD`) where the platform has it, else ``spawn``.
 
     The forkserver is started by exec, not fork: whatever this process did with CUDA, the server
-    starts clean and imports only :data:`RANK_PRELOAD`.
+    starts clean and imports only :data:`RANK_PRELOAD`. It ends with this process
+    (:func:`stop_rank_servers` at exit).
     """
     import multiprocessing as mp
 
     if "forkserver" not in mp.get_all_start_methods():
         return "spawn"
     mp.set_forkserver_preload(list(RANK_PRELOAD))
+    if not _SERVERS_STOPPED_AT_EXIT:
+        import atexit
+
+        atexit.register(stop_rank_servers)
+        _SERVERS_STOPPED_AT_EXIT.append(True)
     return "forkserver"
 
 
