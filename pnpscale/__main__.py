@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import sys
-
-import hydra
-from omegaconf import DictConfig
-
 from pnpscale.core import signals
-from pnpscale.core.config import register_schema
-from pnpscale.core.errors import Abort, PnpscaleError, report_lines
-from pnpscale.sweep.cli import check_overrides, check_single_point
-from pnpscale.sweep.task import STOPPED_POINTS, run
+
+if __name__ == "__main__":  # one handler from the first import: a stop while Hydra imports is one line
+    signals.install_command("pnpscale")
+
+import sys  # noqa: E402
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from pnpscale.core.config import register_schema  # noqa: E402
+from pnpscale.core.errors import Abort, PnpscaleError, report_lines  # noqa: E402
+from pnpscale.sweep.cli import check_overrides, check_single_point  # noqa: E402
+from pnpscale.sweep.task import STOPPED_POINTS, run  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
