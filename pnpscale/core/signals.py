@@ -134,8 +134,9 @@ def run_command(main: Callable[[], int], not_written: Callable[[], str] | None =
         said = f": {not_written()}" if not_written is not None else ""
         print(f"{_command[0]}: {as_interrupted(exc)}{said}", file=sys.stderr)
         return exit_code(exc)
-    _ignore_stops()
-    _phase[0] = "settled"
+    finally:
+        _ignore_stops()  # the command is over: ignored from here (a later install() starts afresh)
+        _phase[0] = ""
     return code
 
 

@@ -9,6 +9,7 @@ image size, ...) are checked after composition by :func:`pnpscale.core.config.va
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -409,4 +410,45 @@ def resume_command(
     keep = [o for o in task_overrides if not o.startswith("resume=")]
     keep += [o for o in hydra_overrides if not o.startswith(("hydra.mode=", f"{key}="))]
     multirun = ["-m"] if key == "hydra.sweep.dir" else []
-    return shlex.join(["python", "-m", "pnpscale", *multirun, *keep, f"{key}={folder}"])
+    return shlex.join(["python", "-m", "pnpscale", *multirun, *keep, f"{key}={hydra_value(str(folder))}"])
+
+
+#: A value Hydra's override grammar reads as the same string unquoted (``ID``/``UNQUOTED_CHAR`` of
+#: ``OverrideLexer.g4``, without ``\\``, ``$`` and the characters it reads as a number, bool or null).
+_HYDRA_PLAIN = re.compile(r"[A-Za-z_/.\-+:@%~][A-Za-z0-9_/.\-+:@%~]*")
+_HYDRA_WORDS = {"true", "false", "null", "nan", "inf", "-inf", "+inf"}
+
+
+def hydra_value(text: str) -> str:
+    """``text`` as a value of a Hydra override that reads back as exactly ``text`` (a folder name with
+    ``|<>&``, backticks, quotes, ``,``, ``=``, spaces, ``${...}`` or backslashes): as it is when Hydra's
+    grammar reads it unquoted as that string, else single-quoted with Hydra's escapes (``\\'`` for a
+    quote, ``\\${`` for an interpolation's start, the backslashes before either or before the closing
+    quote doubled). The shell's own quoting comes on top (:func:`resume_command`).
+
+    >>> hydra_value("/o/2026-01-01_10-00-00"), hydra_value("/o/a|b<c>&`d`"), hydra_value("/o/it's ${x}")
+    ('/o/2026-01-01_10-00-00', "'/o/a|b<c>&`d`'", "'/o/it\\\\'s \\\\${x}'")
+    """
+    if _HYDRA_PLAIN.fullmatch(text) and text.lower() not in _HYDRA_WORDS:
+        return text
+    out = []
+    i = 0
+    while i < len(text):
+        j = i
+        while j < len(text) and text[j] == "\\":
+            j += 1
+        slashes = j - i
+        nxt = text[j] if j < len(text) else None
+        special = nxt == "'" or nxt is None or text.startswith("${", j)
+        out.append("\\" * (2 * slashes if special else slashes))
+        if nxt == "'":
+            out.append("\\'")
+            j += 1
+        elif nxt == "$" and text.startswith("${", j):
+            out.append("\\$")
+            j += 1
+        elif nxt is not None:
+            out.append(nxt)
+            j += 1
+        i = j
+    return "'" + "".join(out) + "'"
