@@ -40,6 +40,7 @@ Registered as ``hydra/launcher: pnpscale_slurm``; ``conf/cluster/slurm.yaml`` se
 import copy
 import logging
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Sequence
@@ -148,6 +149,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
 
         assert self.hydra_context is not None and self.config is not None
         config = self.config
+        if shutil.which("sbatch") is None:  # before any warning: one line, nothing composed or submitted
+            raise refuse("cluster=slurm: sbatch not found; run where SLURM's commands are")
         composed = validate_points(self.hydra_context.config_loader, config, job_overrides, check_point)
         warning = cpus_per_task_warning(plain(config.cluster))
         if warning:

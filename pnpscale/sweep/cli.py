@@ -20,10 +20,12 @@ from pnpscale.core.config import (
     ConfigError,
     check_type,
     check_value,
+    cuda_surely_absent,
     moved_key_error,
     open_keys,
     register_schema,
     schema_keys,
+    validate,
 )
 from pnpscale.core.errors import InputError
 from pnpscale.core.lock import in_use
@@ -344,6 +346,12 @@ def check_single_point(argv: Sequence[str]) -> None:
     if run_dir is not None:
         check_folder_free("hydra.run.dir", Path(run_dir))
     folder = Path(run_dir) if run_dir else Path(str(cfg.output.root)) / "__not_created__"
+    # the value rules first, without torch (resolve_point asks torch for the CUDA devices: 10-20 s under
+    # load): a refusal in under 2 s where scale=auto needs no device count (no GPU here, or a scale given)
+    if cuda_surely_absent():
+        validate(cfg, cuda_available=False)
+    elif str(cfg.scale) != "auto":
+        validate(cfg, cuda_available=None)
     resolve_point(cfg, folder)
 
     check_room(Path(run_dir) if run_dir else Path(str(cfg.output.root)))  # before Hydra writes into it
