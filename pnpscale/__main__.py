@@ -56,8 +56,9 @@ def main() -> None:
         _hydra_main()
         signals.check()  # a stop whose exception Python swallowed (a weakref callback) still ends as a stop
     except Abort as stop:  # a launcher or sweeper refused the sweep (or could not write it), under Hydra
-        for line in report_lines(stop.error):
-            print(line, file=sys.stderr)
+        if not getattr(stop.error, "logged", False):  # a report failure is already its one line in the log
+            for line in report_lines(stop.error):
+                print(line, file=sys.stderr)
         raise SystemExit(stop.error.exit_code) from None
     except KeyboardInterrupt as exc:
 

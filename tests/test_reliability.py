@@ -101,3 +101,102 @@ def test_a_stop_held_back_during_the_renames_still_stops_a_sweep(command_handler
     with pytest.raises(signals.Interrupted):
         layout.commit_folder(tmp_path / "run", build)
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ the commands, as an operator runs them
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    from tests.helpers import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
+
+
+def _group_gone(pgid: int, within_s: float) -> bool:
+    import os
+    import time
+
+    end = time.monotonic() + within_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["pnpscale.report", "pnpscale.analyze"])
+def test_two_sigints_while_a_command_imports_are_one_line_and_exit_130(tmp_path, command):
+    import subprocess
+    import sys
+    import time
+
+    from pnpscale.core import layout
+    from tests.test_report import fake_run
+
+    run = tmp_path / "sweep" / layout.point_subdir("2d", "inference", 2)
+    fake_run(run, "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2})
+    args = [str(tmp_path / "sweep")] if command == "pnpscale.report" else [str(run), "--sections", "gradient"]
+    proc = subprocess.Popen([sys.executable, "-m", command, *args], env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(0.4)  # inside the command's imports (pandas alone takes longer)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert err.splitlines() == [f"{command}: interrupted (SIGINT)"] or (
+        len(err.splitlines()) == 1 and err.startswith(f"{command}: interrupted (SIGINT): ")), err
+    assert "Traceback" not in out + err
+    assert not list(tmp_path.glob(f"**/{layout.STAGING_PREFIX}*"))
+
+
+@pytest.mark.slow
+def test_a_failed_point_leaves_no_process_of_its_own(tmp_path):
+    """The ranks, the forkserver (~790 MB with torch) and the resource tracker end with the command:
+    1.5 s after it exits its process group is empty (the forkserver used to live 3-10 s on)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import TINY_2D
+
+    proc = subprocess.Popen([sys.executable, "-m", "pnpscale", "gpus=2", *TINY_2D, "iterations=2",
+                             "inject.fail=true", "inject.rank=1", f"output.root={tmp_path}",
+                             f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    out = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 1 and "injected failure" in out, out
+    assert _group_gone(proc.pid, 1.5), "a process of the point outlived its command by 1.5 s"
+
+
+@pytest.mark.slow
+def test_a_sweep_on_a_40_kib_disk_ends_with_the_failed_points_and_the_resume_command(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import TINY_2D
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a 40 KiB tmpfs here (needs root)")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pnpscale", "-m", "gpus=1,2", *TINY_2D, "iterations=2",
+                               f"hydra.sweep.dir={disk / 'sweep'}"], cwd=tmp_path, env=_env(), capture_output=True,
+                              text=True, timeout=240)  # fmt: skip
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "HYDRA_FULL_ERROR" not in out and "Traceback" not in out, out
+    assert out.count("report not written (OSError") == 1, out
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("pnpscale: error: 2 of 2 sweep point(s) failed (gpus=1 "), last
+    assert "to re-run only the failed points: python -m pnpscale -m gpus=1,2 " in last, last

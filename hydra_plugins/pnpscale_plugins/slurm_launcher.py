@@ -55,7 +55,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, open_dict
 
 from hydra_plugins.pnpscale_plugins.launcher import (
-    end_if_failed,
+    finish_and_end,
     finish_sweep,
     refuse,
     validate_points,
@@ -195,8 +195,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             raise
         ran = [rets[p.index] for p in points if p.index not in self._not_run]
         not_run = [self._not_run[p.index] for p in points if p.index in self._not_run]
-        finish_sweep(config, ran, total=len(points), not_run=not_run)
-        end_if_failed(config, ran, self._resume_command(sweep_dir), not_run=not_run)
+        finish_and_end(config, ran, self._resume_command(sweep_dir), total=len(points), not_run=not_run)
         return [rets[p.index] for p in points]
 
     # ---------------------------------------------------------------------------------- steps
