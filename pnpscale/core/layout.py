@@ -59,6 +59,7 @@ PROJECTION_MD = "projection.md"
 PROJECTION_OPTIONS = "projection_options.json"
 PROJECTION_OVERLAP = "projection_overlap.parquet"  # the pipelined series projected from the blocking one
 LOCK = ".pnpscale.lock"  # pnpscale.core.lock: the holder (pid, host, start) as JSON
+SLURM_JOB = ".slurm_job.json"  # the SLURM job of the point, written by its launcher as sbatch returns
 RESERVE = ".pnpscale.reserve"  # pnpscale.core.record.reserve_space
 STAGING_PREFIX = ".staging-"  # commit_files' staging folders (never read as results)
 RANK_FOOTPRINT = "rank_footprint-2.json"  # pnpscale.cluster.local.rank_footprint, under $XDG_CACHE_HOME/pnpscale/
