@@ -60,6 +60,7 @@ from hydra_plugins.pnpscale_plugins.launcher import (
     refuse,
     validate_points,
 )
+from pnpscale import columns as K
 from pnpscale.cluster.slurm import (
     IN_TASK_ENV,
     bind_task_gpu,
@@ -601,8 +602,6 @@ def iteration_walls(run_dir: Path) -> dict[int, float]:
     """Measured iteration -> its wall time (seconds: the sum of its sections' ``section_s``, the mean over ranks)
     from the run's ``sections.parquet``; ``{}`` when it cannot be read."""
     import pandas as pd
-
-    from pnpscale import columns as K
 
     try:
         t = pd.read_parquet(run_dir / layout.SECTIONS, columns=[K.ITERATION, K.SECTION, K.WARMUP, K.SECTION_S])

@@ -441,7 +441,7 @@ def stop_rank_servers() -> list[int]:
             pass
     tracker = getattr(mp_tracker, "_resource_tracker", None)
     tracker_pid = getattr(tracker, "_pid", None)
-    if isinstance(tracker_pid, int) and tracker_pid > 0:
+    if tracker is not None and isinstance(tracker_pid, int) and tracker_pid > 0:
         try:
             tracker._stop()  # closes its pipe; it exits and is reaped
             ended.append(tracker_pid)
