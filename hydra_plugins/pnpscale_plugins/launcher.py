@@ -19,7 +19,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from pnpscale.core import layout
-from pnpscale.core.config import ConfigError
+from pnpscale.core.config import ConfigError, cuda_surely_absent
 from pnpscale.core.errors import Abort, InputError, PnpscaleError
 from pnpscale.core.lock import Busy, FolderLock, in_use
 from pnpscale.core.signals import acknowledge, as_interrupted, check, received
@@ -123,11 +123,13 @@ def validate_points(
 
 
 def check_local(cfg: DictConfig) -> None:
-    """A local point: its values, and no complete run of another spec in its folder (resume)."""
+    """A local point: its values, and no complete run of another spec in its folder (resume). Where this
+    machine surely has no CUDA device (:func:`pnpscale.core.config.cuda_surely_absent`), torch is not asked
+    (its import takes 10-20 s under load, and a refused sweep waited for it)."""
     from pathlib import Path
 
-
-    resolve_point(cfg, Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))
+    devices = 0 if cuda_surely_absent() else None
+    resolve_point(cfg, Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir), cuda_devices=devices)
 
 
 class PnpscaleBasicLauncher(BasicLauncher):

@@ -322,9 +322,11 @@ def check_single_point(argv: Sequence[str]) -> None:
     )  # a stored sweep sets hydra.mode=MULTIRUN itself
     for ov in parsed:
         if ov.is_sweep_override() and not multirun:
-            raise CommandLineError(
-                [f"{ov.input_line}: a list of values is a sweep: add -m (python -m pnpscale -m {' '.join(overrides)})"]
-            )
+            import shlex
+
+            swept = [o for o in overrides if not o.startswith("hydra.run.dir=")]  # a sweep's is hydra.sweep.dir
+            again = shlex.join(["python", "-m", "pnpscale", "-m", *swept])
+            raise CommandLineError([f"{ov.input_line}: a list of values is a sweep: add -m ({again})"])
     for ov in parsed:
         if (
             ov.is_sweep_override()
