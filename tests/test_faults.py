@@ -984,7 +984,7 @@ EDITS = {
                                   "assignment {'operators_per_rank': [3, 1]"),
     "sections rewritten identical": (lambda d: pd.read_parquet(d / layout.SECTIONS).to_parquet(
         d / layout.SECTIONS, index=False, compression="gzip"), layout.SECTIONS, "edited since the run wrote it"),
-    "ranks removed": (lambda d: (d / layout.RANKS).unlink(), layout.RANKS, "missing or unreadable"),
+    "ranks removed": (lambda d: (d / layout.RANKS).unlink(), layout.RANKS, "missing (no such file)"),
 }  # fmt: skip
 
 

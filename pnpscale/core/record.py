@@ -445,8 +445,10 @@ def check_digests(run_dir: Path, record: RunRecord) -> tuple[Path, str] | None:
             return path, "written after the run (not among the digests in run.json)"
         try:
             now = file_digest(path)
+        except FileNotFoundError:
+            return path, "missing (no such file)"
         except OSError as exc:
-            return path, f"missing or unreadable ({exc.strerror or exc}); run.json has its digest"
+            return path, f"unreadable ({exc.strerror or exc})"
         if now != files[name]:
             return path, (f"edited since the run wrote it: its {DIGEST_ALGORITHM} differs from the digest in "
                           "run.json (a table is never rewritten in place)")  # fmt: skip
