@@ -10,12 +10,16 @@ from pnpscale.core import signals
 if __name__ == "__main__":  # run as the command (an import as a library changes nothing)
     signals.install_command("pnpscale.analyze")
 
-from pnpscale.analysis.offline import main  # noqa: E402 - after the handler: a stop while it imports is one line
 
 
 def _not_written() -> str:
     return "no analysis written (the tables of an earlier analysis in that folder are intact)"
 
+
+if __name__ == "__main__":
+    signals.not_written(_not_written)
+
+from pnpscale.analysis.offline import main  # noqa: E402 - after the handler: a stop while it imports is one line
 
 if __name__ == "__main__":
     raise SystemExit(signals.run_command(main, _not_written))

@@ -416,9 +416,11 @@ RANK_PRELOAD = (
 
 
 def stop_rank_servers() -> list[int]:
-    """End this process's forkserver (SIGKILL, then reaped) and its resource tracker (its pipe closed,
-    then reaped): registered with ``atexit`` by :func:`rank_start_method`, so no process of a run outlives
-    the launcher's exit, whatever ended it (a return, a failure, a stop signal's ``SystemExit``). A
+    """End this process's forkserver (SIGKILL, then reaped): registered with ``atexit`` by
+    :func:`rank_start_method`, so the ~790 MB server never outlives the launcher's exit, whatever ended it (a
+    return, a failure, a stop signal's ``SystemExit``). The resource tracker is left to end by itself when this
+    process's pipe to it closes (a small process, at once): stopped here, before multiprocessing's own
+    finalisers, it unlinked the ranks' semaphores under them (a ``FileNotFoundError`` traceback each). A
     SIGKILL of the launcher runs no ``atexit``: the server then gets the kernel's SIGKILL
     (:func:`pnpscale.rank.forkserver.die_with_launcher`).
 
@@ -426,28 +428,18 @@ def stop_rank_servers() -> list[int]:
         the pids ended (none when no server was started).
     """
     import multiprocessing.forkserver as mp_forkserver
-    import multiprocessing.resource_tracker as mp_tracker
     import signal
 
-    ended = []
     server = getattr(mp_forkserver, "_forkserver", None)
     pid = getattr(server, "_forkserver_pid", None)
-    if isinstance(pid, int) and pid > 0:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            ended.append(pid)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-    tracker = getattr(mp_tracker, "_resource_tracker", None)
-    tracker_pid = getattr(tracker, "_pid", None)
-    if tracker is not None and isinstance(tracker_pid, int) and tracker_pid > 0:
-        try:
-            tracker._stop()  # closes its pipe; it exits and is reaped
-            ended.append(tracker_pid)
-        except (OSError, ChildProcessError, AttributeError):
-            pass
-    return ended
+    if not isinstance(pid, int) or pid <= 0:
+        return []
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        return []
+    return [pid]
 
 
 _SERVERS_STOPPED_AT_EXIT: list[bool] = []

@@ -78,9 +78,27 @@ def _raise(signum: int, frame: Any) -> None:
         raise Interrupted(signum)
 
 
+#: What a command says it left undone when stopped (``report not written, the previous one is intact``):
+#: set by :func:`not_written`, read by the one line of a stop.
+_said: list[Callable[[], str] | None] = [None]
+
+
+def not_written(said: Callable[[], str]) -> None:
+    """Set what the running command's one line adds after a stop (``PROG: interrupted (SIGINT): <said()>``),
+    from while it imports on (:func:`install_command`) to its end (:func:`run_command`)."""
+    _said[0] = said
+
+
+def _suffix() -> str:
+    try:
+        return f": {_said[0]()}" if _said[0] is not None else ""
+    except Exception:  # noqa: BLE001 - the line goes out whatever the message's own trouble
+        return ""
+
+
 def _exit_now(signum: int) -> None:
     try:
-        os.write(2, f"{_command[0] or sys.argv[0]}: {Interrupted(signum)}\n".encode())
+        os.write(2, f"{_command[0] or sys.argv[0]}: {Interrupted(signum)}{_suffix()}\n".encode())
     finally:
         os._exit(128 + int(signum))
 
@@ -90,6 +108,7 @@ def install_command(prog: str) -> None:
     stop signal from here until :func:`run_command` (or :func:`install`) prints ``PROG: interrupted
     (SIGINT)`` and exits ``128 + signum`` at once (``os._exit``: no traceback, nothing to clean up)."""
     _command[0] = prog
+    _said[0] = None
     _phase[0] = "importing"
     _received.clear()
     for sig in STOP_SIGNALS:
@@ -126,13 +145,14 @@ def run_command(main: Callable[[], int], not_written: Callable[[], str] | None =
     Returns:
         ``main``'s exit status, or ``128 + signum`` for a stop.
     """
+    if not_written is not None:
+        _said[0] = not_written
     _phase[0] = "running"
     try:
         code = main()
     except KeyboardInterrupt as exc:
         _ignore_stops()
-        said = f": {not_written()}" if not_written is not None else ""
-        print(f"{_command[0]}: {as_interrupted(exc)}{said}", file=sys.stderr)
+        print(f"{_command[0]}: {as_interrupted(exc)}{_suffix()}", file=sys.stderr)
         return exit_code(exc)
     finally:
         _ignore_stops()  # the command is over: ignored from here (a later install() starts afresh)
