@@ -398,6 +398,8 @@ def state_change_text(job_id: str, previous: str | None, state: str) -> str:
 
     >>> state_change_text("7", "RUNNING", "PENDING")
     'SLURM job 7 requeued (RUNNING, now PENDING): the point runs again from its start in its run folder'
+    >>> state_change_text("7", "REQUEUED", "PENDING")
+    'SLURM job 7 PENDING (requeued: waits to run again)'
     >>> state_change_text("7", "PENDING", "RUNNING"), state_change_text("7", None, "PENDING")
     ('SLURM job 7 RUNNING', 'SLURM job 7 PENDING')
     """
@@ -406,6 +408,8 @@ def state_change_text(job_id: str, previous: str | None, state: str) -> str:
     if now.startswith("REQUEUE") or (head in STARTED_STATES and now in REQUEUE_STATES):
         return f"SLURM job {job_id} requeued ({previous}, now {state}): the point runs again from its start in its " \
                "run folder"  # fmt: skip
+    if head.startswith("REQUEUE") and now == "PENDING":
+        return f"SLURM job {job_id} PENDING (requeued: waits to run again)"
     if now == "SUSPENDED":
         return (f"SLURM job {job_id} SUSPENDED: the iterations it touches are flagged when it ends (sacct's "
                 "Suspended time)")  # fmt: skip
