@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-import sys
-
-import hydra
-from omegaconf import DictConfig
-
 from pnpscale.core import signals
-from pnpscale.core.config import CONF_DIR, register_schema
-from pnpscale.core.errors import Abort, PnpscaleError, report_lines
-from pnpscale.sweep.cli import check_overrides, check_single_point
-from pnpscale.sweep.task import STOPPED_POINTS, run
+
+if __name__ == "__main__":  # one handler from the first import: a stop while Hydra imports is one line
+    signals.install_command("pnpscale")
+
+import sys  # noqa: E402
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from pnpscale.core.config import CONF_DIR, register_schema  # noqa: E402
+from pnpscale.core.errors import Abort, PnpscaleError, report_lines  # noqa: E402
+from pnpscale.sweep.cli import check_overrides, check_single_point  # noqa: E402
+from pnpscale.sweep.task import STOPPED_POINTS, run  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")  # conf/, or a wheel's
@@ -52,8 +56,9 @@ def main() -> None:
         _hydra_main()
         signals.check()  # a stop whose exception Python swallowed (a weakref callback) still ends as a stop
     except Abort as stop:  # a launcher or sweeper refused the sweep (or could not write it), under Hydra
-        for line in report_lines(stop.error):
-            print(line, file=sys.stderr)
+        if not getattr(stop.error, "logged", False):  # a report failure is already its one line in the log
+            for line in report_lines(stop.error):
+                print(line, file=sys.stderr)
         raise SystemExit(stop.error.exit_code) from None
     except KeyboardInterrupt as exc:
 

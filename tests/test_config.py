@@ -106,8 +106,9 @@ def test_explicit_size_overrides_every_preset(composer):
             ["solver.gradient_collective=reduce_scatter", "scale=small", "problem.image_size=16",
              "problem.patch_size=8", "problem.overlap=16"],
             "problem.overlap=16",
-            "must be < image_size=16",
+            "must be < problem.patch_size=8",
         ),  # fmt: skip
+        (["scale=small", "problem.patch_size=8", "problem.overlap=8"], "problem.overlap=8", "< problem.patch_size=8"),
     ],
 )
 def test_value_errors_are_one_line_naming_key_and_allowed(composer, overrides, key, allowed):

@@ -787,7 +787,8 @@ def test_4_damaged_run_folders_are_reported_one_by_one(tmp_path, capsys):
     fake_run(p(2), "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2})
     fake_run(p(4), "2d", "inference", {"gradient": [(0.4, 0.2)] * 4, "denoiser": [(0.9, 0.1)] * 4})
     fake_run(p(8), "2d", "inference", {"gradient": [(0.3, 0.2)] * 8, "denoiser": [(0.6, 0.1)] * 8})
-    # an older version's folder: two columns it did not write
+    # an older version's folder: two columns it did not write (and no digests)
+    _undigested(p(8))
     old = pd.read_parquet(p(8) / layout.SECTIONS).drop(columns=["main_transfer_s", "other_payload_bytes"])
     old.to_parquet(p(8) / layout.SECTIONS, index=False)
     data = (p(2) / layout.SECTIONS).read_bytes()
@@ -826,7 +827,17 @@ DAMAGES = {
 }  # fmt: skip
 
 
+def _undigested(run_dir: Path) -> None:
+    """Drop run.json's digests (a folder written before pnpscale recorded them), so that the content checks
+    below the digests answer for an edited table (with them, the digest names the file first:
+    :func:`test_4_an_edited_table_or_assignment_is_caught_by_its_digest`)."""
+    doc = json.loads((run_dir / layout.RUN_JSON).read_text())
+    doc.pop("digests", None)
+    (run_dir / layout.RUN_JSON).write_text(json.dumps(doc))
+
+
 def _truncate(path: Path) -> None:
+    _undigested(path.parent)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
 
@@ -870,6 +881,7 @@ def test_4_every_damaged_file_of_a_run_folder_is_one_unreadable_point(tmp_path, 
 
 
 def _edit_table(path: Path, edit) -> None:
+    _undigested(path.parent)
     edit(pd.read_parquet(path)).to_parquet(path, index=False)
 
 
@@ -927,6 +939,7 @@ ONE_SCHEMA = {
 
 def _edit_last(path: Path, column: str, change) -> None:
     """Change ``column`` of the table's last row of iteration 1, section ``denoiser`` (rank 1 in ``ranks``)."""
+    _undigested(path.parent)
     t = pd.read_parquet(path)
     rows = t.index[(t["iteration"] == 1) & (t["section"] == "denoiser") & ((t["rank"] == 1) if "rank" in t else True)]
     t.loc[rows[-1], column] = change(t.loc[rows[-1], column])
@@ -959,6 +972,67 @@ def test_4_a_damaged_point_is_unreadable_for_load_and_the_report_alike(tmp_path,
     readme = (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
     assert "missing (unreadable)" in readme and "| complete " in readme
     assert main([str(sweep), "--strict"]) == 1
+
+
+EDITS = {
+    # label -> (how the 2-rank point is edited, the file named, the reason's start); run.json's digests kept
+    "collectives' durations halved": (
+        lambda d: (lambda t: t.assign(duration_s=t["duration_s"] * 0.5).to_parquet(d / layout.COLLECTIVES,
+                                                                                   index=False))(
+            pd.read_parquet(d / layout.COLLECTIVES)), layout.COLLECTIVES, "edited since the run wrote it: its sha256"),
+    "assignment [2,2] -> [3,1]": (lambda d: _edit_nested(d, "assignment.operators_per_rank", [3, 1]), layout.RUN_JSON,
+                                  "assignment {'operators_per_rank': [3, 1]"),
+    "sections rewritten identical": (lambda d: pd.read_parquet(d / layout.SECTIONS).to_parquet(
+        d / layout.SECTIONS, index=False, compression="gzip"), layout.SECTIONS, "edited since the run wrote it"),
+    "ranks removed": (lambda d: (d / layout.RANKS).unlink(), layout.RANKS, "missing (no such file)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("label", list(EDITS))
+def test_4_an_edited_table_or_assignment_is_caught_by_its_digest(tmp_path, capsys, label):
+    """run.json holds a sha256 per table and of the assignment (written last, with the record): an edit the
+    content checks cannot see (durations x0.5 keep every invariant; [2,2] -> [3,1] is a valid assignment)
+    makes the point unreadable, naming the file, in ``load`` and the report alike."""
+    import pnpscale
+    from pnpscale.core.record import read_record
+    from pnpscale.results.report import main
+
+    sweep = tmp_path / "sweep"
+    p = lambda g: sweep / layout.point_subdir("2d", "inference", g)  # noqa: E731
+    fake_run(p(1), "2d", "inference", {"gradient": [(1.0, 0.0)], "denoiser": [(3.0, 0.0)]})
+    fake_run(p(2), "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2}, operators=4)
+    digests = read_record(p(2)).digests
+    assert digests["algorithm"] == "sha256" and set(digests["files"]) == set(read_record(p(2)).files)
+    assert read_record(p(2)).assignment["operators_per_rank"] == [2, 2]
+    assert pnpscale.load(sweep).query("section == 'all'")["status"].eq("complete").all()  # as written: complete
+    edit, name, reason = EDITS[label]
+    edit(p(2))
+    error = f"unreadable: {p(2) / name}: {reason}"
+
+    all_ = pnpscale.load(sweep).query("section == 'all'").set_index("gpus")
+    assert all_.loc[1, "status"] == "complete"
+    assert all_.loc[2, "status"] == "unreadable" and all_.loc[2, "error"].startswith(error), all_.loc[2, "error"]
+    if label == "collectives' durations halved":  # the report reads through the same check (one report: ~6 s)
+        capsys.readouterr()
+        assert main([str(sweep)]) == 0
+        out = capsys.readouterr().out
+        assert f"gpus=2: {error}" in out, out
+        assert "missing (unreadable)" in (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
+
+
+def test_4_a_rewritten_record_keeps_the_digests_of_the_tables_as_written(tmp_path):
+    """The digests are taken once, by the write that makes a record complete: a later rewrite (the SLURM
+    block, :func:`pnpscale.core.record.update_record`) after a table was edited does not bless the edit."""
+    from pnpscale.core.record import check_digests, read_record, update_record
+
+    d = tmp_path / "run"
+    fake_run(d, "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2})
+    before = read_record(d).digests
+    (d / layout.COLLECTIVES).write_bytes((d / layout.COLLECTIVES).read_bytes() + b"\0")
+    update_record(d, slurm={"job_id": "1"})
+    assert read_record(d).digests == before
+    path, reason = check_digests(d, read_record(d))
+    assert path == d / layout.COLLECTIVES and reason.startswith("edited since the run wrote it"), reason
 
 
 @pytest.mark.parametrize(

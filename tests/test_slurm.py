@@ -636,3 +636,89 @@ def test_a_slurm_job_cancelled_while_pending_is_not_run_and_a_point_without_room
         assert len(said) == 2 and said[1].startswith("pnpscale: error: 1 of 3 sweep point(s) failed (gpus=2 "), said
         assert f"; 1 of 3 sweep point(s) not run ({label}); each run.json under {sweep} says why; to re-run only " \
                "the points not complete: python -m pnpscale -m gpus=1,2,8" in said[1], said  # fmt: skip
+
+
+# ------------------------------------------------------ issue 36: the SLURM path survives its own faults
+
+#: A point of ~12 s of measured iterations (0.5 s of busy delay each), long enough to act on while it runs.
+_SLOW_POINT = ["gpus=1", "iterations=24", "inject.rank=0", "inject.section=gradient", "inject.delay_s=0.5"]
+
+
+def _at_iteration(sweep: Path, job_id: str, n: int, timeout_s: float = 300) -> None:
+    """Wait until rank 0 of ``job_id`` logged its iteration ``n`` (its submitit log)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        logs = list(sweep.glob(f".submitit/{job_id}/*_0_log.out"))
+        if logs and f"iteration {n}/" in logs[0].read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"SLURM job {job_id} never reached iteration {n}")
+
+
+def _first_job(proc: subprocess.Popen, lines: list[str]) -> str:
+    _sweep_lines(proc, lambda ls: bool(_submitted(ls)), lines)
+    return next(iter(_submitted(lines).values()))
+
+
+@pytest.mark.slurm
+def test_a_suspended_iteration_is_flagged_and_the_job_waited_for(slurm_cluster, tmp_path):
+    """``scontrol suspend`` for 8 s during a measured iteration: the job is not taken as ended (submitit's
+    watcher did: recorded failed while it went on); once it completes, sacct's Suspended time flags that
+    iteration in run.json (anomaly ``slurm_suspended``), the report lists it."""
+    from tests.helpers import ROOT
+
+    sweep = tmp_path / "outputs" / "sweep"
+    cmd = [sys.executable, "-m", "pnpscale", "-m", *_slurm_args(tmp_path, *_SLOW_POINT)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:  # fmt: skip
+        try:
+            job = _first_job(proc, lines)
+            _at_iteration(sweep, job, 6)
+            subprocess.run(["scontrol", "suspend", job], check=True, timeout=30)
+            time.sleep(8)
+            subprocess.run(["scontrol", "resume", job], check=True, timeout=30)
+            out = "".join(lines) + proc.communicate(timeout=300)[0]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert f"SLURM job {job} suspended 8 s (sacct Suspended)" in out, out[-4000:]  # (the SUSPENDED line:
+    # only when submitit's throttled sacct sees the state within the 8 s)
+    (run,) = _point_dirs(tmp_path).values()
+    doc = read_run(run)
+    assert doc["status"] == "complete"
+    (flag,) = [a for a in doc["anomalies"] if a["kind"] == "slurm_suspended"]
+    assert flag["count"] >= 1 and doc["slurm"]["suspended_s"] >= 7, doc["slurm"]
+    walls = pd.read_parquet(run / layout.SECTIONS).query("not warmup").groupby("iteration")["section_s"].sum()
+    for it in doc["slurm"]["suspended_iterations"]:
+        assert walls[it] > walls.median() + 4  # the flagged iteration holds the suspension
+    assert "anomaly slurm_suspended" in (sweep / layout.REPORT_DIR / layout.REPORT_README).read_text()
+
+
+@pytest.mark.slurm
+def test_a_resume_after_a_killed_launcher_cancels_its_job_and_runs_the_point(slurm_cluster, tmp_path):
+    """SIGKILL of the launcher while its job runs: the job id was recorded in the run folder as sbatch
+    returned, so the resume cancels that job (the folder used to be refused as in use) and runs the point."""
+    from tests.helpers import ROOT
+
+    sweep = tmp_path / "outputs" / "sweep"
+    cmd = [sys.executable, "-m", "pnpscale", "-m", *_slurm_args(tmp_path, *_SLOW_POINT)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:  # fmt: skip
+        job = _first_job(proc, lines)
+        _at_iteration(sweep, job, 3)
+        proc.kill()
+    assert _squeue_state(job) == "RUNNING"
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-4000:]
+    assert f"SLURM job {job} of a launcher that is gone" in out and "cancelled, the point runs again" in out, out
+    assert _squeue_state(job) == ""
+    (run,) = _point_dirs(tmp_path).values()
+    assert read_run(run)["status"] == "complete" and read_run(run)["slurm"]["job_id"] != job

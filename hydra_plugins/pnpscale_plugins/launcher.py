@@ -19,7 +19,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from pnpscale.core import layout
-from pnpscale.core.config import ConfigError
+from pnpscale.core.config import ConfigError, cuda_surely_absent
 from pnpscale.core.errors import Abort, InputError, PnpscaleError
 from pnpscale.core.lock import Busy, FolderLock, in_use
 from pnpscale.core.signals import acknowledge, as_interrupted, check, received
@@ -123,11 +123,13 @@ def validate_points(
 
 
 def check_local(cfg: DictConfig) -> None:
-    """A local point: its values, and no complete run of another spec in its folder (resume)."""
+    """A local point: its values, and no complete run of another spec in its folder (resume). Where this
+    machine surely has no CUDA device (:func:`pnpscale.core.config.cuda_surely_absent`), torch is not asked
+    (its import takes 10-20 s under load, and a refused sweep waited for it)."""
     from pathlib import Path
 
-
-    resolve_point(cfg, Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))
+    devices = 0 if cuda_surely_absent() else None
+    resolve_point(cfg, Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir), cuda_devices=devices)
 
 
 class PnpscaleBasicLauncher(BasicLauncher):
@@ -161,8 +163,7 @@ class PnpscaleBasicLauncher(BasicLauncher):
             finally:
                 log.error("to resume (complete points are skipped): %s", sweep_resume_command(self.config))
             raise
-        finish_sweep(self.config, rets, total=len(job_overrides))
-        end_if_failed(self.config, rets, sweep_resume_command(self.config))
+        finish_and_end(self.config, rets, sweep_resume_command(self.config), total=len(job_overrides))
         return rets
 
     def _run_point(self, idx: int, overrides: Sequence[str]) -> JobReturn:
@@ -322,7 +323,32 @@ def sweep_summary(total: int, complete: int, failed: int, not_run: Sequence[str]
 
 
 class ReportFailed(PnpscaleError, RuntimeError, CompactHydraException):
-    """The sweep report could not be written (the points' run folders are intact); one line, exit 1."""
+    """The sweep report could not be written (the points' run folders are intact); one line, exit 1.
+
+    Attributes:
+        logged: ``True``: its line is already in the sweep's log (the command prints it no second time).
+    """
+
+    logged = True
+
+
+def finish_and_end(
+    config: DictConfig, rets: Sequence[JobReturn], resume: str, total: int | None = None, not_run: Sequence[str] = ()
+) -> None:
+    """:func:`finish_sweep`, then :func:`end_if_failed`, whatever the report did: a report that could not be
+    written (a full disk) is its one logged line, and the failed points' line with the resume command still
+    ends the sweep; no Hydra hint either way (both are raised as :class:`~pnpscale.core.errors.Abort`).
+
+    Raises:
+        Abort: carrying :class:`SweepFailed` when a point failed or was not run, else :class:`ReportFailed`
+            when only the report failed (exit 1 both).
+    """
+    try:
+        finish_sweep(config, rets, total=total, not_run=not_run)
+    except ReportFailed as exc:
+        end_if_failed(config, rets, resume, not_run=not_run)
+        raise Abort(exc) from None
+    end_if_failed(config, rets, resume, not_run=not_run)
 
 
 def finish_sweep(

@@ -40,6 +40,7 @@ Registered as ``hydra/launcher: pnpscale_slurm``; ``conf/cluster/slurm.yaml`` se
 import copy
 import logging
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Sequence
@@ -54,16 +55,18 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, open_dict
 
 from hydra_plugins.pnpscale_plugins.launcher import (
-    end_if_failed,
+    finish_and_end,
     finish_sweep,
     refuse,
     validate_points,
 )
+from pnpscale import columns as K
 from pnpscale.cluster.peer_errors import watchdog_timeouts_in_files
 from pnpscale.cluster.slurm import (
     IN_TASK_ENV,
     bind_task_gpu,
     cpus_per_task_warning,
+    duration_s,
     error_line,
     executor_parameters,
     failure_text,
@@ -75,12 +78,22 @@ from pnpscale.cluster.slurm import (
     sacct_info,
     sbatch_refusal,
     sbatch_test_command,
+    state_change_text,
+    suspended_iterations,
     task_logs,
     wait_until_ended,
 )
 from pnpscale.core import layout
 from pnpscale.core.config import ConfigError, cfg_variant, plain, resolve_spec, validate
-from pnpscale.core.record import RecordError, clear_rank_failures, read_rank_failures, read_record
+from pnpscale.core.lock import process_gone
+from pnpscale.core.record import (
+    RecordError,
+    clear_rank_failures,
+    now_iso,
+    read_rank_failures,
+    read_record,
+    update_record,
+)
 from pnpscale.core.signals import acknowledge, as_interrupted
 from pnpscale.rank.process import LAUNCH_T0_ENV
 from pnpscale.sweep.cli import resume_command
@@ -149,6 +162,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
 
         assert self.hydra_context is not None and self.config is not None
         config = self.config
+        if shutil.which("sbatch") is None:  # before any warning: one line, nothing composed or submitted
+            raise refuse("cluster=slurm: sbatch not found; run where SLURM's commands are")
         composed = validate_points(self.hydra_context.config_loader, config, job_overrides, check_point)
         warning = cpus_per_task_warning(plain(config.cluster))
         if warning:
@@ -180,6 +195,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         jobs: list[tuple[_Point, Any]] = []
         try:
             self._preflight(self._groups(todo))
+            for p in todo:  # a killed launcher's jobs still hold their folders: cancelled, then run again
+                cancel_orphan_job(p.label, p.run_dir)
             todo = self._startable(todo, rets)  # a folder in use, or too full for a record: failed, not sent
             sweep_dir.mkdir(parents=True, exist_ok=True)
             folder = str(self.params.get("submitit_folder") or sweep_dir / ".submitit" / "%j")
@@ -193,8 +210,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             raise
         ran = [rets[p.index] for p in points if p.index not in self._not_run]
         not_run = [self._not_run[p.index] for p in points if p.index in self._not_run]
-        finish_sweep(config, ran, total=len(points), not_run=not_run)
-        end_if_failed(config, ran, self._resume_command(sweep_dir), not_run=not_run)
+        finish_and_end(config, ran, self._resume_command(sweep_dir), total=len(points), not_run=not_run)
         return [rets[p.index] for p in points]
 
     # ---------------------------------------------------------------------------------- steps
@@ -326,6 +342,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
                 for p in members:
                     rets[p.index] = self._record_failure(p, f"sbatch refused the job: {sbatch_refusal(str(exc))}", {})
                 continue
+            for p, job in zip(members, submitted, strict=True):  # first: a launcher killed from here leaves ids
+                record_job(p.run_dir, str(job.job_id))
             for p, job in zip(members, submitted, strict=True):
                 log.info(
                     "%s: SLURM job %s submitted (%s nodes x %s tasks, %s GPU(s) per node)",
@@ -340,7 +358,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         total, failed = len(jobs), 0
         while pending:  # a stop signal: the launch's handler cancels and records what is pending (_stopped)
             for key, (p, job) in list(pending.items()):
-                if job.done():
+                if job.done() and not job_on_hold(job):
                     try:
                         ret = self._collect(p, job, folder)
                     except Exception as exc:  # noqa: BLE001 - one job's trouble never stops the others
@@ -355,8 +373,8 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
                     continue
                 state = job.state
                 if state not in ("UNKNOWN", seen.get(key)):
+                    log.info("%s: %s", p.label, state_change_text(str(job.job_id), seen.get(key), state))
                     seen[key] = state
-                    log.info("%s: SLURM job %s %s", p.label, job.job_id, state)
             if pending:
                 time.sleep(POLL_S)
 
@@ -397,6 +415,7 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             except Exception as exc:  # noqa: BLE001
                 task_errors[0] = error_line(str(exc))
         if isinstance(ret0, JobReturn) and ret0.status == JobStatus.COMPLETED:
+            flag_suspended(p.label, p.run_dir, str(job.job_id))
             return ret0
         if isinstance(ret0, JobReturn):  # rank 0 ran the task and recorded its own error
             err = ret0._return_value
@@ -525,3 +544,111 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         run_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
         run_rank(resolve_point(_task_cfg(cfg), run_dir).spec, run_dir, None)
         return None
+
+
+# ------------------------------------------------------------------ the launcher's own faults
+
+
+def record_job(run_dir: Path, job_id: str) -> None:
+    """Record the point's SLURM job in its run folder (:data:`pnpscale.core.layout.SLURM_JOB`: job id, this
+    launcher's pid and host, when) as soon as sbatch returned it, so that a resume after this launcher was
+    killed finds the job (:func:`cancel_orphan_job`). A folder that cannot take it (a full disk) is logged."""
+    import socket
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        layout.write_json(run_dir / layout.SLURM_JOB, {"job_id": job_id, "launcher_pid": os.getpid(),
+                                                       "host": socket.gethostname(), "submitted_at": now_iso()})
+    except OSError as exc:
+        log.warning("%s: SLURM job %s not recorded in %s (%s)", run_dir, job_id, run_dir, exc.strerror or exc)
+
+
+#: SLURM states of a job that has not ended (it holds, or will hold, its run folder).
+LIVE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING", "COMPLETING",
+               "RESIZING", "STOPPED", "SIGNALING")  # fmt: skip
+
+
+def cancel_orphan_job(label: str, run_dir: Path) -> str | None:
+    """A resume's look at the job an earlier launcher recorded for this point (:func:`record_job`): when that
+    launcher is gone (killed, SIGKILL included) and SLURM still lists the job as not ended, the job is
+    cancelled (``scancel``) and waited for (its tasks hold the run folder's lock), so the point runs again;
+    one line says so. A job whose launcher lives is left alone (the folder is then refused as in use).
+
+    Returns:
+        the job id cancelled, else ``None``.
+    """
+    import subprocess
+
+    try:
+        doc = layout.read_json(run_dir / layout.SLURM_JOB)
+        job_id, pid, host = str(doc["job_id"]), int(doc["launcher_pid"]), str(doc["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not process_gone(pid, host):
+        return None
+    state = (sacct_info(job_id).get("state") or "").split()
+    if not state or state[0] not in LIVE_STATES:
+        return None
+    subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
+    end = time.monotonic() + 90
+    while time.monotonic() < end:  # sacct's state first, then the tasks themselves (COMPLETING)
+        now = (sacct_info(job_id).get("state") or "").split()
+        if now and now[0] not in LIVE_STATES[:5]:
+            break
+        time.sleep(1.0)
+    wait_until_ended(job_id)
+    log.warning("%s: SLURM job %s of a launcher that is gone (pid %d on %s) was %s: cancelled, the point runs "
+                "again", label, job_id, pid, host, state[0])  # fmt: skip
+    return job_id
+
+
+def iteration_walls(run_dir: Path) -> dict[int, float]:
+    """Measured iteration -> its wall time (seconds: the sum of its sections' ``section_s``, the mean over ranks)
+    from the run's ``sections.parquet``; ``{}`` when it cannot be read."""
+    import pandas as pd
+
+    try:
+        t = pd.read_parquet(run_dir / layout.SECTIONS, columns=[K.ITERATION, K.SECTION, K.WARMUP, K.SECTION_S])
+    except Exception:  # noqa: BLE001 - no table: nothing to check against
+        return {}
+    t = t[~t[K.WARMUP].astype(bool) & (t[K.SECTION] != "all")]
+    return {int(i): float(v) for i, v in t.groupby(K.ITERATION)[K.SECTION_S].sum().items()}
+
+
+def flag_suspended(label: str, run_dir: Path, job_id: str) -> list[int] | None:
+    """A completed job that SLURM suspended for a while (sacct's ``Suspended``): its wall-clock times include
+    the suspension, so the measured iterations it touched (:func:`pnpscale.cluster.slurm.suspended_iterations`)
+    are flagged in ``run.json``: an ``anomalies`` entry of kind ``slurm_suspended`` (listed by the report)
+    and ``slurm.suspended_s`` / ``slurm.suspended_iterations``; one warning line.
+
+    Returns:
+        the iterations flagged, or ``None`` when the job was never suspended (or sacct does not say).
+    """
+    suspended = duration_s(sacct_info(job_id).get("suspended"))
+    if not suspended:
+        return None
+    walls = iteration_walls(run_dir)
+    touched = suspended_iterations(walls, suspended)
+    where = (", ".join(f"iteration {i}: {walls[i]:.3g} s" for i in touched) + " against a median "
+             f"{sorted(walls.values())[len(walls) // 2]:.3g} s") if touched else "no measured iteration stands out"
+    entry = {"kind": "slurm_suspended", "rank": None, "count": len(touched),
+             "example": f"SLURM job {job_id} suspended {suspended:g} s (sacct Suspended); {where}",
+             "action": "flagged: these iterations' times include the suspension (run the point again)"}  # fmt: skip
+    try:
+        record = read_record(run_dir)
+        kept = [a for a in (record.extra.get("anomalies") or []) if a.get("kind") != "slurm_suspended"]
+        slurm = {**(record.slurm or {}), "suspended_s": suspended, "suspended_iterations": touched}
+        update_record(run_dir, anomalies=[*kept, entry], slurm=slurm)
+    except (RecordError, OSError) as exc:
+        log.warning("%s: the suspension could not be recorded in %s (%s)", label, run_dir, exc)
+    log.warning("%s: %s: %s", label, entry["example"], entry["action"])
+    return touched
+
+
+def job_on_hold(job: Any) -> bool:
+    """Whether submitit says ``done`` of a job SLURM only holds: suspended (``scontrol suspend``, a
+    preemption by suspension) or stopped, with no result yet. submitit's watcher takes every state but a few
+    running ones as ended; such a job was recorded failed while it went on, and wrote its folder after."""
+    if job.paths.result_pickle.exists():
+        return False
+    return str(job.state).split()[0] in ("SUSPENDED", "STOPPED", "REQUEUED", "REQUEUE_HOLD", "RESIZING")

@@ -425,17 +425,53 @@ RANK_PRELOAD = (
 )  # fmt: skip
 
 
+def stop_rank_servers() -> list[int]:
+    """End this process's forkserver (SIGKILL, then reaped): registered with ``atexit`` by
+    :func:`rank_start_method`, so the ~790 MB server never outlives the launcher's exit, whatever ended it (a
+    return, a failure, a stop signal's ``SystemExit``). The resource tracker is left to end by itself when this
+    process's pipe to it closes (a small process, at once): stopped here, before multiprocessing's own
+    finalisers, it unlinked the ranks' semaphores under them (a ``FileNotFoundError`` traceback each). A
+    SIGKILL of the launcher runs no ``atexit``: the server then gets the kernel's SIGKILL
+    (:func:`pnpscale.rank.forkserver.die_with_launcher`).
+
+    Returns:
+        the pids ended (none when no server was started).
+    """
+    import multiprocessing.forkserver as mp_forkserver
+    import signal
+
+    server = getattr(mp_forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if not isinstance(pid, int) or pid <= 0:
+        return []
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        return []
+    return [pid]
+
+
+_SERVERS_STOPPED_AT_EXIT: list[bool] = []
+
+
 def rank_start_method() -> str:
     """``forkserver`` (preloading :data:`RANK_PRELOAD`) where the platform has it, else ``spawn``.
 
     The forkserver is started by exec, not fork: whatever this process did with CUDA, the server
-    starts clean and imports only :data:`RANK_PRELOAD`.
+    starts clean and imports only :data:`RANK_PRELOAD`. It ends with this process
+    (:func:`stop_rank_servers` at exit).
     """
     import multiprocessing as mp
 
     if "forkserver" not in mp.get_all_start_methods():
         return "spawn"
     mp.set_forkserver_preload(list(RANK_PRELOAD))
+    if not _SERVERS_STOPPED_AT_EXIT:
+        import atexit
+
+        atexit.register(stop_rank_servers)
+        _SERVERS_STOPPED_AT_EXIT.append(True)
     return "forkserver"
 
 

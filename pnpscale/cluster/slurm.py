@@ -320,14 +320,100 @@ def parse_sacct(text: str) -> dict[str, str]:
     {'job_id': '7_2', 'state': 'CANCELLED by 0', 'exit_code': '0:15', 'reason': 'None', 'elapsed': '00:00:12', \
 'nodelist': 'n1'}
     """
-    names = ("job_id", "state", "exit_code", "reason", "elapsed", "nodelist")
+    names = ("job_id", "state", "exit_code", "reason", "elapsed", "nodelist", "suspended")
     for line in text.splitlines():
         if line.strip():
             return dict(zip(names, (v.strip() for v in line.split("|")), strict=False))
     return {}
 
 
-SACCT_FORMAT = "JobID,State,ExitCode,Reason,Elapsed,NodeList"
+SACCT_FORMAT = "JobID,State,ExitCode,Reason,Elapsed,NodeList,Suspended"
+
+
+def duration_s(text: str | None) -> float | None:
+    """Seconds of a SLURM duration (``[DD-][HH:]MM:SS[.fff]``, sacct's ``Elapsed``/``Suspended``); ``None``
+    for an empty or unreadable one.
+
+    >>> duration_s("00:00:25"), duration_s("1-02:00:00"), duration_s("05:07.5"), duration_s(""), duration_s("x")
+    (25.0, 93600.0, 307.5, None, None)
+    """
+    if not text or not text.strip():
+        return None
+    days, _, rest = text.strip().rpartition("-")
+    try:
+        parts = [float(x) for x in rest.split(":")]
+        seconds = float(int(days)) * 86400 if days else 0.0
+    except ValueError:
+        return None
+    if not 1 <= len(parts) <= 3:
+        return None
+    clock = 0.0
+    for value in parts:
+        clock = clock * 60 + value
+    return seconds + clock
+
+
+#: An iteration touched by a suspension is longer than the median of the others by at least this share of
+#: the suspended time (sacct says how long a job was suspended, not when).
+SUSPENDED_SHARE = 0.5
+
+
+def suspended_iterations(iteration_s: Mapping[int, float], suspended_s: float) -> list[int]:
+    """The measured iterations a suspension of ``suspended_s`` seconds (sacct's ``Suspended``) touched: those
+    whose wall time exceeds the median of the others by at least :data:`SUSPENDED_SHARE` x ``suspended_s``
+    (the wall-vs-iteration check). With one measured iteration nothing tells: it is returned. An empty
+    list: the suspension fell outside the measured iterations (setup, warm-up, the writes).
+
+    Args:
+        iteration_s: measured iteration -> its wall time, seconds.
+        suspended_s: the job's suspended time, seconds (> 0).
+
+    >>> suspended_iterations({1: 12.0, 2: 37.0, 3: 12.1}, 25.0), suspended_iterations({1: 12.0, 2: 12.2}, 25.0)
+    ([2], [])
+    >>> suspended_iterations({1: 40.0}, 25.0)
+    [1]
+    """
+    import statistics
+
+    if len(iteration_s) < 2:
+        return sorted(iteration_s)
+    out = []
+    for it, wall in iteration_s.items():
+        others = [w for i, w in iteration_s.items() if i != it]
+        if wall - statistics.median(others) >= SUSPENDED_SHARE * suspended_s:
+            out.append(it)
+    return sorted(out)
+
+
+#: SLURM states of a job waiting to run again after it ran (``scontrol requeue``, preemption, a node failure).
+REQUEUE_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+#: SLURM states of a job that holds its nodes (it has started).
+STARTED_STATES = ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOPPED")
+
+
+def state_change_text(job_id: str, previous: str | None, state: str) -> str:
+    """The log text for a job whose state went from ``previous`` to ``state``: a job that had started and is
+    pending again (or ``REQUEUED``) is said to be requeued; a suspension says so, and that its iterations are
+    checked; else ``SLURM job <id> <STATE>``.
+
+    >>> state_change_text("7", "RUNNING", "PENDING")
+    'SLURM job 7 requeued (RUNNING, now PENDING): the point runs again from its start in its run folder'
+    >>> state_change_text("7", "REQUEUED", "PENDING")
+    'SLURM job 7 PENDING (requeued: waits to run again)'
+    >>> state_change_text("7", "PENDING", "RUNNING"), state_change_text("7", None, "PENDING")
+    ('SLURM job 7 RUNNING', 'SLURM job 7 PENDING')
+    """
+    head = (previous or "").split()[0] if previous else ""
+    now = state.split()[0] if state else state
+    if now.startswith("REQUEUE") or (head in STARTED_STATES and now in REQUEUE_STATES):
+        return f"SLURM job {job_id} requeued ({previous}, now {state}): the point runs again from its start in its " \
+               "run folder"  # fmt: skip
+    if head.startswith("REQUEUE") and now == "PENDING":
+        return f"SLURM job {job_id} PENDING (requeued: waits to run again)"
+    if now == "SUSPENDED":
+        return (f"SLURM job {job_id} SUSPENDED: the iterations it touches are flagged when it ends (sacct's "
+                "Suspended time)")  # fmt: skip
+    return f"SLURM job {job_id} {state}"
 
 
 def sacct_info(job_id: str) -> dict[str, str]:

@@ -475,6 +475,23 @@ def _get(cfg: Any, dotted: str) -> Any:
     return node
 
 
+def cuda_surely_absent(environ: Any = None, dev: str = "/dev") -> bool:
+    """Whether this machine surely has no CUDA device for torch, known without importing torch (10-20 s on a
+    loaded machine): ``CUDA_VISIBLE_DEVICES`` empty or ``-1``, or no NVIDIA (``nvidia<N>``) nor ROCm
+    (``kfd``) device node under ``dev``. ``False`` means "ask torch" (it may still find none).
+
+    >>> cuda_surely_absent({"CUDA_VISIBLE_DEVICES": "-1"}), cuda_surely_absent({}, dev="/nonexistent")
+    (True, True)
+    """
+    import glob
+    import os
+
+    env = os.environ if environ is None else environ
+    if str(env.get("CUDA_VISIBLE_DEVICES", "x")).strip() in ("", "-1"):
+        return True
+    return not glob.glob(f"{dev}/nvidia[0-9]*") and not os.path.exists(f"{dev}/kfd")
+
+
 def _candidate_scales(scale: str, cuda_available: bool | None) -> tuple[str, ...]:
     if scale == "auto" and cuda_available is None:
         return ("paper", "small")
@@ -629,6 +646,13 @@ def _validate_sizes(cfg: Any, scale: str) -> None:
             sizes["patch_size"],
             f"tile window patch_size+2*overlap={window} must be a multiple of {WINDOW_MULTIPLE}"
             f" (overlap={sizes['overlap']}){where}",
+        )
+    if sizes["overlap"] >= sizes["patch_size"]:  # a halo as wide as the tile: neighbours' halos cross tiles
+        raise ConfigError(
+            "problem.overlap",
+            sizes["overlap"],
+            f"must be < problem.patch_size={sizes['patch_size']} (the halo of a tile is narrower than the tile)"
+            f"{where}",
         )
     if sizes["patch_size"] >= sizes["image_size"]:
         raise ConfigError(

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pnpscale.core.signals import check, deferred
+from pnpscale.core.signals import check, deferred, published
 
 RUN_JSON = "run.json"
 RANKS = "ranks.parquet"
@@ -59,6 +59,7 @@ PROJECTION_MD = "projection.md"
 PROJECTION_OPTIONS = "projection_options.json"
 PROJECTION_OVERLAP = "projection_overlap.parquet"  # the pipelined series projected from the blocking one
 LOCK = ".pnpscale.lock"  # pnpscale.core.lock: the holder (pid, host, start) as JSON
+SLURM_JOB = ".slurm_job.json"  # the SLURM job of the point, written by its launcher as sbatch returns
 RESERVE = ".pnpscale.reserve"  # pnpscale.core.record.reserve_space
 STAGING_PREFIX = ".staging-"  # commit_files' staging folders (never read as results)
 RANK_FOOTPRINT = "rank_footprint-2.json"  # pnpscale.cluster.local.rank_footprint, under $XDG_CACHE_HOME/pnpscale/
@@ -276,9 +277,12 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
     remove_stale_staging(dest)
     done = False
     try:
-        stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=dest))
-        owner = _own_staging(stage)
+        stage: Path | None = None
+        owner: int | None = None
         try:
+            with deferred():  # created and named together: a stop in between would leave it behind
+                stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=dest))
+                owner = _own_staging(stage)
             build(stage)
             names = sorted(p.name for p in stage.iterdir() if p.is_file() and p.name != STAGING_OWNER)
             check()  # a stop signal swallowed while building (a weakref callback): publish nothing
@@ -288,12 +292,15 @@ def commit_folder(dest: Path, build: Callable[[Path], None], stale: tuple[str, .
                 for name in stale:
                     if name not in names:
                         (dest / name).unlink(missing_ok=True)
+                published()  # a command's output (a report) is in place: its later stops change nothing
             done = True
             return names
         finally:
-            shutil.rmtree(stage, ignore_errors=True)
-            if owner is not None:
-                os.close(owner)  # after the removal: a live staging folder is never seen free
+            if stage is not None:
+                with deferred():  # removed by this process, whatever signal arrives meanwhile
+                    shutil.rmtree(stage, ignore_errors=True)
+                    if owner is not None:
+                        os.close(owner)  # after the removal: a live staging folder is never seen free
     finally:
         if created and not done:  # folders made for this commit leave with it (no empty report/ or parents)
             for folder in created:

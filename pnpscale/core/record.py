@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
+import json
 import os
 import platform
 import traceback
@@ -89,6 +91,10 @@ class RunRecord:
             (forked from a process that had touched CUDA: always ``false`` in a complete run, the rank
             refuses to run otherwise), ``cuda_visible_devices`` and ``gpu_binding`` (the one GPU the
             launcher bound it to, ``null`` when not bound); see :func:`pnpscale.rank.process.process_info`.
+        digests: ``{"algorithm": "sha256", "files": {name: hex digest}, "assignment": hex digest}``: each
+            file of ``files`` and the canonical JSON of ``assignment`` as written, added by
+            :func:`write_record` to a complete record (the last write of a run); checked on read
+            (:func:`check_digests`): an edited table or assignment makes the point unreadable.
         extra: keys this version does not know (kept on rewrite).
     """
 
@@ -123,6 +129,7 @@ class RunRecord:
     files: list[str] | None = None
     slurm: dict[str, Any] | None = None
     processes: list[dict[str, Any]] | None = None
+    digests: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
@@ -186,6 +193,9 @@ _FIELD_TYPES: dict[str, type] = {
     "assignment": dict, "solver": dict, "timings": dict,
     "metrics": dict, "files": list, "slurm": dict, "processes": list,
 }  # fmt: skip
+
+
+_FIELD_TYPES["digests"] = dict
 
 
 def _check_type(key: str, value: Any) -> None:
@@ -368,8 +378,90 @@ def read_record(run_dir: Path | str) -> RunRecord:
 
 
 def write_record(run_dir: Path | str, record: RunRecord) -> None:
-    """Write ``run_dir/run.json`` atomically (temporary file, then rename); the one writer."""
+    """Write ``run_dir/run.json`` atomically (temporary file, then rename); the one writer.
+
+    A ``complete`` record with ``files`` and no ``digests`` yet gets them here (:func:`digests_of`): the
+    record is the last file a run writes, so the digests are of the tables as published; a later rewrite
+    (the ``slurm`` block) keeps them.
+
+    Raises:
+        OSError: ``run.json`` (or a table being digested) could not be written or read.
+    """
+    if record.status == layout.STATUS_COMPLETE and record.files and record.digests is None:
+        record.digests = digests_of(Path(run_dir), record.files, record.assignment)
     layout.write_json(Path(run_dir) / layout.RUN_JSON, record.to_dict())
+
+
+#: The digest of the files and the assignment of a complete run (:func:`digests_of`).
+DIGEST_ALGORITHM = "sha256"
+#: Bytes read at a time while a file is digested.
+_DIGEST_CHUNK = 1 << 20
+
+
+def file_digest(path: Path) -> str:
+    """The hex :data:`DIGEST_ALGORITHM` digest of the bytes of ``path``.
+
+    Raises:
+        OSError: ``path`` cannot be read.
+    """
+    h = hashlib.new(DIGEST_ALGORITHM)
+    with open(path, "rb") as f:
+        while chunk := f.read(_DIGEST_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def assignment_digest(assignment: dict[str, Any] | None) -> str:
+    """The hex digest of ``assignment`` as canonical JSON (sorted keys, no spaces).
+
+    >>> assignment_digest({"operators_per_rank": [2, 2]}) == assignment_digest({"operators_per_rank": [2, 2]})
+    True
+    >>> assignment_digest({"operators_per_rank": [2, 2]}) == assignment_digest({"operators_per_rank": [3, 1]})
+    False
+    """
+    text = json.dumps(assignment, sort_keys=True, separators=(",", ":"))
+    return hashlib.new(DIGEST_ALGORITHM, text.encode()).hexdigest()
+
+
+def digests_of(run_dir: Path, files: list[str], assignment: dict[str, Any] | None) -> dict[str, Any]:
+    """``{"algorithm", "files": {name: digest}, "assignment": digest}`` of a run folder's ``files`` (the ones
+    present: a file named but absent is left out, and :func:`check_digests` then names it missing)."""
+    out = {name: file_digest(run_dir / name) for name in files if (run_dir / name).is_file()}
+    return {"algorithm": DIGEST_ALGORITHM, "files": out, "assignment": assignment_digest(assignment)}
+
+
+def check_digests(run_dir: Path, record: RunRecord) -> tuple[Path, str] | None:
+    """Whether a complete run's files and assignment are as written: ``None`` when they are (or the record
+    has no digests: written before pnpscale recorded them), else ``(file, reason)`` for the first that is
+    not: a table edited, cut or removed since (``<table>``), an assignment edited (``run.json``), or
+    digests of the wrong shape (``run.json``).
+    """
+    got = record.digests
+    if got is None:
+        return None
+    run_json = run_dir / layout.RUN_JSON
+    files = got.get("files")
+    if got.get("algorithm") != DIGEST_ALGORITHM or not isinstance(files, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in files.items()
+    ):
+        return run_json, f"digests: not {DIGEST_ALGORITHM} digests of files ({str(got)[:80]})"
+    for name in sorted(set(files) | set(record.files or [])):
+        path = run_dir / name
+        if name not in files:
+            return path, "written after the run (not among the digests in run.json)"
+        try:
+            now = file_digest(path)
+        except FileNotFoundError:
+            return path, "missing (no such file)"
+        except OSError as exc:
+            return path, f"unreadable ({exc.strerror or exc})"
+        if now != files[name]:
+            return path, (f"edited since the run wrote it: its {DIGEST_ALGORITHM} differs from the digest in "
+                          "run.json (a table is never rewritten in place)")  # fmt: skip
+    if got.get("assignment") != assignment_digest(record.assignment):
+        return run_json, (f"assignment {record.assignment} edited since the run wrote it (its "
+                          f"{DIGEST_ALGORITHM} differs from the one in run.json's digests)")  # fmt: skip
+    return None
 
 
 def update_record(run_dir: Path | str, **fields: Any) -> RunRecord | None:

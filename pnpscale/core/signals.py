@@ -13,13 +13,25 @@ ranks (they raise its ``SignalException``) and never puts the previous ones back
 :func:`preserved` restores them around a launch. :func:`deferred` holds the stop signals back
 during a few short writes (a status record, the renames that publish a report) so that a signal
 never lands between two renames; it is delivered as soon as the block ends.
+
+The commands (``python -m pnpscale``, ``pnpscale.report``, ``pnpscale.analyze``, ``pnpscale.project``) call
+:func:`install_command` as their first statement, before any heavy import: one handler from then on.
+While the command's modules import, a stop signal prints one line (``pnpscale.report: interrupted
+(SIGINT)``) and ends the process at once with ``128 + signum`` (nothing was written yet). Once
+:func:`run_command` runs the command, the first stop signal raises :class:`Interrupted` and every later
+one is only recorded (a second Ctrl-C 20 ms after the first never interrupts the cleanup or the one
+line); once the command's output is published (:func:`published`, called by
+:func:`pnpscale.core.layout.commit_folder`) or the command returned, stop signals are ignored: a Ctrl-C
+while Python finalises never turns a written report into exit 130.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,9 +62,102 @@ class Interrupted(KeyboardInterrupt):
 _received: list[int] = []
 
 
+#: The command whose one handler is installed (:func:`install_command`), else ``""`` (a library caller).
+_command: list[str] = [""]
+#: The command's phase: ``"importing"`` (a stop exits at once), ``"running"`` (the first stop raises,
+#: later ones are recorded), ``"settled"`` (its output is published: stops are ignored).
+_phase: list[str] = [""]
+
+
 def _raise(signum: int, frame: Any) -> None:
+    if _phase[0] == "importing":  # nothing written yet: one line, and gone before any traceback
+        _exit_now(signum)
+    first = not _received
     _received.append(int(signum))
-    raise Interrupted(signum)
+    if first or _phase[0] != "running":  # a command raises once; the sweep raises each stop (acknowledge())
+        raise Interrupted(signum)
+
+
+#: What a command says it left undone when stopped (``report not written, the previous one is intact``):
+#: set by :func:`not_written`, read by the one line of a stop.
+_said: list[Callable[[], str] | None] = [None]
+
+
+def not_written(said: Callable[[], str]) -> None:
+    """Set what the running command's one line adds after a stop (``PROG: interrupted (SIGINT): <said()>``),
+    from while it imports on (:func:`install_command`) to its end (:func:`run_command`)."""
+    _said[0] = said
+
+
+def _suffix() -> str:
+    try:
+        return f": {_said[0]()}" if _said[0] is not None else ""
+    except Exception:  # noqa: BLE001 - the line goes out whatever the message's own trouble
+        return ""
+
+
+def _exit_now(signum: int) -> None:
+    try:
+        os.write(2, f"{_command[0] or sys.argv[0]}: {Interrupted(signum)}{_suffix()}\n".encode())
+    finally:
+        os._exit(128 + int(signum))
+
+
+def install_command(prog: str) -> None:
+    """The first statement of a command (``prog``, e.g. ``pnpscale.report``), before its heavy imports: a
+    stop signal from here until :func:`run_command` (or :func:`install`) prints ``PROG: interrupted
+    (SIGINT)`` and exits ``128 + signum`` at once (``os._exit``: no traceback, nothing to clean up)."""
+    _command[0] = prog
+    _said[0] = None
+    _phase[0] = "importing"
+    _received.clear()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _raise)
+
+
+def _ignore_stops() -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def published() -> None:
+    """The command's output is in place (a report's renames are done): from here stop signals are ignored
+    (the command exits as it would have, 0 for a written report). Changes nothing outside a command run by
+    :func:`run_command` (a sweep's report: the sweep still stops on the next signal)."""
+    if _phase[0] == "running" and threading.current_thread() is threading.main_thread():
+        _phase[0] = "settled"
+        _ignore_stops()
+
+
+def settled() -> bool:
+    """Whether the running command's output is published (:func:`published`)."""
+    return _phase[0] == "settled"
+
+
+def run_command(main: Callable[[], int], not_written: Callable[[], str] | None = None) -> int:
+    """Run a command's ``main`` under the one handler (:func:`install_command` first).
+
+    The first stop signal raises :class:`Interrupted` in ``main`` (whose ``finally`` blocks remove what
+    it staged); later ones are recorded only. A stop that reaches here prints one line, ``PROG:
+    interrupted (SIGINT)`` plus ``: not_written()`` when given, and returns ``128 + signum``. Once
+    ``main`` returned, stop signals are ignored.
+
+    Returns:
+        ``main``'s exit status, or ``128 + signum`` for a stop.
+    """
+    if not_written is not None:
+        _said[0] = not_written
+    _phase[0] = "running"
+    try:
+        code = main()
+    except KeyboardInterrupt as exc:
+        _ignore_stops()
+        print(f"{_command[0]}: {as_interrupted(exc)}{_suffix()}", file=sys.stderr)
+        return exit_code(exc)
+    finally:
+        _ignore_stops()  # the command is over: ignored from here (a later install() starts afresh)
+        _phase[0] = ""
+    return code
 
 
 def _unraisable(info: Any) -> None:
@@ -64,7 +169,14 @@ def _unraisable(info: Any) -> None:
 
 
 def install() -> None:
-    """Make every stop signal raise :class:`Interrupted` in the main thread, and remember it (:func:`check`)."""
+    """Make every stop signal raise :class:`Interrupted` in the main thread, and remember it (:func:`check`).
+
+    Inside a command run by :func:`run_command` (``pnpscale.report``'s ``main``), its one handler stays as
+    it is (the first stop raises, later ones are recorded); otherwise (the sweep) each stop raises."""
+    if _phase[0] in ("running", "settled"):
+        sys.unraisablehook = _unraisable
+        return
+    _phase[0] = ""
     _received.clear()
     sys.unraisablehook = _unraisable
     for sig in STOP_SIGNALS:
@@ -144,8 +256,6 @@ def deferred(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[Non
     Python-level (the handlers are swapped for a recorder), so it holds whichever thread the kernel
     delivers to; outside the main thread it holds nothing.
     """
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -156,7 +266,8 @@ def deferred(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[Non
     try:
         yield
     finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        if pending:
-            signal.raise_signal(pending[0])
+        if not settled():  # else the body published the command's output (:func:`published`): stops dropped
+            for sig, handler in before.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            if pending:
+                signal.raise_signal(pending[0])

@@ -479,15 +479,16 @@ def plot_transfer_figure(rows: pd.DataFrame, shared: list[str] | None = None) ->
 
 
 def md_escape(text: object) -> str:
-    r"""``text`` safe inside a Markdown table cell or list item: ``\``, ``|``, ``<``, ``>`` escaped,
-    line breaks as spaces (error texts and paths come from users and failed runs).
+    r"""``text`` safe inside a Markdown table cell or list item: ``\``, ``|``, ``<``, ``>`` and backticks
+    escaped, line breaks as spaces (error texts and paths come from users and failed runs).
 
-    >>> print(md_escape("a|b <script> c\\d"))
-    a\|b &lt;script&gt; c\\d
+    >>> print(md_escape("a|b <script> c\\d `x`"))
+    a\|b &lt;script&gt; c\\d \`x\`
     >>> print(md_escape("x\ny"))
     x y
     """
     out = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    out = out.replace("`", "\\`")  # a backtick would open a code span that swallows the cell
     return " ".join(out.splitlines())
 
 

@@ -34,7 +34,7 @@ from pnpscale.core import layout
 from pnpscale.core.config import VARIANT_KEYS
 from pnpscale.core.errors import InputError, UnreadableFile
 from pnpscale.core.lock import process_gone
-from pnpscale.core.record import SCHEMA_VERSION, RecordError, read_record
+from pnpscale.core.record import SCHEMA_VERSION, RecordError, check_digests, read_record
 from pnpscale.results.summary import scaled_cost
 from pnpscale.results.transfer import run_nccl_log
 
@@ -565,8 +565,9 @@ def _agrees(recorded: Any, computed: Any) -> bool:
 
 def read_complete(run_dir: Path, base: Path, point: dict[str, Any]) -> tuple[pd.DataFrame, int, pd.DataFrame]:
     """A complete run folder read and validated as the report and :func:`load` read it (the one check of
-    a run folder's tables: :func:`read_sections`, :func:`check_run_files`, :func:`check_consistent`,
-    then :func:`pnpscale.analysis.metrics.summarize`).
+    a run folder's tables: the digests run.json holds of its tables and assignment
+    (:func:`pnpscale.core.record.check_digests`), :func:`read_sections`, :func:`check_run_files`,
+    :func:`check_consistent`, then :func:`pnpscale.analysis.metrics.summarize`).
 
     Args:
         run_dir: the run folder. base: the folder its hive parts are relative to.
@@ -584,6 +585,13 @@ def read_complete(run_dir: Path, base: Path, point: dict[str, Any]) -> tuple[pd.
             ``sections.parquet``).
     """
 
+    try:
+        edited = check_digests(run_dir, read_record(run_dir))
+    except RecordError as exc:
+        reason = str(exc).removeprefix(f"{run_dir / layout.RUN_JSON}: ")
+        raise UnreadableFile(run_dir / layout.RUN_JSON, reason) from None
+    if edited is not None:  # before any table is read: an edited table never reaches a number
+        raise UnreadableFile(*edited)
     try:
         sections = read_sections(run_dir / layout.SECTIONS, base)
         gpus = int(point["gpus"])

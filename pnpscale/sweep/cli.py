@@ -9,6 +9,7 @@ image size, ...) are checked after composition by :func:`pnpscale.core.config.va
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ from pnpscale.core.config import (
     ConfigError,
     check_type,
     check_value,
+    cuda_surely_absent,
     moved_key_error,
     open_keys,
     register_schema,
     schema_keys,
+    validate,
 )
 from pnpscale.core.errors import InputError
 from pnpscale.core.lock import in_use
@@ -320,9 +323,11 @@ def check_single_point(argv: Sequence[str]) -> None:
     )  # a stored sweep sets hydra.mode=MULTIRUN itself
     for ov in parsed:
         if ov.is_sweep_override() and not multirun:
-            raise CommandLineError(
-                [f"{ov.input_line}: a list of values is a sweep: add -m (python -m pnpscale -m {' '.join(overrides)})"]
-            )
+            import shlex
+
+            swept = [o for o in overrides if not o.startswith("hydra.run.dir=")]  # a sweep's is hydra.sweep.dir
+            again = shlex.join(["python", "-m", "pnpscale", "-m", *swept])
+            raise CommandLineError([f"{ov.input_line}: a list of values is a sweep: add -m ({again})"])
     for ov in parsed:
         if (
             ov.is_sweep_override()
@@ -344,6 +349,12 @@ def check_single_point(argv: Sequence[str]) -> None:
     if run_dir is not None:
         check_folder_free("hydra.run.dir", Path(run_dir))
     folder = Path(run_dir) if run_dir else Path(str(cfg.output.root)) / "__not_created__"
+    # the value rules first, without torch (resolve_point asks torch for the CUDA devices: 10-20 s under
+    # load): a refusal in under 2 s where scale=auto needs no device count (no GPU here, or a scale given)
+    if cuda_surely_absent():
+        validate(cfg, cuda_available=False)
+    elif str(cfg.scale) != "auto":
+        validate(cfg, cuda_available=None)
     resolve_point(cfg, folder)
 
     check_room(Path(run_dir) if run_dir else Path(str(cfg.output.root)))  # before Hydra writes into it
@@ -410,4 +421,45 @@ def resume_command(
     keep = [o for o in task_overrides if not o.startswith("resume=")]
     keep += [o for o in hydra_overrides if not o.startswith(("hydra.mode=", f"{key}="))]
     multirun = ["-m"] if key == "hydra.sweep.dir" else []
-    return shlex.join(["python", "-m", "pnpscale", *multirun, *keep, f"{key}={folder}"])
+    return shlex.join(["python", "-m", "pnpscale", *multirun, *keep, f"{key}={hydra_value(str(folder))}"])
+
+
+#: A value Hydra's override grammar reads as the same string unquoted (``ID``/``UNQUOTED_CHAR`` of
+#: ``OverrideLexer.g4``, without ``\\``, ``$`` and the characters it reads as a number, bool or null).
+_HYDRA_PLAIN = re.compile(r"[A-Za-z_/.\-+:@%~][A-Za-z0-9_/.\-+:@%~]*")
+_HYDRA_WORDS = {"true", "false", "null", "nan", "inf", "-inf", "+inf"}
+
+
+def hydra_value(text: str) -> str:
+    """``text`` as a value of a Hydra override that reads back as exactly ``text`` (a folder name with
+    ``|<>&``, backticks, quotes, ``,``, ``=``, spaces, ``${...}`` or backslashes): as it is when Hydra's
+    grammar reads it unquoted as that string, else single-quoted with Hydra's escapes (``\\'`` for a
+    quote, ``\\${`` for an interpolation's start, the backslashes before either or before the closing
+    quote doubled). The shell's own quoting comes on top (:func:`resume_command`).
+
+    >>> hydra_value("/o/2026-01-01_10-00-00"), hydra_value("/o/a|b<c>&`d`"), hydra_value("/o/it's ${x}")
+    ('/o/2026-01-01_10-00-00', "'/o/a|b<c>&`d`'", "'/o/it\\\\'s \\\\${x}'")
+    """
+    if _HYDRA_PLAIN.fullmatch(text) and text.lower() not in _HYDRA_WORDS:
+        return text
+    out = []
+    i = 0
+    while i < len(text):
+        j = i
+        while j < len(text) and text[j] == "\\":
+            j += 1
+        slashes = j - i
+        nxt = text[j] if j < len(text) else None
+        special = nxt == "'" or nxt is None or text.startswith("${", j)
+        out.append("\\" * (2 * slashes if special else slashes))
+        if nxt == "'":
+            out.append("\\'")
+            j += 1
+        elif nxt == "$" and text.startswith("${", j):
+            out.append("\\$")
+            j += 1
+        elif nxt is not None:
+            out.append(nxt)
+            j += 1
+        i = j
+    return "'" + "".join(out) + "'"
