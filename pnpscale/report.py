@@ -3,8 +3,8 @@ of run folders.
 
 The command only; the report lives in :mod:`pnpscale.results.report`. Its one stop-signal handler is
 installed before the heavy imports (:func:`pnpscale.core.signals.install_command`): a Ctrl-C while pandas
-and matplotlib load is one line and exit 130; while the report is written, one line, exit 130, the staging folder removed by this process and the
-previous report intact; once the report is published, ignored.
+and matplotlib load is one line and exit 130; while the report is written, one line, exit 130, the staging
+folder removed by this process and the previous report intact; once the report is published, ignored.
 """
 
 import sys

@@ -116,15 +116,29 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _live_members(pgid: int) -> list[str]:
+    """The processes of group ``pgid`` that still run: ``/proc/PID/stat``'s group field, zombies left out (an
+    ended process whose exit status init has not collected yet holds no memory and runs nothing)."""
+    from pathlib import Path
+
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rpartition(")")[2].split()  # after "pid (comm)": state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(text.split(" ", 1)[0])  # its pid
+    return out
+
+
 def _group_gone(pgid: int, within_s: float) -> bool:
-    import os
     import time
 
     end = time.monotonic() + within_s
     while True:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        if not _live_members(pgid):
             return True
         if time.monotonic() > end:
             return False
