@@ -426,7 +426,7 @@ def resume_command(
 
 #: A value Hydra's override grammar reads as the same string unquoted (``ID``/``UNQUOTED_CHAR`` of
 #: ``OverrideLexer.g4``, without ``\\``, ``$`` and the characters it reads as a number, bool or null).
-_HYDRA_PLAIN = re.compile(r"[A-Za-z_/.\-+:@%~][A-Za-z0-9_/.\-+:@%~]*")
+_HYDRA_PLAIN = re.compile(r"[A-Za-z_/.][A-Za-z0-9_/.\-+:@%]*")  # a leading sign or digit, and ~, are quoted
 _HYDRA_WORDS = {"true", "false", "null", "nan", "inf", "-inf", "+inf"}
 
 
