@@ -274,8 +274,14 @@ def test_real_sampled_pair_without_nccl_args_absolute_timestamps(shared_traces):
         assert len(recs) == 2
         for r in recs:
             assert [c.stream for c in r.collectives] == [84, 84, 84, 84, 203]  # ncclKernel_SendRecv_* on 2 streams
-            # sampling left nccl:all_reduce ranges beside SendRecv kernels: no descriptor is trusted
-            assert {(c.name, c.payload_bytes, c.group) for c in r.collectives} == {("send_recv", None, None)}
+            # nccl:all_to_all and nccl:all_reduce on two threads beside SendRecv kernels: each kernel's launch lies
+            # inside exactly one descriptor range, which types it (issue #33: never by position)
+            assert sorted(c.name for c in r.collectives) == ["all_gather"] + ["all_reduce"] * 2 + ["all_to_all"] * 2
+            assert r.collectives[-1].name == "all_gather" and r.collectives[-1].payload_bytes == 16777216
+        # the two threads' collectives interleave differently on the two ranks
+        order = {0: ["all_to_all", "all_to_all", "all_reduce", "all_reduce", "all_gather"],
+                 1: ["all_to_all", "all_reduce", "all_to_all", "all_reduce", "all_gather"]}  # fmt: skip
+        assert [c.name for c in recs[1].collectives] == order[rank]
         # absolute microseconds since the epoch: 2023-04-29
         assert min(e.start_ns for e in tr.events) // 10**9 == 1682725898
 

@@ -49,7 +49,12 @@ from pnpscale.analysis.metrics import (
     summarize,
 )
 from pnpscale.analysis.section.align import align_collectives, nested_sections
-from pnpscale.analysis.section.iterations import drop_bad_iterations, drop_cut_iterations, match_steps
+from pnpscale.analysis.section.iterations import (
+    drop_bad_iterations,
+    drop_cut_iterations,
+    drop_empty_iterations,
+    match_steps,
+)
 from pnpscale.analysis.section.records import section_records
 from pnpscale.analysis.tables import frames, table_writers
 from pnpscale.analysis.trace.cut import drop_unvouched_end
@@ -267,7 +272,7 @@ def analyze_traces(
         unvouched = {t.rank: t.path.name for t in done if t.info.kineto_header and not t.info.end_marker
                      and not t.info.profiler_span}  # fmt: skip
         records = drop_unvouched_end(records, unvouched, anomalies)
-        records = drop_bad_iterations(match_steps(records, anomalies), anomalies)
+        records = drop_empty_iterations(drop_bad_iterations(match_steps(records, anomalies), anomalies), anomalies)
         nested = nested_sections(records)
         aligned = align_collectives(records)
         ranks, colls = frames([(rank_rows(r, recs, warmup), {}) for r, recs in sorted(aligned.items())])

@@ -16,13 +16,17 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
     :func:`pnpscale.analysis.metrics.decompose` matches collectives across ranks by ``seq``. Per section
     occurrence (iteration, section), collectives are keyed:
 
-    * by ``(group, group_seq)`` when every collective of that occurrence, on every rank, carries
+    * by ``(group, group_seq, type)`` when every collective of that occurrence, on every rank, carries
       both (the trace recorded the process group and its sequence number), else
-    * by ``(stream ordinal, position within that stream)``: streams are numbered in increasing
-      stream id on each rank (one stream per rank for gloo), positions by start time.
+    * by ``(stream ordinal, type, position among that stream's collectives of that type)``: streams are
+      numbered in increasing stream id on each rank (one stream per rank for gloo), positions by start time.
 
+    Never by position alone: the type (``all_reduce``, ``all_to_all``... from the descriptor whose range holds
+    the kernel's launch, :func:`pnpscale.analysis.section.gpu.pair_descriptors`; else the kernel's name) is part
+    of every key, so collectives issued in different orders on two ranks (two threads) are matched by what they
+    are; point-to-point types (``send``, ``recv``, ``send_recv``) count as one (``p2p``: a send meets a recv).
     The new ``seq`` is the key's position in the lowest rank's start order, so a trace with one
-    stream and no sequence numbers keeps the order-in-section numbering of
+    stream, one type and no sequence numbers keeps the order-in-section numbering of
     :func:`section_records` unchanged.
 
     Args:
@@ -33,7 +37,8 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
 
     Raises:
         SectionError: ranks disagree on the section occurrences, or a collective of one rank has
-            no counterpart on another (different counts per stream, or unmatched sequence numbers).
+            no counterpart on another (different counts per stream and type, or unmatched sequence numbers): the
+            message names both ranks' keys.
 
     >>> a = [SectionRecord(0, "s", 0.0, 1.0, [Collective(0, "all_reduce", 0.1, 8, 7),
     ...                                        Collective(1, "broadcast", 0.2, 4, 9)])]
@@ -75,7 +80,7 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
                             f"(seen with repeated profiler sessions); fix: profile every iteration in one profiler "
                             f"session (prof.step() per iteration)"
                         )
-                how = "process group and sequence number" if by_pg else "order within each stream"
+                how = "process group, sequence number and type" if by_pg else "type and order within each stream"
                 raise SectionError(
                     f"iteration {occ[0]} section {occ[1]!r}: rank {r} ran {len(keys[r])} collective(s), rank "
                     f"{ranks[0]} ran {len(ref)}, and they cannot be matched by {how} "
@@ -114,13 +119,23 @@ def nested_sections(records: Mapping[int, Sequence[SectionRecord]]) -> dict[str,
 def _match_keys(colls: Sequence[Collective], by_pg: bool) -> list[tuple]:
     """Match key of each collective of one rank's section occurrence, aligned with ``colls``."""
     if by_pg:
-        return [("pg", str(c.group), int(c.group_seq)) for c in colls]  # type: ignore[arg-type]
+        return [("pg", str(c.group), int(c.group_seq), _match_type(c.name)) for c in colls]  # type: ignore[arg-type]
     streams = sorted({c.stream for c in colls}, key=lambda s: (s is not None, s or 0))
     ordinal = {s: i for i, s in enumerate(streams)}
-    seen: dict[int | None, int] = defaultdict(int)
+    seen: dict[tuple[int | None, str], int] = defaultdict(int)
     keys: list[tuple] = [()] * len(colls)
     for i in sorted(range(len(colls)), key=lambda i: colls[i].seq):
         c = colls[i]
-        keys[i] = ("stream", ordinal[c.stream], seen[c.stream])
-        seen[c.stream] += 1
+        kind = _match_type(c.name)
+        keys[i] = ("stream", ordinal[c.stream], kind, seen[c.stream, kind])
+        seen[c.stream, kind] += 1
     return keys
+
+
+#: collective types that meet each other across ranks (a send on one rank is a recv on its peer)
+_P2P = frozenset({"send", "recv", "send_recv"})
+
+
+def _match_type(name: str) -> str:
+    """The type part of a match key: the collective's type, point-to-point ones as ``p2p``."""
+    return "p2p" if name in _P2P else name

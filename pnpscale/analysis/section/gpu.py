@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pnpscale.analysis.anomalies import Anomalies
-from pnpscale.analysis.events import Event, Kind, SectionError, Window
+from pnpscale.analysis.events import Event, Kind, SectionError, Window, launch_key
 from pnpscale.analysis.kineto import (
     PARAM_COMMS,
     collective_type,
     is_collective_kernel,
     is_named_descriptor,
     kernel_collective,
+    kernel_label,
 )
 
 
@@ -176,7 +177,7 @@ def place_unknown_launches(
         if hi == lo:
             free.append(d)
     unknown.sort(key=lambda e: (e.start_ns, e.tid))
-    example = f"{unknown[0].name.split('(')[0]} at {unknown[0].start_ns} ns, correlation {unknown[0].correlation}"
+    example = f"{kernel_label(unknown[0].name)} at {unknown[0].start_ns} ns, correlation {unknown[0].correlation}"
     if len(free) != len(unknown):
         anomalies.add("launch_unknown_by_start", rank, f"{example} ({len(unknown)} kernels, {len(free)} descriptors)",
                       len(unknown))  # fmt: skip
@@ -190,3 +191,46 @@ def descriptors_in(inside: list[Event]) -> list[Event]:
     """Collective descriptors of a range: ``nccl:*`` ranges if any, else param comms."""
     named = [d for d in inside if is_named_descriptor(d.name)]
     return named if named else [d for d in inside if d.name == PARAM_COMMS]
+
+
+def pair_descriptors(kernels: Sequence[Event], descs: Sequence[Event]) -> dict[int, Event]:
+    """Each collective kernel's CPU descriptor: ``index in kernels -> descriptor`` (empty when they cannot be paired).
+
+    First by correlation: a kernel whose launch (``launch_ns``) lies inside exactly one descriptor range, each
+    descriptor holding one kernel's launch, is that descriptor's (a runtime launch is recorded inside the
+    ``nccl:*`` / ``record_param_comms`` range of the call that issued it, on its thread); this types kernels of
+    collectives issued from several threads in any order. When some kernel's launch is unknown or not inside
+    exactly one descriptor, by issue order: the k-th kernel by launch with the k-th descriptor by start, when there
+    are as many and one CPU thread issued them all (its order is the kernels' order), or, issued from several
+    threads, when every kernel name allows its descriptor's collective (:func:`compatible`).
+
+    >>> ks = [Event("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(x)", Kind.GPU, 500, 600, launch_ns=115),
+    ...       Event("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(x)", Kind.GPU, 650, 660, launch_ns=15)]
+    >>> ds = [Event("nccl:all_reduce", Kind.CPU, 10, 30, tid=3), Event("nccl:all_to_all", Kind.CPU, 110, 130, tid=2)]
+    >>> {i: d.name for i, d in sorted(pair_descriptors(ks, ds).items())}
+    {0: 'nccl:all_to_all', 1: 'nccl:all_reduce'}
+    """
+    if not kernels or not descs:
+        return {}
+    starts = [d.start_ns for d in descs]
+    order = sorted(range(len(descs)), key=lambda j: starts[j])
+    by_corr: dict[int, Event] = {}
+    used: set[int] = set()
+    for i, k in enumerate(kernels):
+        if k.launch_ns is None:
+            break
+        holding = [j for j in order if descs[j].start_ns <= k.launch_ns <= descs[j].end_ns]
+        if len(holding) != 1 or holding[0] in used:
+            break
+        used.add(holding[0])
+        by_corr[i] = descs[holding[0]]
+    else:
+        if len(used) == len(descs):
+            return by_corr
+    by_launch = sorted(range(len(kernels)), key=lambda j: (launch_key(kernels[j]), kernels[j].start_ns))
+    ordered = [descs[j] for j in order]
+    paired = len(ordered) == len(kernels) and (
+        len({d.tid for d in ordered}) <= 1
+        or all(compatible(kernels[j], d) for j, d in zip(by_launch, ordered, strict=True))
+    )
+    return dict(zip(by_launch, ordered, strict=True)) if paired else {}

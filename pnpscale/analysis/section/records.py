@@ -69,12 +69,12 @@ from pnpscale.analysis.kineto import (
 from pnpscale.analysis.section.busy import Busy
 from pnpscale.analysis.section.gloo import typed_by_c10d
 from pnpscale.analysis.section.gpu import (
-    compatible,
     cuda_section_span,
     descriptors_in,
     gpu_clips,
     is_nccl_kernel,
     may_run,
+    pair_descriptors,
     place_unknown_launches,
 )
 
@@ -194,14 +194,7 @@ def section_records(
                 first = min(e.start_ns for e in launched)
                 window = (first, clips[id(r)])
                 section_ns = gpu_span_ns = clips[id(r)] - first
-            # by issue order: kernels by launch, descriptors by start; trusted when one CPU thread issued
-            # them all (its order is the kernels' order), else only where every kernel name agrees
-            by_launch = sorted(range(len(kernels)), key=lambda j: (launch_key(kernels[j]), kernels[j].start_ns))
-            paired = len(descs) == len(kernels) and (
-                len({d.tid for d in descs}) <= 1
-                or all(compatible(kernels[j], d) for j, d in zip(by_launch, descs, strict=True))
-            )
-            desc_of = dict(zip(by_launch, descs, strict=True)) if paired else {}
+            desc_of = pair_descriptors(kernels, descs)  # by correlation (launch inside), else by issue order
             if len(descs) > len(kernels):
                 missing = len(descs) - len(kernels)
                 anomalies.add(

@@ -30,6 +30,7 @@ from pnpscale.analysis.kineto import (
     UNKNOWN_CORRELATIONS,
     is_gloo_work,
     is_named_descriptor,
+    kernel_label,
 )
 from pnpscale.analysis.overlap import C10D_PREFIX, union
 from pnpscale.analysis.trace.collect import Collector, merge_descriptors
@@ -98,7 +99,7 @@ def collected_events(
             col.nccl, launches, away, nccl_faults, strict=True
         ):
             if gone:
-                outside.append(f"{name.split('(')[0]} at ts {start} ns, correlation {corr}")
+                outside.append(f"{kernel_label(name)} at ts {start} ns, correlation {corr}")
                 continue
             bad = bad or fault
             out.append(
@@ -127,7 +128,7 @@ def collected_events(
         counts = np.bincount(np.frombuffer(col.gpu_name, dtype=np.int64), minlength=len(col.names))
         hits = [(name, int(counts[i])) for name, i in col.names.items() if COLLECTIVE_WORDS.search(name)]
         if hits:
-            text = ", ".join(f"{n.split('(')[0]!r} ({c})" for n, c in hits[:5])
+            text = ", ".join(f"{kernel_label(n)!r} ({c})" for n, c in hits[:5])
             anomalies.add("collective_kernel_unrecognised", rank, text, sum(c for _, c in hits))
     if col.before_launch_count:
         lead, example = col.before_launch
@@ -218,7 +219,7 @@ def _dedupe(col: Collector, anomalies: Anomalies, rank: int | None) -> None:
     col.nccl = unique(
         col.nccl,
         lambda n: (n[0], n[1], n[2], n[3], n[4]),
-        lambda n: f"{n[0].split('(')[0]!r} at ts {n[1]} ns (stream {n[3]}, correlation {n[4]})",
+        lambda n: f"{kernel_label(n[0])!r} at ts {n[1]} ns (stream {n[3]}, correlation {n[4]})",
     )
     if dups:
         anomalies.add("duplicate_event", rank, dups[0], len(dups))
