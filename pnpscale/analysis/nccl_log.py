@@ -84,7 +84,7 @@ _RECORD_SPLIT = re.compile(r"NCCL (?:INFO|WARN) ")
 _LAUNCHER = re.compile(r"^\s*(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:\s+)")
 _HOST = re.compile(r"^\s*([^\s:]+):(\d+):\d+ \[\d+\]")
 #: a finite, non-negative number (NCCL's predicted time in us)
-_TIME_AFTER = re.compile(r"\s+time\s+(\S+)")
+_TIME_AFTER = re.compile(r"\s+time\s+([-+]?(?:[0-9.]+(?:[eE][-+]?\d+)?|[A-Za-z]+))")
 
 
 @dataclass(frozen=True)

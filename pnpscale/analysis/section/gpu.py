@@ -17,6 +17,7 @@ from dataclasses import replace
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.events import Event, Kind, SectionError, Window, launch_key
 from pnpscale.analysis.kineto import (
+    END_MARKER,
     PARAM_COMMS,
     collective_type,
     is_collective_kernel,
@@ -112,13 +113,7 @@ def cuda_section_span(
     (240, 240)
     """
     if n_descriptors and not n_nccl_kernels:
-        copies = [e.name for e in launched if e.name.startswith("Memcpy")]
-        why = (
-            f"; its GPU work holds {len(copies)} memcpy(s) (e.g. {copies[0]!r}) and no kernel: NCCL >= 2.28 may have "
-            "run the collective on the copy engines, which is not timed as a collective"
-            if copies
-            else ""
-        )
+        why = copy_engine_note(launched) or ""
         raise SectionError(
             f"iteration {iteration} section {cpu_range.name!r}: {n_descriptors} NCCL collective(s) issued but no "
             "NCCL kernel recorded (CUPTI dropped or stopped recording GPU activity; fewer iterations or a "
@@ -234,3 +229,46 @@ def pair_descriptors(kernels: Sequence[Event], descs: Sequence[Event]) -> dict[i
         or all(compatible(kernels[j], d) for j, d in zip(by_launch, ordered, strict=True))
     )
     return dict(zip(by_launch, ordered, strict=True)) if paired else {}
+
+
+def lost_gpu_text(lost: int, first_ns: int, file_end_ns: int | None) -> tuple[str, str]:
+    """``(bad, bad_kind)`` of a section occurrence holding ``lost`` launches without their GPU event (the first
+    at ``first_ns``), in a file that may be cut short (``file_end_ns`` given: no Kineto end marker) or not."""
+    where = f"{lost} launch(es) inside it (the first at ts {first_ns / 1000:.3f} us) have no GPU event"
+    if file_end_ns is not None:
+        return (f"{where}, in a file Kineto did not close (no {END_MARKER!r}): cut short (or the profiler dropped "
+                f"those GPU records); its GPU work is missing", "trace_cut_short")  # fmt: skip
+    return (f"{where}, in a file Kineto closed: the profiler dropped those GPU records (a full CUPTI buffer?); its "
+            f"GPU work is missing", "iteration_incomplete")  # fmt: skip
+
+
+def orphan_gpu_text(n: int, first_ns: int) -> tuple[str, str]:
+    """``(bad, bad_kind)`` of a section occurrence holding ``n`` GPU events whose correlation matches no launch."""
+    return (f"{n} GPU event(s) inside it (the first at ts {first_ns / 1000:.3f} us) have a correlation id that "
+            f"matches no runtime launch, though the profiler was recording: their launch is missing, so their "
+            f"work cannot be placed", "iteration_incomplete")  # fmt: skip
+
+
+def copy_engine_note(launched: Sequence[Event], descs: Sequence[Event] | None = None) -> str | None:
+    """Why a section's collectives may have no kernel, when its GPU work holds device-to-device copies
+    (``Memcpy DtoD``, ``Memcpy PtoP``) -- with ``descs``, only copies launched inside one of these collective
+    descriptors (NCCL issues them inside the collective's call; a tensor copy is launched outside): NCCL >= 2.28
+    runs some collectives (all_gather) on the copy engines (``cudaMemcpyBatchAsync``, no kernel), which pnpscale
+    does not time as a collective; ``None`` without such a copy. The same words live and offline (the live run
+    refuses the section, an offline analysis drops its iteration as ``collective_on_copy_engines``).
+
+    >>> copy_engine_note([Event("Memcpy DtoD (Device -> Device)", Kind.GPU, 0, 5)])[:44]
+    '; its GPU work holds 1 device-to-device copy'
+    >>> copy_engine_note([Event("Memcpy HtoD (Pageable -> Device)", Kind.GPU, 0, 5)]) is None
+    True
+    """
+    copies = [e.name for e in launched if e.name.startswith("Memcpy") and ("DtoD" in e.name or "PtoP" in e.name)
+              and (descs is None or (e.launch_ns is not None
+                                     and any(d.start_ns <= e.launch_ns <= d.end_ns for d in descs)))]  # fmt: skip
+    if not copies:
+        return None
+    return (
+        f"; its GPU work holds {len(copies)} device-to-device copy(ies) (e.g. {copies[0]!r}): NCCL >= 2.28 may have "
+        "run the collective on the copy engines (cudaMemcpyBatchAsync, no kernel), which is not timed as a "
+        "collective (its transfer would read as compute)"
+    )

@@ -69,11 +69,14 @@ from pnpscale.analysis.kineto import (
 from pnpscale.analysis.section.busy import Busy
 from pnpscale.analysis.section.gloo import typed_by_c10d
 from pnpscale.analysis.section.gpu import (
+    copy_engine_note,
     cuda_section_span,
     descriptors_in,
     gpu_clips,
     is_nccl_kernel,
+    lost_gpu_text,
     may_run,
+    orphan_gpu_text,
     pair_descriptors,
     place_unknown_launches,
 )
@@ -88,6 +91,7 @@ def section_records(
     cpu_start: bool = False,
     file_end_ns: int | None = None,
     missing_gpu: Sequence[int] = (),
+    orphan_gpu: Sequence[int] = (),
 ) -> list[SectionRecord]:
     """Reduce one rank's events to its section occurrences and their collectives.
 
@@ -106,8 +110,12 @@ def section_records(
             in it (ns). Then section names occurring a different number of times keep their first ``m``
             occurrences (``m`` the fewest, at least 1; ``trace_cut_short``), and a range ending after it is
             ``open_end``.
-        missing_gpu: starts (ns) of launches whose GPU event is not in the file (cut short): the
-            occurrence holding one is ``bad`` (kind ``trace_cut_short``; dropped on every rank).
+        missing_gpu: starts (ns, sorted) of launches whose GPU event is not in the file: the occurrence holding
+            one is ``bad`` (kind ``trace_cut_short`` in a file that may be cut short, else
+            ``iteration_incomplete``; dropped on every rank; :func:`~pnpscale.analysis.section.gpu.lost_gpu_text`).
+        orphan_gpu: starts (ns, sorted) of GPU events whose correlation matches no launch, recorded while the
+            profiler ran: the occurrence whose time (CPU range to its GPU work's end) holds one is ``bad`` (kind
+            ``iteration_incomplete``; :func:`~pnpscale.analysis.section.gpu.orphan_gpu_text`).
 
     Returns:
         Records ordered by start; ``iteration`` counts occurrences per name from 0. Times
@@ -195,7 +203,11 @@ def section_records(
                 window = (first, clips[id(r)])
                 section_ns = gpu_span_ns = clips[id(r)] - first
             desc_of = pair_descriptors(kernels, descs)  # by correlation (launch inside), else by issue order
-            if len(descs) > len(kernels):
+            copy_engine = copy_engine_note(launched, descs) if len(descs) > len(kernels) else None
+            if copy_engine is not None and not bad:  # its transfer would read as compute: dropped, named
+                bad = f"{len(descs)} collective(s) issued, {len(kernels)} collective kernel(s){copy_engine}"
+                bad_kind = "collective_on_copy_engines"
+            elif len(descs) > len(kernels):
                 missing = len(descs) - len(kernels)
                 anomalies.add(
                     "collective_without_kernel",
@@ -223,11 +235,11 @@ def section_records(
             bad = bad or next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
             lost = bisect_right(missing_gpu, r.end_ns) - bisect_left(missing_gpu, r.start_ns)
             if lost and not bad:
-                first_lost = missing_gpu[bisect_left(missing_gpu, r.start_ns)]
-                bad = (f"{lost} launch(es) inside it (the first at ts {first_lost / 1000:.3f} us), among the "
-                       f"file's last, have no GPU event, in a file Kineto did not close (no {END_MARKER!r}): cut "
-                       f"short (or the profiler dropped those GPU records); its GPU work is missing")  # fmt: skip
-                bad_kind = "trace_cut_short"
+                bad, bad_kind = lost_gpu_text(lost, missing_gpu[bisect_left(missing_gpu, r.start_ns)], file_end_ns)
+            end = max([r.end_ns, *(e.end_ns for e in launched)])
+            orphans = bisect_right(orphan_gpu, end) - bisect_left(orphan_gpu, r.start_ns)
+            if orphans and not bad:
+                bad, bad_kind = orphan_gpu_text(orphans, orphan_gpu[bisect_left(orphan_gpu, r.start_ns)])
         else:
             gpu_span_ns = None
             works = cpu_comm.between(r.start_ns, r.end_ns)

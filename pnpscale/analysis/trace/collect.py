@@ -109,6 +109,7 @@ class Collector:
         self.profiler_span = False  # Kineto's "PyTorch Profiler (N)" span seen: written after every activity
         self.last_start = -(1 << 62)  # the latest start (ns) of an event whose times were read
         self.missing_gpu: list[int] = []  # set by trace_select: launches whose GPU event is not in the file
+        self.orphan_gpu: list[int] = []  # set by trace_select: GPU events (starts) whose launch is not in the file
         # other cpu_op operators (compute or c10d calls), for the time a thread is blocked on its collectives
         self.op_start, self.op_end, self.op_tid, self.op_name = array("q"), array("q"), array("q"), array("q")
         self.op_names: dict[str, int] = {}
@@ -164,7 +165,7 @@ class Collector:
         return start, start + d, None
 
     def _no_ts(self, ev: Mapping[str, Any]) -> None:
-        self.no_ts.append(f"event #{self.read - 1} {ev.get('name')!r} ({ev.get('cat')})")
+        self.no_ts.append(f"event #{self.read - 1} {ev.get('name')!r} ({ev.get('cat')}): no 'ts' field")
 
     def add(self, ev: Mapping[str, Any]) -> None:
         self.read += 1
@@ -266,9 +267,10 @@ class Collector:
         name = ev.get("name")
         name = name if isinstance(name, str) else ""
         times = self._times(ev)
-        if times is None:
-            self._no_ts(ev)
-            return
+        if times is None:  # its section would silently lack its work: refused, naming the event and the field
+            raise TraceError(f"{self.path}: event #{self.read - 1} {name!r} ({ev.get('cat')}, correlation "
+                             f"{args.get('correlation')}) has no 'ts' field: a device event without a start time "
+                             f"cannot be placed in its section")  # fmt: skip
         start, end, bad = times
         stream = stream_of(args, ev.get("tid"))
         corr = int_or_none(args.get("correlation"))
