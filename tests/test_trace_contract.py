@@ -352,6 +352,10 @@ def test_multi_rank_job_without_collectives_warns_and_gives_no_comm_e(tmp_path, 
     doc = json.loads((tmp_path / "o" / ANALYSIS_JSON).read_text())
     assert doc["metrics"]["comm_e"] is None and doc["metrics"]["pe"] is None
     assert [a["kind"] for a in doc["anomalies"]] == ["no_collectives"]
+    # every communication-derived column unknown, hidden time too (issue #33: it was 0.0 beside NaN)
+    table = pd.read_parquet(tmp_path / "o" / layout.SECTIONS)
+    assert table[[K.TRANSFER_S, K.WAIT_S, K.HIDDEN_S, *K.WAIT_CAUSES]].isna().all().all()
+    assert pd.read_parquet(tmp_path / "o" / layout.RANKS)[[K.COMM_S, K.HIDDEN_S]].isna().all().all()
 
 
 # --- 7. readers --------------------------------------------------------------------------------------
