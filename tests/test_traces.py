@@ -444,3 +444,25 @@ def test_a_runtime_clock_offset_is_found_from_the_operators_without_any_descript
         assert launches == {"k11": 115_000, "k12": 215_000}, exact
         recs = section_records(tr.events, ["gradient", "denoiser"], rank=0)
         assert [round(r.section_s * 1e6, 3) for r in recs] == [5.0, 5.0], exact  # each kernel in its own section
+
+
+def test_the_fast_pass_steps_can_be_called_alone():
+    """scan_file's named steps (issue #29): the head, then each located event read from the bytes."""
+    import io
+
+    from pnpscale.analysis.trace import scan as T
+    from pnpscale.analysis.trace.collect import Collector
+
+    events = [X("gradient", "user_annotation", 100, 50), launch(110, 3), kernel("void k", 120.5, 2, 3),
+              X("aten::mm", "cpu_op", 111, 4)]  # fmt: skip
+    body = json.dumps({"schemaVersion": 1, "traceEvents": events}).encode()
+    meta, array_top, rest, _ = T.open_event_array(Path("r.json"), io.BytesIO(body))
+    assert meta["schemaVersion"] == 1 and not array_top and rest.lstrip().startswith(b'{"ph"')
+    state = T.ScanState(Collector({"gradient": "gradient"}, path=Path("r.json")), array_top)
+    assert T.cpu_needed(state, "gradient") and not T.cpu_needed(state, "aten::mm") and T.unescape(b"a\\u0041") == "aA"
+    found = list(T._EVENT.finditer(rest))
+    starts = [m.start() for m in found]
+    assert T.scan_events(state, rest, found, [*starts[1:], len(rest)], 0, True) == 4
+    col = state.collector
+    assert [e.name for e in col.sections] == ["gradient"] and list(col.rt_corr) == [3]
+    assert list(col.gpu_start) == [120_500] and list(col.gpu_end) == [122_500] and list(col.op_start) == [111_000]

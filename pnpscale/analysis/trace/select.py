@@ -161,7 +161,7 @@ def _unmatched_gpu_events(
     for kind, group in (("gpu_event_outside_window", before), ("gpu_event_unknown_correlation", after)):
         if group:
             text = next((x for _, x in group if x), f"a GPU event at ts {group[0][0]} ns")
-            if kind == "gpu_event_unknown_correlation":
+            if kind == "gpu_event_unknown_correlation" and first is not None:
                 text += f" (after the first recorded launch, at ts {first - max(lead, 0)} ns)"
             anomalies.add(kind, rank, text, len(group))
     return sorted(t + base_ns for t, _ in after)
