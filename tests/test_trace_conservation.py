@@ -74,3 +74,14 @@ def test_a_copy_engine_all_gather_is_named_offline_not_blamed_on_dropped_kernels
     table = pd.read_parquet(tmp_path / "o" / layout.SECTIONS)
     assert table[K.ITERATION].tolist() == [1]  # the copy-engine step dropped, the kernel step exact
     assert table[K.TRANSFER_S].tolist() == pytest.approx([25e-6], abs=1e-12)
+
+
+def test_the_anomaly_catalogue_lists_every_kind_with_its_action():
+    from pathlib import Path
+
+    from pnpscale.analysis.anomalies import KINDS
+
+    text = (Path(__file__).parent.parent / "docs" / "traces.md").read_text()
+    catalogue = text[text.index("## The anomaly catalogue") :]
+    for kind, action in KINDS.items():
+        assert f"| `{kind}` | {action.replace('|', '/')} |" in catalogue, kind
