@@ -85,3 +85,19 @@ def test_the_anomaly_catalogue_lists_every_kind_with_its_action():
     catalogue = text[text.index("## The anomaly catalogue") :]
     for kind, action in KINDS.items():
         assert f"| `{kind}` | {action.replace('|', '/')} |" in catalogue, kind
+
+
+def test_collectives_that_cannot_be_typed_are_never_matched_by_position_alone():
+    from pnpscale.analysis.events import Collective, SectionError, SectionRecord
+    from pnpscale.analysis.section.align import align_collectives
+
+    generic = "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)"
+
+    def rec(*names: str) -> list[SectionRecord]:
+        return [SectionRecord(0, "s", 0.0, 1.0, [Collective(i, n, 0.1, None, 7) for i, n in enumerate(names)])]
+
+    with pytest.raises(SectionError, match=r"rank 0 ran 2 collectives on stream 7 whose type is unknown"):
+        align_collectives({0: rec(generic, generic), 1: rec(generic, generic)})
+    # typed ones issued in another order are matched by type; one untyped per stream is unambiguous
+    out = align_collectives({0: rec("all_reduce", "all_to_all", generic), 1: rec("all_to_all", "all_reduce", generic)})
+    assert [(c.seq, c.name) for c in out[1][0].collectives] == [(0, "all_reduce"), (1, "all_to_all"), (2, generic)]

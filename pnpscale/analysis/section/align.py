@@ -64,6 +64,8 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
     for occ in occurrences:
         colls = {r: index[r][occ].collectives for r in ranks}
         by_pg = all(c.group is not None and c.group_seq is not None for r in ranks for c in colls[r])
+        if not by_pg and len(ranks) > 1:
+            _refuse_untyped(colls, occ)
         keys = {r: _match_keys(colls[r], by_pg) for r in ranks}
         ref = [k for _, k in sorted(zip((c.seq for c in colls[ranks[0]]), keys[ranks[0]], strict=True))]
         if len(set(ref)) != len(ref):
@@ -130,6 +132,36 @@ def _match_keys(colls: Sequence[Collective], by_pg: bool) -> list[tuple]:
         keys[i] = ("stream", ordinal[c.stream], kind, seen[c.stream, kind])
         seen[c.stream, kind] += 1
     return keys
+
+
+#: the collective types a record can carry (:func:`pnpscale.analysis.kineto.collective_type`); any other name is a
+#: kernel's own name: a collective that could not be typed
+TYPES = frozenset({"barrier", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv",
+                   "reduce", "gather", "scatter", "send", "recv"})  # fmt: skip
+
+
+def _refuse_untyped(colls: Mapping[int, Sequence[Collective]], occ: tuple[int, str]) -> None:
+    """Refuse a stream holding two collectives or more that could not be typed (no descriptor holds their launch,
+    their kernel names do not say), in a job matched without sequence numbers: only their positions would pair
+    them across ranks, and collectives issued in different orders would be paired wrongly in silence.
+
+    Raises:
+        SectionError: naming the iteration, section, rank, stream and kernels.
+    """
+    for r, cs in sorted(colls.items()):
+        per_stream: dict[int | None, list[str]] = defaultdict(list)
+        for c in cs:
+            if c.name not in TYPES:
+                per_stream[c.stream].append(c.name)
+        for stream, names in per_stream.items():
+            if len(names) > 1:
+                raise SectionError(
+                    f"iteration {occ[0]} section {occ[1]!r}: rank {r} ran {len(names)} collectives on stream "
+                    f"{stream} whose type is unknown (e.g. {names[0]!r}: no nccl:* / record_param_comms descriptor "
+                    f"holds their launch and their kernel names do not say), and the trace has no process group "
+                    f"sequence numbers: matching them across ranks by position alone could pair different "
+                    f"collectives (record with record_shapes, or profile the CPU side, to keep the descriptors)"
+                )
 
 
 #: collective types that meet each other across ranks (a send on one rank is a recv on its peer)

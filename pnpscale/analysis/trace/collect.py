@@ -23,7 +23,6 @@ from pnpscale.analysis.kineto import (
     END_MARKER,
     GPU_CATS,
     IGNORED_CATS,
-    LAUNCH_CALL,
     NOT_A_LAUNCH,
     PARAM_COMMS,
     RUNTIME_CATS,
@@ -33,6 +32,7 @@ from pnpscale.analysis.kineto import (
     is_descriptor,
     is_gloo_work,
     is_named_descriptor,
+    launch_kind,
     step_number,
     stream_of,
 )
@@ -102,7 +102,7 @@ class Collector:
         self.gpu_stream, self.gpu_name = array("q"), array("q")
         self.names: dict[str, int] = {}
         self.rt_corr, self.rt_start = array("q"), array("q")
-        self.rt_launch = array("b")  # per runtime event: 1 when it puts work on the device (LAUNCH_CALL)
+        self.rt_launch = array("b")  # per runtime event: 2 a kernel launch, 1 a copy or memset, 0 (launch_kind)
         self.rt_ext, self.op_ext = array("q"), array("q")  # External id of runtime events and operators (-1: none)
         self.rt_tid, self.rt_end = array("q"), array("q")  # thread (-1: unknown) and end (ns) of runtime events
         self.end_marker = False  # Kineto's last event (END_MARKER) seen: the file was closed by Kineto
@@ -184,7 +184,7 @@ class Collector:
                 ext = int_or_none((ev.get("args") or {}).get("External id"))
                 tid = int_or_none(ev.get("tid"))
                 self.add_runtime(
-                    corr, times[0], bool(LAUNCH_CALL.search(str(ev.get("name", "")))), -1 if ext is None else ext,
+                    corr, times[0], launch_kind(str(ev.get("name", ""))), -1 if ext is None else ext,
                     -1 if tid is None else tid, times[1],
                 )  # fmt: skip
             return
@@ -237,9 +237,10 @@ class Collector:
         self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad, **fields))
 
     def add_runtime(
-        self, corr: int, start: int, launch: bool, ext: int = -1, tid: int = -1, end: int | None = None
+        self, corr: int, start: int, launch: int, ext: int = -1, tid: int = -1, end: int | None = None
     ) -> None:
-        """A runtime call with a correlation id (start in ns); ``launch``: it puts work on the device (LAUNCH_CALL);
+        """A runtime call with a correlation id (start in ns); ``launch``: what it puts on the device
+        (:func:`~pnpscale.analysis.kineto.launch_kind`: 2 a kernel, 1 a copy or memset, 0 nothing);
         ``ext``: its ``External id`` (the operator that issued it), -1 when absent; ``tid``: its thread (-1:
         unknown); ``end``: its end in ns (``start`` when unknown or not physical)."""
         self.rt_ext.append(ext)
@@ -247,7 +248,7 @@ class Collector:
         self.rt_end.append(start if end is None or end < start else end)
         self.rt_corr.append(corr)
         self.rt_start.append(start)
-        self.rt_launch.append(1 if launch else 0)
+        self.rt_launch.append(int(launch))
         self.last_start = max(self.last_start, start)
         if start < 0:
             self.rt_unset.append(corr)

@@ -21,11 +21,11 @@ from pnpscale.analysis.kineto import (
     CPU_CATS,
     END_MARKER,
     GPU_CATS,
-    LAUNCH_CALL,
     RUNTIME_CATS,
     is_collective_kernel,
     is_descriptor,
     is_gloo_work,
+    launch_kind,
     step_number,
 )
 from pnpscale.analysis.trace.collect import Collector
@@ -140,7 +140,7 @@ class ScanState:
     )
     relevant: dict[bytes, bool] = field(default_factory=dict)  # CPU range name -> decoded whole
     collective: dict[tuple[bytes, bytes], bool] = field(default_factory=dict)  # (cat, name) -> collective kernel
-    launches: dict[bytes, bool] = field(default_factory=dict)  # runtime call name -> LAUNCH_CALL
+    launches: dict[bytes, int] = field(default_factory=dict)  # runtime call name -> launch_kind
 
 
 def cpu_needed(state: ScanState, name: str) -> bool:
@@ -262,7 +262,7 @@ def read_device_event(state: ScanState, data: bytes, m: re.Match[bytes], s: int,
         if corr is not None:
             launch = state.launches.get(rawname)
             if launch is None:
-                launch = state.launches[rawname] = bool(LAUNCH_CALL.search(unescape(rawname)))
+                launch = state.launches[rawname] = launch_kind(unescape(rawname))
             at = data.find(b'"External id"', body, e)
             v = _INT_VALUE.match(data, at + 13) if at >= 0 else None
             d = int(dur.replace(b".", b"")) if len(dur) > 4 and dur[-4] == 46 else ns_text(dur)

@@ -173,16 +173,19 @@ def _launches_without_gpu_event(col: Collector, rt_corr: Any, rt_start: Any, ord
     :func:`pnpscale.analysis.section.records.section_records` drops the iteration holding one (conservation: every
     launch inside a section has its GPU event).
 
-    In a file Kineto did not close (no end marker) the file was cut short (Kineto writes the GPU events after the
-    CPU's, in time order: a cut loses the last launches' work; ``trace_cut_short``) or the profiler dropped GPU
-    records; in a closed file, the latter (``iteration_incomplete``). Empty for a file without
+    Kernel launches (:data:`~pnpscale.analysis.kineto.KERNEL_LAUNCH`: CUPTI records a GPU event for every one)
+    always; copies and memsets (which have none when of 0 bytes) only in a file Kineto did not close (no end
+    marker) whose latest launch is one of them: Kineto writes the GPU events after the CPU's, in time order, so a
+    cut loses the last launches' work (``trace_cut_short``). In a closed file the profiler dropped the GPU records
+    (``iteration_incomplete``). Empty for a file without
     GPU events (refused by :func:`pnpscale.analysis.offline`) and for one with GPU events of unknown launch
     (correlation 0, ROCm: no launch can be vouched for)."""
     import numpy as np
 
     if not len(rt_corr) or not col.gpu_events:
         return []
-    launch = np.frombuffer(col.rt_launch, dtype=np.int8)[order].astype(bool)
+    kinds = np.frombuffer(col.rt_launch, dtype=np.int8)[order]
+    launch = kinds > 0
     seen = np.unique(np.concatenate([np.frombuffer(col.gpu_corr, dtype=np.int64) if len(col.gpu_corr) else
                                      np.zeros(0, np.int64), np.array([n[4] for n in col.nccl], dtype=np.int64),
                                      np.array([e.correlation for e in col.bad_gpu], dtype=np.int64)]))  # fmt: skip
@@ -193,6 +196,9 @@ def _launches_without_gpu_event(col: Collector, rt_corr: Any, rt_start: Any, ord
     gone = launch & known & ~np.isin(rt_corr, seen)
     if not gone.any():
         return []
+    latest = int(np.argmax(np.where(launch & known, rt_start, np.iinfo(np.int64).min)))
+    if col.end_marker or not gone[latest]:  # not a cut's GPU tail: only kernels, which always have a GPU event
+        gone &= kinds == 2
     return sorted((rt_start[gone] + base_ns).tolist())
 
 

@@ -1,4 +1,4 @@
-"""The four cases of trace set 4 (tests/data/traces-set4, a copy of ../shared/cases/traces-set4): each gives the
+"""Four wild-trace cases (tests/data/trace-wild-cases, a copy of ../shared/cases/traces-set4): each gives the
 README's right answer or names its cause (issue #33). The traces are generated in the test from the generator."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pnpscale import columns as K
 from pnpscale.analysis.offline import ANALYSIS_JSON, main
 from pnpscale.core import layout
 
-GENERATOR = Path(__file__).parent / "data" / "traces-set4" / "make_case.py"
+GENERATOR = Path(__file__).parent / "data" / "trace-wild-cases" / "make_case.py"
 
 
 @pytest.fixture(scope="module")
