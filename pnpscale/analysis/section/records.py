@@ -36,9 +36,10 @@ Rules:
 * Collective type, payload bytes, process group and sequence number: from the collective's own
   shapes/dtype (gloo), from the NCCL kernel's own arguments when the trace carries them, or else
   from the CPU-side descriptor (``nccl:*`` range or ``record_param_comms``) paired with the
-  kernel: the k-th descriptor in start order with the k-th kernel in launch order, when there are
-  as many and one CPU thread issued them all (or, issued from several threads, when every kernel
-  name allows its descriptor's type). The descriptor wins over the kernel name (an all_reduce may
+  kernel: the descriptor whose range holds the kernel's launch (correlation), else the k-th descriptor
+  in start order with the k-th kernel in launch order, when there are as many and one CPU thread issued
+  them all (or, issued from several threads, when every kernel name allows its descriptor's type;
+  :func:`~pnpscale.analysis.section.gpu.pair_descriptors`). The descriptor wins over the kernel name (an all_reduce may
   run in a ``SendRecv`` kernel); a disagreeing name is recorded. Descriptors without a kernel are
   counted (``missing_kernels``) and named when ranks cannot be matched.
 * Sections may nest (``parent``); overlapping without nesting is refused. ``ProfilerStep#N``
@@ -46,8 +47,11 @@ Rules:
   (:func:`~pnpscale.analysis.section.iterations.match_steps`); non-physical events mark their record
   ``bad`` (:func:`~pnpscale.analysis.section.iterations.drop_bad_iterations`).
 * Matching across ranks (:func:`~pnpscale.analysis.section.align.align_collectives`): by (process group,
-  sequence number) when every collective of a section occurrence carries both, else by order within each
-  stream (NCCL: the kernel's CUDA stream; gloo: one stream per rank).
+  sequence number, type) when every collective of a section occurrence carries both, else by type and order
+  within each stream (NCCL: the kernel's CUDA stream; gloo: one stream per rank), never by position alone.
+* Conservation: an occurrence holding a launch without its GPU event (``missing_gpu``), a GPU event without
+  its launch (``orphan_gpu``), or collectives without kernels beside device-to-device copies launched inside
+  their descriptors (NCCL's copy-engine collectives) is ``bad`` and dropped on every rank, named.
 """
 
 from __future__ import annotations
