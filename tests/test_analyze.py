@@ -132,7 +132,10 @@ def test_unmatched_collectives_and_missing_sections_are_one_line_errors(tmp_path
     job = tmp_path / "bad"
     job.mkdir()
     write_trace(job / "rank0.json", cuda_rank_events(), rank=0, world=2)
-    one = [e for e in cuda_rank_events() if not e["name"].startswith("ncclDev")][:]
+    # rank 1's second collective kernel and its launch are gone (a launch left without its kernel would only drop
+    # that iteration, named: tests/test_trace_conservation.py); its descriptor is left
+    one = [e for e in cuda_rank_events()
+           if not e["name"].startswith("ncclDev") and e.get("args", {}).get("correlation") != 201]  # fmt: skip
     one += [e for e in cuda_rank_events() if e["name"].startswith("ncclDev")][:1]
     write_trace(job / "rank1.json", one, rank=1, world=2)
     code, _, err = run_main(job, "--sections", SECTIONS, "--out", tmp_path / "o", capsys=capsys)

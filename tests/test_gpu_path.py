@@ -575,7 +575,7 @@ def test_a_collective_on_the_copy_engines_is_named_in_the_refusal():
     # NCCL >= 2.28 may run a collective as copies (no kernel): refused, and said so, not "CUPTI dropped" alone
     rng = Event("denoiser", Kind.CPU, 0, 100 * US)
     copy = Event("Memcpy PtoP (Device -> Device)", Kind.GPU, 10 * US, 50 * US, launch_ns=5 * US)
-    with pytest.raises(SectionError, match=r"1 memcpy\(s\) \(e\.g\. 'Memcpy PtoP .*copy engines"):
+    with pytest.raises(SectionError, match=r"1 device-to-device copy\(ies\) \(e\.g\. 'Memcpy PtoP .*copy engines"):
         from pnpscale.analysis.section.gpu import cuda_section_span
 
         cuda_section_span(rng, [copy], 1, 0, 3)

@@ -257,3 +257,33 @@ def test_srun_label_prefix_counts_hosts():
              f"{r % 4} busId 1000 - Init COMPLETE" for r in range(8)]  # fmt: skip
     merged = merge_logs([parse_nccl_log([line]) for line in lines])
     assert merged.hosts == {"node-c00", "node-c01"} and merged.largest().nnodes == 2
+
+
+def test_mpirun_log_of_every_rank_in_one_file_counts_its_hosts():
+    # Open MPI's --tag-output: every rank's lines in one file; NCCL < 2.20 prints no nNodes
+    lines = [
+        f"[1,{r}]<stdout>:node-{'a' if r < 4 else 'b'}:{300 + r}:{400 + r} [{r % 4}] NCCL INFO comm 0xe rank {r} "
+        f"nranks 8 cudaDev {r % 4} busId 1000 - Init COMPLETE"
+        for r in range(8)
+    ]
+    merged = merge_logs([parse_nccl_log(lines)])
+    assert merged.hosts == {"node-a", "node-b"} and len(merged.processes) == 8
+    assert merged.largest().nnodes == 2
+    # rank 0's lines alone: the other ranks' hosts cannot be vouched for
+    assert merge_logs([parse_nccl_log(lines[:1])]).largest().nnodes is None
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        "805306368 Bytes -> Algo 7 proto 3 time nan",  # ids NCCL never prints, a time that is not one
+        "805306368 Bytes -> Algo 1 proto 2 time nan",
+        "805306368 Bytes -> Algo 1 proto 9 time 3.5",
+        "AllReduce: 805306368 Bytes -> Algo BOGUS proto SIMPLE channel{Lo..Hi}={0..1}",
+    ],
+)
+def test_tuning_line_with_impossible_values_is_damaged(damaged):
+    log = parse_nccl_log([P + "NCCL version 2.21.5+cuda12.4", P + damaged])
+    assert log.tuning == () and log.damaged == 1
+    choice = algorithm_for(log, "all_reduce", 805306368)
+    assert choice.algorithm is None and "damaged" in choice.note

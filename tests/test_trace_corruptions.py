@@ -192,8 +192,9 @@ def dropped_kernel(job: Job, rng: random.Random) -> Corrupted:
     k = pick(rng, kernels(evs[r], nccl=True))
     if k is not None:
         evs[r].remove(k)
-    return Corrupted(evs, named=frozenset({"collective_without_kernel"}),
-                     refusals=("without a GPU kernel", "no NCCL kernel recorded"), applies=k is not None)  # fmt: skip
+    return Corrupted(evs, named=frozenset({"collective_without_kernel", "iteration_incomplete"}),
+                     refusals=("without a GPU kernel", "no NCCL kernel recorded", "have no GPU event"),
+                     applies=k is not None)  # fmt: skip
 
 
 def all_gpu_dropped(job: Job, rng: random.Random) -> Corrupted:
@@ -275,6 +276,34 @@ def duplicated(job: Job, rng: random.Random) -> Corrupted:
         for e in rng.sample(xs, min(len(xs), rng.randrange(1, 6))):
             evs[r].insert(rng.randrange(len(evs[r]) + 1), copy.deepcopy(e))
     return Corrupted(evs, exact=True, allowed=frozenset({"duplicate_event"}))
+
+
+#: what a broken correlation between launches and GPU events ends in (issue #33: every kernel accounted for)
+_CONSERVATION = frozenset({"iteration_incomplete", "gpu_event_unknown_correlation", "gpu_event_outside_window",
+                           "collective_without_kernel"})  # fmt: skip
+_CONSERVATION_REFUSALS = ("have no GPU event", "matches no runtime launch", "without a GPU kernel",
+                          "no NCCL kernel recorded", "every iteration is dropped", "but no GPU event")  # fmt: skip
+
+
+def deleted_event(job: Job, rng: random.Random) -> Corrupted:
+    """One random runtime call or device event deleted (a GPU record dropped, or its launch): every launch inside a
+    section must have its GPU event and every GPU event its launch, else the iteration is named and dropped."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    e = pick(rng, runtime(evs[r]) + device(evs[r]))
+    if e is not None:
+        evs[r].remove(e)
+    return Corrupted(evs, named=_CONSERVATION, refusals=_CONSERVATION_REFUSALS, applies=e is not None)
+
+
+def reid_event(job: Job, rng: random.Random) -> Corrupted:
+    """One random device event or runtime call given a correlation id nothing else has (re-id'd by a tool)."""
+    evs = copy.deepcopy(job.events)
+    r = rng.randrange(job.spec.world)
+    e = pick(rng, [x for x in runtime(evs[r]) + device(evs[r]) if "correlation" in x.get("args", {})])
+    if e is not None:
+        e["args"]["correlation"] = 9_000_000 + rng.randrange(1000)
+    return Corrupted(evs, named=_CONSERVATION, refusals=_CONSERVATION_REFUSALS, applies=e is not None)
 
 
 def truncated(job: Job, rng: random.Random) -> Corrupted:
@@ -378,6 +407,8 @@ CORRUPTIONS: dict[str, tuple[Callable[[Job, random.Random], Corrupted], str | No
     "unread_categories": (unread_categories, "nccl"),
     "shuffled": (shuffled, None),
     "duplicated": (duplicated, None),
+    "deleted_event": (deleted_event, "nccl"),
+    "reid_event": (reid_event, "nccl"),
     "truncated": (truncated, None),
     "cut_and_closed": (cut_and_closed, None),
     "non_finite_token": (non_finite_token, None),
@@ -389,7 +420,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[Job, random.Random], Corrupted], str | No
 
 
 #: anomalies that drop iterations (on every rank): the others must stay exact
-DROPS = frozenset({"non_physical_timing", "trace_cut_short"})
+DROPS = frozenset({"non_physical_timing", "trace_cut_short", "iteration_incomplete"})
 
 
 def check_contract(job: Job, bad: Corrupted) -> str:

@@ -274,8 +274,14 @@ def test_real_sampled_pair_without_nccl_args_absolute_timestamps(shared_traces):
         assert len(recs) == 2
         for r in recs:
             assert [c.stream for c in r.collectives] == [84, 84, 84, 84, 203]  # ncclKernel_SendRecv_* on 2 streams
-            # sampling left nccl:all_reduce ranges beside SendRecv kernels: no descriptor is trusted
-            assert {(c.name, c.payload_bytes, c.group) for c in r.collectives} == {("send_recv", None, None)}
+            # nccl:all_to_all and nccl:all_reduce on two threads beside SendRecv kernels: each kernel's launch lies
+            # inside exactly one descriptor range, which types it (issue #33: never by position)
+            assert sorted(c.name for c in r.collectives) == ["all_gather"] + ["all_reduce"] * 2 + ["all_to_all"] * 2
+            assert r.collectives[-1].name == "all_gather" and r.collectives[-1].payload_bytes == 16777216
+        # the two threads' collectives interleave differently on the two ranks
+        order = {0: ["all_to_all", "all_to_all", "all_reduce", "all_reduce", "all_gather"],
+                 1: ["all_to_all", "all_reduce", "all_to_all", "all_reduce", "all_gather"]}  # fmt: skip
+        assert [c.name for c in recs[1].collectives] == order[rank]
         # absolute microseconds since the epoch: 2023-04-29
         assert min(e.start_ns for e in tr.events) // 10**9 == 1682725898
 
@@ -388,7 +394,8 @@ def test_fast_reader_agrees_with_the_exact_path_on_odd_layouts(tmp_path):
 
 def test_a_file_kineto_did_not_close_and_its_lost_gpu_tail_are_seen_on_both_reading_paths(tmp_path):
     """Kineto's last event (Record Window End) says the file was closed; without it, launches whose GPU event is
-    missing, the latest among them, mark the work lost to a cut (fast path and exact ijson path alike)."""
+    missing mark the work lost to a cut; with it, to the profiler (fast path and exact ijson path alike): either
+    way the iteration holding one is incomplete (issue #33: checked whether or not the file closed)."""
     end = {"ph": "i", "cat": "", "name": "Record Window End", "s": "g", "pid": "", "tid": "", "ts": 900}
     evs = [X("gradient", "user_annotation", 100, 200), launch(110, 1), kernel("k1", 120, 10, 1), launch(150, 2)]
     evs.append(X("aten::fill_", "cpu_op", 5, 1, v="@@TOKEN@@"))
@@ -398,17 +405,17 @@ def test_a_file_kineto_did_not_close_and_its_lost_gpu_tail_are_seen_on_both_read
             path.write_text(path.read_text().replace('"@@TOKEN@@"', token))
             tr = read_trace(path, ["gradient"])
             assert tr.info.end_marker is closed, (closed, exact)
-            assert tr.missing_gpu == (() if closed else (150_000,)), (closed, exact)
+            assert tr.missing_gpu == (150_000,), (closed, exact)
             assert tr.info.last_ns == 150_000  # the launch at 150 us starts last (the marker's time is not read)
             recs = section_records(tr.events, ["gradient"], rank=0, file_end_ns=None if closed else tr.info.last_ns,
                                    missing_gpu=tr.missing_gpu)  # fmt: skip
             assert (recs[0].bad_kind, recs[0].open_end) == (
-                ("non_physical_timing", False) if closed else ("trace_cut_short", True)
+                ("iteration_incomplete", False) if closed else ("trace_cut_short", True)
             )
-            assert (recs[0].bad is None) is closed
-    # the latest launch has its kernel: missing kernels elsewhere are not a cut (the profiler dropped them)
+            assert recs[0].bad is not None and ("Kineto closed" in recs[0].bad) is closed
+    # the latest launch has its kernel: the missing kernel is still missing (the profiler dropped it)
     path = write_trace(tmp_path / "dropped.json", [*evs[:4], launch(160, 3), kernel("k3", 170, 5, 3)])
-    assert read_trace(path, ["gradient"]).missing_gpu == ()
+    assert read_trace(path, ["gradient"]).missing_gpu == (150_000,)
 
 
 def test_a_runtime_clock_offset_is_found_from_the_operators_without_any_descriptor(tmp_path):
@@ -437,3 +444,25 @@ def test_a_runtime_clock_offset_is_found_from_the_operators_without_any_descript
         assert launches == {"k11": 115_000, "k12": 215_000}, exact
         recs = section_records(tr.events, ["gradient", "denoiser"], rank=0)
         assert [round(r.section_s * 1e6, 3) for r in recs] == [5.0, 5.0], exact  # each kernel in its own section
+
+
+def test_the_fast_pass_steps_can_be_called_alone():
+    """scan_file's named steps (issue #29): the head, then each located event read from the bytes."""
+    import io
+
+    from pnpscale.analysis.trace import scan as T
+    from pnpscale.analysis.trace.collect import Collector
+
+    events = [X("gradient", "user_annotation", 100, 50), launch(110, 3), kernel("void k", 120.5, 2, 3),
+              X("aten::mm", "cpu_op", 111, 4)]  # fmt: skip
+    body = json.dumps({"schemaVersion": 1, "traceEvents": events}).encode()
+    meta, array_top, rest, _ = T.open_event_array(Path("r.json"), io.BytesIO(body))
+    assert meta["schemaVersion"] == 1 and not array_top and rest.lstrip().startswith(b'{"ph"')
+    state = T.ScanState(Collector({"gradient": "gradient"}, path=Path("r.json")), array_top)
+    assert T.cpu_needed(state, "gradient") and not T.cpu_needed(state, "aten::mm") and T.unescape(b"a\\u0041") == "aA"
+    found = list(T._EVENT.finditer(rest))
+    starts = [m.start() for m in found]
+    assert T.scan_events(state, rest, found, [*starts[1:], len(rest)], 0, True) == 4
+    col = state.collector
+    assert [e.name for e in col.sections] == ["gradient"] and list(col.rt_corr) == [3]
+    assert list(col.gpu_start) == [120_500] and list(col.gpu_end) == [122_500] and list(col.op_start) == [111_000]

@@ -14,8 +14,16 @@ from typing import Any
 
 #: kind -> what pnpscale did about it (printed in the summary line).
 KINDS: dict[str, str] = {
-    "gpu_event_outside_window": "dropped: its correlation id has no runtime launch in the trace "
-    "(launched before the profiler started)",
+    "gpu_event_outside_window": "dropped: its correlation id has no runtime launch in the trace and it starts "
+    "before the first recorded launch (launched before the profiler started)",
+    "gpu_event_unknown_correlation": "GPU event whose correlation id matches no runtime launch although it starts "
+    "after the first recorded launch (the launch is missing, not before the profiler): not placed; the iteration "
+    "holding one dropped on every rank (iteration_incomplete)",
+    "collective_on_copy_engines": "a section whose collectives have no kernel and whose GPU work holds device-to-"
+    "device copies (NCCL >= 2.28 runs all_gather on the copy engines: cudaMemcpyBatchAsync -> Memcpy DtoD): its "
+    "transfer would read as compute, so its iteration is dropped on every rank",
+    "iteration_incomplete": "an iteration whose events do not add up (a launch without its GPU event in a file "
+    "Kineto closed, or a GPU event without its launch): dropped on every rank, never computed from a partial trace",
     "launch_unknown_paired": "collective kernel with correlation 0 (unknown launch): paired in order with the "
     "CPU-side collective descriptors",
     "launch_unknown_by_start": "GPU event with correlation 0 (unknown launch): placed by its GPU start time; "
@@ -53,6 +61,8 @@ KINDS: dict[str, str] = {
     "(all_reduce, all_gather, reduce_scatter, all_to_all, barrier) end after the other rank started it: a clock "
     "stepped while the trace was recorded, or collectives matched across ranks are not the same ones; numbers "
     "kept, those of the iterations between the two collectives named may be wrong",
+    "empty_iteration": "trailing iterations without GPU work or collective on any rank, in a trace with GPU work "
+    "(the ProfilerStep Kineto opens at the last prof.step()): dropped on every rank, not counted as 0 s",
     "nested_sections": "section nested in another: the 'all' row counts the outer section only",
     "step_not_on_every_rank": "ProfilerStep numbers missing on another rank: those steps dropped",
     "rank_overridden": "--rank given for a trace that states another rank: --rank used",

@@ -12,6 +12,10 @@ A device event is not physical when (:func:`gpu_faults`):
 * it starts before the previous event on its stream ends: one stream runs its work in order (kernels of
   one CUDA-graph launch share a correlation id and may overlap: they are not compared).
 
+Tolerances are the trace's own timestamp resolution (:func:`resolution_ns`): ``ts`` and ``dur`` are each
+rounded to it, so an end may pass the next start, or a start precede its launch, by up to one unit (a 1 ns
+overlap in a converted trace, 1 us in a trace rounded to microseconds) without any clock being wrong.
+
 The runtime clock (:func:`runtime_offset`): a collective kernel is launched inside its CPU-side
 descriptor (``record_param_comms`` / ``nccl:<op>``: PyTorch's ProcessGroupNCCL launches the kernel inside
 both ranges, on the calling thread). When no launch lies inside its descriptor but one offset puts every
@@ -32,6 +36,21 @@ OK, TS_UNSET, BEFORE_LAUNCH, STREAM_OVERLAP, OUTSIDE_WINDOW = 0, 1, 2, 3, 4
 WINDOW_SLACK_NS = 10**9
 
 
+def resolution_ns(*values: np.ndarray) -> int:
+    """The trace's timestamp resolution in ns: the largest of 1000, 100, 10 that divides every value, else 1.
+
+    >>> resolution_ns(np.array([1_000, 25_000]), np.array([3_000])), resolution_ns(np.array([1_001, 2_000]))
+    (1000, 1)
+    """
+    arrays = [np.asarray(v, dtype=np.int64) for v in values if len(v)]
+    if not arrays:
+        return 1
+    for unit in (1000, 100, 10):
+        if all(not np.any(a % unit) for a in arrays):
+            return unit
+    return 1
+
+
 def gpu_faults(
     start: np.ndarray,
     end: np.ndarray,
@@ -39,6 +58,7 @@ def gpu_faults(
     corr: np.ndarray,
     launch: np.ndarray,
     window: tuple[int, int] | None = None,
+    tolerance_ns: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fault code per device event and, for a stream overlap, the index of the event it overlaps.
 
@@ -46,7 +66,8 @@ def gpu_faults(
         start, end: ns as recorded (``ts`` relative to ``baseTimeNanoseconds`` when the trace has it);
             stream: stream id; corr: correlation id (``<= 0``: unknown); launch: launch start in ns on
             the same clock, ``-1`` when unknown. All int64, one entry per event. window: the profiler's
-            span ``(start, end)`` in ns on the same clock, when the trace has it.
+            span ``(start, end)`` in ns on the same clock, when the trace has it. tolerance_ns: an overlap or a
+            start before the launch of at most this many ns is rounding, not a fault (:func:`resolution_ns`).
 
     Returns:
         ``(codes, other)``: ``codes`` int8 (:data:`OK`, :data:`TS_UNSET`, :data:`BEFORE_LAUNCH`,
@@ -58,6 +79,9 @@ def gpu_faults(
     >>> codes, other = gpu_faults(s, e, np.array([7, 7, 7, 7]), np.array([1, 2, 3, 4]), np.array([-1, 5, 12, 31]))
     >>> codes.tolist(), other.tolist()
     ([1, 0, 3, 2], [-1, -1, 1, -1])
+    >>> gpu_faults(np.array([10, 20]), np.array([21, 30]), np.array([7, 7]), np.array([1, 2]), np.array([1, 2]),
+    ...            tolerance_ns=1)[0].tolist()  # a 1 ns overlap at 1 ns resolution: rounding
+    [0, 0]
     """
     n = len(start)
     codes = np.zeros(n, dtype=np.int8)
@@ -75,8 +99,8 @@ def gpu_faults(
     prev_corr[0] = -1
     prev_corr[1:] = c[:-1]
     graph = (c == prev_corr) & (c > 0)
-    overlap = same & (s < prev_end) & ~graph
-    before = (launch >= 0) & (start < launch)
+    overlap = same & (s < prev_end - tolerance_ns) & ~graph
+    before = (launch >= 0) & (start < launch - tolerance_ns)
     codes[before] = BEFORE_LAUNCH
     hit = order[np.flatnonzero(overlap)]  # an overlap says more than a start before the launch
     codes[hit] = STREAM_OVERLAP

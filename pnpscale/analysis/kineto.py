@@ -9,9 +9,12 @@ Sources: Kineto's ``ActivityType`` names (``libkineto/include/ActivityType.h``);
 name", "In msg nelems", "dtype", "Process Group Name", "Seq"); NCCL's kernel names
 (``src/device/generate.py`` of NCCL 2.19+, ``src/collectives/device/`` before, and
 ``src/device/symmetric/generate.py``: ``ncclSymDevKernel_*`` in NCCL 2.27, ``ncclSymkDevKernel_*``
-from 2.28); RCCL uses NCCL's names plus ``mscclKernel_*``. A collective NCCL runs on the copy engines
-(no kernel, only ``Memcpy`` GPU events) is not one of these: a live run refuses it by name
-(:func:`pnpscale.analysis.section.gpu.cuda_section_span`).
+from 2.28); RCCL uses NCCL's names plus ``mscclKernel_*``; torch's SymmetricMemory
+kernels (``torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu``: ``multimem_all_reduce_kernel``,
+``one_shot_all_reduce_kernel``, ``two_shot_all_reduce_kernel``, ``multimem_all_gather_kernel``...). A collective NCCL
+runs on the copy engines (no kernel, only ``Memcpy`` GPU events) is not one of these: a live run refuses it by name
+(:func:`pnpscale.analysis.section.gpu.cuda_section_span`), an offline analysis names it
+(:func:`pnpscale.analysis.section.gpu.copy_engine_note`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,20 @@ UNKNOWN_CORRELATIONS = frozenset({0, -1})
 #: correlation (kernels, copies, memsets: ``cudaLaunchKernel``, ``cuLaunchKernel``, ``hipExtLaunchKernel``,
 #: ``cudaMemcpyAsync``, ``cudaMemsetAsync``, ``cudaGraphLaunch``...); not ``cudaLaunchHostFunc`` (runs on the CPU).
 LAUNCH_CALL = re.compile(r"Launch(?!HostFunc)|Memcpy|Memset")
+#: the runtime calls among them that launch a kernel (``cudaLaunchKernel``, ``cudaLaunchKernelExC``,
+#: ``cuLaunchKernel``, ``hipExtLaunchKernel``, ``cudaGraphLaunch``...): CUPTI records a GPU event for every one, while
+#: a copy or memset of 0 bytes has none (3 of the 117 ``cudaMemsetAsync`` of HTA's real NCCL trace)
+KERNEL_LAUNCH = re.compile(r"Launch(?!HostFunc)")
+
+
+def launch_kind(name: str) -> int:
+    """What a runtime call puts on the device: 2 a kernel (:data:`KERNEL_LAUNCH`), 1 a copy or memset
+    (:data:`LAUNCH_CALL`), 0 nothing.
+
+    >>> launch_kind("cudaLaunchKernel"), launch_kind("cudaMemsetAsync"), launch_kind("cudaLaunchHostFunc")
+    (2, 1, 0)
+    """
+    return 2 if KERNEL_LAUNCH.search(name) else 1 if LAUNCH_CALL.search(name) else 0
 #: the last event Kineto writes when it closes a trace file (``ChromeTraceLogger::finalizeTrace``, since 2020):
 #: a file without it was not closed by Kineto (cut short and completed by a tool, or written by another tool).
 END_MARKER = "Record Window End"
@@ -151,21 +168,66 @@ COLLECTIVE_KERNELS: tuple[KernelFamily, ...] = (
     KernelFamily("nccl>=2.28 symmetric", re.compile(r"^ncclSymkDevKernel_[A-Z][A-Za-z]+"), True,
                  "ncclSymkDevKernel_ReduceScatter_LL_sum_f32(ncclSymkDevWorkArgs4K)"),
     KernelFamily("rccl msccl", re.compile(r"^mscclKernel_"), False, "mscclKernel_Sum_float_LL128(...)"),
+    KernelFamily("torch symmetric memory",
+                 re.compile(r"^(?:multimem|one_shot|two_shot)_[a-z_]*?(?:all_reduce|all_gather|reduce_scatter|reduce)"
+                            r"[a-z_]*_kernel$"), True,
+                 "void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)"),
     KernelFamily("oneccl", re.compile(r"^oneccl_[a-z]+"), True, "oneccl_allreduce_base<float, 2, 16, 1, 1, 2>"),
     KernelFamily("hccl", re.compile(r"^hcom_[A-Za-z]+"), True, "hcom_allReduce__123_0_1"),
 )  # fmt: skip
 _ANY_NCCL = re.compile(r"nccl|oneccl|hccl|^hcom_", re.IGNORECASE)
 
 
+def _strip_balanced(text: str, open_: str, close: str) -> str:
+    """``text`` without its trailing balanced ``open_ ... close`` group (when it ends with one)."""
+    if not text.endswith(close):
+        return text
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        if text[i] == close:
+            depth += 1
+        elif text[i] == open_:
+            depth -= 1
+            if depth == 0:
+                return text[:i].rstrip()
+    return text
+
+
+def kernel_label(name: str) -> str:
+    """A kernel name for messages: without its parameter list, never cut at its first ``(``.
+
+    >>> kernel_label("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)")
+    'void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>'
+    >>> kernel_label("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"), kernel_label("k")
+    ('ncclDevKernel_AllReduce_Sum_f32_RING_LL', 'k')
+    """
+    return _strip_balanced(name.strip(), "(", ")") or name
+
+
+def kernel_function(name: str) -> str:
+    """A kernel's unqualified function name: no ``void``, parameters, template arguments or namespaces.
+
+    >>> kernel_function("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)")
+    'multimem_all_reduce_kernel'
+    >>> kernel_function("void ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)")
+    'ncclKernel_AllReduce_RING_LL_Sum_float'
+    """
+    base = kernel_label(name)
+    base = base[5:] if base.startswith("void ") else base
+    base = _strip_balanced(base, "<", ">")
+    return base.rsplit("::", 1)[-1].strip() or base
+
+
 def kernel_family(name: str) -> KernelFamily | None:
-    """The row of :data:`COLLECTIVE_KERNELS` a GPU kernel name belongs to, else ``None``.
+    """The row of :data:`COLLECTIVE_KERNELS` a GPU kernel name belongs to (matched on its unqualified function
+    name, :func:`kernel_function`), else ``None``.
 
     >>> kernel_family("void ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)").family
     'nccl<2.19'
     >>> kernel_family("void at::native::elementwise_kernel<128, 4>") is None
     True
     """
-    base = name[5:] if name.startswith("void ") else name
+    base = kernel_function(name)
     for fam in COLLECTIVE_KERNELS:
         if fam.pattern.search(base):
             return fam
@@ -184,12 +246,16 @@ def kernel_collective(name: str) -> str | None:
     True
     >>> kernel_collective("ncclSymDevKernel_AllGather_LL(ncclSymDevArgs)")
     'all_gather'
+    >>> kernel_collective("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)")
+    'all_reduce'
     """
     fam = kernel_family(name)
     if fam is not None and not fam.typed:
         return None
-    base = name[5:] if name.startswith("void ") else name
-    return collective_type(base.split("(", 1)[0].split("_", 1)[-1]) if fam is not None else collective_type(base)
+    base = kernel_function(name)
+    if fam is not None and fam.family.startswith(("nccl", "hccl", "oneccl")):
+        base = base.split("_", 1)[-1]  # after the family prefix (ncclDevKernel_AllReduce...: AllReduce...)
+    return collective_type(base)
 
 
 # --- descriptors and payloads --------------------------------------------------------------------

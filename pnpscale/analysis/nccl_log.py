@@ -43,6 +43,7 @@ collectives to pnpscale's names (``all_reduce``...).
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -81,7 +82,9 @@ _GRAPH_TYPE = re.compile(r"\bnChannels \d+,.*?\btype (\w+)/(\w+)")
 _RECORD_SPLIT = re.compile(r"NCCL (?:INFO|WARN) ")
 #: a launcher's prefix before NCCL's own: Open MPI ``[1,15]<stdout>:``, ``srun --label`` ``15: ``
 _LAUNCHER = re.compile(r"^\s*(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:\s+)")
-_HOST = re.compile(r"^\s*([^\s:]+):\d+:\d+ \[\d+\]")
+_HOST = re.compile(r"^\s*([^\s:]+):(\d+):\d+ \[\d+\]")
+#: a finite, non-negative number (NCCL's predicted time in us)
+_TIME_AFTER = re.compile(r"\s+time\s+([-+]?(?:[0-9.]+(?:[eE][-+]?\d+)?|[A-Za-z]+))")
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,8 @@ class NcclLog:
         connections), most frequent first (:func:`transport_kind`). link_types: GRAPH ``type``
         values (``NVL``, ``PIX``, ``SYS``...). hosts: host names of the line prefixes. lines: lines read.
         damaged: lines that look like TUNING records but do not parse (never an algorithm).
+        processes: ``(host, pid)`` of the line prefixes: the ranks whose lines the log holds (an ``mpirun``
+        log holds every rank's in one file).
     """
 
     version: str | None
@@ -162,6 +167,7 @@ class NcclLog:
     hosts: frozenset[str] = frozenset()
     lines: int = 0
     damaged: int = 0
+    processes: frozenset[tuple[str, int]] = frozenset()
 
     def transport_label(self, inter_node: bool) -> str | None:
         """How collectives travel, for route names: intra-node ``"NVLink P2P"``, ``"P2P"`` or ``"SHM"``;
@@ -206,11 +212,14 @@ def version_tuple(version: str | None) -> tuple[int, ...] | None:
     return tuple(int(p) for p in m.group(1).split(".")) if m else None
 
 
-def _name(token: str, names: Sequence[str]) -> str:
+def _name(token: str, names: Sequence[str]) -> str | None:
+    """An algorithm or protocol name from its id (``1``) or name (``RING``); ``None`` for one NCCL never
+    prints (an id past the table, an unknown name: a damaged line)."""
     if token.isdigit():
         i = int(token)
-        return names[i] if i < len(names) else f"id{i}"
-    return token.lower()
+        return names[i] if i < len(names) else None
+    low = token.lower()
+    return low if low in names else None
 
 
 def parse_tuning_line(line: str, number: int = 0) -> TuningRecord | None:
@@ -224,17 +233,28 @@ channels=None, line=0, kernel=None)
     >>> r = parse_tuning_line("AllReduce [Symmetric]: 4096 Bytes -> Kernel AllReduce_AGxLL_R nchannels 4 nthreads 512")
     >>> (r.collective, r.algorithm, r.protocol, r.kernel)
     ('all_reduce', 'symmetric', None, 'AllReduce_AGxLL_R')
+
+    A damaged line (an algorithm or protocol id or name NCCL never prints, a time that is not a finite
+    non-negative number) gives ``None``, never an algorithm:
+
+    >>> parse_tuning_line("NCCL INFO 1048576 Bytes -> Algo 7 proto 3 time nan") is None
+    True
     """
     m = _TUNING.search(line)
     if m:
         coll = m.group("coll")
         lo, hi = m.group("lo"), m.group("hi")
+        algo, proto = _name(m.group("algo"), ALGORITHMS), _name(m.group("proto"), PROTOCOLS)
+        t = _TIME_AFTER.match(line, m.end("proto"))
+        time_us = _finite(t.group(1)) if t else None
+        if algo is None or proto is None or (t is not None and time_us is None):
+            return None
         return TuningRecord(
             collective=(collective_type(coll) or coll.lower()) if coll else None,
             size_bytes=int(m.group("bytes")),
-            algorithm=_name(m.group("algo"), ALGORITHMS),
-            protocol=_name(m.group("proto"), PROTOCOLS),
-            time_us=float(m.group("time")) if m.group("time") else None,
+            algorithm=algo,
+            protocol=proto,
+            time_us=time_us,
             channels=(int(lo), int(hi)) if lo is not None else None,
             line=number,
         )
@@ -250,6 +270,15 @@ channels=None, line=0, kernel=None)
         line=number,
         kernel=m.group("kernel"),
     )
+
+
+def _finite(text: str) -> float | None:
+    """A finite, non-negative float from ``text``, else ``None`` (``nan``, ``inf``, ``-1``, a cut number)."""
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and v >= 0 else None
 
 
 def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
@@ -274,12 +303,14 @@ def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
     transports: Counter[str] = Counter()
     link_types: set[str] = set()
     hosts: set[str] = set()
+    processes: set[tuple[str, int]] = set()
     damaged = 0
     number = 0
     for number, line in enumerate(lines, start=1):
         line = _LAUNCHER.sub("", line, count=1)
         if m := _HOST.match(line):
             hosts.add(m.group(1))
+            processes.add((m.group(1), int(m.group(2))))
         parts = _RECORD_SPLIT.split(line)
         for msg in parts[1:] if len(parts) > 1 else parts:
             rec = parse_tuning_line(msg, number)
@@ -333,6 +364,7 @@ def parse_nccl_log(lines: Iterable[str]) -> NcclLog:
         hosts=frozenset(hosts),
         lines=number,
         damaged=damaged,
+        processes=frozenset(processes),
     )
 
 
@@ -340,7 +372,14 @@ def merge_logs(logs: Sequence[NcclLog]) -> NcclLog:
     """One :class:`NcclLog` from the logs of several ranks (first version; all records, in order).
 
     A communicator without ``nNodes`` (NCCL < 2.20) spanning the most ranks gets the number of
-    distinct host names of the logs as its node count, when there is one log per rank of it.
+    distinct host names of the logs as its node count, when the logs hold every rank of it, however they are
+    split: one log per rank, or lines of as many processes (``host:pid`` prefixes) as it has ranks (an
+    ``mpirun`` log of every rank in one file).
+
+    >>> log = parse_nccl_log(["a:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 - Init COMPLETE",
+    ...                       "b:7:7 [0] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 0 - Init COMPLETE"])
+    >>> [c.nnodes for c in merge_logs([log]).communicators]
+    [2, 2]
     """
     version = next((log.version for log in logs if log.version), None)
     comms: dict[str, Communicator] = {}
@@ -348,11 +387,12 @@ def merge_logs(logs: Sequence[NcclLog]) -> NcclLog:
         for c in log.communicators:
             comms.setdefault(c.comm, c)
     hosts = frozenset(h for log in logs for h in log.hosts)
+    processes = frozenset(p for log in logs for p in log.processes)
     transports: Counter[str] = Counter()
     for log in logs:
         transports.update(dict(log.transports))
     world = max((c.nranks or 0 for c in comms.values()), default=0)
-    if hosts and len(logs) >= world > 0:
+    if hosts and max(len(logs), len(processes)) >= world > 0:
         comms = {
             k: (replace(c, nnodes=len(hosts)) if c.nnodes is None and c.nranks == world else c)
             for k, c in comms.items()
@@ -366,6 +406,7 @@ def merge_logs(logs: Sequence[NcclLog]) -> NcclLog:
         hosts=hosts,
         lines=sum(log.lines for log in logs),
         damaged=sum(log.damaged for log in logs),
+        processes=processes,
     )
 
 

@@ -49,7 +49,12 @@ from pnpscale.analysis.metrics import (
     summarize,
 )
 from pnpscale.analysis.section.align import align_collectives, nested_sections
-from pnpscale.analysis.section.iterations import drop_bad_iterations, drop_cut_iterations, match_steps
+from pnpscale.analysis.section.iterations import (
+    drop_bad_iterations,
+    drop_cut_iterations,
+    drop_empty_iterations,
+    match_steps,
+)
 from pnpscale.analysis.section.records import section_records
 from pnpscale.analysis.tables import frames, table_writers
 from pnpscale.analysis.trace.cut import drop_unvouched_end
@@ -70,7 +75,7 @@ ANALYSIS_JSON = layout.ANALYSIS_JSON
 ANALYSIS_DIR = layout.ANALYSIS_DIR
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 #: sections columns that are unknown (NaN) when a multi-rank job shows no collective at all
-UNKNOWN_WHEN_NO_COLLECTIVE = (K.TRANSFER_S, K.WAIT_S, K.MAIN_TRANSFER_S, *K.WAIT_CAUSES)
+UNKNOWN_WHEN_NO_COLLECTIVE = (K.TRANSFER_S, K.WAIT_S, K.MAIN_TRANSFER_S, *K.WAIT_CAUSES, K.HIDDEN_S)
 
 
 class AnalyzeError(PnpscaleError, ValueError):
@@ -267,7 +272,7 @@ def analyze_traces(
         unvouched = {t.rank: t.path.name for t in done if t.info.kineto_header and not t.info.end_marker
                      and not t.info.profiler_span}  # fmt: skip
         records = drop_unvouched_end(records, unvouched, anomalies)
-        records = drop_bad_iterations(match_steps(records, anomalies), anomalies)
+        records = drop_empty_iterations(drop_bad_iterations(match_steps(records, anomalies), anomalies), anomalies)
         nested = nested_sections(records)
         aligned = align_collectives(records)
         ranks, colls = frames([(rank_rows(r, recs, warmup), {}) for r, recs in sorted(aligned.items())])
@@ -429,6 +434,7 @@ def _rank_records(
             cpu_start=cpu_start,
             file_end_ns=None if info.end_marker else info.last_ns,
             missing_gpu=trace.missing_gpu,
+            orphan_gpu=trace.orphan_gpu,
         )
     except SectionError as exc:
         missing = [pat for name, pat in sections.items() if (exc.counts or {}).get(name) == 0]
@@ -455,7 +461,7 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
         check_invariants(analysis.ranks, analysis.sections)
         if analysis.no_collectives:  # unknown, not zero: NaN in every table
             analysis.sections.loc[:, list(UNKNOWN_WHEN_NO_COLLECTIVE)] = float("nan")
-            analysis.ranks.loc[:, K.COMM_S] = float("nan")
+            analysis.ranks.loc[:, [c for c in (K.COMM_S, K.HIDDEN_S) if c in analysis.ranks]] = float("nan")
         metrics = run_metrics(analysis.sections, n, analysis.nested)
     except DecompositionError as exc:
         if isinstance(exc, NoMeasuredIteration):

@@ -10,13 +10,19 @@
 """
 
 from pnpscale.analysis.section.align import align_collectives, nested_sections
-from pnpscale.analysis.section.iterations import drop_bad_iterations, drop_cut_iterations, match_steps
+from pnpscale.analysis.section.iterations import (
+    drop_bad_iterations,
+    drop_cut_iterations,
+    drop_empty_iterations,
+    match_steps,
+)
 from pnpscale.analysis.section.records import section_records
 
 __all__ = [
     "align_collectives",
     "drop_bad_iterations",
     "drop_cut_iterations",
+    "drop_empty_iterations",
     "match_steps",
     "nested_sections",
     "section_records",

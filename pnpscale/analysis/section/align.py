@@ -17,13 +17,17 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
     :func:`pnpscale.analysis.metrics.decompose` matches collectives across ranks by ``seq``. Per section
     occurrence (iteration, section), collectives are keyed:
 
-    * by ``(group, group_seq)`` when every collective of that occurrence, on every rank, carries
+    * by ``(group, group_seq, type)`` when every collective of that occurrence, on every rank, carries
       both (the trace recorded the process group and its sequence number), else
-    * by ``(stream ordinal, position within that stream)``: streams are numbered in increasing
-      stream id on each rank (one stream per rank for gloo), positions by start time.
+    * by ``(stream ordinal, type, position among that stream's collectives of that type)``: streams are
+      numbered in increasing stream id on each rank (one stream per rank for gloo), positions by start time.
 
+    Never by position alone: the type (``all_reduce``, ``all_to_all``... from the descriptor whose range holds
+    the kernel's launch, :func:`pnpscale.analysis.section.gpu.pair_descriptors`; else the kernel's name) is part
+    of every key, so collectives issued in different orders on two ranks (two threads) are matched by what they
+    are; point-to-point types (``send``, ``recv``, ``send_recv``) count as one (``p2p``: a send meets a recv).
     The new ``seq`` is the key's position in the lowest rank's start order, so a trace with one
-    stream and no sequence numbers keeps the order-in-section numbering of
+    stream, one type and no sequence numbers keeps the order-in-section numbering of
     :func:`section_records` unchanged.
 
     Args:
@@ -34,7 +38,8 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
 
     Raises:
         SectionError: ranks disagree on the section occurrences, or a collective of one rank has
-            no counterpart on another (different counts per stream, or unmatched sequence numbers).
+            no counterpart on another (different counts per stream and type, or unmatched sequence numbers): the
+            message names both ranks' keys.
 
     >>> a = [SectionRecord(0, "s", 0.0, 1.0, [Collective(0, "all_reduce", 0.1, 8, 7),
     ...                                        Collective(1, "broadcast", 0.2, 4, 9)])]
@@ -62,8 +67,10 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
     key_of: dict[int, dict[tuple[int, str], dict[int, tuple]]] = {r: {} for r in ranks}  # rank -> occ -> seq -> key
     for occ in occurrences:
         colls = {r: list(index[r][occ].collectives) for r in ranks}
-        own = [c for r in ranks for c in colls[r] if c.carried is None and not is_p2p(c)]
-        by_pg = all(c.group is not None and c.group_seq is not None for c in own)
+        own = {r: [c for c in colls[r] if c.carried is None and not is_p2p(c)] for r in ranks}
+        by_pg = all(c.group is not None and c.group_seq is not None for r in ranks for c in own[r])
+        if not by_pg and len(ranks) > 1:
+            _refuse_untyped(own, occ)
         keys = {r: _match_keys(colls[r], by_pg, key_of[r]) for r in ranks}
         fill_carried(colls, keys, issuing, occ)
         for r in ranks:
@@ -84,7 +91,7 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
                             f"(seen with repeated profiler sessions); fix: profile every iteration in one profiler "
                             f"session (prof.step() per iteration)"
                         )
-                how = "process group and sequence number" if by_pg else "order within each stream"
+                how = "process group, sequence number and type" if by_pg else "type and order within each stream"
                 raise SectionError(
                     f"iteration {occ[0]} section {occ[1]!r}: rank {r} ran {len(keys[r])} collective(s), rank "
                     f"{ranks[0]} ran {len(ref)}, and they cannot be matched by {how} "
@@ -149,13 +156,54 @@ def _match_keys(
             rest.append(i)
     if by_pg:
         for i in rest:
-            keys[i] = ("pg", str(colls[i].group), int(colls[i].group_seq))  # type: ignore[arg-type]
+            c = colls[i]
+            keys[i] = ("pg", str(c.group), int(c.group_seq), _match_type(c.name))  # type: ignore[arg-type]
         return keys
     streams = sorted({colls[i].stream for i in rest}, key=lambda s: (s is not None, s or 0))
     ordinal = {s: i for i, s in enumerate(streams)}
-    seen: dict[int | None, int] = defaultdict(int)
+    seen: dict[tuple[int | None, str], int] = defaultdict(int)
     for i in sorted(rest, key=lambda i: colls[i].seq):
         c = colls[i]
-        keys[i] = ("stream", ordinal[c.stream], seen[c.stream])
-        seen[c.stream] += 1
+        kind = _match_type(c.name)
+        keys[i] = ("stream", ordinal[c.stream], kind, seen[c.stream, kind])
+        seen[c.stream, kind] += 1
     return keys
+
+
+#: the collective types a record can carry (:func:`pnpscale.analysis.kineto.collective_type`); any other name is a
+#: kernel's own name: a collective that could not be typed
+TYPES = frozenset({"barrier", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv",
+                   "reduce", "gather", "scatter", "send", "recv"})  # fmt: skip
+
+
+def _refuse_untyped(colls: Mapping[int, Sequence[Collective]], occ: tuple[int, str]) -> None:
+    """Refuse a stream holding two collectives or more that could not be typed (no descriptor holds their launch,
+    their kernel names do not say), in a job matched without sequence numbers: only their positions would pair
+    them across ranks, and collectives issued in different orders would be paired wrongly in silence.
+
+    Raises:
+        SectionError: naming the iteration, section, rank, stream and kernels.
+    """
+    for r, cs in sorted(colls.items()):
+        per_stream: dict[int | None, list[str]] = defaultdict(list)
+        for c in cs:
+            if c.name not in TYPES:
+                per_stream[c.stream].append(c.name)
+        for stream, names in per_stream.items():
+            if len(names) > 1:
+                raise SectionError(
+                    f"iteration {occ[0]} section {occ[1]!r}: rank {r} ran {len(names)} collectives on stream "
+                    f"{stream} whose type is unknown (e.g. {names[0]!r}: no nccl:* / record_param_comms descriptor "
+                    f"holds their launch and their kernel names do not say), and the trace has no process group "
+                    f"sequence numbers: matching them across ranks by position alone could pair different "
+                    f"collectives (record with record_shapes, or profile the CPU side, to keep the descriptors)"
+                )
+
+
+#: collective types that meet each other across ranks (a send on one rank is a recv on its peer)
+_P2P = frozenset({"send", "recv", "send_recv"})
+
+
+def _match_type(name: str) -> str:
+    """The type part of a match key: the collective's type, point-to-point ones as ``p2p``."""
+    return "p2p" if name in _P2P else name

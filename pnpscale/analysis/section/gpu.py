@@ -15,13 +15,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pnpscale.analysis.anomalies import Anomalies
-from pnpscale.analysis.events import Event, Kind, SectionError, Window
+from pnpscale.analysis.events import Event, Kind, SectionError, Window, launch_key
 from pnpscale.analysis.kineto import (
+    END_MARKER,
     PARAM_COMMS,
     collective_type,
     is_collective_kernel,
     is_named_descriptor,
     kernel_collective,
+    kernel_label,
 )
 
 
@@ -111,13 +113,7 @@ def cuda_section_span(
     (240, 240)
     """
     if n_descriptors and not n_nccl_kernels:
-        copies = [e.name for e in launched if e.name.startswith("Memcpy")]
-        why = (
-            f"; its GPU work holds {len(copies)} memcpy(s) (e.g. {copies[0]!r}) and no kernel: NCCL >= 2.28 may have "
-            "run the collective on the copy engines, which is not timed as a collective"
-            if copies
-            else ""
-        )
+        why = copy_engine_note(launched) or ""
         raise SectionError(
             f"iteration {iteration} section {cpu_range.name!r}: {n_descriptors} NCCL collective(s) issued but no "
             "NCCL kernel recorded (CUPTI dropped or stopped recording GPU activity; fewer iterations or a "
@@ -176,7 +172,7 @@ def place_unknown_launches(
         if hi == lo:
             free.append(d)
     unknown.sort(key=lambda e: (e.start_ns, e.tid))
-    example = f"{unknown[0].name.split('(')[0]} at {unknown[0].start_ns} ns, correlation {unknown[0].correlation}"
+    example = f"{kernel_label(unknown[0].name)} at {unknown[0].start_ns} ns, correlation {unknown[0].correlation}"
     if len(free) != len(unknown):
         anomalies.add("launch_unknown_by_start", rank, f"{example} ({len(unknown)} kernels, {len(free)} descriptors)",
                       len(unknown))  # fmt: skip
@@ -190,3 +186,89 @@ def descriptors_in(inside: list[Event]) -> list[Event]:
     """Collective descriptors of a range: ``nccl:*`` ranges if any, else param comms."""
     named = [d for d in inside if is_named_descriptor(d.name)]
     return named if named else [d for d in inside if d.name == PARAM_COMMS]
+
+
+def pair_descriptors(kernels: Sequence[Event], descs: Sequence[Event]) -> dict[int, Event]:
+    """Each collective kernel's CPU descriptor: ``index in kernels -> descriptor`` (empty when they cannot be paired).
+
+    First by correlation: a kernel whose launch (``launch_ns``) lies inside exactly one descriptor range, each
+    descriptor holding one kernel's launch, is that descriptor's (a runtime launch is recorded inside the
+    ``nccl:*`` / ``record_param_comms`` range of the call that issued it, on its thread); this types kernels of
+    collectives issued from several threads in any order. When some kernel's launch is unknown or not inside
+    exactly one descriptor, by issue order: the k-th kernel by launch with the k-th descriptor by start, when there
+    are as many and one CPU thread issued them all (its order is the kernels' order), or, issued from several
+    threads, when every kernel name allows its descriptor's collective (:func:`compatible`).
+
+    >>> ks = [Event("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(x)", Kind.GPU, 500, 600, launch_ns=115),
+    ...       Event("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(x)", Kind.GPU, 650, 660, launch_ns=15)]
+    >>> ds = [Event("nccl:all_reduce", Kind.CPU, 10, 30, tid=3), Event("nccl:all_to_all", Kind.CPU, 110, 130, tid=2)]
+    >>> {i: d.name for i, d in sorted(pair_descriptors(ks, ds).items())}
+    {0: 'nccl:all_to_all', 1: 'nccl:all_reduce'}
+    """
+    if not kernels or not descs:
+        return {}
+    starts = [d.start_ns for d in descs]
+    order = sorted(range(len(descs)), key=lambda j: starts[j])
+    by_corr: dict[int, Event] = {}
+    used: set[int] = set()
+    for i, k in enumerate(kernels):
+        if k.launch_ns is None:
+            break
+        holding = [j for j in order if descs[j].start_ns <= k.launch_ns <= descs[j].end_ns]
+        if len(holding) != 1 or holding[0] in used:
+            break
+        used.add(holding[0])
+        by_corr[i] = descs[holding[0]]
+    else:
+        if len(used) == len(descs):
+            return by_corr
+    by_launch = sorted(range(len(kernels)), key=lambda j: (launch_key(kernels[j]), kernels[j].start_ns))
+    ordered = [descs[j] for j in order]
+    paired = len(ordered) == len(kernels) and (
+        len({d.tid for d in ordered}) <= 1
+        or all(compatible(kernels[j], d) for j, d in zip(by_launch, ordered, strict=True))
+    )
+    return dict(zip(by_launch, ordered, strict=True)) if paired else {}
+
+
+def lost_gpu_text(lost: int, first_ns: int, file_end_ns: int | None) -> tuple[str, str]:
+    """``(bad, bad_kind)`` of a section occurrence holding ``lost`` launches without their GPU event (the first
+    at ``first_ns``), in a file that may be cut short (``file_end_ns`` given: no Kineto end marker) or not."""
+    where = f"{lost} launch(es) inside it (the first at ts {first_ns / 1000:.3f} us) have no GPU event"
+    if file_end_ns is not None:
+        return (f"{where}, in a file Kineto did not close (no {END_MARKER!r}): cut short (or the profiler dropped "
+                f"those GPU records); its GPU work is missing", "trace_cut_short")  # fmt: skip
+    return (f"{where}, in a file Kineto closed: the profiler dropped those GPU records (a full CUPTI buffer?); its "
+            f"GPU work is missing", "iteration_incomplete")  # fmt: skip
+
+
+def orphan_gpu_text(n: int, first_ns: int) -> tuple[str, str]:
+    """``(bad, bad_kind)`` of a section occurrence holding ``n`` GPU events whose correlation matches no launch."""
+    return (f"{n} GPU event(s) inside it (the first at ts {first_ns / 1000:.3f} us) have a correlation id that "
+            f"matches no runtime launch, though the profiler was recording: their launch is missing, so their "
+            f"work cannot be placed", "iteration_incomplete")  # fmt: skip
+
+
+def copy_engine_note(launched: Sequence[Event], descs: Sequence[Event] | None = None) -> str | None:
+    """Why a section's collectives may have no kernel, when its GPU work holds device-to-device copies
+    (``Memcpy DtoD``, ``Memcpy PtoP``) -- with ``descs``, only copies launched inside one of these collective
+    descriptors (NCCL issues them inside the collective's call; a tensor copy is launched outside): NCCL >= 2.28
+    runs some collectives (all_gather) on the copy engines (``cudaMemcpyBatchAsync``, no kernel), which pnpscale
+    does not time as a collective; ``None`` without such a copy. The same words live and offline (the live run
+    refuses the section, an offline analysis drops its iteration as ``collective_on_copy_engines``).
+
+    >>> copy_engine_note([Event("Memcpy DtoD (Device -> Device)", Kind.GPU, 0, 5)])[:44]
+    '; its GPU work holds 1 device-to-device copy'
+    >>> copy_engine_note([Event("Memcpy HtoD (Pageable -> Device)", Kind.GPU, 0, 5)]) is None
+    True
+    """
+    copies = [e.name for e in launched if e.name.startswith("Memcpy") and ("DtoD" in e.name or "PtoP" in e.name)
+              and (descs is None or (e.launch_ns is not None
+                                     and any(d.start_ns <= e.launch_ns <= d.end_ns for d in descs)))]  # fmt: skip
+    if not copies:
+        return None
+    return (
+        f"; its GPU work holds {len(copies)} device-to-device copy(ies) (e.g. {copies[0]!r}): NCCL >= 2.28 may have "
+        "run the collective on the copy engines (cudaMemcpyBatchAsync, no kernel), which is not timed as a "
+        "collective (its transfer would read as compute)"
+    )

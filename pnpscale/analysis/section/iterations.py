@@ -195,3 +195,46 @@ def drop_cut_iterations(
         if anomalies is not None:
             anomalies.add("trace_cut_short", r, message, most - cut)
     return {r: [s for s in recs if s.iteration < cut] for r, recs in out.items()}
+
+
+def drop_empty_iterations(
+    records: Mapping[int, Sequence[SectionRecord]], anomalies: Anomalies | None = None
+) -> dict[int, list[SectionRecord]]:
+    """Drop, on every rank, the trailing iterations without any GPU work or collective on any rank, in a trace
+    with GPU work (the ``ProfilerStep`` Kineto opens at the last ``prof.step()`` and closes with the file, HTA's
+    MI250 sample): kept, such a step would count as a 0 s iteration (GPU span) and lower every mean.
+
+    An iteration is empty when every record of it, on every rank, has no GPU span (``gpu_span_s is None``) and no
+    collective; only the last iterations are looked at (an empty one in the middle is kept). Recorded as
+    ``empty_iteration`` naming the iterations and their steps.
+
+    Raises:
+        SectionError: every iteration is empty (no GPU work in any section of a trace with GPU work).
+
+    >>> recs = [SectionRecord(0, "s", 0.0, 1.0, gpu_span_s=1.0, step=1), SectionRecord(1, "s", 2.0, 0.0, step=2)]
+    >>> [s.iteration for s in drop_empty_iterations({0: recs})[0]]
+    [0]
+    """
+    out = {r: list(recs) for r, recs in records.items()}
+    all_recs = [s for recs in out.values() for s in recs]
+    if not any(s.gpu_span_s is not None for s in all_recs):
+        return out  # a CPU trace, or no GPU work at all: nothing to compare with
+    empty: dict[int, bool] = {}
+    for s in all_recs:
+        empty[s.iteration] = empty.get(s.iteration, True) and s.gpu_span_s is None and not s.collectives
+    dropped: list[int] = []
+    for it in sorted(empty, reverse=True):
+        if not empty[it]:
+            break
+        dropped.append(it)
+    if not dropped:
+        return out
+    if len(dropped) == len(empty):
+        raise SectionError("no iteration holds GPU work on any rank, in a trace with GPU work")
+    steps = sorted({int(s.step) for s in all_recs if s.iteration in dropped and s.step is not None})
+    if anomalies is not None:
+        which = f"iteration(s) {min(dropped)}..{max(dropped)}"
+        which += f" (ProfilerStep {_steps_text(steps)})" if steps else ""
+        anomalies.add("empty_iteration", None, f"{which}: no GPU work and no collective in any section on any rank "
+                      "(the step Kineto opens at the last prof.step()?)", len(dropped))  # fmt: skip
+    return {r: [s for s in recs if s.iteration not in dropped] for r, recs in out.items()}

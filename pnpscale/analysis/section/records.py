@@ -39,9 +39,10 @@ Rules:
 * Collective type, payload bytes, process group and sequence number: from the collective's own
   shapes/dtype (gloo), from the NCCL kernel's own arguments when the trace carries them, or else
   from the CPU-side descriptor (``nccl:*`` range or ``record_param_comms``) paired with the
-  kernel: the k-th descriptor in start order with the k-th kernel in launch order, when there are
-  as many and one CPU thread issued them all (or, issued from several threads, when every kernel
-  name allows its descriptor's type). The descriptor wins over the kernel name (an all_reduce may
+  kernel: the descriptor whose range holds the kernel's launch (correlation), else the k-th descriptor
+  in start order with the k-th kernel in launch order, when there are as many and one CPU thread issued
+  them all (or, issued from several threads, when every kernel name allows its descriptor's type;
+  :func:`~pnpscale.analysis.section.gpu.pair_descriptors`). The descriptor wins over the kernel name (an all_reduce may
   run in a ``SendRecv`` kernel); a disagreeing name is recorded. Descriptors without a kernel are
   counted (``missing_kernels``) and named when ranks cannot be matched.
 * Sections may nest (``parent``); overlapping without nesting is refused. ``ProfilerStep#N``
@@ -49,8 +50,11 @@ Rules:
   (:func:`~pnpscale.analysis.section.iterations.match_steps`); non-physical events mark their record
   ``bad`` (:func:`~pnpscale.analysis.section.iterations.drop_bad_iterations`).
 * Matching across ranks (:func:`~pnpscale.analysis.section.align.align_collectives`): by (process group,
-  sequence number) when every collective of a section occurrence carries both, else by order within each
-  stream (NCCL: the kernel's CUDA stream; gloo: one stream per rank).
+  sequence number, type) when every collective of a section occurrence carries both, else by type and order
+  within each stream (NCCL: the kernel's CUDA stream; gloo: one stream per rank), never by position alone.
+* Conservation: an occurrence holding a launch without its GPU event (``missing_gpu``), a GPU event without
+  its launch (``orphan_gpu``), or collectives without kernels beside device-to-device copies launched inside
+  their descriptors (NCCL's copy-engine collectives) is ``bad`` and dropped on every rank, named.
 """
 
 from __future__ import annotations
@@ -74,12 +78,15 @@ from pnpscale.analysis.overlap import union
 from pnpscale.analysis.section.busy import Busy
 from pnpscale.analysis.section.gloo import typed_by_c10d
 from pnpscale.analysis.section.gpu import (
-    compatible,
+    copy_engine_note,
     cuda_section_span,
     descriptors_in,
     gpu_clips,
     is_nccl_kernel,
+    lost_gpu_text,
     may_run,
+    orphan_gpu_text,
+    pair_descriptors,
     place_unknown_launches,
 )
 
@@ -93,6 +100,7 @@ def section_records(
     cpu_start: bool = False,
     file_end_ns: int | None = None,
     missing_gpu: Sequence[int] = (),
+    orphan_gpu: Sequence[int] = (),
 ) -> list[SectionRecord]:
     """Reduce one rank's events to its section occurrences and their collectives.
 
@@ -111,8 +119,12 @@ def section_records(
             in it (ns). Then section names occurring a different number of times keep their first ``m``
             occurrences (``m`` the fewest, at least 1; ``trace_cut_short``), and a range ending after it is
             ``open_end``.
-        missing_gpu: starts (ns) of launches whose GPU event is not in the file (cut short): the
-            occurrence holding one is ``bad`` (kind ``trace_cut_short``; dropped on every rank).
+        missing_gpu: starts (ns, sorted) of launches whose GPU event is not in the file: the occurrence holding
+            one is ``bad`` (kind ``trace_cut_short`` in a file that may be cut short, else
+            ``iteration_incomplete``; dropped on every rank; :func:`~pnpscale.analysis.section.gpu.lost_gpu_text`).
+        orphan_gpu: starts (ns, sorted) of GPU events whose correlation matches no launch, recorded while the
+            profiler ran: the occurrence whose time (CPU range to its GPU work's end) holds one is ``bad`` (kind
+            ``iteration_incomplete``; :func:`~pnpscale.analysis.section.gpu.orphan_gpu_text`).
 
     Returns:
         Records ordered by start; ``iteration`` counts occurrences per name from 0. Times
@@ -156,7 +168,8 @@ def section_records(
         occurrence[r.name] += 1
         if gpu:
             part = cuda_part(
-                r, it, gpu, descriptors, busy, clips, origin, anomalies, rank, require_gpu, cpu_start, missing_gpu
+                r, it, gpu, descriptors, busy, clips, origin, anomalies, rank, require_gpu, cpu_start, missing_gpu,
+                orphan_gpu, file_end_ns,
             )
         else:
             ancestors = (
@@ -296,6 +309,8 @@ def cuda_part(
     require_gpu: bool,
     cpu_start: bool,
     missing_gpu: Sequence[int],
+    orphan_gpu: Sequence[int] = (),
+    file_end_ns: int | None = None,
 ) -> Part:
     """Step 3 of :func:`section_records` on CUDA: the section range ``r`` (iteration ``it``): its time, its
     collective kernels typed from their descriptors, their blocked and hidden time (module doc)."""
@@ -313,15 +328,12 @@ def cuda_part(
         first = min(e.start_ns for e in launched)
         window = (first, clips[id(r)])
         section_ns = gpu_span_ns = clips[id(r)] - first
-    # by issue order: kernels by launch, descriptors by start; trusted when one CPU thread issued
-    # them all (its order is the kernels' order), else only where every kernel name agrees
-    by_launch = sorted(range(len(kernels)), key=lambda j: (launch_key(kernels[j]), kernels[j].start_ns))
-    paired = len(descs) == len(kernels) and (
-        len({d.tid for d in descs}) <= 1
-        or all(compatible(kernels[j], d) for j, d in zip(by_launch, descs, strict=True))
-    )
-    desc_of = dict(zip(by_launch, descs, strict=True)) if paired else {}
-    if len(descs) > len(kernels):
+    desc_of = pair_descriptors(kernels, descs)  # by correlation (launch inside), else by issue order
+    copy_engine = copy_engine_note(launched, descs) if len(descs) > len(kernels) else None
+    if copy_engine is not None:  # its transfer would read as compute: dropped, named
+        bad = f"{len(descs)} collective(s) issued, {len(kernels)} collective kernel(s){copy_engine}"
+        bad_kind = "collective_on_copy_engines"
+    elif len(descs) > len(kernels):
         missing = len(descs) - len(kernels)
         anomalies.add(
             "collective_without_kernel",
@@ -344,14 +356,14 @@ def cuda_part(
         start = (k.start_ns - origin) * 1e-9
         colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
     hidden_ns = busy.split(colls, kernels, busy.gpu, window, waits=False)
-    bad = next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
+    bad = bad or next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
     lost = bisect_right(missing_gpu, r.end_ns) - bisect_left(missing_gpu, r.start_ns)
     if lost and not bad and not r.bad:
-        first_lost = missing_gpu[bisect_left(missing_gpu, r.start_ns)]
-        bad = (f"{lost} launch(es) inside it (the first at ts {first_lost / 1000:.3f} us), among the "
-               f"file's last, have no GPU event, in a file Kineto did not close (no {END_MARKER!r}): cut "
-               f"short (or the profiler dropped those GPU records); its GPU work is missing")  # fmt: skip
-        bad_kind = "trace_cut_short"
+        bad, bad_kind = lost_gpu_text(lost, missing_gpu[bisect_left(missing_gpu, r.start_ns)], file_end_ns)
+    end = max([r.end_ns, *(e.end_ns for e in launched)])
+    orphans = bisect_right(orphan_gpu, end) - bisect_left(orphan_gpu, r.start_ns)
+    if orphans and not bad and not r.bad:
+        bad, bad_kind = orphan_gpu_text(orphans, orphan_gpu[bisect_left(orphan_gpu, r.start_ns)])
     return Part(section_ns, colls, hidden_ns, bad, bad_kind, missing, gpu_span_ns, gpu_start_ns)
 
 

@@ -23,7 +23,6 @@ from pnpscale.analysis.kineto import (
     END_MARKER,
     GPU_CATS,
     IGNORED_CATS,
-    LAUNCH_CALL,
     NOT_A_LAUNCH,
     PARAM_COMMS,
     RUNTIME_CATS,
@@ -33,6 +32,7 @@ from pnpscale.analysis.kineto import (
     is_descriptor,
     is_gloo_work,
     is_named_descriptor,
+    launch_kind,
     step_number,
     stream_of,
 )
@@ -102,13 +102,14 @@ class Collector:
         self.gpu_stream, self.gpu_name = array("q"), array("q")
         self.names: dict[str, int] = {}
         self.rt_corr, self.rt_start = array("q"), array("q")
-        self.rt_launch = array("b")  # per runtime event: 1 when it puts work on the device (LAUNCH_CALL)
+        self.rt_launch = array("b")  # per runtime event: 2 a kernel launch, 1 a copy or memset, 0 (launch_kind)
         self.rt_ext, self.op_ext = array("q"), array("q")  # External id of runtime events and operators (-1: none)
         self.rt_tid, self.rt_end = array("q"), array("q")  # thread (-1: unknown) and end (ns) of runtime events
         self.end_marker = False  # Kineto's last event (END_MARKER) seen: the file was closed by Kineto
         self.profiler_span = False  # Kineto's "PyTorch Profiler (N)" span seen: written after every activity
         self.last_start = -(1 << 62)  # the latest start (ns) of an event whose times were read
         self.missing_gpu: list[int] = []  # set by trace_select: launches whose GPU event is not in the file
+        self.orphan_gpu: list[int] = []  # set by trace_select: GPU events (starts) whose launch is not in the file
         # other cpu_op operators (compute or c10d calls), for the time a thread is blocked on its collectives
         self.op_start, self.op_end, self.op_tid, self.op_name = array("q"), array("q"), array("q"), array("q")
         self.op_names: dict[str, int] = {}
@@ -164,7 +165,7 @@ class Collector:
         return start, start + d, None
 
     def _no_ts(self, ev: Mapping[str, Any]) -> None:
-        self.no_ts.append(f"event #{self.read - 1} {ev.get('name')!r} ({ev.get('cat')})")
+        self.no_ts.append(f"event #{self.read - 1} {ev.get('name')!r} ({ev.get('cat')}): no 'ts' field")
 
     def add(self, ev: Mapping[str, Any]) -> None:
         self.read += 1
@@ -183,7 +184,7 @@ class Collector:
                 ext = int_or_none((ev.get("args") or {}).get("External id"))
                 tid = int_or_none(ev.get("tid"))
                 self.add_runtime(
-                    corr, times[0], bool(LAUNCH_CALL.search(str(ev.get("name", "")))), -1 if ext is None else ext,
+                    corr, times[0], launch_kind(str(ev.get("name", ""))), -1 if ext is None else ext,
                     -1 if tid is None else tid, times[1],
                 )  # fmt: skip
             return
@@ -236,9 +237,10 @@ class Collector:
         self.cpu.append(Event(name, Kind.CPU, start, end, tid=tid, bad=bad, **fields))
 
     def add_runtime(
-        self, corr: int, start: int, launch: bool, ext: int = -1, tid: int = -1, end: int | None = None
+        self, corr: int, start: int, launch: int, ext: int = -1, tid: int = -1, end: int | None = None
     ) -> None:
-        """A runtime call with a correlation id (start in ns); ``launch``: it puts work on the device (LAUNCH_CALL);
+        """A runtime call with a correlation id (start in ns); ``launch``: what it puts on the device
+        (:func:`~pnpscale.analysis.kineto.launch_kind`: 2 a kernel, 1 a copy or memset, 0 nothing);
         ``ext``: its ``External id`` (the operator that issued it), -1 when absent; ``tid``: its thread (-1:
         unknown); ``end``: its end in ns (``start`` when unknown or not physical)."""
         self.rt_ext.append(ext)
@@ -246,7 +248,7 @@ class Collector:
         self.rt_end.append(start if end is None or end < start else end)
         self.rt_corr.append(corr)
         self.rt_start.append(start)
-        self.rt_launch.append(1 if launch else 0)
+        self.rt_launch.append(int(launch))
         self.last_start = max(self.last_start, start)
         if start < 0:
             self.rt_unset.append(corr)
@@ -266,9 +268,10 @@ class Collector:
         name = ev.get("name")
         name = name if isinstance(name, str) else ""
         times = self._times(ev)
-        if times is None:
-            self._no_ts(ev)
-            return
+        if times is None:  # its section would silently lack its work: refused, naming the event and the field
+            raise TraceError(f"{self.path}: event #{self.read - 1} {name!r} ({ev.get('cat')}, correlation "
+                             f"{args.get('correlation')}) has no 'ts' field: a device event without a start time "
+                             f"cannot be placed in its section")  # fmt: skip
         start, end, bad = times
         stream = stream_of(args, ev.get("tid"))
         corr = int_or_none(args.get("correlation"))

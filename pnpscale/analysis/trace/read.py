@@ -107,12 +107,14 @@ class TraceInfo:
 
 @dataclass(frozen=True)
 class Trace:
-    """One rank's trace: its :class:`TraceInfo`, the kept events (ns, Unix epoch), and in a file without Kineto's
-    end marker the starts (ns) of the launches whose GPU event is not in the file (the work is missing)."""
+    """One rank's trace: its :class:`TraceInfo`, the kept events (ns, Unix epoch), the starts (ns, sorted) of the
+    launches whose GPU event is not in the file (``missing_gpu``: the work is missing) and of the GPU events whose
+    correlation matches no launch though the profiler was recording (``orphan_gpu``: the launch is missing)."""
 
     info: TraceInfo
     events: list[Event]
     missing_gpu: tuple[int, ...] = ()
+    orphan_gpu: tuple[int, ...] = ()
 
 
 def parse_sections(spec: str | Sequence[str]) -> dict[str, str]:
@@ -279,7 +281,7 @@ def read_trace(
         if collector.last_start > -(1 << 62)
         else None,
     )
-    return Trace(info, events, tuple(collector.missing_gpu))
+    return Trace(info, events, tuple(collector.missing_gpu), tuple(collector.orphan_gpu))
 
 
 def _info(path: Path, meta: Mapping[str, Any]) -> TraceInfo:

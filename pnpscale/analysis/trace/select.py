@@ -22,6 +22,7 @@ from pnpscale.analysis.gpu_checks import (
     WINDOW_SLACK_NS,
     gpu_faults,
     nearest_zero,
+    resolution_ns,
     runtime_offset,
 )
 from pnpscale.analysis.kineto import (
@@ -30,6 +31,7 @@ from pnpscale.analysis.kineto import (
     UNKNOWN_CORRELATIONS,
     is_gloo_work,
     is_named_descriptor,
+    kernel_label,
 )
 from pnpscale.analysis.overlap import C10D_PREFIX, union
 from pnpscale.analysis.trace.collect import Collector, merge_descriptors
@@ -89,7 +91,7 @@ def collected_events(
     out = [shift(e) for e in col.sections]
     out += [shift(e) for e in merge_descriptors(col.cpu)]
     out += _ops(col, base_ns)
-    outside: list[str] = []
+    outside: list[tuple[int, str]] = []  # (GPU start, text): GPU events whose correlation matches no launch
     faults = _faults(col, launch_of)
     nccl_faults = faults[len(col.gpu_start) :]
     if col.nccl:
@@ -98,7 +100,7 @@ def collected_events(
             col.nccl, launches, away, nccl_faults, strict=True
         ):
             if gone:
-                outside.append(f"{name.split('(')[0]} at ts {start} ns, correlation {corr}")
+                outside.append((start, f"{kernel_label(name)} at ts {start} ns, correlation {corr}"))
                 continue
             bad = bad or fault
             out.append(
@@ -118,16 +120,18 @@ def collected_events(
         launch, gone = launch_of(np.array([e.correlation], dtype=np.int64))
         if not gone[0]:
             out.append(shift(replace(e, launch_ns=None if launch[0] < 0 else int(launch[0]) + base_ns)))
+        else:
+            outside.append((e.start_ns, f"{kernel_label(e.name)} at ts {e.start_ns} ns, correlation {e.correlation}"))
     out += _gpu_representatives(col, launch_of, base_ns, outside, anomalies, rank, faults[: len(col.gpu_start)])
-    if outside:
-        anomalies.add("gpu_event_outside_window", rank, outside[0], len(outside))
+    lead = int(col.before_launch[0]) if col.before_launch_count else 0
+    col.orphan_gpu = _unmatched_gpu_events(outside, rt_start, lead, base_ns, anomalies, rank)
     if col.overlap_count:
         anomalies.add("stream_overlap", rank, col.overlaps[0], col.overlap_count)
     if col.names:
         counts = np.bincount(np.frombuffer(col.gpu_name, dtype=np.int64), minlength=len(col.names))
         hits = [(name, int(counts[i])) for name, i in col.names.items() if COLLECTIVE_WORDS.search(name)]
         if hits:
-            text = ", ".join(f"{n.split('(')[0]!r} ({c})" for n, c in hits[:5])
+            text = ", ".join(f"{kernel_label(n)!r} ({c})" for n, c in hits[:5])
             anomalies.add("collective_kernel_unrecognised", rank, text, sum(c for _, c in hits))
     if col.before_launch_count:
         lead, example = col.before_launch
@@ -136,18 +140,52 @@ def collected_events(
     return out
 
 
+def _unmatched_gpu_events(
+    outside: Sequence[tuple[int, str]], rt_start: Any, lead: int, base_ns: int, anomalies: Anomalies, rank: int | None
+) -> list[int]:
+    """Record the GPU events whose correlation id matches no runtime launch (``(GPU start ns, text)``, text empty
+    after the first of a kind), with the cause their place allows; return the starts (ns, shifted by ``base_ns``,
+    sorted) of those recorded while the profiler ran.
+
+    One that starts before the file's first runtime launch (plus ``lead``, ns: how far the trace's GPU clock runs
+    ahead of its launches, ``gpu_before_launch``) may have been launched before the profiler started
+    (``gpu_event_outside_window``). One that starts after it cannot be: its launch is missing from a file whose
+    profiler was recording (``gpu_event_unknown_correlation``); the iteration holding one is dropped by
+    :func:`pnpscale.analysis.section.records.section_records` (``orphan_gpu``), since its work cannot be placed.
+    """
+    if not outside:
+        return []
+    first = int(rt_start.min()) + max(lead, 0) if len(rt_start) else None
+    before = [(t, x) for t, x in outside if first is None or t < first]
+    after = [(t, x) for t, x in outside if first is not None and t >= first]
+    for kind, group in (("gpu_event_outside_window", before), ("gpu_event_unknown_correlation", after)):
+        if group:
+            text = next((x for _, x in group if x), f"a GPU event at ts {group[0][0]} ns")
+            if kind == "gpu_event_unknown_correlation" and first is not None:
+                text += f" (after the first recorded launch, at ts {first - max(lead, 0)} ns)"
+            anomalies.add(kind, rank, text, len(group))
+    return sorted(t + base_ns for t, _ in after)
+
+
 def _launches_without_gpu_event(col: Collector, rt_corr: Any, rt_start: Any, order: Any, base_ns: int) -> list[int]:
-    """Starts (ns, shifted by ``base_ns``) of the launches (:data:`~pnpscale.analysis.kineto.LAUNCH_CALL`) whose GPU
-    event is not in a file that Kineto did not close (no end marker) but that holds GPU events, when the latest
-    launch is one of them (Kineto writes the GPU events after the CPU's, in time order: a cut loses the last
-    launches' work): the work they launched is missing (the file was cut short). Empty otherwise: a complete
-    file, one without GPU events (refused by :func:`pnpscale.analysis.offline`), one with GPU events of unknown
-    launch (correlation 0), or one whose last launch has its GPU event (kernels dropped elsewhere)."""
+    """Starts (ns, shifted by ``base_ns``, sorted) of the launches (:data:`~pnpscale.analysis.kineto.LAUNCH_CALL`)
+    whose GPU event is not in a file that holds GPU events: the work they launched is missing, and
+    :func:`pnpscale.analysis.section.records.section_records` drops the iteration holding one (conservation: every
+    launch inside a section has its GPU event).
+
+    Kernel launches (:data:`~pnpscale.analysis.kineto.KERNEL_LAUNCH`: CUPTI records a GPU event for every one)
+    always; copies and memsets (which have none when of 0 bytes) only in a file Kineto did not close (no end
+    marker) whose latest launch is one of them: Kineto writes the GPU events after the CPU's, in time order, so a
+    cut loses the last launches' work (``trace_cut_short``). In a closed file the profiler dropped the GPU records
+    (``iteration_incomplete``). Empty for a file without
+    GPU events (refused by :func:`pnpscale.analysis.offline`) and for one with GPU events of unknown launch
+    (correlation 0, ROCm: no launch can be vouched for)."""
     import numpy as np
 
-    if col.end_marker or not len(rt_corr) or not col.gpu_events:
+    if not len(rt_corr) or not col.gpu_events:
         return []
-    launch = np.frombuffer(col.rt_launch, dtype=np.int8)[order].astype(bool)
+    kinds = np.frombuffer(col.rt_launch, dtype=np.int8)[order]
+    launch = kinds > 0
     seen = np.unique(np.concatenate([np.frombuffer(col.gpu_corr, dtype=np.int64) if len(col.gpu_corr) else
                                      np.zeros(0, np.int64), np.array([n[4] for n in col.nccl], dtype=np.int64),
                                      np.array([e.correlation for e in col.bad_gpu], dtype=np.int64)]))  # fmt: skip
@@ -159,8 +197,8 @@ def _launches_without_gpu_event(col: Collector, rt_corr: Any, rt_start: Any, ord
     if not gone.any():
         return []
     latest = int(np.argmax(np.where(launch & known, rt_start, np.iinfo(np.int64).min)))
-    if not gone[latest]:  # a cut loses the GPU tail: the last launch's work first; else kernels dropped elsewhere
-        return []
+    if col.end_marker or not gone[latest]:  # not a cut's GPU tail: only kernels, which always have a GPU event
+        gone &= kinds == 2
     return sorted((rt_start[gone] + base_ns).tolist())
 
 
@@ -218,7 +256,7 @@ def _dedupe(col: Collector, anomalies: Anomalies, rank: int | None) -> None:
     col.nccl = unique(
         col.nccl,
         lambda n: (n[0], n[1], n[2], n[3], n[4]),
-        lambda n: f"{n[0].split('(')[0]!r} at ts {n[1]} ns (stream {n[3]}, correlation {n[4]})",
+        lambda n: f"{kernel_label(n[0])!r} at ts {n[1]} ns (stream {n[3]}, correlation {n[4]})",
     )
     if dups:
         anomalies.add("duplicate_event", rank, dups[0], len(dups))
@@ -400,13 +438,14 @@ def _faults(col: Collector, launch_of: Any) -> list[str | None]:
     codes = np.zeros(len(start), dtype=np.int8)
     other = np.full(len(start), -1, dtype=np.int64)
     idx = np.flatnonzero(keep)
-    c, o = gpu_faults(start[idx], end[idx], stream[idx], corr[idx], launch[idx], col.window)
+    tolerance = resolution_ns(start[idx], end[idx] - start[idx])  # ts and dur rounded to it: rounding, not a fault
+    c, o = gpu_faults(start[idx], end[idx], stream[idx], corr[idx], launch[idx], col.window, tolerance)
     codes[idx] = c
     other[idx] = np.where(o >= 0, idx[np.maximum(o, 0)], -1)
     launch_unset = np.isin(corr, np.array(col.rt_unset, dtype=np.int64)) & keep if col.rt_unset else None
 
     def name(i: int) -> str:
-        return (names[col.gpu_name[i]] if i < n else col.nccl[i - n][0]).split("(")[0]
+        return kernel_label(names[col.gpu_name[i]] if i < n else col.nccl[i - n][0])
 
     out: list[str | None] = [None] * len(start)
     before = np.flatnonzero(codes == BEFORE_LAUNCH)  # a GPU clock ahead of the CPU's: placement by launch holds
@@ -448,7 +487,7 @@ def _gpu_representatives(
     col: Collector,
     launch_of: Any,
     base_ns: int,
-    outside: list[str],
+    outside: list[tuple[int, str]],
     anomalies: Anomalies,
     rank: int | None,
     faults: Sequence[str | None] = (),
@@ -467,8 +506,9 @@ def _gpu_representatives(
     names = list(col.names)
     if away.any():
         i = int(np.argmax(away))
-        outside.append(f"{names[col.gpu_name[i]]} at ts {int(start[i])} ns, correlation {int(corr[i])}")
-        outside.extend([""] * (int(away.sum()) - 1))
+        text = f"{names[col.gpu_name[i]]} at ts {int(start[i])} ns, correlation {int(corr[i])}"
+        outside.append((int(start[i]), text))
+        outside.extend((int(t), "") for t in start[away][1:].tolist())
     by_start = (launch < 0) & ~away
     if by_start.any():
         i = int(np.argmax(by_start))
