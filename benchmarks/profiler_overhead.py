@@ -8,7 +8,12 @@ the machine hits both alike; each profiled block is one profiler session, as in 
 
     python benchmarks/profiler_overhead.py [--mode inference|training] [--rounds 5] [--iterations 5]
 
-Prints the median iteration time of each variant and its ratio to the unprofiled one.
+Prints the median iteration time of each variant and its ratio to the unprofiled one. pnpscale's default
+leaves out the autograd node ranges (``make_profiler(autograd_ranges=False)``: ``RecordScope.BACKWARD_FUNCTION``);
+"+ autograd node ranges" is the previous default (every scope). "section ranges only" records only
+``USER_SCOPE`` (``record_function`` and c10d's ``gloo:*`` ranges, no operator: not enough for the CPU
+decomposition; torch's ``_enable_profiler(config, activities, scopes)``, wrapped here for the measurement only)
+as the lower bound of what recording costs.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
+import torch.autograd.profiler as autograd_profiler  # noqa: E402
+from torch._C._profiler import RecordScope  # noqa: E402
 from torch.profiler import record_function  # noqa: E402
 
 from pnpscale.core.config import resolve_spec  # noqa: E402
@@ -50,6 +57,17 @@ def iteration(solver) -> float:
     return time.perf_counter() - t0
 
 
+_ENABLE = autograd_profiler._enable_profiler
+
+
+def scoped(scopes: set[RecordScope] | None):
+    """Make the next profiler sessions record only ``scopes`` (``None``: as torch.profiler asks)."""
+    if scopes is None:
+        autograd_profiler._enable_profiler = _ENABLE
+    else:
+        autograd_profiler._enable_profiler = lambda config, activities, *_: _ENABLE(config, activities, scopes)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", default="inference", choices=["inference", "training"])
@@ -59,26 +77,42 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     spec, solver = build(a.mode, a.overrides)
+    print(f"load average before: {os.getloadavg()}")
     iteration(solver)  # warm-up
     times: dict[str, list[float]] = {
         "no profiler": [],
         "profiler (pnpscale default)": [],
         "profiler + record_shapes": [],
+        "+ autograd node ranges": [],
+        "section ranges only": [],
     }
+    events: dict[str, int] = {}
+    variants: list[tuple[str, dict[str, bool], set[RecordScope] | None]] = [
+        ("profiler (pnpscale default)", {}, None),
+        ("profiler + record_shapes", {"record_shapes": True}, None),
+        ("+ autograd node ranges", {"autograd_ranges": True}, None),
+        ("section ranges only", {"autograd_ranges": True}, {RecordScope.USER_SCOPE}),
+    ]
     for _ in range(a.rounds):
         times["no profiler"] += [iteration(solver) for _ in range(a.iterations)]
-        for label, shapes in (("profiler (pnpscale default)", False), ("profiler + record_shapes", True)):
-            with make_profiler(cuda=False, record_shapes=shapes) as prof, CollectiveLog():
-                for _ in range(a.iterations):
-                    times[label].append(iteration(solver))
-                    prof.step()
+        for label, kwargs, scopes in variants:
+            scoped(scopes)
+            try:
+                with make_profiler(cuda=False, **kwargs) as prof, CollectiveLog():
+                    for _ in range(a.iterations):
+                        times[label].append(iteration(solver))
+                        prof.step()
+            finally:
+                scoped(None)
+            events[label] = sum(1 for _ in prof.profiler.kineto_results.events()) // a.iterations
     base = statistics.median(times["no profiler"])
     print(f"{a.mode}, problem={spec.problem} image={spec.sizes['image_size']} threads={torch.get_num_threads()}, "
           f"{a.rounds} rounds x {a.iterations} iterations per variant")  # fmt: skip
-    print(f"{'variant':28s} {'median s/it':>12s} {'ratio':>7s}")
+    print(f"{'variant':28s} {'median s/it':>12s} {'ratio':>7s} {'events/it':>10s}")
     for label, ts in times.items():
         med = statistics.median(ts)
-        print(f"{label:28s} {med:12.4f} {med / base:7.3f}")
+        print(f"{label:28s} {med:12.4f} {med / base:7.3f} {events.get(label, 0):10d}")
+    print(f"load average after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -103,7 +103,8 @@ def wait_parts(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
 
     c = c.merge(r[[*_KEY, K.RANK, K.WARMUP, "_s", "_g"]], on=[*_KEY, K.RANK], how="left")
     c = c.sort_values([*_KEY, K.RANK, K.START_S, K.SEQ], kind="stable")
-    prev_end = c.groupby([*_KEY, K.RANK])["_end"].transform(lambda e: e.shift().cummax())
+    by_rank = [c[k] for k in (*_KEY, K.RANK)]
+    prev_end = c["_end"].groupby(by_rank).shift().groupby(by_rank).cummax()  # latest end before each start
     first = c.groupby([*_KEY, K.RANK]).cumcount() == 0
     c["_x"] = c[K.START_S] - np.where(first, c["_s"], prev_end)
     c["_gc"] = np.where(first, c["_g"], 0.0)
@@ -120,7 +121,7 @@ def wait_parts(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
     reach = c["_gc"] + c["_xbar"]
     c[K.WAIT_LATE_START_S] = reach.groupby([c[k] for k in per_c]).transform("max") - reach - c[K.WAIT_IMBALANCE_S]
     c[K.WAIT_JITTER_S] = c[K.WAIT_S] - c[K.WAIT_LATE_START_S] - c[K.WAIT_IMBALANCE_S]
-    unknown = c.groupby(per_c)[K.WAIT_LATE_START_S].transform(lambda v: v.isna().any())
+    unknown = c[K.WAIT_LATE_START_S].isna().groupby([c[k] for k in per_c]).transform("any")
     c.loc[unknown, list(K.WAIT_CAUSES)] = np.nan
     c[K.WARMUP] = c[K.WARMUP].astype(bool)
     out = c.sort_values([*_KEY, K.RANK, K.SEQ], kind="stable")

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.autograd.profiler as autograd_profiler
+from torch._C._profiler import RecordScope
 from torch.profiler import ProfilerActivity, profile
 
 from pnpscale.analysis.anomalies import Anomalies
@@ -35,15 +37,58 @@ from pnpscale.core import layout
 from pnpscale.core.errors import PnpscaleError
 
 
-def make_profiler(cuda: bool, record_shapes: bool = False) -> profile:
+def make_profiler(cuda: bool, record_shapes: bool = False, autograd_ranges: bool = False) -> profile:
     """A profiler over CPU (and CUDA when ``cuda``) activity.
 
     ``record_shapes`` records every operator's input shapes (``profile.record_shapes``); payload bytes
     do not need it: :class:`CollectiveLog` records them from the collective calls themselves, which
     costs nothing per operator (see ``benchmarks/README.md``, profiler overhead).
+
+    ``autograd_ranges`` (off by default) also records the ranges of the autograd nodes themselves
+    (``MmBackward0``, ``torch::autograd::AccumulateGrad``: ``RecordScope.BACKWARD_FUNCTION``). Without them
+    every other scope is recorded: operators (the backward's included), the engine's
+    ``autograd::engine::evaluate_function: <node>`` range around each node (same name, same place),
+    ``record_function`` sections, c10d's ``gloo:*``/``nccl:*`` ranges, and on CUDA kernels and runtime
+    calls; training's profiler overhead on CPU drops to about that of recording no operator at all
+    (``benchmarks/README.md``). What the decomposition reads is kept: a node range lies inside its
+    ``evaluate_function`` range and encloses the same operators, so the compute spans
+    (:func:`pnpscale.analysis.overlap.compute_spans`, :func:`~pnpscale.analysis.overlap.communicating`) are
+    the same, but where that ``evaluate_function`` range also issues a collective outside the node (from a
+    gradient hook, as DDP's): the node's own time outside its operators (engine bookkeeping, microseconds)
+    then counts as waiting, not compute. A trace viewer shows one range less per backward node.
     """
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    return profile(activities=activities, record_shapes=record_shapes)
+    if autograd_ranges:
+        return profile(activities=activities, record_shapes=record_shapes)
+    return _ScopedProfile(
+        _ALL_SCOPES - {RecordScope.BACKWARD_FUNCTION}, activities=activities, record_shapes=record_shapes
+    )
+
+
+_ALL_SCOPES = frozenset(RecordScope.__members__.values())
+
+
+class _ScopedProfile(profile):
+    """``torch.profiler.profile`` whose sessions record only the ``RecordFunction`` scopes given.
+
+    torch's ``_enable_profiler(config, activities, scopes)`` takes the scopes, but ``torch.profiler``
+    calls it without (all scopes): while this profiler starts a session, ``torch.autograd.profiler``'s
+    reference to it is replaced by one that passes ``scopes``, then restored.
+    """
+
+    def __init__(self, scopes: frozenset[RecordScope], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._scopes = set(scopes)
+
+    def start_trace(self) -> None:
+        enable = autograd_profiler._enable_profiler
+        scopes = self._scopes
+        # the binding takes ``scopes`` (its signature in ``_enable_profiler.__doc__``); torch's stub omits it
+        autograd_profiler._enable_profiler = lambda config, activities: enable(config, activities, scopes)  # type: ignore[call-arg]
+        try:
+            super().start_trace()
+        finally:
+            autograd_profiler._enable_profiler = enable
 
 
 #: torch.distributed collectives whose calls :class:`CollectiveLog` records: name -> (position, keyword) of
