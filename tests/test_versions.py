@@ -81,6 +81,8 @@ TORCH_APIS = frozenset({
     "torch.distributed.launcher.api.elastic_launch",
     "torch.distributed.reduce_scatter_tensor",
     "torch.distributed.send", "torch.distributed.recv",  # point-to-point since torch 1.0
+    # the module-global that profile._start_trace calls (its binding takes scopes since torch 1.13)
+    "torch.autograd.profiler", "torch.autograd.profiler._enable_profiler",
     "torch.distributed.rendezvous",
     "torch.dtype",
     "torch.empty",
