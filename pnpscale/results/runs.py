@@ -161,7 +161,7 @@ def discover(root: str | Path) -> pd.DataFrame:
         raise NoRunsError(f"{root}: is a file, not a folder of run folders (give the sweep folder)")
     if not root.is_dir():
         raise NoRunsError(f"{root}: no such directory")
-    rows, configured = [], []  # configured: the variant keys as the run's spec set them
+    rows, configured, works = [], [], []  # the variant keys as the run's spec set them; its work fields
     folders = {p.parent for p in root.glob(f"**/{layout.RUN_JSON}")}
     folders |= {p for p in root.glob("**/gpus=*") if p.is_dir() and "mode=" in str(p)}
     for d in sorted(folders):
@@ -212,12 +212,58 @@ def discover(root: str | Path) -> pd.DataFrame:
         if None not in (row["problem"], row["mode"], row["gpus"]):
             rows.append(row)
             configured.append(variant)
+            works.append(work_fields(run.get("spec") or {}) if fields else {})
     if not rows:
         raise NoRunsError(f"{root}: no run folders found (no run.json under it)")
     df = pd.DataFrame(rows)
     df["gpus"] = df["gpus"].astype("int64")
     df["variant"] = variants(pd.DataFrame(configured, index=df.index).assign(problem=df["problem"], mode=df["mode"]))
+    df["variant"] = work_variants(pd.DataFrame(works, index=df.index), df)
     return df
+
+
+#: The fields of a run's spec that set the work of a point beside its GPU count and variant keys: runs of one
+#: (problem, mode, variant) whose values differ are different series (:func:`work_variants`), never one curve.
+WORK_FIELDS = ("sizes", "params", "channels", "threads_per_rank", "record_shapes", "mode_params")
+
+
+def work_fields(spec: dict[str, Any]) -> dict[str, str]:
+    """A run's :data:`WORK_FIELDS` (``sizes`` and ``params`` flattened: ``problem.overlap``, ...), as text;
+    ``num_operators`` is a variant key already.
+
+    >>> work_fields({"sizes": {"overlap": 8, "nc": [4, 8], "num_operators": 4}, "channels": 3})
+    {'problem.overlap': '8', 'problem.nc': '[4, 8]', 'channels': '3'}
+    """
+    out: dict[str, str] = {}
+    for key in WORK_FIELDS:
+        value = spec.get(key)
+        if isinstance(value, dict) and key in ("sizes", "params"):
+            out |= {f"problem.{k}": str(v) for k, v in value.items() if k != "num_operators" and v is not None}
+        elif value is not None:
+            out[key] = str(value)
+    return out
+
+
+def work_variants(works: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
+    """``runs``' variant labels, each with ``field=value`` added for every work field (:func:`work_fields`, one
+    column each in ``works``) that takes several values among the runs of its (problem, mode, variant): a run
+    made with ``problem.overlap=100`` beside a sweep made with 8 is its own series, so that no scaled cost
+    divides one spec's GPU-seconds by another's (the choice of runs is per point: :func:`select`).
+
+    >>> runs = pd.DataFrame({"problem": "2d", "mode": "inference", "variant": ["", "", ""]})
+    >>> works = pd.DataFrame({"problem.overlap": ["8", "8", "100"], "channels": ["3", "3", "3"]})
+    >>> work_variants(works, runs).tolist()
+    ['problem.overlap=8', 'problem.overlap=8', 'problem.overlap=100']
+    """
+    label = runs["variant"].astype(str).copy()
+    if works.empty:
+        return label
+    keys = [runs["problem"], runs["mode"], runs["variant"]]
+    for col in works.columns:
+        varied = works[col].groupby(keys).transform(lambda s: s.dropna().nunique()) > 1
+        varied = varied & works[col].notna()
+        label = label.where(~varied, (label + " " + col + "=" + works[col].astype(str)).str.strip())
+    return label
 
 
 def folder_disagreement(point: dict[str, Any], run: dict[str, Any]) -> str | None:
