@@ -261,3 +261,22 @@ def test_main_payload_bytes_that_disagree_with_the_collectives_are_unreadable(tm
     row = pnpscale.load(tmp_path / "sweep").query("gpus == 2").iloc[0]
     assert row["status"] == "unreadable"
     assert row["error"] == f"unreadable: {run_dir / layout.SECTIONS}: iteration 0 section 'gradient': {reason}"
+
+
+def test_analyze_of_a_folder_without_traces_exits_2_naming_it_and_its_run_folders(tmp_path, capsys):
+    """A sweep folder or an empty folder given to ``analyze`` said "no trace files given", exit 1, naming
+    nothing; it is the user's input: exit 2, the folder named, and a sweep's run folders pointed at."""
+    from pnpscale.analysis.offline import main
+    from pnpscale.core import layout
+    from tests.test_report import fake_run
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([str(empty), "--sections", "gradient"]) == 2
+    assert capsys.readouterr().err == (
+        f"pnpscale.analyze: error: {empty}: a folder with no trace files (*.json, *.json.gz)\n")
+    run = tmp_path / "sweep" / layout.point_subdir("2d", "inference", 1)
+    fake_run(run, "2d", "inference", {"gradient": [(1.0, 0.0)]})
+    assert main([str(tmp_path / "sweep"), "--sections", "gradient"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'sweep'}: a folder with no trace files" in err and f"e.g. {run}" in err, err

@@ -597,6 +597,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{traceless[0]}: a run folder without {layout.TRACES_DIR}/ (its ranks' Kineto "
                 "traces are kept with profile.export_traces=true); its tables are the analysis"
             )
+        empty = [p for p in paths if p.is_dir() and not any(iter_trace_files([p]))]
+        if empty:  # nothing to read: the user's input (exit 2), named, with where traces would be
+            runs = sorted(q.parent for q in empty[0].glob(f"**/{layout.RUN_JSON}"))
+            hint = (f"; it holds {len(runs)} run folder(s): give one of them, with traces kept "
+                    f"(profile.export_traces=true), e.g. {runs[0]}" if runs else "")  # fmt: skip
+            raise AnalyzeError(f"{empty[0]}: a folder with no trace files (*.json, *.json.gz){hint}")
         out = args.out or ((paths[0] if paths[0].is_dir() else paths[0].parent) / ANALYSIS_DIR)
         problem = layout.out_dir_problem(out)
         if problem is not None:  # refused before any trace is read

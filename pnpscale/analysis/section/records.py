@@ -249,6 +249,9 @@ def section_ranges(
         cut = ""
         if file_end_ns is not None and any(counts.values()):
             cut = f"; or the file was cut short: Kineto did not close it (no {END_MARKER!r})"
+        if 0 in counts.values() and not any(e.name.startswith("ProfilerStep#") for e in evs):
+            cut += "; the trace holds no ProfilerStep#N range either (torch writes them only when profile() has a "
+            cut += "schedule=, e.g. torch.profiler.schedule(wait=0, warmup=0, active=N))"
         error = SectionError(
             "section ranges found per name: "
             + ", ".join(f"{s}={n}" for s, n in counts.items())
