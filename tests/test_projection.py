@@ -431,7 +431,8 @@ def test_command_on_cpu_runs_refuses_past_the_cores(tmp_path, capsys):
     assert "nothing could be projected" in err and "past the 4 cores the CPU ranks share" in err
     # said plainly, with the command that works (within the cores), and no flag invited to pretend otherwise
     assert "no honest projection past the cores, and no option makes one" in err
-    assert f"within them, this works: python -m pnpscale.project {root} --gpus 2,4" in err
+    assert ("within them this runs, checking the fit at the measured counts: "
+            f"python -m pnpscale.project {root} --gpus 2,4") in err
     assert "give --devices" not in err
 
 

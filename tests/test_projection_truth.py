@@ -231,6 +231,7 @@ def test_a_node_size_refusal_prints_commands_that_work():
     p = project(rows, [64], Options(bootstrap=0), samples=samples)
     hint = fix_hint(Namespace(path="SWEEP", devices=None), rows, p)
     assert "python -m pnpscale.project SWEEP --gpus-per-node G --rate ring=GBps (G >= 4)" in hint
-    assert "within the measured node, this works now: python -m pnpscale.project SWEEP --gpus 2,4" in hint
+    assert ("within the measured node (measured counts: the fit checked, nothing past it), this works now: "
+            "python -m pnpscale.project SWEEP --gpus 2,4") in hint
     ok = project(rows, [2, 4], Options(bootstrap=0), samples=samples)  # that command's projection: made
     assert ("2d", "inference") in ok.findings

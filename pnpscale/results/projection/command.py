@@ -131,14 +131,15 @@ def fix_hint(args: Any, table: pd.DataFrame, p: Projection) -> str:
         within = [n for n in measured if n > 1] or [top]
         return ("\nthe node size is a fact of the machine: give it, with the inter-node rate you measured "
                 f"(nccl-tests' busbw), e.g. {shlex.join([*base, '--gpus-per-node', 'G', '--rate', 'ring=GBps'])}"
-                f" (G >= {top}); within the measured node, this works now: "
-                f"{shlex.join([*base, '--gpus', ','.join(map(str, within))])}")  # fmt: skip
+                f" (G >= {top}); within the measured node (measured counts: the fit checked, nothing past it), "
+                f"this works now: {shlex.join([*base, '--gpus', ','.join(map(str, within))])}")  # fmt: skip
     if "cores the CPU ranks share" in reasons or TimeShared.__name__ in reasons:
         cores = args.devices or local_cores()
         within = [n for n in measured if 1 < n <= cores]
         return ("\non CPU ranks that time-share the cores there is no honest projection past the cores, and no "
-                "option makes one"
-                + (f"; within them, this works: {shlex.join([*base, '--gpus', ','.join(map(str, within))])}"
+                "option makes one: measure on a machine with a core per rank thread, or on GPUs"
+                + (f"; within them this runs, checking the fit at the measured counts: "
+                   f"{shlex.join([*base, '--gpus', ','.join(map(str, within))])}"
                    if len(within) and len([n for n in measured if n <= cores]) >= 2 else ""))  # fmt: skip
     return ""
 
