@@ -235,9 +235,8 @@ def test_negative_compute_is_refused_live_and_warned_offline():
 # --- 6. busy_wait calibrated with CUDA events ----------------------------------------------------------
 
 
-def test_busy_wait_uses_the_measured_sleep_rate_not_the_max_clock(monkeypatch):
-    """A GPU whose sleep kernel runs at 1.0 GHz while its maximum clock says 1.98 GHz."""
-    real_hz, slept = 1.0e9, []
+def _fake_cuda_event() -> type:
+    """A fresh stand-in for ``torch.cuda.Event``, timed by the class's own ``clock`` (seconds), which a test moves."""
 
     class FakeEvent:
         clock = 0.0
@@ -253,6 +252,15 @@ def test_busy_wait_uses_the_measured_sleep_rate_not_the_max_clock(monkeypatch):
 
         def elapsed_time(self, end):
             return (end.t - self.t) * 1e3
+
+    return FakeEvent
+
+
+def test_busy_wait_uses_the_measured_sleep_rate_not_the_max_clock(monkeypatch):
+    """A GPU whose sleep kernel runs at 1.0 GHz while its maximum clock says 1.98 GHz."""
+    real_hz, slept = 1.0e9, []
+
+    FakeEvent = _fake_cuda_event()
 
     def sleep(cycles):
         slept.append(cycles)
@@ -672,20 +680,7 @@ def test_the_sleep_rate_is_timed_once_the_gpu_has_clocked_up(monkeypatch):
     is the clocked-up one (timing the first 10 ms sleeps read half of it)."""
     full_hz, busy, timed = 1.5e9, [0.0], []
 
-    class FakeEvent:
-        clock = 0.0
-
-        def __init__(self, enable_timing=False):
-            self.t = None
-
-        def record(self):
-            self.t = FakeEvent.clock
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, end):
-            return (end.t - self.t) * 1e3
+    FakeEvent = _fake_cuda_event()
 
     def sleep(cycles):
         seconds = cycles / (full_hz / 2 if busy[0] < 0.05 else full_hz)

@@ -660,17 +660,21 @@ def _first_job(proc: subprocess.Popen, lines: list[str]) -> str:
     return next(iter(_submitted(lines).values()))
 
 
+def _slow_sweep(tmp_path: Path) -> tuple[Path, list[str], dict[str, str]]:
+    """The sweep folder, command and environment of the one-point SLURM sweep slow enough to act on mid-run."""
+    from tests.helpers import ROOT
+
+    cmd = [sys.executable, "-m", "pnpscale", "-m", *_slurm_args(tmp_path, *_SLOW_POINT)]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | {"PYTHONPATH": str(ROOT)}
+    return tmp_path / "outputs" / "sweep", cmd, env
+
+
 @pytest.mark.slurm
 def test_a_suspended_iteration_is_flagged_and_the_job_waited_for(slurm_cluster, tmp_path):
     """``scontrol suspend`` for 8 s during a measured iteration: the job is not taken as ended (submitit's
     watcher did: recorded failed while it went on); once it completes, sacct's Suspended time flags that
     iteration in run.json (anomaly ``slurm_suspended``), the report lists it."""
-    from tests.helpers import ROOT
-
-    sweep = tmp_path / "outputs" / "sweep"
-    cmd = [sys.executable, "-m", "pnpscale", "-m", *_slurm_args(tmp_path, *_SLOW_POINT)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("HYDRA_FULL_ERROR", None)
+    sweep, cmd, env = _slow_sweep(tmp_path)
     lines: list[str] = []
     with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as proc:  # fmt: skip
@@ -702,12 +706,7 @@ def test_a_suspended_iteration_is_flagged_and_the_job_waited_for(slurm_cluster, 
 def test_a_resume_after_a_killed_launcher_cancels_its_job_and_runs_the_point(slurm_cluster, tmp_path):
     """SIGKILL of the launcher while its job runs: the job id was recorded in the run folder as sbatch
     returned, so the resume cancels that job (the folder used to be refused as in use) and runs the point."""
-    from tests.helpers import ROOT
-
-    sweep = tmp_path / "outputs" / "sweep"
-    cmd = [sys.executable, "-m", "pnpscale", "-m", *_slurm_args(tmp_path, *_SLOW_POINT)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("HYDRA_FULL_ERROR", None)
+    sweep, cmd, env = _slow_sweep(tmp_path)
     lines: list[str] = []
     with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as proc:  # fmt: skip
