@@ -157,3 +157,8 @@ def shared_traces() -> Path:
     if not SHARED_TRACES.is_dir():
         pytest.skip(f"real traces not present at {SHARED_TRACES} (../shared/traces is outside the repo)")
     return SHARED_TRACES
+
+
+#: tests/data holds inputs (trace generators among them), not tests: never collected, doctests included
+#: (two generators named make_case.py would otherwise collide as one module name).
+collect_ignore_glob = ["data/*"]

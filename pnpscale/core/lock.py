@@ -32,6 +32,7 @@ from typing import Any
 from pnpscale.core import layout
 from pnpscale.core.errors import PnpscaleError
 from pnpscale.core.record import now_iso
+from pnpscale.core.signals import deferred
 
 
 @dataclass(frozen=True)
@@ -146,18 +147,21 @@ class FolderLock:
         return had
 
     def release(self) -> None:
-        """Drop the lock and remove its file (unlinked while still locked; see the module doc)."""
+        """Drop the lock and remove its file (unlinked while still locked; see the module doc). A stop signal
+        arriving meanwhile is held back until both are done (:func:`pnpscale.core.signals.deferred`): a
+        Ctrl-C just as a point ends never leaves the file behind."""
         if self._fd is None:
             return
-        try:
-            if os.path.samestat(os.fstat(self._fd), os.stat(self.path)):
-                self.path.unlink()
-        except OSError:  # gone already, or a folder no longer writable: at least no holder is named
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, 0)
-        finally:
-            os.close(self._fd)  # closing the only open of the file drops its flock
-            self._fd = None
+        with deferred():
+            try:
+                if os.path.samestat(os.fstat(self._fd), os.stat(self.path)):
+                    self.path.unlink()
+            except OSError:  # gone already, or a folder no longer writable: at least no holder is named
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, 0)
+            finally:
+                os.close(self._fd)  # closing the only open of the file drops its flock
+                self._fd = None
 
     def __enter__(self) -> FolderLock:
         return self.acquire()
