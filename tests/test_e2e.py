@@ -214,4 +214,5 @@ def test_resume_skips_the_same_spec_and_refuses_to_overwrite_another(tmp_path):
     other = run_cli("-m", "gpus=1", *TINY_2D, "iterations=3", sweep, "report=false", root=tmp_path)
     assert other.returncode == 2
     assert "resume=true:" in other.stderr and "holds a complete run of another spec" in other.stderr
+    assert "iterations: 2 (stored) vs 3" in other.stderr, other.stderr  # what differs, not only fingerprints
     assert read_run(d) == before

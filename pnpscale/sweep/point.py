@@ -160,12 +160,34 @@ def complete_run(run_dir: Path, cfg: Any, resume: bool = True) -> dict[str, Any]
         # a damaged complete run (a truncated table, an edited value) is what the report and load() refuse:
         # skipping it would leave the point unreadable for good; it is run again (and said so by the task)
         return None if unreadable_reason(run_dir) else done
+    differ = spec_differences(done.get("spec") or {}, spec.to_dict())
+    said = f"{', '.join(differ)}; " if differ else ""
     raise ConfigError(
         "resume",
         True,
-        f"{run_dir} holds a complete run of another spec (fingerprint {done.get('fingerprint')}, this point "
+        f"{run_dir} holds a complete run of another spec ({said}fingerprint {done.get('fingerprint')}, this point "
         f"{spec.fingerprint()}): use another folder (hydra.sweep.dir / hydra.run.dir), or resume=false to replace it",
     )
+
+
+def spec_differences(stored: dict[str, Any], asked: dict[str, Any], most: int = 3) -> list[str]:
+    """What differs between a stored run's spec and the one asked for, as ``key: stored (stored) vs asked``
+    (dotted keys into nested dicts, at most ``most`` of them, then ``...``): the resume refusal names them.
+
+    >>> spec_differences({"iterations": 200, "sizes": {"overlap": 8}}, {"iterations": 5, "sizes": {"overlap": 8}})
+    ['iterations: 200 (stored) vs 5']
+    """
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), f"{key}.{k}" if key else str(k))
+        elif a != b and not (isinstance(a, list | tuple) and isinstance(b, list | tuple) and list(a) == list(b)):
+            out.append(f"{key}: {a!r} (stored) vs {b!r}")
+
+    walk(stored, asked, "")
+    return out[:most] + (["..."] if len(out) > most else [])
 
 
 #: Keys that take effect in some modes only: dotted key -> the modes (``mode.name``) whose solver reads it.
