@@ -21,7 +21,7 @@ import tracemalloc
 
 from pnpscale.analysis.events import Event, Kind, rank_rows
 from pnpscale.analysis.metrics import decompose
-from pnpscale.analysis.section.records import section_records
+from pnpscale.analysis.section import section_records
 from pnpscale.analysis.tables import frames
 
 US = 1000

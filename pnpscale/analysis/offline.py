@@ -48,17 +48,17 @@ from pnpscale.analysis.metrics import (
     run_metrics,
     summarize,
 )
-from pnpscale.analysis.section.align import align_collectives, nested_sections
-from pnpscale.analysis.section.iterations import (
+from pnpscale.analysis.section import (
+    align_collectives,
     drop_bad_iterations,
     drop_cut_iterations,
     drop_empty_iterations,
     match_steps,
+    nested_sections,
+    section_records,
 )
-from pnpscale.analysis.section.records import section_records
 from pnpscale.analysis.tables import frames, table_writers
-from pnpscale.analysis.trace.cut import drop_unvouched_end
-from pnpscale.analysis.trace.read import (
+from pnpscale.analysis.trace import (
     NotATraceError,
     TraceError,
     TraceInfo,
@@ -67,6 +67,7 @@ from pnpscale.analysis.trace.read import (
     read_header,
     read_trace,
 )
+from pnpscale.analysis.trace.cut import drop_unvouched_end
 from pnpscale.core import layout
 from pnpscale.core.errors import InputError, PnpscaleError
 from pnpscale.core.record import RecordError, now_iso, read_record
@@ -301,7 +302,7 @@ def no_collectives_text(traces: Sequence[RankedTrace], world: int) -> str:
     """What a multi-rank job without any collective holds: the descriptors and the events of unknown
     categories seen (the usual causes), so that the warning names the cause.
 
-    >>> from pnpscale.analysis.trace.read import TraceInfo
+    >>> from pnpscale.analysis.trace import TraceInfo
     >>> info = TraceInfo(Path("r0.json"), 0, 2, "nccl", None, descriptors=6, unknown_categories=(("Kernel", 12),))
     >>> no_collectives_text([RankedTrace(0, Path("r0.json"), "distributedInfo", info)], 2)  # doctest: +ELLIPSIS
     "1 rank(s) of 2, no gloo:* range or collective GPU kernel in any section; seen: 6 collective descriptor(s) ..."

@@ -132,13 +132,22 @@ def point_label(problem: str, mode: str, gpus: int, variant: str = "") -> str:
     return " ".join(point_parts(problem, mode, gpus, variant))
 
 
+def per_rank(run_dir: Path | str, folder: str, rank: int, suffix: str) -> Path:
+    """``run_dir/folder/rank<rank><suffix>``: the one spelling of every per-rank file of a run folder.
+
+    >>> per_rank("r", "logs", 2, ".err").as_posix()
+    'r/logs/rank2.err'
+    """
+    return Path(run_dir) / folder / f"rank{rank}{suffix}"
+
+
 def nccl_log(run_dir: Path | str, rank: int) -> Path:
     """Rank ``rank``'s NCCL debug log (``NCCL_DEBUG_FILE``).
 
     >>> nccl_log("r", 3).as_posix()
     'r/nccl/rank3.log'
     """
-    return Path(run_dir) / NCCL_DIR / f"rank{rank}.log"
+    return per_rank(run_dir, NCCL_DIR, rank, ".log")
 
 
 def trace_file(run_dir: Path | str, rank: int) -> Path:
@@ -147,7 +156,7 @@ def trace_file(run_dir: Path | str, rank: int) -> Path:
     >>> trace_file("r", 0).as_posix()
     'r/traces/rank0.pt.trace.json'
     """
-    return Path(run_dir) / TRACES_DIR / f"rank{rank}.pt.trace.json"
+    return per_rank(run_dir, TRACES_DIR, rank, ".pt.trace.json")
 
 
 def rank_log_link(run_dir: Path | str, rank: int, stream: str) -> Path:
@@ -156,7 +165,7 @@ def rank_log_link(run_dir: Path | str, rank: int, stream: str) -> Path:
     >>> rank_log_link("r", 2, "err").as_posix()
     'r/logs/rank2.err'
     """
-    return Path(run_dir) / LOGS_DIR / f"rank{rank}.{stream}"
+    return per_rank(run_dir, LOGS_DIR, rank, f".{stream}")
 
 
 def failure_file(run_dir: Path | str, rank: int) -> Path:
@@ -165,7 +174,7 @@ def failure_file(run_dir: Path | str, rank: int) -> Path:
     >>> failure_file("r", 1).as_posix()
     'r/logs/rank1.failure'
     """
-    return Path(run_dir) / LOGS_DIR / f"rank{rank}.failure"
+    return per_rank(run_dir, LOGS_DIR, rank, ".failure")
 
 
 def progress_file(run_dir: Path | str, rank: int) -> Path:
@@ -174,7 +183,7 @@ def progress_file(run_dir: Path | str, rank: int) -> Path:
     >>> progress_file("r", 1).as_posix()
     'r/logs/rank1.progress'
     """
-    return Path(run_dir) / LOGS_DIR / f"rank{rank}.progress"
+    return per_rank(run_dir, LOGS_DIR, rank, ".progress")
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.events import SectionError, rank_rows
-from pnpscale.analysis.section.records import section_records
+from pnpscale.analysis.section import section_records
 from pnpscale.core import layout
 from pnpscale.core.config import RunSpec
 from pnpscale.core.errors import PnpscaleError, failure_kind

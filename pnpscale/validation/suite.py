@@ -41,7 +41,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from pnpscale import columns as K
 from pnpscale.analysis.events import rank_rows
 from pnpscale.analysis.metrics import decompose
-from pnpscale.analysis.section.records import section_records
+from pnpscale.analysis.section import section_records
 from pnpscale.analysis.tables import frames, table_writers
 from pnpscale.cluster.local import run_ranks
 from pnpscale.cluster.slurm import executor_parameters
