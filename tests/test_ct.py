@@ -118,7 +118,11 @@ def test_angle_blocks_keep_the_gradient_balanced_where_two_operators_cannot(tmp_
     ct = ["problem=ct", "scale=small", "problem.num_operators=16", "problem.params.angles_per_pixel=2",
           "problem.patch_size=56", "problem.nc=[4,8,8,8]"]  # fmt: skip
     two_d = [o for o in TINY_2D if not o.startswith(("problem.num_operators", "iterations", "warmup"))]
-    for overrides in (ct, [*two_d, "problem.num_operators=2"]):
+    # 2d at 256² (tile window 64): each operator's gradient takes 10-20 ms on a CPU rank, well above the few
+    # milliseconds of scheduling noise an idle rank shows on shared cores (at 32² both were 3-5 ms and a CI
+    # run on 2 loaded cores saw an idle rank's mean above an operator rank's)
+    two_d = [*two_d, "problem.num_operators=2", "problem.image_size=256", "problem.patch_size=56", "problem.overlap=4"]
+    for overrides in (ct, two_d):
         proc = run_cli(*common, *overrides, root=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
     lb, assigned, operators, busy = {}, {}, {}, {}

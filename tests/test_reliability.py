@@ -145,9 +145,29 @@ def _group_gone(pgid: int, within_s: float) -> bool:
         time.sleep(0.05)
 
 
+#: A ``sitecustomize`` that holds the interpreter at its first ``import pandas``: it writes ``{marker}`` and
+#: sleeps (a stop signal's handler runs between the sleeps) for at most 30 s before letting the import go on.
+_HOLD_AT_PANDAS = """
+import pathlib, sys, time
+
+class _Hold:
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas":
+            sys.meta_path.remove(self)
+            pathlib.Path({marker!r}).write_text("held")
+            end = time.monotonic() + 30
+            while time.monotonic() < end:
+                time.sleep(0.01)
+        return None
+
+sys.meta_path.insert(0, _Hold())
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["pnpscale.report", "pnpscale.analyze"])
 def test_two_sigints_while_a_command_imports_are_one_line_and_exit_130(tmp_path, command):
+    import os
     import subprocess
     import sys
     import time
@@ -158,9 +178,20 @@ def test_two_sigints_while_a_command_imports_are_one_line_and_exit_130(tmp_path,
     run = tmp_path / "sweep" / layout.point_subdir("2d", "inference", 2)
     fake_run(run, "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2})
     args = [str(tmp_path / "sweep")] if command == "pnpscale.report" else [str(run), "--sections", "gradient"]
-    proc = subprocess.Popen([sys.executable, "-m", command, *args], env=_env(), stdout=subprocess.PIPE,
+    # The command is held at its first import of pandas (a sitecustomize finder that marks the moment in a file
+    # and waits), so the two signals land inside its imports however fast the machine is.
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    marker = tmp_path / "importing-pandas"
+    (hold / "sitecustomize.py").write_text(_HOLD_AT_PANDAS.format(marker=str(marker)))
+    env = _env()
+    env["PYTHONPATH"] = f"{hold}{os.pathsep}{env['PYTHONPATH']}"
+    proc = subprocess.Popen([sys.executable, "-m", command, *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    time.sleep(0.4)  # inside the command's imports (pandas alone takes longer)
+    end = time.monotonic() + 60
+    while not marker.exists() and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.01)
+    assert marker.exists(), ("the command never reached its import of pandas", proc.poll())
     proc.send_signal(signal.SIGINT)
     time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
