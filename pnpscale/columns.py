@@ -279,8 +279,8 @@ BYTES_VS_BASE = "bytes_vs_base"
 #: the comparison's verdict vs the baseline (pnpscale.results.compare.noise_verdict)
 NOISE = "noise"
 COMPARE_COLUMNS = (
-    MODE, VARIED, SERIES, GPUS, "status", SECTION_S, TRANSFER_S, WAIT_S, HIDDEN_S, HIDDEN_SHARE, LB, COMM_E,
-    SCALED_COST, BYTES_PER_GPU,
+    MODE, VARIED, SERIES, GPUS, "status", TIME_SHARED, SECTION_S, TRANSFER_S, WAIT_S, HIDDEN_S, HIDDEN_SHARE, LB,
+    COMM_E, SCALED_COST, BYTES_PER_GPU,
     SECTION_VS_BASE, TRANSFER_VS_BASE, BYTES_VS_BASE, ITERATIONS, spread_column(SECTION_S, 10),
     spread_column(SECTION_S, 90), NOISE,
 )  # fmt: skip

@@ -80,6 +80,28 @@ def test_report_writes_comparison_and_transfer_knows_all_gather(collective_sweep
         assert ag[K.BYTES_PER_GPU] == pytest.approx(ar[K.BYTES_PER_GPU] / 2)
 
 
+def test_compare_marks_the_time_shared_points_in_its_chart_and_table(collective_sweep):
+    from pnpscale.results.charts import TIME_SHARED_LABEL
+    from pnpscale.results.compare import markdown, plot_comparison
+    from tests.test_report_flags import _hollow
+
+    table = build_table(collective_sweep, echo=lambda _: None)
+    table[K.TIME_SHARED] = pd.array(table["gpus"] == 4, dtype="boolean")  # 4 ranks on 2 cores
+    cmp = comparison(table)
+    assert cmp.groupby(K.GPUS)[K.TIME_SHARED].agg(lambda v: set(v.tolist())).to_dict() == {
+        1: {False}, 2: {False}, 4: {True}}  # fmt: skip
+    fig = plot_comparison(cmp)
+    assert set(_hollow(fig)) == {4.0}  # every panel, both series: only the 4-GPU points
+    legend = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert TIME_SHARED_LABEL in legend
+    rows = [line for line in "\n".join(markdown(cmp)).splitlines() if line.startswith("|")]
+    status = sorted((int(cells[2]), cells[3]) for cells in ([c.strip() for c in line.split("|")] for line in rows)
+                    if cells[2].isdigit())  # fmt: skip
+    assert status == [(1, "complete")] * 2 + [(2, "complete")] * 2 + [(4, "complete, time-shared")] * 2
+    table[K.TIME_SHARED] = pd.array([pd.NA] * len(table), dtype="boolean")  # unknown: no marks
+    assert _hollow(plot_comparison(comparison(table))) == []
+
+
 def test_problem_and_num_operators_comparisons(tmp_path):
     root = tmp_path / "sweep"
     for problem, ops in (("2d", 2), ("3d", None)):

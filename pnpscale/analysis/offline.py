@@ -69,7 +69,7 @@ from pnpscale.analysis.trace import (
 )
 from pnpscale.analysis.trace.cut import drop_unvouched_end
 from pnpscale.core import layout
-from pnpscale.core.errors import InputError, PnpscaleError
+from pnpscale.core.errors import InputError, PnpscaleError, command_prog
 from pnpscale.core.record import RecordError, now_iso, read_record
 
 ANALYSIS_JSON = layout.ANALYSIS_JSON
@@ -509,7 +509,7 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m pnpscale.analyze",
+        prog=command_prog("pnpscale.analyze"),
         description="Compute / transfer / wait per section from one Kineto trace per rank (any job).",
     )
     p.add_argument("paths", nargs="+", metavar="TRACE_DIR", help="folders of traces (*.json, *.json.gz) or files")

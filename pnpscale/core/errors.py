@@ -125,3 +125,21 @@ def report_lines(error: BaseException) -> list[str]:
     """
     text = str(error).strip() or type(error).__name__
     return [f"pnpscale: error: {line}" for line in text.splitlines()]
+
+
+def command_prog(module: str) -> str:
+    """The command's name for its ``--help`` usage line, as the user typed it: the console script's name
+    (``pnpscale-analyze``) when ``sys.argv[0]`` is one, else ``python -m MODULE``.
+
+    >>> import sys; saved = sys.argv[0]; sys.argv[0] = "/venv/bin/pnpscale-report"
+    >>> command_prog("pnpscale.report")
+    'pnpscale-report'
+    >>> sys.argv[0] = "/src/pnpscale/report.py"; command_prog("pnpscale.report")
+    'python -m pnpscale.report'
+    >>> sys.argv[0] = saved
+    """
+    import os
+    import sys
+
+    name = os.path.basename(sys.argv[0] if sys.argv else "")
+    return name if name.startswith("pnpscale-") or name == "pnpscale" else f"python -m {module}"

@@ -100,6 +100,22 @@ def _legend_once(ax: Any, label: str, **kw: Any) -> None:
         ax.plot([], [], **kw, label=label)
 
 
+def mark_time_shared(ax: Any, rows: pd.DataFrame, values: pd.Series, color: Any) -> None:
+    """Hollow markers over the points of one line whose ranks time-shared cores or GPUs, and the legend entry
+    :data:`TIME_SHARED_LABEL` once per panel.
+
+    Args:
+        ax: the panel.
+        rows: the line's rows (``gpus`` and TIME_SHARED columns; :func:`shared_gpus`).
+        values: the plotted values indexed by GPU count (NaN: no marker).
+        color: the line's colour (the markers' edge).
+    """
+    shared = sorted(g for g in shared_gpus(rows) if g in values.index and np.isfinite(float(values[g])))
+    if shared:
+        ax.plot(shared, values[shared].to_numpy(dtype=float), "o", ms=9, mfc="white", mec=color, mew=1.8)
+        _legend_once(ax, TIME_SHARED_LABEL, marker="o", ls="none", mfc="white", mec="black")
+
+
 def _line(ax: Any, grp: pd.DataFrame, y: str, all_gpus: list[int], **kw: Any) -> bool:
     """Plot y vs gpus with NaN at every GPU count of the sweep that this group lacks (a gap), and, where the
     table has the spread of ``y`` (:data:`pnpscale.columns.SPREAD_COLUMNS`), a band from its per-iteration
@@ -108,10 +124,7 @@ def _line(ax: Any, grp: pd.DataFrame, y: str, all_gpus: list[int], **kw: Any) ->
     positive_only = kw.pop("positive", False)
     s = grp.set_index("gpus")[y].reindex(all_gpus)
     (line,) = ax.plot(s.index, s.to_numpy(dtype=float), marker="o", **kw)
-    shared = sorted(g for g in shared_gpus(grp) if g in s.index and np.isfinite(float(s[g])))
-    if shared:
-        ax.plot(shared, s[shared].to_numpy(dtype=float), "o", ms=9, mfc="white", mec=line.get_color(), mew=1.8)
-        _legend_once(ax, TIME_SHARED_LABEL, marker="o", ls="none", mfc="white", mec="black")
+    mark_time_shared(ax, grp, s, line.get_color())
     lo, hi = K.spread_column(y, 10), K.spread_column(y, 90)
     if y in K.SPREAD_METRICS and lo in grp and hi in grp:
         band = grp.set_index("gpus")[[lo, hi]].reindex(all_gpus).astype(float)

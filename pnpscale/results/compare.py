@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from pnpscale import columns as K
 from pnpscale.analysis.spread import MIN_ITERATIONS, too_few
 from pnpscale.core import layout
+from pnpscale.results.charts import mark_time_shared
 from pnpscale.results.plotting import figure, log2_x
 from pnpscale.results.runs import read_table
 from pnpscale.results.series import series_label
@@ -171,6 +172,8 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame | None:
             if col not in grp:  # a table built before the spread was kept
                 grp[col] = np.nan
                 base[col] = np.nan
+        if K.TIME_SHARED not in grp:  # folders that predate the flag: unknown
+            grp[K.TIME_SHARED] = pd.array([pd.NA] * len(grp), dtype="boolean")
         grp[K.NOISE] = [
             BASELINE if series == order[0] else (noise_verdict(row, base.loc[g]) if g in base.index else pd.NA)
             for series, g, (_, row) in zip(grp[K.SERIES], grp["gpus"], grp.iterrows(), strict=True)
@@ -259,6 +262,8 @@ def markdown(cmp: pd.DataFrame) -> list[str]:
     ]
     for mode, grp in cmp.groupby(K.MODE, sort=False):
         status = grp["status"].where(grp["status"] == layout.STATUS_COMPLETE, "missing (" + grp["status"] + ")")
+        shared = grp[K.TIME_SHARED].astype("boolean").fillna(False).to_numpy(dtype=bool)
+        status = status.where(~shared, status + ", time-shared")
         view = pd.DataFrame(
             {
                 "series": grp[K.SERIES],
@@ -298,6 +303,8 @@ def plot_comparison(cmp: pd.DataFrame) -> Figure:
             if col == K.BYTES_PER_GPU:
                 y = np.where(y > 0, y, np.nan)
             ax.plot(all_gpus, y, marker="o", color=f"C{i % 10}", ls=styles[i % 4], label=f"{mode}: {series}")
+            rows = cmp[(cmp[K.MODE] == mode) & (cmp[K.SERIES] == series)]
+            mark_time_shared(ax, rows, pd.Series(y, index=all_gpus), f"C{i % 10}")
             lo, hi = K.spread_column(K.SECTION_S, 10), K.spread_column(K.SECTION_S, 90)
             if col == K.SECTION_S and lo in cmp and hi in cmp:  # the per-iteration spread the verdict uses
                 sel = cmp[(cmp[K.MODE] == mode) & (cmp[K.SERIES] == series)].set_index(K.GPUS)
@@ -311,6 +318,10 @@ def plot_comparison(cmp: pd.DataFrame) -> Figure:
             ax.set_yscale("log")
         ax.set_title(label)
     handles, labels = flat[0].get_legend_handles_labels()
+    for ax in flat[1:]:  # the time-shared proxy, which only panels with such a point hold
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles, labels = [*handles, h], [*labels, lab]
     flat[-1].axis("off")
     flat[-1].legend(handles, labels, loc="center", fontsize=9)
     fig.suptitle(f"Side by side: {cmp[K.VARIED].iloc[0]} (seconds per iteration; scaled cost, LB, CommE: ratios)")

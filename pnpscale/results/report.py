@@ -42,6 +42,7 @@ from pnpscale.analysis.anomalies import summary_lines
 from pnpscale.analysis.spread import MIN_ITERATIONS, too_few
 from pnpscale.analysis.waits import RANK_TABLE_COLUMNS, rank_table
 from pnpscale.core import layout, signals
+from pnpscale.core.errors import command_prog
 from pnpscale.core.record import RecordError, read_record
 from pnpscale.rank.assignment import section_work
 from pnpscale.results.charts import CHARTS, save
@@ -626,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP (one line; the previous report is intact).
     """
 
-    parser = argparse.ArgumentParser(prog="python -m pnpscale.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=command_prog("pnpscale.report"), description=__doc__.splitlines()[0])
     parser.add_argument("path", help="folder holding run folders (a sweep, or outputs/ with several sweeps)")
     parser.add_argument("--out", default=None, help="report folder (default: PATH/report)")
     parser.add_argument(

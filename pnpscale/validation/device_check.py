@@ -66,7 +66,7 @@ from pnpscale.analysis.nccl_log import parse_nccl_log
 from pnpscale.analysis.offline import main as analyze_main
 from pnpscale.core import layout
 from pnpscale.core.config import resolve_spec
-from pnpscale.core.errors import PnpscaleError
+from pnpscale.core.errors import PnpscaleError, command_prog
 from pnpscale.core.record import provenance
 from pnpscale.rank.gpus import NCCL_HOSTID_PER_RANK_ENV
 from pnpscale.rank.group import SHARED_GPU_ENV
@@ -1240,7 +1240,8 @@ def default_work() -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pnpscale.validation.device_check", description=__doc__.split("\n")[0])
+    prog = command_prog("pnpscale.validation.device_check")
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--cpu", action="store_true", help="CPU mode: tiny sizes, GPU-only steps skipped")
     sub = p.add_subparsers(dest="cmd")
     one = sub.add_parser("step", help="run steps (comma-separated) in this process")

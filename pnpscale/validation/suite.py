@@ -47,6 +47,7 @@ from pnpscale.cluster.local import run_ranks
 from pnpscale.cluster.slurm import executor_parameters
 from pnpscale.core import layout
 from pnpscale.core.config import ConfigError, plain
+from pnpscale.core.errors import command_prog
 from pnpscale.rank.group import Group
 from pnpscale.rank.loop import busy_wait, sleep_rate_hz, sync
 from pnpscale.rank.process import threads_per_rank
@@ -396,7 +397,7 @@ def submit_suite(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pnpscale.validate``: exit 0 when every judged check passes, 1 otherwise."""
-    parser = argparse.ArgumentParser(prog="python -m pnpscale.validate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=command_prog("pnpscale.validate"), description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=2, help="ranks W (>= 2; default 2)")
     parser.add_argument("--delay-s", type=float, default=0.2, help="injected busy delay D, seconds (default 0.2)")
     parser.add_argument("--section", default="denoiser", choices=["gradient", "denoiser"], help="injected section")

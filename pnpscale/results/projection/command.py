@@ -12,6 +12,7 @@ import pandas as pd
 
 from pnpscale import columns as K
 from pnpscale.core import layout
+from pnpscale.core.errors import command_prog
 from pnpscale.results.projection.base import NodeSizeUnknown, TimeShared, local_cores
 from pnpscale.results.projection.model import (
     Options,
@@ -29,7 +30,7 @@ def _parser() -> Any:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m pnpscale.project", description="Project a sweep's scaling curve to unmeasured GPU counts."
+        prog=command_prog("pnpscale.project"), description="Project a sweep's scaling curve to unmeasured GPU counts."
     )
     parser.add_argument("path", help="folder holding run folders (a sweep)")
     parser.add_argument("--gpus", default=None, help="GPU counts to project, comma-separated (default: powers of "
