@@ -136,7 +136,12 @@ def test_run_overrides_and_two_rank_points_are_valid_points():
         over = dc.run_overrides(problem, "inference", True)
         spec = resolve_spec(compose_config(over), cuda_available=True)
         assert spec.gpus == 1 and spec.export_traces and "scale=paper" in over
-    assert "scale=small" in dc.run_overrides("2d", "training", False)
+    for problem in ("2d", "3d"):  # the CPU mode: the tests' tiny preset, resolved as the tests resolve it
+        over = dc.run_overrides(problem, "training", False)
+        spec = resolve_spec(compose_config(over), cuda_available=False)
+        assert "scale=tiny" in over and spec == resolve_spec(compose_config(
+            [f"problem={problem}", "mode=training", "gpus=1", "iterations=3", "warmup=1", "profile.export_traces=true",
+             "report=false", "scale=tiny"]), cuda_available=False)  # fmt: skip
     for _, over, runs in dc.TWO_RANK_POINTS:
         key, _, values = over[0].partition("=")
         points = [[f"{key}={v}"] for v in values.split(",")] if runs > 1 else [over]

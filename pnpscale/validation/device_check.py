@@ -299,15 +299,10 @@ class Ctx:
 
 # --- run overrides ----------------------------------------------------------------------------------
 
-#: 1-rank runs: paper DRUNet widths at a smaller image on CUDA; tiny on CPU. Inference and training of
-#: one problem share their size, so that one multirun (one warm process) runs both.
+#: 1-rank runs: paper DRUNet widths at a smaller image on CUDA; the tests' ``scale=tiny`` preset on CPU. Inference
+#: and training of one problem share their size on CUDA, so that one multirun (one warm process) runs both.
 MID = {"2d": ["scale=paper", "problem.image_size=1024"], "3d": ["scale=paper", "problem.image_size=128"]}
-TINY = {
-    "2d": ["scale=small", "problem.image_size=32", "problem.num_operators=4", "problem.patch_size=8",
-           "problem.overlap=4", "problem.nc=[4,8,8,8]", "problem.nb=1"],
-    "3d": ["scale=small", "problem.image_size=16", "problem.patch_size=8", "problem.overlap=4",
-           "problem.nc=[4,8,8,8]", "problem.nb=1"],
-}  # fmt: skip
+TINY = {"2d": ["scale=tiny"], "3d": ["scale=tiny"]}
 RUNS = [("2d", "inference"), ("2d", "training"), ("3d", "inference"), ("3d", "training")]
 
 
