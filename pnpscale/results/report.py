@@ -376,6 +376,12 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
     'gradient at 16: 83 % of wait is uneven work: 8 of 16 ranks hold no operator'
     >>> text.split(" (")[1]
     'critical-path rank 0: 1 operator, 100 % of iterations).'
+
+    A part below zero (late start or jitter: the rank started early, or did its work faster than usual) is
+    named, so that a share above 100 % reads as what it is:
+
+    >>> wait_sentence(pd.Series({**row, "wait_imbalance_s": 1.12, "wait_jitter_s": -0.14}), rk).split(":")[1]
+    ' 112 % of wait is uneven work (jitter -14 %'
     """
 
     head = f"{row[K.SECTION]} at {int(row['gpus'])}"
@@ -387,6 +393,9 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
     names = {K.WAIT_LATE_START_S: "late start", K.WAIT_IMBALANCE_S: "uneven work", K.WAIT_JITTER_S: "jitter"}
     top = max(K.WAIT_CAUSES, key=lambda c: row[c])
     text = f"{head}: {100 * row[top] / wait:.0f} % of wait is {names[top]}"
+    saved = [f"{names[c]} {100 * row[c] / wait:.0f} %" for c in K.WAIT_CAUSES if round(100 * row[c] / wait) < 0]
+    if saved:  # late start and jitter can be negative (waiting.md): say so where a share passes 100 %
+        text += f" ({', '.join(saved)}: wait it saved; the parts sum to 100 %)"
     crit = ranks[ranks["critical"]] if not ranks.empty else ranks
     units = section_work(str(row[K.SECTION]))
     if top == K.WAIT_IMBALANCE_S and not ranks.empty:
