@@ -57,6 +57,10 @@ GPU_START_S = "gpu_start_s"
 TIME_SHARED = "time_shared"
 #: run.json / summary.parquet: the usable CPU cores of the point's most loaded host (its ranks' affinity, union).
 CORES = "cores"
+#: run.json / summary.parquet: the GPUs the point's hosts hold, the fewest of any host (NVML's device count on a rank's
+#: host: every GPU of the node outside a device cgroup, the job's GPUs inside one, so at least that many); NA on CPU
+#: ranks, without NVML and in older folders. The projection's node size when every run sat on one node.
+NODE_GPUS = "node_gpus"
 
 SEQ = "seq"
 COLLECTIVE = "collective"

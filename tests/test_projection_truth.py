@@ -116,6 +116,26 @@ def test_one_node_sweep_without_a_node_size_is_refused_naming_the_fix():
     assert int(p.table.loc[(p.table[K.GPUS] == 64) & (p.table[K.SECTION] == "all"), K.NODES].iloc[0]) == 16
 
 
+def test_a_one_node_sweep_projects_up_to_the_gpus_its_node_holds_and_refuses_past_them():
+    """1, 2, 4 GPUs on a node whose hosts showed 8 GPUs (run.json's node_gpus): 8 is projected on that node, 16
+    is refused (the node size past it is unknown); a node that showed only the 4 used changes nothing."""
+    rows, samples = study.generate(CONFIGS["2d inference"], 20, 0, study.Noise(), gpus=(1, 2, 4))
+    rows[K.NODES] = 1
+    rows[K.NODE_GPUS] = pd.array([8] * len(rows), dtype="Int64")
+    model = fit(rows, Options(bootstrap=0), samples)
+    assert model.largest_node == 8 and model.gpus_per_node is None
+    assert any("one node of 8 GPUs (NVML's count on its hosts)" in a for a in model.assumptions)
+    at8 = evaluate(model, [8])
+    assert set(at8[K.NODES]) == {1} and (at8[K.SECTION_S] > 0).all()
+    with pytest.raises(NodeSizeUnknown, match="of at least 8 GPUs"):
+        evaluate(model, [16])
+    rows[K.NODE_GPUS] = pd.array([4] * len(rows), dtype="Int64")
+    with pytest.raises(NodeSizeUnknown, match="of at least 4 GPUs"):
+        evaluate(fit(rows, Options(bootstrap=0), samples), [8])
+    rows[K.NODE_GPUS] = pd.array([8, pd.NA] * (len(rows) // 2) + [8] * (len(rows) % 2), dtype="Int64")
+    assert fit(rows, Options(bootstrap=0), samples).largest_node == 8  # unknown on some rows: the known ones
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_studys_64_gpu_figures_from_8_and_16(name):

@@ -75,6 +75,7 @@ def fake_run(
     collective: dict[str, tuple[str, int]] | None = None,
     operators: int | None = None,
     cpus: list[int] | None = None,
+    node_gpus: int | None = None,
     **spec_fields,
 ) -> None:
     """Write a run whose per-rank (section_s, collective_s) per section are ``times``; iteration 0 = warm-up.
@@ -82,7 +83,8 @@ def fake_run(
     ``collective``: per section, (collective, payload bytes) of its one collective (default an
     all_reduce of the 32²×3 float32 image); ``operators``: the operators dealt round-robin over the
     ranks (run.json's assignment; default one per rank); ``cpus``: the cores every rank may run on (run.json's
-    time_shared; default not recorded); ``spec_fields``: RunSpec fields to change.
+    time_shared; default not recorded); ``node_gpus``: the GPUs every rank's host showed (run.json's node_gpus;
+    default not recorded); ``spec_fields``: RunSpec fields to change.
     """
     gpus = len(next(iter(times.values())))
     gathered = []
@@ -126,6 +128,7 @@ def fake_run(
             "num_tiles": 16,
             "solver": {"weights_sha256": "x"},
             **({"cpus": cpus, "gpu": None} if cpus is not None else {}),
+            **({"node_gpus": node_gpus} if node_gpus is not None else {}),
         }
         gathered.append(({"ranks": rows, "collectives": colls}, info))
     write_run(run_dir, spec(problem, mode, gpus, **spec_fields), gathered, backend="gloo", timings={})

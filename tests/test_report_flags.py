@@ -129,3 +129,20 @@ def test_the_ideal_line_stays_readable_on_a_0_to_140_scale():
     assert 0.15 < (np.log(1.0) - np.log(lo)) / (np.log(hi) - np.log(lo)) < 0.5  # the ideal line's height
     small = plot_scaled_cost(t.assign(scaled_compute=[1.0, 1.2, 1.5], scaled_comm=[0.0, 0.5, 1.0])).axes[0]
     assert small.get_yscale() == "linear"
+
+
+def test_the_gpus_a_node_holds_travel_from_the_ranks_to_the_table(tmp_path):
+    """run.json's node_gpus is the fewest GPUs any rank's host showed; the table reads it as Int64 (NA: unknown)."""
+    from pnpscale.core.record import read_record
+    from tests.test_report import fake_run
+
+    times = {"gradient": [(1.0, 0.1)] * 2, "denoiser": [(1.0, 0.1)] * 2}
+    fake_run(tmp_path / "s" / layout.point_subdir("2d", "inference", 2), "2d", "inference", times, node_gpus=8)
+    fake_run(tmp_path / "s" / layout.point_subdir("2d", "inference", 4), "2d", "inference",
+             {k: v * 2 for k, v in times.items()})  # fmt: skip
+    run = read_record(tmp_path / "s" / layout.point_subdir("2d", "inference", 2))
+    assert run.node_gpus == 8
+    table = build_table(tmp_path / "s", echo=lambda s: None)
+    assert str(table[K.NODE_GPUS].dtype) == "Int64"
+    held = table.groupby("gpus")[K.NODE_GPUS].first()
+    assert held[2] == 8 and pd.isna(held[4])

@@ -76,6 +76,8 @@ class RunRecord:
         time_shared, cores: whether the ranks time-shared CPU cores (ranks x threads > usable cores of a host) or
             GPUs, and the usable cores of the most loaded host (:func:`pnpscale.rank.commit.time_sharing`);
             ``None`` in records written before they were recorded.
+        node_gpus: the GPUs each host holds, the fewest of any host (:func:`pnpscale.rank.commit.node_gpus`);
+            ``None`` on CPU ranks, without NVML, and in records written before it was recorded.
         assignment: ``operators_per_rank``, ``tiles_per_rank``, ``num_tiles``.
         solver: mode-specific (training: ``losses``, ``grad_norms``), ``weights_sha256_per_rank``.
         timings: ``launch_s``, ``init_s``, ``setup_s``, ``measure_s``... (seconds).
@@ -121,6 +123,7 @@ class RunRecord:
     threads_per_rank: int | None = None
     time_shared: bool | None = None
     cores: int | None = None
+    node_gpus: int | None = None
     assignment: dict[str, Any] | None = None
     solver: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
@@ -189,7 +192,7 @@ _FIELD_TYPES: dict[str, type] = {
     "status": str, "problem": str, "mode": str, "gpus": int, "scale": str, "scale_requested": str,
     "fingerprint": str, "spec": dict, "config": dict, "error": str, "started_at": str, "finished_at": str,
     "pid": int, "host": str, "versions": dict, "backend": str, "world_size": int, "nodes": int, "hosts": list,
-    "device_names": list, "threads_per_rank": int, "time_shared": bool, "cores": int,
+    "device_names": list, "threads_per_rank": int, "time_shared": bool, "cores": int, "node_gpus": int,
     "assignment": dict, "solver": dict, "timings": dict,
     "metrics": dict, "files": list, "slurm": dict, "processes": list,
 }  # fmt: skip

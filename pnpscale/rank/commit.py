@@ -76,6 +76,20 @@ def time_sharing(infos: list[dict[str, Any]]) -> dict[str, Any]:
     return {"time_shared": bool(shared), "cores": len(cores)}
 
 
+def node_gpus(infos: list[dict[str, Any]]) -> int | None:
+    """The GPUs a run's hosts hold: the fewest any rank's host showed (``info["node_gpus"]``, NVML's device count;
+    inside a SLURM device cgroup the job's GPUs of that node, so a lower bound), ``run.json``'s ``node_gpus``.
+
+    ``None`` when a rank did not say (CPU ranks, no NVML, an older rank): the node size is then unknown.
+
+    >>> node_gpus([{"node_gpus": 8}, {"node_gpus": 8}]), node_gpus([{"node_gpus": 8}, {"node_gpus": None}])
+    (8, None)
+    >>> node_gpus([{"host": "a"}])
+    """
+    counts = [i.get("node_gpus") for i in infos]
+    known = [int(c) for c in counts if c is not None]
+    return min(known) if known and len(known) == len(counts) else None
+
 
 def write_run(
     run_dir: Path,
@@ -112,6 +126,7 @@ def write_run(
             "device_names": [i["device"] for i in infos],
             "threads_per_rank": infos[0]["threads"],
             **time_sharing(infos),
+            "node_gpus": node_gpus(infos),
             "assignment": {
                 "operators_per_rank": [len(i["local_operators"]) for i in infos],
                 "tiles_per_rank": [i["local_tiles"] for i in infos],

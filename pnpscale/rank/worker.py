@@ -30,7 +30,7 @@ from pnpscale.core.config import RunSpec
 from pnpscale.core.errors import PnpscaleError, failure_kind
 from pnpscale.core.record import RankFailureRecord
 from pnpscale.rank.commit import write_run
-from pnpscale.rank.gpus import per_rank_nccl_env
+from pnpscale.rank.gpus import nvml_device_count, per_rank_nccl_env
 from pnpscale.rank.group import Group, collect_nccl_log, cpu_warning, nccl_debug_env, nccl_log_file
 from pnpscale.rank.loop import Heartbeat, device_name, run_iterations, sync
 from pnpscale.rank.process import (
@@ -162,6 +162,7 @@ def _measure_and_report(
             "threads": threads,
             "cpus": sorted(os.sched_getaffinity(0)),  # the cores this rank may run on (time_sharing in run.json)
             "gpu": physical_gpu(ctx.device),
+            "node_gpus": nvml_device_count() if getattr(ctx.device, "type", None) == "cuda" else None,
             "local_operators": list(solver.physics.local_indexes),
             "local_tiles": len(solver.denoiser.local_indices),
             "num_tiles": solver.num_tiles,

@@ -60,6 +60,7 @@ RUN_COLUMNS = [
     "gradient_collective",
     K.TIME_SHARED,
     K.CORES,
+    K.NODE_GPUS,
 ]
 #: Metric columns of :func:`load` (NaN for failed points; present even when no run completed).
 METRIC_COLUMNS = [
@@ -77,7 +78,7 @@ TEXT_COLUMNS = [
 #: Integer counts of :func:`load`: ``Int64`` (NA for failed points or counts a run did not record).
 COUNT_COLUMNS = [
     "iterations", K.N_MAIN, K.MAIN_PAYLOAD_BYTES, K.OTHER_PAYLOAD_BYTES, "nodes", "world_size", "num_operators",
-    "num_tiles", "overlap_chunks", K.CORES,
+    "num_tiles", "overlap_chunks", K.CORES, K.NODE_GPUS,
 ]  # fmt: skip
 
 
@@ -208,6 +209,7 @@ def discover(root: str | Path) -> pd.DataFrame:
             "num_tiles": fields.get("num_tiles"),
             K.TIME_SHARED: run.get(K.TIME_SHARED),
             K.CORES: run.get(K.CORES),
+            K.NODE_GPUS: run.get(K.NODE_GPUS),
         }
         if None not in (row["problem"], row["mode"], row["gpus"]):
             rows.append(row)

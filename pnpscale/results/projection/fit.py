@@ -157,7 +157,8 @@ def node_size(pts: pd.DataFrame, options: Options, assumptions: list[str], cores
               ) -> tuple[int | None, int | None]:  # fmt: skip
     """(GPUs per node, or None; the largest node known when it is None): ``--gpus-per-node``, else
     ``ceil(gpus / nodes)`` of the largest measured multi-node run (its hosts or SLURM's node count), else
-    unknown: every measured run sat on one node, of at least the largest measured GPU count (CPU ranks: the
+    unknown: every measured run sat on one node, of at least the largest measured GPU count, or of the GPUs its
+    hosts showed (NODE_GPUS, NVML's count: a lower bound inside a device cgroup) when more (CPU ranks: the
     ``cores`` of their machine), and a node bigger than that is never assumed (N past it refused:
     :class:`~pnpscale.results.projection.base.NodeSizeUnknown`)."""
     gpn = options.gpus_per_node
@@ -172,6 +173,15 @@ def node_size(pts: pd.DataFrame, options: Options, assumptions: list[str], cores
             assumptions.append(f"nodes = ceil(N / {gpn}) ({gpn} GPUs per node, as in the measured runs)")
             return gpn, None
     largest = int(pts[K.GPUS].max())
+    held = pd.to_numeric(pts[K.NODE_GPUS], errors="coerce").dropna() if K.NODE_GPUS in pts else pd.Series()
+    if cores is None and not held.empty and int(held.min()) > largest:  # the node holds more than was used
+        node = int(held.min())
+        assumptions.append(
+            f"every measured run sat on one node of {node} GPUs (NVML's count on its hosts): N up to {node} on that "
+            f"node; no N past {node} is projected (the node size is unknown): give --gpus-per-node and an "
+            "inter-node --rate"
+        )
+        return None, node
     if cores is not None:  # CPU ranks on one machine: it holds its cores' worth (past them: time-shared)
         assumptions.append(f"every N on one machine of {cores} cores (CPU ranks)")
         return None, max(largest, cores)
