@@ -69,7 +69,10 @@ KINDS: dict[str, str] = {
     "no_collectives": "multi-rank job without any collective kernel: transfer and wait unknown, CommE/PE not given",
     "negative_compute": "a rank's collectives last longer than its section (overlapping, asynchronous "
     "collectives): compute and load balance of those rows are not meaningful",
-    "transfer_includes_wait": "one rank present: no other rank to take the minimum over, transfer includes wait",
+    "transfer_includes_wait": (
+        "one rank present: no other rank to take the minimum over, transfer inc"
+        "ludes the wait for other ranks (wait_s is only the time blocked before its collectives started)"
+    ),
     "payload_unmatched": "the profile's collective ranges of a type and the torch.distributed calls of that type "
     "differ in number: those ranges' payload bytes left unknown (NA)",
 }
