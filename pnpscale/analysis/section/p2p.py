@@ -4,15 +4,18 @@ Two rules used by :func:`pnpscale.analysis.section.align.align_collectives` befo
 
 * **Point-to-point** (:func:`pair_point_to_point`): ``send``/``recv`` (``isend``/``irecv``,
   ``batch_isend_irecv``: the same ``c10d::send``/``c10d::recv_`` calls, the same ``gloo:send``/``gloo:recv``
-  ranges; NCCL's from their descriptors, run in ``SendRecv`` kernels) are typed operations matched by peer and
-  sequence: in each section occurrence, the k-th send of rank ``a`` is the k-th receive of its peer ``b``. Both
-  become one operation ``send_recv`` keyed ``("p2p:a->b", k)``, so that the metrics treat it as a transfer
-  between two ranks: with ``t_c = min(D_send, D_recv)`` the receiver's blocked time splits into wait (before the
-  sender's data came: the sender arrives late) and transfer (the last ``t_c``). Its payload (bytes of the tensor
-  sent) and ``t_c`` give the pair's rate (GB/s = 1e9 B/s): :func:`pair_rates`.
-  Limit: Kineto's gloo and NCCL events do not name the peer (only ``Concrete Inputs`` with
-  ``record_shapes`` hold it, which the trace reader does not keep), so peers are known only in a 2-rank job (each
-  rank's peer is the other); point-to-point among more ranks is refused, naming iteration and section.
+  ranges; NCCL's from their descriptors, run in ``SendRecv`` kernels) are typed operations matched by peer, tag
+  and order: in each section occurrence, the k-th send of rank ``s`` to ``d`` with tag ``t`` is the k-th receive
+  of ``d`` from ``s`` with tag ``t``. Both become one operation ``send_recv`` keyed ``("p2p:s->d", seq)``, held by
+  those two ranks only, so that the metrics treat it as a transfer between two ranks: with
+  ``t_c = min(D_send, D_recv)`` the receiver's blocked time splits into wait (before the sender's data came:
+  the sender arrives late) and transfer (the last ``t_c``). Its payload (bytes of the tensor sent) and ``t_c``
+  give the pair's rate (GB/s = 1e9 B/s): :func:`pair_rates`.
+  Peers: Kineto's gloo and NCCL ranges do not name them; the ``c10d::`` call does with ``record_shapes``
+  (:func:`pnpscale.analysis.kineto.p2p_peer`: its peer in the call's process group, read as a global rank),
+  carried to the gloo range (:attr:`~pnpscale.analysis.events.Collective.peer`). Without it the peer is known
+  only in a 2-rank job (each rank's peer is the other); among more ranks it is refused, naming rank, iteration
+  and section and asking for ``record_shapes=True``.
 * **Carried** collectives (:func:`fill_carried`): a collective issued in one section and waited in a later one
   (the prefetch pattern) belongs to the section that issued it (its ``c10d::`` call), and the time the rank
   waits for it in a later section is a *carried* entry of that later section
@@ -164,8 +167,10 @@ def p2p_ranks(key: tuple) -> tuple[int, ...] | None:
     """The two ranks of a paired point-to-point match key ``("pg", "p2p:<src>-><dst>", seq)``, else ``None`` (every
     rank holds the entry); carried keys by their issuing key.
 
-    >>> p2p_ranks(("pg", "p2p:2->3", 0)), p2p_ranks(("carried", 0, "f", ("pg", "p2p:0->1", 1))), p2p_ranks(("pg", "0", 4))
-    ((2, 3), (0, 1), None)
+    >>> p2p_ranks(("pg", "p2p:2->3", 0)), p2p_ranks(("carried", 0, "f", ("pg", "p2p:0->1", 1)))
+    ((2, 3), (0, 1))
+    >>> p2p_ranks(("pg", "0", 4)) is None
+    True
     """
     if key and key[0] == "carried":
         return p2p_ranks(key[3])

@@ -2,7 +2,8 @@
 
 Section ranges, collective ranges and descriptors, ``ProfilerStep`` ranges, runtime launches (correlation,
 start), GPU events (compact arrays), ``cpu_op`` operators (for blocked time; the peer and tag of point-to-point
-``c10d::`` calls, :func:`~pnpscale.analysis.kineto.p2p_peer`) and the counts behind the messages (range names, unknown categories). :mod:`pnpscale.analysis.trace.select` turns what it holds
+``c10d::`` calls, :func:`~pnpscale.analysis.kineto.p2p_peer`) and the counts behind the messages (range
+names, unknown categories). :mod:`pnpscale.analysis.trace.select` turns what it holds
 into :class:`~pnpscale.analysis.events.Event` records.
 """
 
