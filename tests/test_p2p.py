@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from pnpscale import columns as K
+from pnpscale.analysis.anomalies import Anomalies
 from pnpscale.analysis.events import Collective, Event, Kind, SectionError, SectionRecord, rank_rows
 from pnpscale.analysis.metrics import DecompositionError, check_invariants, decompose, summarize
 from pnpscale.analysis.section.align import align_collectives
@@ -302,3 +303,12 @@ def test_both_trace_readers_keep_the_peer_and_tag_of_send_and_recv(tmp_path):
     ops = [e for e in read_trace(path, ["step"]).events if e.name.startswith("c10d::")]
     assert [(e.name, e.peer, e.tag) for e in ops] == [("c10d::recv_", 0, 7), ("c10d::send", 2, 12),
                                                       ("c10d::send", None, None)]  # fmt: skip
+    # a listed process group that renumbers ranks: a call's peer is its group rank, its group unnamed: not read
+    groups = ('"pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]}, '
+              '{"pg_name": "1", "pg_desc": "stage", "ranks": [1, 3]}]')  # fmt: skip
+    path.write_text(path.read_text().replace('"world_size": 3}', f'"world_size": 4, {groups}}}'))
+    anomalies = Anomalies()
+    ops = [e for e in read_trace(path, ["step"], anomalies=anomalies, rank=1).events if e.name.startswith("c10d::")]
+    assert [e.peer for e in ops] == [None, None, None] and [e.tag for e in ops] == [7, 12, None]
+    (a,) = [a for a in anomalies.records() if a["kind"] == "p2p_peer_ambiguous"]
+    assert a["count"] == 2 and "process group '1' holds ranks [1, 3]" in a["example"]

@@ -152,7 +152,8 @@ def _peer_of(c: Collective, r: int, ranks: Sequence[int], s: SectionRecord) -> i
         raise SectionError(
             f"{where}: a point-to-point {c.name} whose peer the trace does not name, in a job of {len(ranks)} ranks: "
             f"Kineto writes the peer (and tag) of c10d::send / c10d::recv_ only in their 'Concrete Inputs', with "
-            f"shapes recorded: profile the job with torch.profiler.profile(..., record_shapes=True)"
+            f"shapes recorded: profile the job with torch.profiler.profile(..., record_shapes=True) (peers are also "
+            f"not read where the trace lists a process group that renumbers ranks: anomaly p2p_peer_ambiguous)"
         )
     if c.peer == r or c.peer not in ranks:
         raise SectionError(
