@@ -312,3 +312,41 @@ def test_both_trace_readers_keep_the_peer_and_tag_of_send_and_recv(tmp_path):
     assert [e.peer for e in ops] == [None, None, None] and [e.tag for e in ops] == [7, 12, None]
     (a,) = [a for a in anomalies.records() if a["kind"] == "p2p_peer_ambiguous"]
     assert a["count"] == 2 and "process group '1' holds ranks [1, 3]" in a["example"]
+
+
+def test_collective_log_names_each_calls_process_group(monkeypatch):
+    """pnpscale's own runs: the process group of each torch.distributed call (its ``group`` argument, by keyword or
+    position; the default group's name when none), given to the k-th range of its type."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from pnpscale.rank.profiling import CollectiveLog, attach_groups
+
+    class Group:
+        def __init__(self, name: str) -> None:
+            self.group_name = name
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        return None
+
+    def broadcast(tensor, src=0, group=None, async_op=False):
+        return None
+
+    for module in (dist, c10d):
+        monkeypatch.setattr(module, "all_reduce", all_reduce)
+        monkeypatch.setattr(module, "broadcast", broadcast)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)  # no default group here: its name unknown
+    with CollectiveLog() as log:
+        dist.all_reduce(torch.zeros(2), group=Group("3"))
+        dist.broadcast(torch.zeros(2), 0, Group("5"))  # positional
+        dist.all_reduce(torch.zeros(2))  # the default group
+    assert log.calls == [("all_reduce", 8), ("broadcast", 8), ("all_reduce", 8)]
+    assert log.groups == ["3", "5", None]
+    ranges = [Event("gloo:all_reduce", Kind.CPU, 10, 20, collective="all_reduce"),
+              Event("gloo:broadcast", Kind.CPU, 30, 40, collective="broadcast"),
+              Event("gloo:all_reduce", Kind.CPU, 50, 60, collective="all_reduce")]  # fmt: skip
+    assert [e.group for e in attach_groups(ranges, log.calls, log.groups)] == ["3", "5", None]
+    assert [e.group for e in attach_groups(ranges[:1], log.calls, log.groups)] == [None]  # 1 range, 2 calls
+    rows = rank_rows(0, [SectionRecord(0, "s", 0.0, 1.0, [Collective(0, "all_reduce", 1e-3, 8, group="3")])], 0)
+    assert rows["collectives"][0][K.PROCESS_GROUP] == "3"
