@@ -146,7 +146,7 @@ def _measure_and_report(
         beat(-1, "barrier")
         group.barrier()
         t_measure0 = time.time()
-        peaks, prof, calls, reserved = run_iterations(spec, solver, ctx.device, group, beat)
+        peaks, prof, calls, groups, reserved = run_iterations(spec, solver, ctx.device, group, beat)
         t_measure1 = time.time()
 
         if spec.export_traces:
@@ -154,7 +154,7 @@ def _measure_and_report(
 
         anomalies = Anomalies()
         try:
-            events = profiler_events(prof, anomalies, rank, calls)
+            events = profiler_events(prof, anomalies, rank, calls, groups)
             sections = section_records(events, spec.sections, anomalies, rank, require_gpu=cuda, cpu_start=cuda)
         except SectionError as exc:
             error = SectionError(f"rank {rank}: {exc}", rank=rank)

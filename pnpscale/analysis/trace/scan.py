@@ -21,6 +21,7 @@ from pnpscale.analysis.kineto import (
     CPU_CATS,
     END_MARKER,
     GPU_CATS,
+    P2P_CALLS,
     RUNTIME_CATS,
     is_collective_kernel,
     is_descriptor,
@@ -144,9 +145,11 @@ class ScanState:
 
 
 def cpu_needed(state: ScanState, name: str) -> bool:
-    """Whether a CPU range is decoded whole: a section, a ``ProfilerStep``, a gloo work range or a descriptor."""
+    """Whether a CPU range is decoded whole: a section, a ``ProfilerStep``, a gloo work range, a descriptor or a
+    point-to-point ``c10d::`` call (its peer and tag are in its args)."""
     return (
-        state.collector._section_of(name) is not None
+        name in P2P_CALLS
+        or state.collector._section_of(name) is not None
         or step_number(name) is not None
         or is_gloo_work(name)
         or is_descriptor(name)
