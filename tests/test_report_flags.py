@@ -76,7 +76,7 @@ def test_the_charts_mark_the_time_shared_point_and_promise_only_what_they_draw(t
     table = build_table(two_core_sweep, echo=lambda s: None)
     lb = plot_load_balance(table)
     assert set(_hollow(lb)) == {4.0}
-    assert TIME_SHARED_LABEL in [t.get_text() for t in lb.axes[0].get_legend().get_texts()]
+    assert TIME_SHARED_LABEL in [t.get_text() for legend in lb.legends for t in legend.get_texts()]  # below the panels
     cost = plot_scaled_cost(table)
     hatched = [p for p in cost.axes[0].patches if p.get_hatch() and p.get_height() > 0]
     assert len(hatched) == 2 and {round(p.get_x() + p.get_width() / 2) for p in hatched} == {2}  # the 3rd bar
