@@ -289,9 +289,13 @@ TRANSFER_VS_BASE = "transfer_vs_base"
 BYTES_VS_BASE = "bytes_vs_base"
 #: the comparison's verdict vs the baseline (pnpscale.results.compare.noise_verdict)
 NOISE = "noise"
+#: how a point's run settings differ from the baseline's at its GPU count beyond the varied keys ("" when they agree)
+DIFFERS = "differs"
+#: |section time / baseline's - 1| at 1 GPU, where both series run the same code there (NaN elsewhere)
+DRIFT_1GPU = "drift_1gpu"
 COMPARE_COLUMNS = (
     MODE, VARIED, SERIES, GPUS, "status", TIME_SHARED, SECTION_S, TRANSFER_S, WAIT_S, HIDDEN_S, HIDDEN_SHARE, LB,
     COMM_E, SCALED_COST, BYTES_PER_GPU,
     SECTION_VS_BASE, TRANSFER_VS_BASE, BYTES_VS_BASE, ITERATIONS, spread_column(SECTION_S, 10),
-    spread_column(SECTION_S, 90), NOISE,
+    spread_column(SECTION_S, 90), NOISE, DIFFERS, DRIFT_1GPU,
 )  # fmt: skip

@@ -173,3 +173,75 @@ def test_example_notebook_runs_on_a_varied_sweep(collective_sweep):
     outputs = run_notebook(collective_sweep)
     text = "".join(str(o.get("data", {}).get("text/plain", "")) + str(o.get("text", "")) for o in outputs)
     assert "denoiser_collective=all_gather" in text
+
+
+def _measured(table, times, shared=()):
+    """``table`` with each (series suffix, gpus)'s section time (``all`` rows) set from ``times``, ten measured
+    iterations with a tight p10–p90 (±1 %) and TIME_SHARED at the GPU counts in ``shared``."""
+    table = table.copy()
+    for (suffix, g), t in times.items():
+        sel = (table[K.SECTION] == "all") & (table["gpus"] == g) & table["variant"].str.endswith(suffix)
+        assert sel.sum() == 1, (suffix, g)
+        table.loc[sel, K.SECTION_S] = t
+        table.loc[sel, "section_p10_s"], table.loc[sel, "section_p90_s"] = 0.99 * t, 1.01 * t
+    table[K.ITERATIONS] = 10
+    table[K.TIME_SHARED] = pd.array(table["gpus"].isin(shared), dtype="boolean")
+    return table
+
+
+def test_between_run_drift_at_one_gpu_and_time_shared_points_are_no_gain(collective_sweep):
+    from pnpscale.results.compare import BEYOND, DRIFT, SAME_CODE, SHARED, markdown, savings
+
+    table = build_table(collective_sweep, echo=lambda _: None)
+    # all_gather 0.68x at 1 GPU (the same code: the drift between the runs), 25 % less at 2, time-shared at 4
+    times = {("all_reduce", 1): 1.0, ("all_gather", 1): 0.68, ("all_reduce", 2): 0.8, ("all_gather", 2): 0.6,
+             ("all_reduce", 4): 0.44, ("all_gather", 4): 0.2}  # fmt: skip
+    cmp = comparison(_measured(table, times, shared=(4,)))
+    ag = cmp[cmp[K.SERIES].str.endswith("all_gather")].set_index(K.GPUS)
+    assert ag[K.NOISE].to_dict() == {1: SAME_CODE, 2: DRIFT, 4: SHARED}
+    assert ag[K.DRIFT_1GPU].to_numpy() == pytest.approx([0.32] * 3)
+    (line,) = savings(cmp)
+    assert line.startswith("inference, 2 GPUs (gpus=4 left out: time-shared): `2d denoiser_collective=all_gather`")
+    assert "within the between-run drift measured at 1 GPU (32%)" in line and "beyond" not in line
+    rows = "\n".join(markdown(cmp))
+    assert "| same code" in rows and "| within drift" in rows and "| time-shared" in rows
+    # a small drift: the 2-GPU difference is a gain beyond both
+    cmp = comparison(_measured(table, {**times, ("all_gather", 1): 0.99}, shared=(4,)))
+    assert cmp.set_index([K.SERIES, K.GPUS]).loc[("2d denoiser_collective=all_gather", 2), K.NOISE] == BEYOND
+    (line,) = savings(cmp)
+    assert "saves 0.2 s, 25%, beyond the noise and the between-run drift measured at 1 GPU (1%)" in line
+    # every shared point time-shared: the headline says so and calls nothing a gain
+    (line,) = savings(comparison(_measured(table, times, shared=(1, 2, 4))))
+    assert line.startswith("inference, 4 GPUs (every GPU count both share is time-shared):")
+    assert "not called a gain, time-shared" in line and "saves" not in line and "beyond" not in line
+
+
+def test_keys_that_change_the_computation_at_one_gpu_get_the_noise_test(tmp_path):
+    from pnpscale.results.compare import BEYOND, SAME_CODE_AT_1
+
+    assert "overlap" not in SAME_CODE_AT_1 and "overlap_chunks" not in SAME_CODE_AT_1  # pipelined bands on 1 rank
+    table = build_table(_varied_sweep(tmp_path / "sweep", "num_operators"), echo=lambda _: None)
+    cmp = comparison(_measured(table, {("num_operators=2", 1): 1.0, ("num_operators=8", 1): 2.0}))
+    one = cmp.set_index([K.SERIES, K.GPUS])
+    assert one.loc[("2d num_operators=8", 1), K.NOISE] == BEYOND and one[K.DRIFT_1GPU].isna().all()
+
+
+def test_series_of_different_scale_presets_are_not_compared_as_the_varied_key(tmp_path):
+    from pnpscale.results.compare import SIZES, markdown, savings
+
+    root = tmp_path / "outputs"
+    for sweep, scale, ops, size in (("main", "small", 8, 32), ("tiny", "tiny", 4, 16)):
+        for g in (1, 2):
+            times = {"gradient": [(1.0 / g, 0.0)] * g, "denoiser": [(2.0 / g, 0.0)] * g}
+            fake_run(_dir(root / sweep, "2d", g, num_operators=ops), "2d", "inference", times, scale=scale,
+                     sizes={"num_operators": ops, "image_size": size})  # fmt: skip
+    cmp = comparison(build_table(root, echo=lambda _: None))
+    assert set(cmp[K.VARIED]) == {"num_operators"}
+    eight = cmp[cmp[K.SERIES] == "2d num_operators=8"]
+    assert (eight[K.NOISE] == SIZES).all()
+    assert set(eight[K.DIFFERS]) == {"scale small vs tiny, problem.image_size 32 vs 16"}
+    text = "\n".join(markdown(cmp))
+    assert ("**Caution** (inference): `2d num_operators=8` and `2d num_operators=4` differ in more than "
+            "num_operators at gpus=1, 2: scale small vs tiny, problem.image_size 32 vs 16.") in text  # fmt: skip
+    (line,) = savings(cmp)
+    assert "not called a gain, the runs did different work (scale small vs tiny" in line and "saves" not in line

@@ -16,7 +16,10 @@ series' own smallest GPU count) and bytes per GPU (the main collectives under th
 :func:`pnpscale.results.transfer.main_bytes_per_gpu`), with section time, transfer and bytes
 relative to the baseline series at the same GPU count, and whether the difference lies within the
 spread from one measured iteration to the next (:func:`noise_verdict`): a difference is called a gain
-(or a loss) only when it is beyond that noise.
+(or a loss) only when it is beyond that noise, and only where it is also a fair comparison (:func:`verdicts`):
+the two points ran the same work (scale preset and sizes, :func:`run_work`), neither is time-shared, and, for the
+keys that change nothing on one rank (:data:`SAME_CODE_AT_1`), the difference exceeds the between-run drift that
+the 1-GPU pair measures.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from matplotlib.figure import Figure
 from pnpscale import columns as K
 from pnpscale.analysis.spread import MIN_ITERATIONS, too_few
 from pnpscale.core import layout
+from pnpscale.core.record import RecordError, read_record
 from pnpscale.results.charts import mark_time_shared
 from pnpscale.results.plotting import figure, log2_x
-from pnpscale.results.runs import read_table
+from pnpscale.results.runs import read_table, work_fields
 from pnpscale.results.series import series_label
 from pnpscale.results.transfer import main_bytes_per_gpu
 
@@ -102,6 +106,59 @@ def run_bytes_per_gpu(run_dir: str | Path, gpus: int, nodes: int) -> float:
 
 
 BASELINE, WITHIN, BEYOND, TOO_FEW = "baseline", "within noise", "beyond noise", "too few iterations"
+#: Verdicts that override the noise test (:func:`verdicts`): the 1-GPU pair of a :data:`SAME_CODE_AT_1` key; a
+#: difference no larger than that pair's; a time-shared point (either side); runs of different work.
+SAME_CODE, DRIFT, SHARED, SIZES = "same code", "within drift", "time-shared", "sizes differ"
+
+#: Variant keys whose values run the same code on one rank: they only choose a collective, which one rank skips
+#: (:class:`pnpscale.rank.denoiser` ``GatherTiledProcessing`` returns its local result undistributed, as deepinv's
+#: ``DistributedProcessing`` does; :class:`pnpscale.rank.gradient.WindowedGradient` is inactive on one rank).
+#: ``solver.overlap`` and ``solver.overlap_chunks`` are not among them: the pipelined step
+#: (:mod:`pnpscale.rank.pipeline`) splits the denoiser into row bands and copies its buffers on one rank too.
+SAME_CODE_AT_1 = ("denoiser_collective", "gradient_collective")
+
+
+def variant_parts(variant: object) -> dict[str, str]:
+    """``key=value`` parts of a variant label.
+
+    >>> variant_parts("denoiser_collective=all_gather num_operators=4"), variant_parts(None)
+    ({'denoiser_collective': 'all_gather', 'num_operators': '4'}, {})
+    """
+    if not isinstance(variant, str):
+        return {}
+    return dict(part.split("=", 1) for part in variant.split() if "=" in part)
+
+
+def run_work(run_dir: str | Path, scale: object) -> dict[str, str]:
+    """What a run computed besides its GPU count and variant keys: ``scale`` (the preset) and the spec's work
+    fields (:func:`pnpscale.results.runs.work_fields`: ``problem.image_size``, ``channels``, ...), as text; only
+    ``scale`` when ``run.json`` cannot be read (the point is then not complete and not compared)."""
+
+    out = {"scale": str(scale)} if isinstance(scale, str) and scale else {}
+    try:
+        spec = read_record(run_dir).to_dict().get("spec") or {}
+    except RecordError:
+        return out
+    return out | work_fields(spec)
+
+
+def work_differences(a: dict[str, str], base: dict[str, str], same_problem: bool, skip: set[str]) -> str:
+    """How work ``a`` differs from ``base`` (:func:`run_work`), ``""`` when it does not: ``key a vs base`` joined
+    by ``, ``. Keys in ``skip`` (the compared variant keys) are left out, and so are the problem's own sizes,
+    parameters and channels (``problem.*``, ``channels``) between different problems, which differ by design
+    (``conf/problem/*.yaml``); the scale preset and the run settings (``threads_per_rank``, ...) never are.
+
+    >>> work_differences({"scale": "tiny", "problem.image_size": "32"},
+    ...                  {"scale": "small", "problem.image_size": "256"}, True, set())
+    'scale tiny vs small, problem.image_size 32 vs 256'
+    """
+    parts = []
+    for key in dict.fromkeys([*base, *a]):
+        if key in skip or (not same_problem and (key.startswith("problem.") or key == "channels")):
+            continue
+        if key in a and key in base and a[key] != base[key]:
+            parts.append(f"{key} {a[key]} vs {base[key]}")
+    return ", ".join(parts)
 
 
 def noise_verdict(a: pd.Series, base: pd.Series) -> object:
@@ -174,17 +231,71 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame | None:
                 base[col] = np.nan
         if K.TIME_SHARED not in grp:  # folders that predate the flag: unknown
             grp[K.TIME_SHARED] = pd.array([pd.NA] * len(grp), dtype="boolean")
-        grp[K.NOISE] = [
-            BASELINE if series == order[0] else (noise_verdict(row, base.loc[g]) if g in base.index else pd.NA)
-            for series, g, (_, row) in zip(grp[K.SERIES], grp["gpus"], grp.iterrows(), strict=True)
-        ]
-        frames.append(grp)
+        frames.append(verdicts(grp, order[0]))
     out = pd.concat(frames, ignore_index=True)
     return out[list(K.COMPARE_COLUMNS)].reset_index(drop=True)
 
 
+def verdicts(grp: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """``grp`` (one mode's rows, SERIES, VARIANT, ``scale``, ``run_dir``, TIME_SHARED and the noise inputs) with
+    NOISE, DIFFERS and DRIFT_1GPU, each point against the baseline series' point at the same GPU count.
+
+    Rules, the first that applies: ``baseline`` on the baseline's rows; NA without a baseline point there or
+    with a point not complete; ``sizes differ`` when the two runs' work (:func:`run_work`: scale preset, sizes,
+    parameters beyond the compared variant keys) differs, DIFFERS naming how; ``time-shared`` when either point's
+    ranks time-shared their cores or GPUs (TIME_SHARED): its times measure contention; ``same code`` at 1 GPU when
+    the series differ from the baseline only in :data:`SAME_CODE_AT_1` keys, where DRIFT_1GPU = ``|S / S_base -
+    1|`` (S: section time) of that pair is the drift between the two runs, written on every row of the series;
+    else :func:`noise_verdict`, with ``beyond noise`` lowered to ``within drift`` where ``|S / S_base - 1|`` is no
+    larger than the series' DRIFT_1GPU.
+    """
+
+    grp = grp.copy()
+    base = grp[grp[K.SERIES] == baseline].set_index("gpus")
+    complete = grp["status"] == layout.STATUS_COMPLETE
+    scales = grp["scale"] if "scale" in grp else pd.Series(None, index=grp.index, dtype=object)
+    work = [run_work(d, sc) if ok else {} for d, sc, ok in zip(grp["run_dir"], scales, complete, strict=True)]
+    grp["_work"] = work
+    base_work = grp.loc[grp[K.SERIES] == baseline].set_index("gpus")["_work"]
+    variants = grp[K.VARIANT] if K.VARIANT in grp else pd.Series("", index=grp.index)
+    base_parts = variant_parts(variants[grp[K.SERIES] == baseline].iloc[0]) if (grp[K.SERIES] == baseline).any() \
+        else {}  # fmt: skip
+    base_problem = grp.loc[grp[K.SERIES] == baseline, "problem"].iloc[0] if (grp[K.SERIES] == baseline).any() else None
+    shared = grp[K.TIME_SHARED].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    shared_at = dict(zip(grp.loc[grp[K.SERIES] == baseline, "gpus"], shared[(grp[K.SERIES] == baseline).to_numpy()],
+                         strict=True))  # fmt: skip
+    differs, noise = [""] * len(grp), [pd.NA] * len(grp)
+    for i, (idx, row) in enumerate(grp.iterrows()):
+        g = row["gpus"]
+        if row[K.SERIES] == baseline:
+            noise[i] = BASELINE
+            continue
+        if g not in base.index or not complete[idx] or base.loc[g, "status"] != layout.STATUS_COMPLETE:
+            continue
+        parts = variant_parts(variants[idx])
+        changed = {k for k in {*parts, *base_parts} if parts.get(k) != base_parts.get(k)}
+        differs[i] = work_differences(row["_work"], base_work[g], row["problem"] == base_problem, changed)
+        if differs[i]:
+            noise[i] = SIZES
+        elif shared[i] or shared_at.get(g, False):
+            noise[i] = SHARED
+        elif g == 1 and row["problem"] == base_problem and changed and changed <= set(SAME_CODE_AT_1):
+            noise[i] = SAME_CODE
+        else:
+            noise[i] = noise_verdict(row, base.loc[g])
+    grp[K.NOISE], grp[K.DIFFERS] = noise, differs
+    rel = (grp[K.SECTION_S].astype("float64") / grp["gpus"].map(base[K.SECTION_S]).astype("float64") - 1).abs()
+    drift = rel.where(grp[K.NOISE] == SAME_CODE).groupby(grp[K.SERIES]).transform("max")
+    grp[K.DRIFT_1GPU] = drift.astype("float64")
+    lowered = (grp[K.NOISE] == BEYOND) & (rel <= grp[K.DRIFT_1GPU])
+    grp.loc[lowered, K.NOISE] = DRIFT
+    return grp.drop(columns="_work")
+
+
 def savings(cmp: pd.DataFrame) -> list[str]:
-    """One sentence per non-baseline series at its largest GPU count shared with the baseline."""
+    """One sentence per non-baseline series at its largest GPU count shared with the baseline where neither
+    point is time-shared (the largest shared one, said to be time-shared, when every shared point is); the
+    difference is called a saving or a cost only with the verdict ``beyond noise`` (:func:`verdicts`)."""
     lines = []
     for mode, grp in cmp.groupby(K.MODE, sort=False):
         order = list(dict.fromkeys(grp[K.SERIES]))
@@ -195,17 +306,26 @@ def savings(cmp: pd.DataFrame) -> list[str]:
             if not shared:
                 lines.append(f"{mode}: `{series}` and `{order[0]}` share no complete GPU count: nothing to compare.")
                 continue
-            n = shared[-1]
+            fair = [g for g in shared if s.loc[g, K.NOISE] != SHARED]
+            n = fair[-1] if fair else shared[-1]
             a, b = s.loc[n], base.loc[n]
             saved = b[K.SECTION_S] - a[K.SECTION_S]
             verdict = a.get(K.NOISE)
             pct = f"{100 * abs(saved) / b[K.SECTION_S]:.0f}%"
             if verdict == BEYOND:
                 diff = f"{'saves' if saved >= 0 else 'costs'} {abs(saved):.4g} s, {pct}, beyond the noise"
+                if pd.notna(a.get(K.DRIFT_1GPU)):
+                    diff += f" and the between-run drift measured at 1 GPU ({100 * a[K.DRIFT_1GPU]:.0f}%)"
             else:
                 diff = f"differs by {abs(saved):.4g} s, {pct}: " + _noise_text(verdict, a, b)
+            left = [g for g in shared if g > n]
+            where = f"{mode}, {n} GPUs"
+            if left:
+                where += f" (gpus={', '.join(map(str, left))} left out: time-shared)"
+            elif not fair:
+                where += " (every GPU count both share is time-shared)"
             text = (
-                f"{mode}, {n} GPUs: `{series}` takes {a[K.SECTION_S]:.4g} s per iteration vs {b[K.SECTION_S]:.4g} s "
+                f"{where}: `{series}` takes {a[K.SECTION_S]:.4g} s per iteration vs {b[K.SECTION_S]:.4g} s "
                 f"for `{order[0]}` ({diff}); "
                 f"exposed transfer {a[K.TRANSFER_S]:.4g} s vs {b[K.TRANSFER_S]:.4g} s"
             )
@@ -219,6 +339,25 @@ def savings(cmp: pd.DataFrame) -> list[str]:
     return lines
 
 
+def size_cautions(cmp: pd.DataFrame) -> list[str]:
+    """One loud line per series whose runs did other work than the baseline's (DIFFERS, :func:`verdicts`),
+    naming the GPU counts and how the work differs."""
+
+    lines = []
+    for mode, grp in cmp.groupby(K.MODE, sort=False):
+        baseline = grp[K.SERIES].iloc[0]
+        differ = grp[grp[K.DIFFERS].fillna("") != ""]
+        for series, rows in differ.groupby(K.SERIES, sort=False):
+            how = "; ".join(dict.fromkeys(rows[K.DIFFERS]))
+            gpus = ", ".join(str(int(g)) for g in rows[K.GPUS])
+            lines.append(
+                f"**Caution** ({mode}): `{series}` and `{baseline}` differ in more than {rows[K.VARIED].iloc[0]} "
+                f"at gpus={gpus}: {how}. Their times measure different work, not the effect of the varied key: "
+                "rerun both at one scale preset and size."
+            )
+    return lines
+
+
 def _noise_text(verdict: object, a: pd.Series, b: pd.Series) -> str:
     """Why a difference is not called a gain (:func:`noise_verdict`)."""
 
@@ -228,6 +367,17 @@ def _noise_text(verdict: object, a: pd.Series, b: pd.Series) -> str:
             f"within noise, the p10–p90 ranges of the per-iteration time overlap ({a[lo]:.4g}–{a[hi]:.4g} s vs "
             f"{b[lo]:.4g}–{b[hi]:.4g} s)"
         )
+    if verdict == SIZES:
+        return f"not called a gain, the runs did different work ({a[K.DIFFERS]})"
+    if verdict == SHARED:
+        return (
+            "not called a gain, time-shared (ranks × threads per rank > usable cores, or a shared GPU): its times "
+            "measure contention, not the variant"
+        )
+    if verdict == SAME_CODE:
+        return "both run the same code at 1 GPU, so this is the drift between the two runs, not a gain"
+    if verdict == DRIFT:
+        return f"within the between-run drift measured at 1 GPU ({100 * a[K.DRIFT_1GPU]:.0f}%), not called a gain"
     if verdict == TOO_FEW:
         n_a, n_b = (int(x[K.ITERATIONS]) if pd.notna(x.get(K.ITERATIONS)) else "?" for x in (a, b))
         return (
@@ -257,9 +407,13 @@ def markdown(cmp: pd.DataFrame) -> list[str]:
         "and all_to_all `S·(n−1)/n` with `S` = one rank's input); "
         "`vs base` = ratio to the first series at the same GPU count; the last column says whether the "
         "difference in section time lies within the per-iteration spread (`within noise`: the p10–p90 ranges "
-        "overlap; `too few iterations`: fewer than 5 measured). Table: `compare.parquet`.",
+        "overlap; `too few iterations`: fewer than 5 measured), or why it is not tested: `sizes differ` (the "
+        "runs did different work: scale preset or sizes), `time-shared` (either point), `same code` (1 GPU, a "
+        "key that only changes a collective: the difference is the drift between runs), `within drift` (no "
+        "larger than that 1-GPU drift). Table: `compare.parquet`.",
         "",
     ]
+    lines += [f"- {c}" for c in size_cautions(cmp)] + ([""] if size_cautions(cmp) else [])
     for mode, grp in cmp.groupby(K.MODE, sort=False):
         status = grp["status"].where(grp["status"] == layout.STATUS_COMPLETE, "missing (" + grp["status"] + ")")
         shared = grp[K.TIME_SHARED].astype("boolean").fillna(False).to_numpy(dtype=bool)
