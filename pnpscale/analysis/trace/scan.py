@@ -254,7 +254,7 @@ def read_batch(state: ScanState, data: bytes, comma: int, stop: int, index: int)
     Raises:
         msgspec.DecodeError: the batch is not a JSON array of objects (the caller falls back).
     """
-    batch = b"[" + data[:comma] + b"]"
+    batch = b"".join((b"[", memoryview(data)[:comma], b"]"))
     try:
         evs = _TYPED.decode(batch)
     except msgspec.ValidationError:  # a field of another JSON type: exactly as the exact path reads it
@@ -486,7 +486,7 @@ def scan_file(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[
             meta, state.array_top, pending, tail = open_event_array(path, raw)
             index = 0
             while chunk := raw.read(_SCAN_CHUNK):
-                tail += chunk
+                tail += chunk[-TAIL:]
                 del tail[: max(0, len(tail) - TAIL)]
                 data = pending + chunk
                 comma, start = last_event_start(data)
