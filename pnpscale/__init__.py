@@ -31,9 +31,14 @@ def load(path: str, **kwargs: Any) -> Any:
     ``gpus`` columns, times in seconds per measured iteration, LB / CommE / PE, GPU-seconds and the
     scaled cost, and the spread over the measured iterations (``section_p10_s`` ... ``lb_p90``, beside
     ``iterations``: :mod:`pnpscale.analysis.spread`); failed points appear with their status and NaN metrics. See
-    :func:`pnpscale.results.runs.load` and :func:`pnpscale.results.summary.scaled_cost` (imported lazily).
+    :func:`pnpscale.results.runs.load` and :func:`pnpscale.results.summary.scaled_cost` (imported lazily). A
+    point held by several run folders takes the newest complete one, said by a warning and in
+    ``table.attrs["choices"]``.
     """
     from pnpscale.results.runs import load as _load  # deferred: the package root stays light (pandas)
     from pnpscale.results.summary import scaled_cost  # deferred: the package root stays light (pandas)
 
-    return scaled_cost(_load(path, **kwargs))
+    runs = _load(path, **kwargs)
+    table = scaled_cost(runs)
+    table.attrs["choices"] = runs.attrs.get("choices", [])  # which folder each point came from, where several
+    return table

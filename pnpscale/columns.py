@@ -13,8 +13,13 @@ Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_GBps`` 1e9 bytes pe
 
 ``collectives.parquet`` — one row per rank x iteration x section x collective:
     RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN, BLOCKED_S, HIDDEN_S,
-    BLOCKED_SPANS_NS
-    (DURATION_S: the work range or kernel; BLOCKED_S: the part of it the rank was blocked on, given to this
+    BLOCKED_SPANS_NS, PROCESS_GROUP
+    (PROCESS_GROUP: the collective's process group: in other jobs' traces the trace's "Process Group Name"
+    (NCCL's record_param_comms) the matcher keys it by, "p2p:<src>-><dst>" for a point-to-point transfer (its
+    rows: those two ranks only), NA where the trace names none (gloo's collectives, matched by order); in
+    pnpscale's own runs the group of its torch.distributed call (pnpscale.rank.profiling.attach_groups, "0" the
+    default group); absent in older folders.
+    DURATION_S: the work range or kernel; BLOCKED_S: the part of it the rank was blocked on, given to this
     collective; HIDDEN_S: the part overlapped by compute; BLOCKED_SPANS_NS: the blocked spans as text,
     "lo-hi,..." ns from START_S; NA in older folders = blocked throughout. START_S: the collective's start
     on the rank's clock, same origin as the rank's section START_S; absent, or NaN, in run folders written
@@ -93,6 +98,8 @@ HIDDEN_S = "hidden_s"
 HIDDEN_SHARE = "hidden_share"
 BLOCKED_S = "blocked_s"
 BLOCKED_SPANS_NS = "blocked_spans_ns"
+#: collectives.parquet: the collective's process group (text, NA when unknown; see the module doc)
+PROCESS_GROUP = "process_group"
 KIND = "kind"
 
 # --- how each measure of the sections table aggregates (one registry: run.json, the summary, load) ---
@@ -155,7 +162,7 @@ RANKS_COLUMNS = (
 )  # fmt: skip
 COLLECTIVES_COLUMNS = (
     RANK, ITERATION, SECTION, SEQ, COLLECTIVE, START_S, DURATION_S, PAYLOAD_BYTES, MAIN,
-    BLOCKED_S, HIDDEN_S, BLOCKED_SPANS_NS,
+    BLOCKED_S, HIDDEN_S, BLOCKED_SPANS_NS, PROCESS_GROUP,
 )  # fmt: skip
 SECTIONS_COLUMNS = (
     ITERATION, SECTION, WARMUP, WORLD_SIZE, SECTION_S, SECTION_MAX_S, COMPUTE_S, COMPUTE_MAX_S,

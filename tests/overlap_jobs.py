@@ -33,6 +33,7 @@ JOBS = (
     "fsdp2",
     "future_wait",
     "pipeline",
+    "pipeline_n",
     "prefetch",
 )
 ITERATIONS = 4
@@ -193,7 +194,8 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
             torch.nn.functional.cross_entropy(model(data), target).backward()
             opt.zero_grad()
     dist.barrier()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    # pipeline_n: the peers of send/recv are in the trace only with record_shapes (c10d::send's "Concrete Inputs")
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=job == "pipeline_n") as prof:
         for it in range(ITERATIONS):
             if job.startswith("ddp"):
                 with clock.section("forward", it):
@@ -246,6 +248,26 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
                     else:
                         clock.wait(clock._timed(lambda g=grad: dist.irecv(g, 1)))  # waits for stage 1's 40 ms
                         _compute(m, 0.01)
+            elif job == "pipeline_n":  # `world` stages, i -> i+1 forward (send/recv), i+1 -> i backward (tag 1)
+                act = torch.empty(1 << 18)  # 1 MB
+                last = world - 1
+                with clock.section("forward", it):
+                    if rank == 0:
+                        act = _compute(m, 0.06).flatten().repeat(6)[: 1 << 18].contiguous()
+                    else:
+                        clock.call(dist.recv, act, rank - 1)  # waits for the stages before: 60 ms + 20 ms each
+                        _compute(m, 0.02)
+                    if rank < last:
+                        clock.call(dist.send, act, rank + 1)
+                with clock.section("backward", it):
+                    grad = torch.empty(1 << 18)
+                    if rank == last:
+                        _compute(m, 0.04)
+                    else:  # waits for the stages after: 40 ms + 10 ms each
+                        clock.wait(clock._timed(lambda g=grad: dist.irecv(g, rank + 1, tag=1)))
+                        _compute(m, 0.01)
+                    if rank > 0:
+                        clock.wait(clock._timed(lambda g=grad: dist.isend(g.fill_(1.0), rank - 1, tag=1)))
             elif job == "prefetch":  # an all_reduce issued at the end of one section, waited in the next
                 with clock.section("issue", it):
                     _compute(m, 0.03 + (0.03 if rank == 1 else 0.0))

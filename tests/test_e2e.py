@@ -216,3 +216,27 @@ def test_resume_skips_the_same_spec_and_refuses_to_overwrite_another(tmp_path):
     assert "resume=true:" in other.stderr and "holds a complete run of another spec" in other.stderr
     assert "iterations: 2 (stored) vs 3" in other.stderr, other.stderr  # what differs, not only fingerprints
     assert read_run(d) == before
+
+
+@pytest.mark.slow
+def test_a_damaged_complete_point_is_run_again_and_said_so(tmp_path):
+    """A resumed sweep re-runs a point whose folder is damaged and says why, whether its run.json was cut short
+    (no status left to read) or one of its tables was edited (its digest); the point ends complete."""
+    sweep = f"hydra.sweep.dir={tmp_path / 'outputs' / 'sweep'}"
+    args = ["-m", "gpus=1", *TINY_2D, sweep, "report=false"]
+    first = run_cli(*args, root=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (d,) = run_dirs(tmp_path)
+    record = d / layout.RUN_JSON
+    record.write_text(record.read_text()[:120])  # cut short, as by a crash of the file system
+    again = run_cli(*args, root=tmp_path)
+    said = again.stderr + again.stdout
+    assert again.returncode == 0, said[-2000:]
+    assert f"the run.json in {d} is unreadable (not JSON (" in said and "running it again" in said, said[-2000:]
+    assert read_run(d)["status"] == "complete"
+    table = d / layout.SECTIONS
+    table.write_bytes(table.read_bytes()[:-1] + b"\0")  # one byte of a table changed
+    third = run_cli(*args, root=tmp_path)
+    said = third.stderr + third.stdout
+    assert third.returncode == 0 and f"the complete run in {d} is unreadable (" in said, said[-2000:]
+    assert read_run(d)["status"] == "complete"

@@ -72,3 +72,35 @@ def test_the_root_cause_is_chosen_on_the_records_before_any_words():
     records = {0: {"kind": TIMEOUT, "own": False}, 1: {"kind": "InputError", "own": True}}
     assert ranks_by_cause(errors) == [0, 1]  # by the words alone: rank 1 reads as an echo (gloo's timeout)
     assert ranks_by_cause(errors, records) == [1, 0]  # by the records: rank 0 timed out waiting for rank 1
+
+
+def _subclasses(cls: type) -> set[type]:
+    out = set()
+    for sub in cls.__subclasses__():
+        out |= {sub, *_subclasses(sub)}
+    return out
+
+
+def test_every_error_comes_back_whole_from_another_process():
+    """A SLURM task's result and a rank's error cross processes pickled: a subclass whose ``__init__`` takes
+    other arguments than its message (``RunFailed(label, run_dir, error)``) once came back as 'unreadable
+    result: RunFailed.__init__() missing 2 required positional arguments', losing rank 0's error."""
+    import pickle
+
+    import pnpscale.analysis.offline  # noqa: F401 - the error classes of every stage are defined on import
+    import pnpscale.results.projection.command  # noqa: F401
+    from pnpscale.cluster.local import RankHung
+    from pnpscale.core.errors import PnpscaleError
+    from pnpscale.sweep.task import RunFailed
+
+    failed = RankFailed(1, "RuntimeError: x", Path("/logs/rank1.err"), {1: "RuntimeError: x", 2: "echo"})
+    failed.kinds = {1: TIMEOUT}
+    for exc in (RunFailed("problem=2d gpus=2", "/runs/a", "rank 0 failed: boom"), failed,
+                RankHung(1, "rank 1 did not arrive"), InputError("gpus=0: must be in 1..64", key="gpus", path="/c")):
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc) and back.args == exc.args
+        assert vars(back) == vars(exc)
+    for cls in sorted(_subclasses(PnpscaleError), key=lambda c: c.__qualname__):  # every class, built bare
+        exc = cls.__new__(cls, "message")
+        exc.args = ("message",)
+        assert type(pickle.loads(pickle.dumps(exc))) is cls, cls

@@ -157,6 +157,39 @@ def test_pipeline_send_recv_with_a_known_delay(tmp_path):
     _comm_e_at_most_1(json.loads((out / "a" / ANALYSIS_JSON).read_text()))
 
 
+@pytest.mark.parametrize("world", [3])
+def test_pipeline_of_more_stages_pairs_by_the_recorded_peers(tmp_path, world, capsys):
+    """A 3-stage pipeline profiled with record_shapes (stage i sends to i+1 after its compute, gradients back with
+    tag 1): every receiver's blocked time within 20 % of its own clock; each transfer on its two ranks in
+    collectives.parquet. The same traces without the peers (no 'Concrete Inputs': recorded without shapes) are
+    refused, naming rank, iteration and section."""
+    out = overlap_jobs.run("pipeline_n", tmp_path / "pipeline_n", world=world)
+    code = main([str(out / "traces"), "--sections", "forward,backward", "--warmup", "1", "--out", str(out / "a")])
+    assert code == 0
+    ranks = pd.read_parquet(out / "a" / "ranks.parquet")
+    truth = pd.DataFrame(overlap_jobs.truth(out))
+    m = ranks.merge(truth, on=[K.RANK, K.ITERATION, K.SECTION], validate="one_to_one")
+    m = m[~m[K.WARMUP]].groupby([K.SECTION, K.RANK])[[K.COMM_S, "blocked_s"]].sum()
+    receivers = [("forward", r) for r in range(1, world)] + [("backward", r) for r in range(world - 1)]
+    for receiver in receivers:
+        assert m.loc[receiver, K.COMM_S] == pytest.approx(m.loc[receiver, "blocked_s"], rel=0.2), m
+    colls = pd.read_parquet(out / "a" / "collectives.parquet")
+    held = colls.groupby(K.PROCESS_GROUP)[K.RANK].unique().map(sorted).to_dict()
+    assert held == {**{f"p2p:{i}->{i + 1}": [i, i + 1] for i in range(world - 1)},
+                    **{f"p2p:{i + 1}->{i}": [i, i + 1] for i in range(world - 1)}}  # fmt: skip
+    _comm_e_at_most_1(json.loads((out / "a" / ANALYSIS_JSON).read_text()))
+    bare = out / "bare"
+    bare.mkdir()
+    for f in (out / "traces").glob("*.json"):
+        doc = json.loads(f.read_text())
+        for e in doc["traceEvents"]:
+            (e.get("args") or {}).pop("Concrete Inputs", None)
+        (bare / f.name).write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main([str(bare), "--sections", "forward,backward", "--warmup", "1", "--out", str(out / "b")]) != 0
+    assert "record_shapes=True" in capsys.readouterr().err
+
+
 def test_prefetch_collective_is_waited_in_the_next_section(tmp_path):
     """An all_reduce issued at the end of 'issue' (gloo starts it after the section closed on some ranks) and
     waited in 'use': analysed, its wait in 'use', every section within 8 points of the job's clock."""

@@ -340,6 +340,17 @@ def test_cpu_cores_default_to_this_machine(monkeypatch):
     assert fit(sweep([1, 2, 3, 4], gpus_per_node=None)).cores is None  # nccl: a device per rank
 
 
+def test_cpu_cores_come_from_the_runs_when_they_recorded_them(monkeypatch):
+    """A sweep measured on a 4-core machine and projected on a 3-core one: the runs' 4 cores (run.json), not 3."""
+    monkeypatch.setattr(pb, "local_cores", lambda: 3)
+    pts = sweep([1, 2, 3, 4], backend="gloo", gpus_per_node=None)
+    pts[K.CORES] = pd.array([4] * len(pts), dtype="Int64")
+    model = fit(pts)
+    assert model.cores == 4 and model.fitted_gpus == [1, 2, 3, 4]
+    assert "their machine's 4 core(s) (run.json)" in " ".join(model.assumptions)
+    assert fit(pts, Options(devices=3)).cores == 3  # --devices overrides what the runs say
+
+
 def test_the_report_on_cpu_runs_says_it_does_not_project_past_the_cores(tmp_path, monkeypatch):
     from pnpscale.core import layout
     from pnpscale.results.report import write_report
@@ -430,7 +441,8 @@ def test_command_on_cpu_runs_refuses_past_the_cores(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "nothing could be projected" in err and "past the 4 cores the CPU ranks share" in err
     # said plainly, with the command that works (within the cores), and no flag invited to pretend otherwise
-    assert "no honest projection past the cores, and no option makes one" in err
+    assert "no honest projection past the cores (4): measure on a machine with a core per rank thread" in err
+    assert "a larger D hides the time-sharing, it does not remove it" in err
     assert ("within them this runs, checking the fit at the measured counts: "
             f"python -m pnpscale.project {root} --gpus 2,4") in err
     assert "give --devices" not in err
@@ -655,7 +667,7 @@ def test_a_large_leave_one_out_error_is_a_warning_line_and_a_missing_one_is_said
     lines = [line for line in markdown(p) if line.startswith("- **leave-one-out misses by more than 10 %**")]
     assert len(lines) == 1 and "N=4 from 1,2,8,16: wait -6" in lines[0]
     two = markdown(project(sweep([1, 2]), [8], Options(gpus_per_node=4, rates={"inter-node ring": 10.5})))
-    assert "- leave-one-out: not made: 2 measured GPU count(s) (1, 2); each held-out N needs 2 others to fit on" in two
+    assert "- leave-one-out: not made: 2 fitted GPU count(s) (1, 2); each held-out N needs 2 others to fit on" in two
 
 
 def test_a_split_the_points_cannot_identify_is_refused_not_guessed():

@@ -76,7 +76,7 @@ def test_the_charts_mark_the_time_shared_point_and_promise_only_what_they_draw(t
     table = build_table(two_core_sweep, echo=lambda s: None)
     lb = plot_load_balance(table)
     assert set(_hollow(lb)) == {4.0}
-    assert TIME_SHARED_LABEL in [t.get_text() for t in lb.axes[0].get_legend().get_texts()]
+    assert TIME_SHARED_LABEL in [t.get_text() for legend in lb.legends for t in legend.get_texts()]  # below the panels
     cost = plot_scaled_cost(table)
     hatched = [p for p in cost.axes[0].patches if p.get_hatch() and p.get_height() > 0]
     assert len(hatched) == 2 and {round(p.get_x() + p.get_width() / 2) for p in hatched} == {2}  # the 3rd bar
@@ -146,3 +146,19 @@ def test_the_gpus_a_node_holds_travel_from_the_ranks_to_the_table(tmp_path):
     assert str(table[K.NODE_GPUS].dtype) == "Int64"
     held = table.groupby("gpus")[K.NODE_GPUS].first()
     assert held[2] == 8 and pd.isna(held[4])
+
+
+def test_load_says_which_folder_it_took_where_two_sweeps_hold_one_point(tmp_path):
+    """Two sweeps under one output root, both with 2d inference gpus=2: load takes the newest and says so."""
+    import pnpscale
+    from pnpscale.results.runs import RunChoiceWarning
+    from tests.test_report import fake_run
+
+    times = {"gradient": [(1.0, 0.1)] * 2, "denoiser": [(1.0, 0.1)] * 2}
+    for sweep in ("a", "b"):
+        fake_run(tmp_path / sweep / layout.point_subdir("2d", "inference", 2), "2d", "inference", times)
+    with pytest.warns(RunChoiceWarning, match=r"1 point\(s\) under .* have several run folders"):
+        table = pnpscale.load(str(tmp_path))
+    (choice,) = table.attrs["choices"]
+    assert "gpus=2: using " in choice and "newest complete of 2; 2 folders" in choice
+    assert str(tmp_path / "b") in choice  # written last

@@ -596,6 +596,23 @@ def test_a_stopped_slurm_sweep_records_its_pending_point_not_run(slurm_cluster, 
 
 
 @pytest.mark.slurm
+def test_a_hung_rank_of_a_slurm_job_is_named_with_the_timeout_that_fired(slurm_cluster, tmp_path):
+    """Rank 1 sleeps 20 s inside its first denoiser; rank 0's collective times out after dist.timeout_s=5: the
+    failed point names rank 1 and where its heartbeat (in the shared run folder) last saw it, as a local launch
+    does, before SLURM's own account of the job."""
+    args = _slurm_args(tmp_path, "gpus=2", "inject.rank=1", "inject.section=denoiser", "inject.delay_s=20",
+                       "dist.timeout_s=5", "report=false")  # fmt: skip
+    proc = run_cli(*args, root=tmp_path, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = "rank 1 did not arrive within dist.timeout_s=5 s: last seen in section 'denoiser' of iteration 0"
+    assert said in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+    (d,) = _point_dirs(tmp_path).values()
+    run = read_run(d)
+    assert run["status"] == "failed" and run["error"].startswith(said), run["error"][:500]
+    assert "SLURM job" in run["error"].splitlines()[0]
+
+
+@pytest.mark.slurm
 def test_a_slurm_job_cancelled_while_pending_is_not_run_and_a_point_without_room_fails(slurm_cluster, tmp_path):
     """One sweep, two faults. scancel of a job still waiting for nodes (gpus=8 needs both nodes' 4 GPUs, gpus=1
     holds one; SLURM's record: no node ever allocated): its point never ran, so ``run.json`` says ``not_run``, not

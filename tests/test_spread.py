@@ -51,6 +51,7 @@ def test_load_carries_the_spread_and_the_report_says_too_few(sweep):  # noqa: F8
     assert df.loc[df["status"] != "complete", "section_p50_s"].isna().all()
     lines = spread_markdown(df)
     assert any(line.startswith("- 2d inference gpus=1, 2: 1 measured iterations, too few") for line in lines)
+    assert any("(need ≥ 5: `iterations=5`)" in line for line in lines) and not any("\\`" in line for line in lines)
     printed = []
     write_report(sweep, echo=printed.append)
     assert any(line.startswith("2d inference gpus=1, 2: 1 measured iterations, too few") for line in printed)

@@ -415,7 +415,7 @@ def test_one_rank_present_says_transfer_includes_wait(tmp_path, capsys):
         capsys, CASES / "06_ref_valid_corr" / "r0.json", "--sections", SECTIONS, "--partial", "--out", tmp_path
     )
     assert code == 0
-    assert "one rank present: transfer includes wait" in out
+    assert "one rank present: transfer includes the wait for other ranks" in out
     assert set(pd.read_parquet(tmp_path / layout.SECTIONS)[K.WORLD_SIZE]) == {2}
 
 

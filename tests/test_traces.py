@@ -513,3 +513,7 @@ def test_reading_a_batch_by_columns_equals_reading_it_event_by_event():
     arrays = got[0][0]
     assert arrays[0] == [3, 5] and arrays[11] == [101_250, 108_000] and got[0][9] and got[0][10]
     assert [e.name for e in got[0][1]] == ["gradient"] and len(got[0][3]) == 1 and got[0][6] == [("new_cat", 1)]
+    # a point-to-point c10d call is decoded whole yet kept among the operators: the batch is read one by one
+    p2p = json.dumps([X("c10d::send", "cpu_op", 1, 2)]).encode()
+    state = T.ScanState(Collector({"gradient": "gradient"}, path=Path("r.json")))
+    assert T.read_columns(state, T._TYPED.decode(p2p), p2p, 0) is False and not len(state.collector.op_start)

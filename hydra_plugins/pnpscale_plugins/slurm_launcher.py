@@ -61,6 +61,7 @@ from hydra_plugins.pnpscale_plugins.launcher import (
     validate_points,
 )
 from pnpscale import columns as K
+from pnpscale.cluster.local import read_progress
 from pnpscale.cluster.peer_errors import watchdog_timeouts_in_files
 from pnpscale.cluster.slurm import (
     IN_TASK_ENV,
@@ -71,6 +72,7 @@ from pnpscale.cluster.slurm import (
     executor_parameters,
     failure_text,
     group_points,
+    hung_line,
     job_shape,
     never_started,
     ranks_by_cause,
@@ -424,12 +426,12 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         wait_until_ended(job.job_id)  # no task may write into the run folder after the failure is recorded
         # a task aborted by torch's NCCL watchdog (SIGABRT) left no result: its stderr says it timed out waiting
         silent = {t: job.task(t).paths.stderr for t in range(job.num_tasks) if t not in task_errors}
-        task_errors.update(watchdog_timeouts_in_files(silent))
+        watchdog = watchdog_timeouts_in_files(silent)
+        task_errors.update(watchdog)
         if ret0 is None and not task_errors:
-
             if never_started(sacct_info(job.job_id)):  # cancelled while pending (scancel): the point never ran
                 return self._record_not_run(p, f"not run: SLURM job {job.job_id} {state} before it started")
-        return self._record_failure(p, None, task_errors, job=job, folder=folder, state=state)
+        return self._record_failure(p, None, task_errors, job=job, folder=folder, state=state, watchdog=list(watchdog))
 
     def _record_not_run(self, p: _Point, reason: str) -> JobReturn:
         """A point whose job never started without a stop signal: ``run.json`` says ``not_run`` with ``reason``
@@ -462,8 +464,11 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
         job: Any = None,
         folder: str | None = None,
         state: str | None = None,
+        watchdog: list[int] | None = None,
     ) -> JobReturn:
-        """Write the point's ``run.json`` as failed (written here: the job itself could not)."""
+        """Write the point's ``run.json`` as failed (written here: the job itself could not). A collective that
+        timed out (a rank's record, or torch's NCCL watchdog on the ranks in ``watchdog``) is said first, naming
+        the rank(s) the others waited for from the ranks' heartbeats (:func:`pnpscale.cluster.slurm.hung_line`)."""
 
         try:
             previous = read_record(p.run_dir)
@@ -476,6 +481,10 @@ class PnpscaleSlurmLauncher(SlurmLauncher):
             records = read_rank_failures(p.run_dir, int(p.cfg.gpus))  # each rank's failure kind, as it recorded it
             first = ranks_by_cause(task_errors, records)[0] if task_errors else 0
             message = failure_text(job.job_id, state or "UNKNOWN", info, task_errors, logs[first]["stderr"], records)
+            gpus = int(p.cfg.gpus)
+            hung = hung_line(records, watchdog or [], read_progress(p.run_dir, gpus), gpus, float(p.cfg.dist.timeout_s))
+            if hung is not None:
+                message = f"{hung}; {message}"
             block.update(
                 job_id=job.job_id,
                 state=state,

@@ -51,6 +51,9 @@ KINDS: dict[str, str] = {
     "kernel_name_disagrees": "kernel name hints another collective than its CPU descriptor: the descriptor wins",
     "range_name_disagrees": "a gloo work range is named after another collective than the c10d call that issued "
     "it (FSDP's reduce_scatter runs as gloo:all_reduce): the c10d call wins",
+    "p2p_peer_ambiguous": "the trace lists a process group whose ranks are not 0..n-1 in order: the peer of a "
+    "c10d::send / c10d::recv_ is a rank of its process group, which the call does not name: peers not read (a "
+    "job of more than 2 ranks with point-to-point is refused)",
     "gpu_work_past_next_section": "a section's GPU work runs past the start of the next section's (asynchronous "
     "GPU pipeline): clipped to its own section, so no GPU time is counted twice",
     "trace_cut_short": "a file Kineto did not close (no 'Record Window End': cut short, then completed by a "
@@ -69,7 +72,10 @@ KINDS: dict[str, str] = {
     "no_collectives": "multi-rank job without any collective kernel: transfer and wait unknown, CommE/PE not given",
     "negative_compute": "a rank's collectives last longer than its section (overlapping, asynchronous "
     "collectives): compute and load balance of those rows are not meaningful",
-    "transfer_includes_wait": "one rank present: no other rank to take the minimum over, transfer includes wait",
+    "transfer_includes_wait": (
+        "one rank present: no other rank to take the minimum over, transfer inc"
+        "ludes the wait for other ranks (wait_s is only the time blocked before its collectives started)"
+    ),
     "payload_unmatched": "the profile's collective ranges of a type and the torch.distributed calls of that type "
     "differ in number: those ranges' payload bytes left unknown (NA)",
 }

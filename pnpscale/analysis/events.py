@@ -48,6 +48,10 @@ class Event:
             known; the same collective has the same ``(group, group_seq)`` on every rank.
         bad: why the event's timing is not physical (negative or missing ``dur``), else ``None``;
             such an event has ``end_ns == start_ns``.
+        peer, tag: of a point-to-point call or its gloo work range: the other rank (``dst`` of a send, ``src`` of
+            a receive, its rank in the call's process group) and the tag, when the trace has them (a
+            ``c10d::send``/``c10d::recv_`` recorded with ``record_shapes``:
+            :func:`pnpscale.analysis.kineto.p2p_peer`), else ``None``.
     """
 
     name: str
@@ -62,6 +66,8 @@ class Event:
     group: str | None = None
     group_seq: int | None = None
     bad: str | None = None
+    peer: int | None = None
+    tag: int | None = None
 
     @property
     def duration_ns(self) -> int:
@@ -88,6 +94,7 @@ class Collective:
             :func:`pnpscale.analysis.overlap.spans_text`), ``None`` when unknown.
         carried: ``(iteration, section, seq)`` of the entry of the section occurrence that issued it, for the
             part of a collective waited in a later section (:mod:`pnpscale.analysis.section.p2p`), else ``None``.
+        peer, tag: of a ``send``/``recv``: the other rank and the tag, when the trace has them (:attr:`Event.peer`).
     """
 
     seq: int
@@ -102,6 +109,8 @@ class Collective:
     hidden_s: float = 0.0
     blocked_spans: str | None = None
     carried: tuple[int, str, int] | None = None
+    peer: int | None = None
+    tag: int | None = None
 
 
 @dataclass(slots=True)
@@ -232,6 +241,7 @@ def rank_rows(
                     K.BLOCKED_S: c.duration_s if c.blocked_s is None else c.blocked_s,
                     K.HIDDEN_S: c.hidden_s,
                     K.BLOCKED_SPANS_NS: c.blocked_spans,
+                    K.PROCESS_GROUP: c.group,
                 }
             )
     return {"ranks": rows, "collectives": colls}

@@ -78,6 +78,11 @@ PARAM_COMMS = "record_param_comms"
 #: ``record_param_comms`` of ``Work.wait()``: no collective of its own.
 NOT_A_LAUNCH = frozenset({"wait"})
 GLOO_PREFIX = "gloo:"
+#: the ``c10d::`` operators of point-to-point calls (``send``/``isend``, ``recv``/``irecv``, and each op of
+#: ``batch_isend_irecv`` on gloo): ``(tensors, process_group, peer, tag)``; with ``record_shapes`` Kineto writes
+#: the peer (``dst`` of a send, ``src`` of a receive, a rank of the call's process group) and the tag as the
+#: third and fourth ``"Concrete Inputs"`` (``"Input type"`` ``"Scalar"``). ``c10d::recv_any_source_`` names none.
+P2P_CALLS = frozenset({"c10d::send", "c10d::recv_"})
 NCCL_PREFIX = "nccl:"
 #: ``record_function`` ranges of the device process groups around each collective: ``nccl:<op>``
 #: (ProcessGroupNCCL, also RCCL), ``xccl:<op>`` (ProcessGroupXCCL, oneCCL on XPU), ``hccl:<op>`` (HCCL).
@@ -329,6 +334,28 @@ def payload_bytes(shapes: Sequence[Sequence[int]] | None, dtypes: Sequence[str] 
     for d in shapes[0]:
         n *= int(d)
     return n * size
+
+
+def p2p_peer(name: str, args: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(peer, tag) of a point-to-point ``c10d::`` call (:data:`P2P_CALLS`) from Kineto ``args``; ``None`` for each
+    one the trace does not hold (recorded without ``record_shapes``, another operator, another layout).
+
+    >>> p2p_peer("c10d::send", {"Concrete Inputs": ["", "", "2", "7"], "Input type": ["TensorList", "", "Scalar",
+    ...          "Scalar"]})
+    (2, 7)
+    >>> p2p_peer("c10d::recv_", {}), p2p_peer("c10d::broadcast_", {"Concrete Inputs": ["", "", "2", "7"]})
+    ((None, None), (None, None))
+    """
+    if name not in P2P_CALLS:
+        return None, None
+    values, types = args.get("Concrete Inputs"), args.get("Input type")
+    if not isinstance(values, list) or len(values) < 4:
+        return None, None
+    if isinstance(types, list) and len(types) >= 4 and any(t != "Scalar" for t in types[2:4]):
+        return None, None  # not the (tensors, group, peer, tag) schema
+    peer, tag = (int_or_none(v) if isinstance(v, (int, str)) and str(v).lstrip("-").isdigit() else None
+                 for v in values[2:4])  # fmt: skip
+    return peer, tag
 
 
 def int_or_none(v: Any) -> int | None:

@@ -460,7 +460,7 @@ def decompose(
         transfer = per_rank[K.TRANSFER_S].groupby(level=_KEY, sort=False).sum() / w
         wait = per_rank[K.WAIT_S].groupby(level=_KEY, sort=False).sum() / w
         comm = per_rank[K.BLOCKED_S]
-        n_coll = collectives[collectives[K.RANK] == world[0]].groupby(_KEY).size()
+        n_coll = collectives.groupby(_KEY)[K.SEQ].nunique()  # a point-to-point transfer is on its two ranks only
         main_info = _main_info(collectives, dmin)
 
     compute_r = s - comm
@@ -528,7 +528,40 @@ def _check_compute(
     report(message)
 
 
+def point_to_point(collectives: pd.DataFrame) -> pd.Series:
+    """Rows of paired point-to-point transfers (PROCESS_GROUP ``p2p:<src>-><dst>``; none without that column).
+
+    >>> point_to_point(pd.DataFrame({"process_group": ["p2p:0->2", None, "0"]})).tolist()
+    [True, False, False]
+    """
+    if K.PROCESS_GROUP not in collectives:
+        return pd.Series(False, index=collectives.index)
+    return collectives[K.PROCESS_GROUP].astype("string").str.startswith("p2p:").fillna(False).astype(bool)
+
+
 def _check_matched(collectives: pd.DataFrame, w: int) -> None:
+    """Every rank holds the same number of collectives per occurrence, except point-to-point transfers, which
+    exactly their two ranks hold (:func:`point_to_point`); one type per collective.
+
+    Raises:
+        DecompositionError: naming iteration, section, and the ranks' counts or the transfer.
+    """
+    p2p = point_to_point(collectives)
+    if p2p.any():
+        pairs = collectives[p2p]
+        held = pairs.groupby([*_KEY, K.SEQ])[K.RANK].agg(lambda r: tuple(sorted(int(x) for x in r)))
+        group = pairs.groupby([*_KEY, K.SEQ])[K.PROCESS_GROUP].first().astype(str)
+        for key, ranks_held in held.items():
+            src, dst = (int(x) for x in group[key][len("p2p:") :].split("->"))
+            if ranks_held != tuple(sorted((src, dst))):
+                it, sec, seq = key
+                raise DecompositionError(
+                    f"iteration {it} section {sec!r} collective #{seq}: the point-to-point transfer {group[key]} "
+                    f"has rows on ranks {list(ranks_held)}, not on exactly its two ranks"
+                )
+        collectives = collectives[~p2p]
+        if collectives.empty:
+            return
     counts = collectives.groupby([*_KEY, K.RANK]).size().unstack(K.RANK)
     if counts.shape[1] != w:
         counts = counts.reindex(columns=range(w))
@@ -557,8 +590,7 @@ def _main_info(collectives: pd.DataFrame, dmin: pd.Series) -> pd.DataFrame:
     (``all_to_all+all_gather``: the windowed gradient), for which no single byte model holds (the transfer
     table then says so instead of applying the first type's model to the whole transfer)."""
     main = collectives[K.MAIN].astype(bool) if K.MAIN in collectives else mark_main(collectives)
-    first_rank = collectives[K.RANK].min()
-    rows = collectives[collectives[K.RANK] == first_rank].assign(_main=main)
+    rows = collectives.assign(_main=main).sort_values(K.RANK, kind="stable").drop_duplicates([*_KEY, K.SEQ])
     mins = dmin.rename(K.MAIN_TRANSFER_S).reset_index()
     rows = rows.merge(mins, on=[*_KEY, K.SEQ], how="left")
     mrows = rows[rows["_main"]]

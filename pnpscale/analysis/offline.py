@@ -646,7 +646,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if doc["partial"]:
         print(f"pnpscale.analyze: partial analysis: ranks {_ranges(doc['ranks'])} of {world}")
     if len(analysis.traces) == 1 and world > 1:
-        print("pnpscale.analyze: one rank present: transfer includes wait (no other rank to take the minimum over)")
+        print("pnpscale.analyze: one rank present: transfer includes the wait for other ranks (no other rank to take "
+              "the minimum over); wait_s is only the time blocked before its collectives started")
     if analysis.no_collectives:
         print(
             f"pnpscale.analyze: WARNING: {world}-rank job but no collective was found in any section "

@@ -43,7 +43,7 @@ def frames(
     colls = colls.astype({K.RANK: "int64", K.ITERATION: "int64", K.SECTION: "string", K.SEQ: "int64",
                           K.COLLECTIVE: "string", K.START_S: "float64", K.DURATION_S: "float64",
                           K.PAYLOAD_BYTES: "Int64", K.BLOCKED_S: "float64", K.HIDDEN_S: "float64",
-                          K.BLOCKED_SPANS_NS: "string"})  # fmt: skip
+                          K.BLOCKED_SPANS_NS: "string", K.PROCESS_GROUP: "string"})  # fmt: skip
     colls[K.MAIN] = mark_main(colls, image_bytes, world_size=len(gathered))
     colls = colls[list(K.COLLECTIVES_COLUMNS)]
     return ranks, colls

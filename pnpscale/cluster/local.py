@@ -64,6 +64,8 @@ class RankFailed(PnpscaleError, RuntimeError):
         self.failures = failures if failures is not None else {rank: message}
         #: rank -> the kind of its failure, as the rank recorded it (:func:`pnpscale.core.errors.failure_kind`)
         self.kinds: dict[int, str] = {}
+        #: rank -> when it failed (Unix time, seconds), as the rank recorded it (``failed_at``); unknown: absent
+        self.failed_at: dict[int, float] = {}
         where = f" (log: {log})" if log else ""
         super().__init__(f"rank {rank} failed: {message}{where}")
 
@@ -77,30 +79,57 @@ class RankHung(RankFailed):
         self.rank, self.log, self.failures, self.kinds = rank, log, {rank: message}, {rank: TIMEOUT}
 
 
+#: Seconds after the first rank gave up within which another timed-out rank counts as waiting in the same collective
+#: (its peers' abort reaches it at once); a rank whose error came later was still working: it arrived late.
+RELEASED_WITHIN_S = 1.0
+
+
 def hung_ranks(
-    progress: dict[int, dict[str, Any]], ranks: int, waited: set[int] | frozenset[int] = frozenset()
+    progress: dict[int, dict[str, Any]],
+    ranks: int,
+    waited: set[int] | frozenset[int] = frozenset(),
+    failed_at: Mapping[int, float] | None = None,
 ) -> list[int]:
     """The ranks the others waited for.
 
     A rank with no heartbeat or fewer steps (``beat``) than another is behind. When every rank is
     at the same step (the collective sits inside the section), the ranks that did not time out
-    waiting themselves (``waited``) had not reached it.
+    waiting themselves (``waited``) had not reached it. A rank's heartbeat says only its section, so a rank that
+    spent the timeout working in it before it reached the collective also records a timeout (its peers had gone):
+    where the ranks recorded when they failed (``failed_at``), a timed-out rank that failed more than
+    :data:`RELEASED_WITHIN_S` after the first one is not a waiter but late.
 
     Args:
         progress: rank -> its last heartbeat (:class:`pnpscale.rank.loop.Heartbeat`).
         ranks: world size.
         waited: ranks that failed with a timeout (they were waiting in a collective).
+        failed_at: rank -> when it failed (Unix time, seconds); ranks not in it count as waiters.
 
     >>> hung_ranks({0: {"beat": 9}, 1: {"beat": 7}, 2: {"beat": 9}}, 3)
     [1]
     >>> hung_ranks({0: {"beat": 3}}, 2), hung_ranks({0: {"beat": 5}, 1: {"beat": 5}}, 2, waited={0})
     ([1], [1])
+    >>> hung_ranks({0: {"beat": 5}, 1: {"beat": 5}}, 2, waited={0, 1}, failed_at={0: 100.0, 1: 115.2})
+    [1]
     """
     beats = {r: int(progress[r].get("beat", 0)) if r in progress else -1 for r in range(ranks)}
     low, high = min(beats.values()), max(beats.values())
     if low < high:
         return [r for r, b in beats.items() if b == low]
+    times = {r: float(t) for r, t in (failed_at or {}).items() if r in waited}
+    if times:
+        first = min(times.values())
+        waited = {r for r in waited if r not in times or times[r] - first <= RELEASED_WITHIN_S}
     return [r for r in range(ranks) if r not in waited] if waited else []
+
+
+def failed_times(records: Mapping[int, Mapping[str, Any]]) -> dict[int, float]:
+    """rank -> when it failed (``failed_at``, Unix time, seconds) of the failure records that say so.
+
+    >>> failed_times({0: {"kind": "timeout", "failed_at": 12.5}, 1: {"kind": "timeout"}})
+    {0: 12.5}
+    """
+    return {r: float(f["failed_at"]) for r, f in records.items() if isinstance(f.get("failed_at"), int | float)}
 
 
 def read_progress(run_dir: Path, ranks: int) -> dict[int, dict[str, Any]]:
@@ -142,7 +171,7 @@ def hung_message(failed: RankFailed, progress: dict[int, dict[str, Any]], ranks:
     """
     if failed.kinds.get(failed.rank) != TIMEOUT:
         return None
-    hung = hung_ranks(progress, ranks, {r for r, kind in failed.kinds.items() if kind == TIMEOUT})
+    hung = hung_ranks(progress, ranks, {r for r, kind in failed.kinds.items() if kind == TIMEOUT}, failed.failed_at)
     if not hung:
         return None
     who = ", ".join(f"rank {r}" for r in hung)
@@ -313,7 +342,9 @@ def launch_local(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None = N
     try:
         run_ranks(spec.gpus, rank_main, (spec.to_dict(), str(run_dir), config), run_dir / layout.LOGS_DIR, threads)
     except RankFailed as exc:
-        exc.kinds = {**exc.kinds, **{r: f["kind"] for r, f in read_rank_failures(run_dir, spec.gpus).items()}}
+        records = read_rank_failures(run_dir, spec.gpus)
+        exc.kinds = {**exc.kinds, **{r: f["kind"] for r, f in records.items()}}
+        exc.failed_at = failed_times(records)
         hung = hung_message(exc, read_progress(run_dir, spec.gpus), spec.gpus, spec.timeout_s)
         if hung is not None:
             raise RankHung(exc.rank, hung, exc.log) from None

@@ -38,9 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from pnpscale.cluster.base import Cluster
+from pnpscale.cluster.local import RankFailed, failed_times, hung_message
 from pnpscale.cluster.peer_errors import echo_kind
 from pnpscale.core import layout
 from pnpscale.core.config import ConfigError, RunSpec, plain
+from pnpscale.core.errors import TIMEOUT
 from pnpscale.core.record import update_record
 from pnpscale.rank.gpus import bind_gpu, nvml_device_count
 from pnpscale.rank.group import MIN_CPUS_PER_GPU_RANK as MIN_CPUS_PER_GPU_TASK
@@ -512,6 +514,44 @@ def failure_text(
     return text
 
 
+def hung_line(
+    records: Mapping[int, Mapping[str, Any]], watchdog: Sequence[int], progress: Mapping[int, Mapping[str, Any]],
+    ranks: int, timeout_s: float,
+) -> str | None:
+    """The line naming the rank(s) a failed job's ranks waited for when a collective timed out, as the local
+    launcher says it (:func:`pnpscale.cluster.local.hung_message`); ``None`` when no rank timed out or none was
+    behind.
+
+    Args:
+        records: rank -> its failure record (:func:`pnpscale.core.record.read_rank_failures`; ``kind`` as the
+            rank recorded it, :data:`pnpscale.core.errors.TIMEOUT` for a wait past ``dist.timeout_s``).
+        watchdog: ranks that torch's NCCL watchdog aborted on a timeout (their stderr,
+            :func:`pnpscale.cluster.peer_errors.watchdog_timeouts_in_files`: they wrote no record).
+        progress: rank -> its last heartbeat (:func:`pnpscale.cluster.local.read_progress`).
+        ranks: the job's ranks; timeout_s: ``dist.timeout_s``.
+
+    >>> hung_line({0: {"kind": "timeout"}}, [], {0: {"beat": 9, "iteration": 2, "section": "denoiser"},
+    ...           1: {"beat": 7, "iteration": 2, "section": "gradient"}}, 2, 10.0)  # doctest: +NORMALIZE_WHITESPACE
+    "rank 1 did not arrive within dist.timeout_s=10 s: last seen in section 'gradient' of iteration 2; rank 0 gave
+    up waiting in section 'denoiser' of iteration 2"
+    >>> hung_line({}, [1], {0: {"beat": 4, "iteration": 0, "section": "gradient"},
+    ...           1: {"beat": 5, "iteration": 0, "section": "denoiser"}}, 2, 10.0)  # doctest: +NORMALIZE_WHITESPACE
+    "rank 0 did not arrive within dist.timeout_s=10 s: last seen in section 'gradient' of iteration 0; rank 1 gave
+    up waiting in section 'denoiser' of iteration 0"
+    >>> hung_line({0: {"kind": "RuntimeError"}}, [], {0: {"beat": 4}, 1: {"beat": 5}}, 2, 10.0) is None
+    True
+    """
+    kinds = {r: str(rec.get("kind")) for r, rec in records.items()}
+    kinds.update({r: TIMEOUT for r in watchdog})
+    waited = sorted(r for r, kind in kinds.items() if kind == TIMEOUT)
+    if not waited:
+        return None
+    failed = RankFailed(waited[0], "timed out")
+    failed.kinds = kinds
+    failed.failed_at = failed_times(records)
+    return hung_message(failed, {r: dict(beat) for r, beat in progress.items()}, ranks, timeout_s)
+
+
 def is_secondary_error(message: str, record: Mapping[str, Any] | None = None) -> bool:
     """Whether a rank's error is the echo of another rank's failure (a lost peer or a timeout), decided by
     :func:`pnpscale.cluster.peer_errors.echo_kind`: on the rank's failure record when it wrote one
@@ -669,6 +709,9 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
         spec: the point, resolved on this node.
         run_dir: the run folder (shared; only rank 0 writes into it).
         config: the resolved Hydra config (rank 0), ``None`` elsewhere.
+
+    Every rank writes its heartbeat into the run folder (shared), so that the launcher names a rank that hung
+    (:func:`hung_line`).
     """
     from submitit.helpers import TorchDistributedEnvironment
 
@@ -686,4 +729,4 @@ def run_rank(spec: RunSpec, run_dir: Path, config: dict[str, Any] | None) -> Non
         _link_logs(run_dir, record["logs"])
 
         update_record(run_dir, slurm=record)
-    rank_main(spec.to_dict(), str(run_dir), config, extra={"slurm": record})
+    rank_main(spec.to_dict(), str(run_dir), config, extra={"slurm": record}, heartbeat=True)

@@ -54,6 +54,21 @@ class PnpscaleError(Exception):
         text = str(self).strip()
         return text.splitlines()[0] if text else type(self).__name__
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its class, ``args`` and attributes, never through ``__init__``: a subclass whose
+        ``__init__`` takes other arguments than its message (``RunFailed(label, run_dir, error)``) still comes
+        back whole from another process (a SLURM task's result, a rank's error through torch elastic)."""
+        return (rebuild_error, (type(self), self.args, dict(self.__dict__)))
+
+
+def rebuild_error(cls: type[PnpscaleError], args: tuple[Any, ...], state: dict[str, Any]) -> PnpscaleError:
+    """The unpickling half of :meth:`PnpscaleError.__reduce__`: an instance of ``cls`` with ``args`` and
+    ``state`` (its ``__dict__``), ``__init__`` not called."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
 
 #: The failure kind of a rank that gave up waiting for the others (:func:`failure_kind`).
 TIMEOUT = "timeout"

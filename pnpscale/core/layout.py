@@ -459,6 +459,29 @@ def run_status(run_dir: Path) -> str | None:
         return None
 
 
+def json_problem(path: Path) -> str:
+    """Why ``path`` is not a readable JSON object, in a few words (``"empty"``, ``"cut short at byte 120"``,
+    ``"not an object"``, an OS error), or ``"readable"``.
+
+    >>> import tempfile; p = Path(tempfile.mkdtemp()) / "run.json"; _ = p.write_text('{"status": "comp')
+    >>> json_problem(p)
+    'not JSON (Unterminated string starting at: line 1 column 12 (char 11))'
+    """
+    import json
+
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read it: {exc}"
+    if not text.strip():
+        return "empty"
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return f"not JSON ({exc})"
+    return "readable" if isinstance(data, dict) else f"not an object ({type(data).__name__})"
+
+
 def _jsonable(obj: Any) -> Any:
     import math
 

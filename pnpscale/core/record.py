@@ -724,7 +724,8 @@ class RankFailureRecord:
             kind: :data:`pnpscale.core.errors.TIMEOUT` or the error's class name.
             error_type: the error's class name.
             where: ``own`` (a :class:`pnpscale.core.errors.PnpscaleError`: pnpscale's own error, a cause, never
-                the echo of another rank's), ``iteration``, ``section``, ``waited_s`` (seconds in its last step).
+                the echo of another rank's), ``iteration``, ``section``, ``waited_s`` (seconds in its last step),
+                ``failed_at`` (Unix time of the failure, seconds: which of two timed-out ranks gave up first).
         """
         import json
 

@@ -186,9 +186,9 @@ def busy_wait(seconds: float, device: Any) -> None:
 
 def run_iterations(
     spec: RunSpec, solver: Any, device: Any, group: Group, beat: Heartbeat | None = None
-) -> tuple[dict[tuple[int, str], int], Any, list[tuple[str, int | None]], int | None]:
-    """Profiled iterations: (peak bytes per (iteration, section), profiler, collective calls in order,
-    the highest CUDA ``max_memory_reserved`` of a section in bytes: ``None`` on CPU)."""
+) -> tuple[dict[tuple[int, str], int], Any, list[tuple[str, int | None]], list[str | None], int | None]:
+    """Profiled iterations: (peak bytes per (iteration, section), profiler, collective calls in order, their
+    process groups, the highest CUDA ``max_memory_reserved`` of a section in bytes: ``None`` on CPU)."""
     from torch.profiler import record_function
 
     from pnpscale.rank.profiling import (  # deferred: torch.profiler only once a rank measures
@@ -225,7 +225,7 @@ def run_iterations(
             group.barrier()
             prof.step()
             progress(it + 1, time.perf_counter() - t0)
-    return peaks, prof, log.calls, peak.reserved_max
+    return peaks, prof, log.calls, log.groups, peak.reserved_max
 
 
 

@@ -10,6 +10,7 @@ is launched and finished inside it.
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -153,13 +154,19 @@ class CollectiveLog:
     """
 
     def __init__(self) -> None:
-        self._entries: list[list[Any]] = []  # [collective, bytes, kept]
+        self._entries: list[list[Any]] = []  # [collective, bytes, kept, process group name]
         self._saved: list[tuple[Any, str, object]] = []
         self._local = threading.local()
 
     @property
     def calls(self) -> list[tuple[str, int | None]]:
-        return [(c, b) for c, b, kept in self._entries if kept]
+        return [(c, b) for c, b, kept, _ in self._entries if kept]
+
+    @property
+    def groups(self) -> list[str | None]:
+        """The process group name of each of :attr:`calls` (``ProcessGroup.group_name``: ``"0"`` the default
+        group, as Kineto's ``pg_config`` names it), ``None`` where it could not be read."""
+        return [g for _, _, kept, g in self._entries if kept]
 
     def __enter__(self) -> CollectiveLog:
         import torch.distributed as dist
@@ -184,13 +191,19 @@ class CollectiveLog:
 
     def _wrap(self, fn: Any, collective: str, where: tuple[int, str] | None) -> Any:
         entries, local = self._entries, self._local
+        try:
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            params = []
+        at = params.index("group") if "group" in params else None  # the group argument's position
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             size = None
             if where is not None:
                 size = call_payload(args[where[0]] if len(args) > where[0] else kwargs.get(where[1]))
-            entry = [collective, size, True]
+            group = args[at] if at is not None and len(args) > at else kwargs.get("group")
+            entry = [collective, size, True, group_name(group)]
             entries.append(entry)
             made = getattr(local, "made", 0) + 1  # calls recorded on this thread so far
             local.made = made
@@ -201,6 +214,51 @@ class CollectiveLog:
                     entry[2] = False
 
         return call
+
+
+def group_name(group: Any) -> str | None:
+    """Name of a collective call's process group (``None``: the default group), ``None`` when it has none."""
+    import torch.distributed as dist
+
+    try:
+        g = group if group is not None else (dist.group.WORLD if dist.is_initialized() else None)
+        name = getattr(g, "group_name", None) if g is not None else None
+    except (RuntimeError, AttributeError, ValueError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def attach_groups(events: list[Event], calls: list[tuple[str, int | None]], groups: list[str | None]) -> list[Event]:
+    """Give each collective CPU range (``gloo:*``, ``nccl:*``) without a group its call's process group.
+
+    Paired as :func:`attach_payloads` pairs (per collective type, the k-th range by start is the k-th call),
+    over every range of the type; where the counts of a type differ its ranges keep no group (NA in
+    ``collectives.parquet``).
+
+    >>> from pnpscale.analysis.events import Event, Kind
+    >>> evs = [Event("gloo:all_reduce", Kind.CPU, 5, 9, collective="all_reduce"),
+    ...        Event("gloo:broadcast", Kind.CPU, 1, 3, collective="broadcast")]
+    >>> [e.group for e in attach_groups(evs, [("broadcast", 8), ("all_reduce", 4)], ["0", "1"])]
+    ['1', '0']
+    """
+    from dataclasses import replace
+
+    by_type: dict[str, list[int]] = {}
+    for i, e in enumerate(events):
+        if e.kind is Kind.CPU and e.collective is not None and _is_comm(e.name):
+            by_type.setdefault(e.collective, []).append(i)
+    named: dict[str, list[str | None]] = {}
+    for (coll, _), g in zip(calls, groups, strict=True):
+        named.setdefault(coll, []).append(g)
+    out = list(events)
+    for coll, idx in by_type.items():
+        got = named.get(coll, [])
+        if len(got) != len(idx):
+            continue
+        for i, g in zip(sorted(idx, key=lambda j: (events[j].start_ns, j)), got, strict=True):
+            if out[i].group is None:
+                out[i] = replace(out[i], group=g)
+    return out
 
 
 def attach_payloads(
@@ -252,6 +310,7 @@ def profiler_events(
     anomalies: Anomalies | None = None,
     rank: int | None = None,
     calls: list[tuple[str, int | None]] | None = None,
+    groups: list[str | None] | None = None,
 ) -> list[Event]:
     """Convert a finished profiler session's Kineto events to :class:`Event` records.
 
@@ -260,7 +319,8 @@ def profiler_events(
     is dropped; correlation 0 means unknown (the event is placed by its GPU start); a negative
     duration marks the event ``bad``. Each is recorded in ``anomalies`` under ``rank``. Payload bytes
     of collective ranges come from their input shapes (``record_shapes``), else from ``calls``
-    (:class:`CollectiveLog`, :func:`attach_payloads`).
+    (:class:`CollectiveLog`, :func:`attach_payloads`); their process group from ``groups`` (aligned with
+    ``calls``: :attr:`CollectiveLog.groups`, :func:`attach_groups`).
 
     Raises:
         RuntimeError: the profiler has no results (it was not run).
@@ -323,7 +383,10 @@ def profiler_events(
                     bad=bad,
                 )
             )
-    return attach_payloads(out, calls, anomalies, rank) if calls is not None else out
+    if calls is None:
+        return out
+    out = attach_payloads(out, calls, anomalies, rank)
+    return attach_groups(out, calls, groups) if groups is not None else out
 
 
 class IncompleteTrace(PnpscaleError, RuntimeError):

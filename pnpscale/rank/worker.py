@@ -50,7 +50,11 @@ if TYPE_CHECKING:
 
 @record
 def rank_main(
-    spec_dict: dict[str, Any], run_dir: str, config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+    spec_dict: dict[str, Any],
+    run_dir: str,
+    config: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    heartbeat: bool = False,
 ) -> None:
     """Run one rank of a measurement (see module doc). Raises whatever the rank hit.
 
@@ -59,6 +63,8 @@ def rank_main(
         run_dir: the run folder (shared by all ranks; only rank 0 writes into it).
         config: the resolved Hydra config, stored in ``run.json``.
         extra: launcher fields added to ``run.json`` by rank 0 (e.g. ``{"slurm": {...}}``).
+        heartbeat: write this rank's heartbeat (:class:`pnpscale.rank.loop.Heartbeat`) into the run folder, so that
+            its launcher can name a rank that hung (SLURM tasks; the local launcher's ranks always do).
     """
     import torch
 
@@ -87,7 +93,8 @@ def rank_main(
         if warning:
             print(warning, file=sys.stderr)
 
-    beat = Heartbeat(layout.progress_file(run_dir, rank) if PARENT_PID_ENV in os.environ else None, rank)
+    beats = heartbeat or PARENT_PID_ENV in os.environ
+    beat = Heartbeat(layout.progress_file(run_dir, rank) if beats else None, rank)
     beat(-1, "init")
 
     failure = RankFailureRecord(run_dir, rank)  # its bytes now, while the disk has room
@@ -106,7 +113,7 @@ def rank_main(
         kind = failure_kind(exc, waited, spec.timeout_s, world)
 
         failure.write(kind, type(exc).__name__, own=isinstance(exc, PnpscaleError), iteration=beat.iteration,
-                      section=beat.section, waited_s=round(waited, 3))  # fmt: skip
+                      section=beat.section, waited_s=round(waited, 3), failed_at=round(time.time(), 3))  # fmt: skip
         raise
     finally:
         failure.close()
@@ -139,7 +146,7 @@ def _measure_and_report(
         beat(-1, "barrier")
         group.barrier()
         t_measure0 = time.time()
-        peaks, prof, calls, reserved = run_iterations(spec, solver, ctx.device, group, beat)
+        peaks, prof, calls, groups, reserved = run_iterations(spec, solver, ctx.device, group, beat)
         t_measure1 = time.time()
 
         if spec.export_traces:
@@ -147,7 +154,7 @@ def _measure_and_report(
 
         anomalies = Anomalies()
         try:
-            events = profiler_events(prof, anomalies, rank, calls)
+            events = profiler_events(prof, anomalies, rank, calls, groups)
             sections = section_records(events, spec.sections, anomalies, rank, require_gpu=cuda, cpu_start=cuda)
         except SectionError as exc:
             error = SectionError(f"rank {rank}: {exc}", rank=rank)

@@ -100,6 +100,27 @@ def _legend_once(ax: Any, label: str, **kw: Any) -> None:
         ax.plot([], [], **kw, label=label)
 
 
+def legend_below(fig: Figure, axes: Any, ncol: int = 4) -> None:
+    """One legend for the whole figure, below its panels (never over the data, never cut at a panel's edge):
+    every entry of every panel once, in the order first seen; the panels' room is made with ``tight_layout``.
+
+    Args:
+        fig: the figure; axes: its panels (any array or list of them).
+        ncol: entries per legend row.
+    """
+    handles: list[Any] = []
+    labels: list[str] = []
+    for ax in np.ravel(axes):
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles, labels = [*handles, h], [*labels, lab]
+    cols = min(ncol, max(1, len(labels)))
+    fig.legend(handles, labels, loc="lower center", ncol=cols, fontsize=8)
+    rows = -(-len(labels) // cols)
+    height = fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0, min(0.45, (0.22 * rows + 0.1) / height), 1, 1))
+
+
 def mark_time_shared(ax: Any, rows: pd.DataFrame, values: pd.Series, color: Any) -> None:
     """Hollow markers over the points of one line whose ranks time-shared cores or GPUs, and the legend entry
     :data:`TIME_SHARED_LABEL` once per panel.
@@ -160,7 +181,7 @@ def plot_scaled_cost(table: pd.DataFrame) -> Figure:
     """Chart 1: scaled GPU-seconds per GPU count, stacked compute vs communication, ideal = 1.0."""
     table = labelled(table)  # one series per (problem, variant)
     panels = _panels(table)
-    fig, axes = figure(1, len(panels), (max(8.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
+    fig, axes = figure(1, len(panels), (max(8.0, 5.0 * len(panels)), 5.0), squeeze=False, sharey=True)
     all_rows = table[table[K.SECTION] == ALL]
     totals = (all_rows["scaled_compute"] + all_rows["scaled_comm"]).to_numpy(float)
     finite = totals[np.isfinite(totals)]
@@ -197,9 +218,8 @@ def plot_scaled_cost(table: pd.DataFrame) -> Figure:
         base = sub["baseline_gpus"].dropna()
         ax.set_title(f"{problem} {mode}" + (f" (baseline {int(base.iloc[0])} GPU)" if not base.empty else ""))
     axes[0][0].set_ylabel("GPU-seconds relative to baseline" + (" (log)" if log else ""))
-    axes[0][-1].legend(loc="upper left", fontsize=8)
     fig.suptitle("Scaled GPU-seconds: 1.0 = perfect linear scaling" + (" (log axis)" if log else ""))
-    fig.tight_layout()
+    legend_below(fig, axes, ncol=2)  # below the bars: never over a bar's label
     return fig
 
 
@@ -256,18 +276,11 @@ def plot_components(table: pd.DataFrame) -> Figure:
             ax.text(0.5, 0.5, "no complete run with a non-zero value", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title, color=KIND_COLORS[title.split(" ")[0]])
     axes[0].set_ylabel("seconds per iteration (log)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    for ax in axes[1:]:  # the proxies only some panels hold (main collective, time-shared)
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles, labels = [*handles, h], [*labels, lab]
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
     fig.suptitle(
         f"Compute, transfer and wait per section ({style_note(data) or 'no complete run'}; zeros not drawn; "
         f"{band_note(banded)})"
     )
-    rows = -(-len(labels) // 4)
-    fig.tight_layout(rect=(0, min(0.35, 0.06 * rows + 0.02), 1, 1))
+    legend_below(fig, axes)  # the proxies only some panels hold (main collective, time-shared) included
     return fig
 
 
@@ -275,7 +288,7 @@ def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figu
     table = labelled(table)  # one series per (problem, variant)
     panels = _panels(table)
     all_gpus = sorted({int(g) for g in table["gpus"]})
-    fig, axes = figure(1, len(panels), (max(9.0, 5.0 * len(panels)), 4.4), squeeze=False, sharey=True)
+    fig, axes = figure(1, len(panels), (max(9.0, 5.0 * len(panels)), 5.0), squeeze=False, sharey=True)
     banded = False
     for ax, (problem, mode) in zip(axes[0], panels, strict=True):
         sub = table[(table["problem"] == problem) & (table["mode"] == mode) & (table["status"] == "complete")]
@@ -296,10 +309,9 @@ def _ratio_chart(table: pd.DataFrame, col: str, title: str, ylabel: str) -> Figu
         log2_x(ax, all_gpus)
         ax.set_ylim(0, 1.05)
         ax.set_title(f"{problem} {mode}")
-        ax.legend(fontsize=8, loc="lower left")
     axes[0][0].set_ylabel(ylabel)
     fig.suptitle(f"{title}\n{band_note(banded)}", fontsize=11)
-    fig.tight_layout()
+    legend_below(fig, axes, ncol=3)
     return fig
 
 

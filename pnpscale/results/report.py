@@ -172,10 +172,10 @@ def timeline_chart(table: pd.DataFrame, out: Path, ranks: pd.DataFrame | None = 
     return [*lines, *notes, ""]
 
 
-def too_few_points(table: pd.DataFrame) -> list[str]:
+def too_few_points(table: pd.DataFrame, markdown: bool = False) -> list[str]:
     """One line per (problem, mode) naming its complete points with fewer measured iterations than
     :data:`pnpscale.analysis.spread.MIN_ITERATIONS` (too few to say how much the numbers move); printed by
-    the report and listed in its README."""
+    the report and listed in its README (``markdown``: the names escaped, the override a code span)."""
 
     done = table[(table["status"] == "complete") & (table[K.SECTION] == "all")]
     lines = []
@@ -183,10 +183,11 @@ def too_few_points(table: pd.DataFrame) -> list[str]:
         few = grp[[too_few(n) for n in grp[K.ITERATIONS]]].sort_values("gpus")
         if not few.empty:
             counts = " / ".join(sorted({str(n) for n in few[K.ITERATIONS]}))
+            head = f"{problem} {mode} gpus={', '.join(str(int(g)) for g in few['gpus'])}"
             lines.append(
-                f"{problem} {mode} gpus={', '.join(str(int(g)) for g in few['gpus'])}: {counts} measured iterations, "
-                f"too few to say how much the numbers move (need ≥ {MIN_ITERATIONS}: `iterations={MIN_ITERATIONS}`); "
-                "differences there are not called gains."
+                f"{md_escape(head) if markdown else head}: {counts} measured iterations, too few to say how much the "
+                f"numbers move (need ≥ {MIN_ITERATIONS}: `iterations={MIN_ITERATIONS}`); differences there are not "
+                "called gains."
             )
     return lines
 
@@ -213,7 +214,7 @@ def spread_markdown(table: pd.DataFrame) -> list[str]:
         **{f"p{q} s": done[c].map(lambda v: _fmt(v, ".4g")) for q, c in zip(K.SPREAD_QUANTILES, cols, strict=True)},
     }).sort_values(["series", "mode", "gpus"])  # fmt: skip
     lines += [view.to_markdown(index=False), ""]
-    lines += [f"- {md_escape(line)}" for line in too_few_points(done)]
+    lines += [f"- {line}" for line in too_few_points(done, markdown=True)]
     return [*lines, ""]
 
 

@@ -397,12 +397,27 @@ def load(path: str | Path, include_failed: bool = True) -> pd.DataFrame:
     ``problem`` (str), ``mode`` (str), ``gpus`` (int) come from each run's ``run.json``, checked against its
     folder's own hive parts (:func:`folder_disagreement`: a run folder that disagrees is ``unreadable``).
     Failed or incomplete points appear once, with section ``"all"``, their ``status`` and NaN metrics
-    (``include_failed=False`` drops them).
+    (``include_failed=False`` drops them). Where several folders hold one point (sweeps run again, or
+    into one output root), the newest complete run is used and said: one :class:`RunChoiceWarning` naming each
+    choice, the same lines in ``table.attrs["choices"]`` (what the report prints).
 
     Raises:
         NoRunsError: no run folder under ``path``.
     """
-    return table_of(select(discover(path)), path, include_failed)
+    import warnings
+
+    sel = select(discover(path))
+    table = table_of(sel, path, include_failed)
+    table.attrs["choices"] = list(sel.notes)
+    if sel.notes:
+        warnings.warn(
+            f"{len(sel.notes)} point(s) under {path} have several run folders; the newest complete run is used: "
+            + "; ".join(sel.notes), RunChoiceWarning, stacklevel=2)  # fmt: skip
+    return table
+
+
+class RunChoiceWarning(UserWarning):
+    """:func:`load` chose one of several run folders of a point (the newest complete one)."""
 
 
 def table_of(sel: Selection, path: str | Path, include_failed: bool = True) -> pd.DataFrame:

@@ -117,6 +117,10 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any, lock: Any = None) -
 
         log.warning("%s: the complete run in %s is unreadable (%s): running it again", point.label,
                     point.run_dir, unreadable_reason(point.run_dir))  # fmt: skip
+    record_file = point.run_dir / layout.RUN_JSON
+    if record_file.exists() and layout.run_status(point.run_dir) is None:  # cut short or edited: no status to read
+        log.warning("%s: the run.json in %s is unreadable (%s): running it again", point.label, point.run_dir,
+                    layout.json_problem(record_file))  # fmt: skip
     if layout.run_status(point.run_dir) == layout.STATUS_RUNNING:  # its lock was free: that process is gone
         log.warning("%s: the earlier run in %s never recorded its end: failed (process gone); running it again",
                     point.label, point.run_dir)  # fmt: skip

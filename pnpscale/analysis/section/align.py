@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from pnpscale.analysis.events import Collective, SectionError, SectionRecord
-from pnpscale.analysis.section.p2p import fill_carried, is_p2p, pair_point_to_point
+from pnpscale.analysis.section.p2p import fill_carried, is_p2p, p2p_ranks, pair_point_to_point
 
 
 def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[int, list[SectionRecord]]:
@@ -26,7 +26,10 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
     the kernel's launch, :func:`pnpscale.analysis.section.gpu.pair_descriptors`; else the kernel's name) is part
     of every key, so collectives issued in different orders on two ranks (two threads) are matched by what they
     are; point-to-point types (``send``, ``recv``, ``send_recv``) count as one (``p2p``: a send meets a recv).
-    The new ``seq`` is the key's position in the lowest rank's start order, so a trace with one
+    A paired point-to-point transfer (:func:`~pnpscale.analysis.section.p2p.pair_point_to_point`) is held by its
+    two ranks only; the others hold every other key.
+    The new ``seq`` is the key's position in the lowest rank's start order (then the transfers that rank is not
+    part of, in the next ranks' orders), so a trace with one
     stream, one type and no sequence numbers keeps the order-in-section numbering of
     :func:`section_records` unchanged.
 
@@ -80,7 +83,7 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
         if len(set(ref)) != len(ref):
             raise SectionError(f"iteration {occ[0]} section {occ[1]!r}: rank {ranks[0]} repeats a collective key")
         for r in ranks[1:]:
-            if sorted(keys[r]) != sorted(ref):
+            if _shared(keys[r]) != _shared(ref):
                 for rr in (r, ranks[0]):
                     rec = index[rr][occ]
                     if rec.missing_kernels:
@@ -97,7 +100,13 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
                     f"{ranks[0]} ran {len(ref)}, and they cannot be matched by {how} "
                     f"(rank {r}: {sorted(keys[r])}; rank {ranks[0]}: {sorted(ref)})"
                 )
-        position = {k: i for i, k in enumerate(ref)}
+        order, placed = list(ref), set(ref)  # then the point-to-point transfers rank ranks[0] is not part of
+        for r in ranks[1:]:
+            for _, k in sorted(zip((c.seq for c in colls[r]), keys[r], strict=True)):
+                if k not in placed:
+                    order.append(k)
+                    placed.add(k)
+        position = {k: i for i, k in enumerate(order)}
         for r in ranks:
             renum = [replace(c, seq=position[k]) for c, k in zip(colls[r], keys[r], strict=True)]
             new_seq[r][occ] = sorted(renum, key=lambda c: c.seq)
@@ -105,6 +114,12 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
         for s in records[r]:
             out[r].append(replace(s, collectives=new_seq[r][(s.iteration, s.section)]))
     return out
+
+
+def _shared(keys: Sequence[tuple]) -> list[tuple]:
+    """The match keys every rank must hold (sorted): all but point-to-point transfers, which only their two ranks
+    hold (:func:`pnpscale.analysis.section.p2p.pair_point_to_point` checked both halves)."""
+    return sorted(k for k in keys if p2p_ranks(k) is None)
 
 
 def nested_sections(records: Mapping[int, Sequence[SectionRecord]]) -> dict[str, str]:

@@ -26,7 +26,8 @@ def typed_by_c10d(
     with the calls, each with the first call not yet paired that started before it and asked for the
     collective the range ran (or one gloo runs as it: :data:`_GLOO_RUNS_AS`); calls passed over have no gloo
     work range (another backend's). A work range with no call (issued before the profiler started) keeps its
-    own name. Each disagreement is recorded (``range_name_disagrees``).
+    own name. Each disagreement is recorded (``range_name_disagrees``). A point-to-point range takes its call's
+    peer and tag (:attr:`~pnpscale.analysis.events.Event.peer`).
 
     Returns:
         (the work ranges, typed; ``id(range) -> (start, end) of its c10d call`` (ns) for the paired ones: the
@@ -54,6 +55,8 @@ def typed_by_c10d(
             if asked and asked != ran:
                 differ.append(f"{w.name} issued by {call.name}")
                 w = replace(w, collective=asked)
+            if call.peer is not None or call.tag is not None:  # a send/recv's peer and tag (record_shapes)
+                w = replace(w, peer=call.peer, tag=call.tag)
             issued[id(w)] = (call.start_ns, call.end_ns)
             break
         out.append(w)

@@ -4,15 +4,18 @@ Two rules used by :func:`pnpscale.analysis.section.align.align_collectives` befo
 
 * **Point-to-point** (:func:`pair_point_to_point`): ``send``/``recv`` (``isend``/``irecv``,
   ``batch_isend_irecv``: the same ``c10d::send``/``c10d::recv_`` calls, the same ``gloo:send``/``gloo:recv``
-  ranges; NCCL's from their descriptors, run in ``SendRecv`` kernels) are typed operations matched by peer and
-  sequence: in each section occurrence, the k-th send of rank ``a`` is the k-th receive of its peer ``b``. Both
-  become one operation ``send_recv`` keyed ``("p2p:a->b", k)``, so that the metrics treat it as a transfer
-  between two ranks: with ``t_c = min(D_send, D_recv)`` the receiver's blocked time splits into wait (before the
-  sender's data came: the sender arrives late) and transfer (the last ``t_c``). Its payload (bytes of the tensor
-  sent) and ``t_c`` give the pair's rate (GB/s = 1e9 B/s): :func:`pair_rates`.
-  Limit: Kineto's gloo and NCCL events do not name the peer (only ``Concrete Inputs`` with
-  ``record_shapes`` hold it, which the trace reader does not keep), so peers are known only in a 2-rank job (each
-  rank's peer is the other); point-to-point among more ranks is refused, naming iteration and section.
+  ranges; NCCL's from their descriptors, run in ``SendRecv`` kernels) are typed operations matched by peer, tag
+  and order: in each section occurrence, the k-th send of rank ``s`` to ``d`` with tag ``t`` is the k-th receive
+  of ``d`` from ``s`` with tag ``t``. Both become one operation ``send_recv`` keyed ``("p2p:s->d", seq)``, held by
+  those two ranks only, so that the metrics treat it as a transfer between two ranks: with
+  ``t_c = min(D_send, D_recv)`` the receiver's blocked time splits into wait (before the sender's data came:
+  the sender arrives late) and transfer (the last ``t_c``). Its payload (bytes of the tensor sent) and ``t_c``
+  give the pair's rate (GB/s = 1e9 B/s): :func:`pair_rates`.
+  Peers: Kineto's gloo and NCCL ranges do not name them; the ``c10d::`` call does with ``record_shapes``
+  (:func:`pnpscale.analysis.kineto.p2p_peer`: its peer in the call's process group, read as a global rank),
+  carried to the gloo range (:attr:`~pnpscale.analysis.events.Collective.peer`). Without it the peer is known
+  only in a 2-rank job (each rank's peer is the other); among more ranks it is refused, naming rank, iteration
+  and section and asking for ``record_shapes=True``.
 * **Carried** collectives (:func:`fill_carried`): a collective issued in one section and waited in a later one
   (the prefetch pattern) belongs to the section that issued it (its ``c10d::`` call), and the time the rank
   waits for it in a later section is a *carried* entry of that later section
@@ -23,6 +26,7 @@ Two rules used by :func:`pnpscale.analysis.section.align.align_collectives` befo
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -44,16 +48,24 @@ def is_p2p(c: Collective) -> bool:
 def pair_point_to_point(records: Mapping[int, Sequence[SectionRecord]]) -> dict[int, list[SectionRecord]]:
     """Pair every rank's sends with its peer's receives, per section occurrence (see module doc).
 
+    A send of rank ``s`` to ``d`` with tag ``t`` (peer and tag from the trace, :attr:`Collective.peer`; in a 2-rank
+    job without them the peer is the other rank and the tag unknown) is the k-th of channel ``(s, d, t)`` in ``s``'s
+    order; the k-th receive of ``d`` from ``s`` with tag ``t`` is its other half (gloo delivers in order per peer and
+    tag). The pair's ``group_seq`` is the position of ``(t, k)`` among the channel keys of ``s -> d`` in the
+    occurrence (= k with one tag), the same on both ranks.
+
     Args:
         records: rank -> that rank's records (:func:`~pnpscale.analysis.section.records.section_records`).
 
     Returns:
         rank -> records (inputs untouched) in which each send/recv is ``send_recv`` with group ``p2p:<src>-><dst>``
-        and ``group_seq`` its position among that pair's transfers in the occurrence (by start).
+        and ``group_seq`` as above; only the two ranks of a pair hold its entry.
 
     Raises:
-        SectionError: point-to-point in a job of more than 2 ranks (peers unknown), or the sends of one rank
-            and the receives of the other differ in number in an occurrence (iteration, section and counts named).
+        SectionError: point-to-point in a job of more than 2 ranks whose trace does not name the peer (recorded
+            without ``record_shapes``), a peer that is not another rank of the job, or sends of ``s`` to ``d`` and
+            receives of ``d`` from ``s`` that differ in number or tags in an occurrence (iteration, section, ranks
+            and counts named).
 
     >>> s = [SectionRecord(0, "f", 0.0, 1.0, [Collective(0, "send", 0.001, 8)])]
     >>> r = [SectionRecord(0, "f", 0.0, 1.0, [Collective(0, "recv", 0.06, 8)])]
@@ -65,40 +77,108 @@ def pair_point_to_point(records: Mapping[int, Sequence[SectionRecord]]) -> dict[
     if not has:
         return {r: list(recs) for r, recs in records.items()}
     ranks = sorted(records)
-    if len(ranks) != 2:
-        where = next((r, s) for r in ranks for s in records[r] if any(c.name in P2P_TYPES for c in s.collectives))
-        raise SectionError(
-            f"rank {where[0]} iteration {where[1].iteration} section {where[1].section!r}: point-to-point "
-            f"(send/recv) in a job of {len(ranks)} ranks: the trace does not name the peers, pnpscale pairs "
-            f"sends with receives only between 2 ranks"
-        )
-    a, b = ranks
-    index = {r: {(s.iteration, s.section): s for s in records[r]} for r in ranks}
-    out: dict[int, list[SectionRecord]] = {r: [] for r in ranks}
+    # (iteration, section) -> (src, dst) -> "send"/"recv" -> channel keys (tag, k) in that rank's order
+    halves: dict[tuple[int, str], dict[tuple[int, int], dict[str, list[tuple[int | None, int]]]]] = {}
+    staged: dict[int, list[tuple[SectionRecord, list[tuple[Collective, tuple[int, int, int | None, int] | None]]]]]
+    staged = {r: [] for r in ranks}
     for r in ranks:
-        peer = b if r == a else a
         for s in records[r]:
-            other = index[peer].get((s.iteration, s.section))
-            colls = []
-            k = {"send": 0, "recv": 0}
+            occ = (s.iteration, s.section)
+            count: dict[tuple[str, int, int, int | None], int] = defaultdict(int)
+            items: list[tuple[Collective, tuple[int, int, int | None, int] | None]] = []
             for c in sorted(s.collectives, key=lambda c: c.seq):
                 if c.name not in P2P_TYPES:
+                    items.append((c, None))
+                    continue
+                peer = _peer_of(c, r, ranks, s)
+                src, dst = (r, peer) if c.name == "send" else (peer, r)
+                k = count[c.name, src, dst, c.tag]
+                count[c.name, src, dst, c.tag] += 1
+                halves.setdefault(occ, {}).setdefault((src, dst), {"send": [], "recv": []})[c.name].append((c.tag, k))
+                items.append((c, (src, dst, c.tag, k)))
+            staged[r].append((s, items))
+    order: dict[tuple[int, str], dict[tuple[int, int], dict[tuple[int | None, int], int]]] = {}
+    for occ, pairs in halves.items():
+        for (src, dst), sides in sorted(pairs.items()):
+            if sorted(sides["send"], key=_channel) != sorted(sides["recv"], key=_channel):
+                raise SectionError(
+                    f"iteration {occ[0]} section {occ[1]!r}: rank {src} sent {_tally(sides['send'])} to rank {dst}, "
+                    f"rank {dst} received {_tally(sides['recv'])} from rank {src}: point-to-point transfers must be "
+                    f"sent and received in the same section occurrence, with the same tags"
+                )
+            keys = sorted(sides["send"], key=_channel)
+            order.setdefault(occ, {})[(src, dst)] = {key: i for i, key in enumerate(keys)}
+    out: dict[int, list[SectionRecord]] = {r: [] for r in ranks}
+    for r in ranks:
+        for s, items in staged[r]:
+            colls = []
+            for c, ch in items:
+                if ch is None:
                     colls.append(c)
                     continue
-                src, dst = (r, peer) if c.name == "send" else (peer, r)
-                colls.append(replace(c, name=SEND_RECV, group=f"{P2P_GROUP}{src}->{dst}", group_seq=k[c.name]))
-                k[c.name] += 1
-            if other is not None:
-                mine = sum(1 for c in s.collectives if c.name == "send")
-                theirs = sum(1 for c in other.collectives if c.name == "recv")
-                if mine != theirs:
-                    raise SectionError(
-                        f"iteration {s.iteration} section {s.section!r}: rank {r} sent {mine} time(s), rank {peer} "
-                        f"received {theirs} time(s): point-to-point transfers must be sent and received in the "
-                        f"same section occurrence"
-                    )
+                src, dst, tag, k = ch
+                seq = order[(s.iteration, s.section)][(src, dst)][(tag, k)]
+                colls.append(replace(c, name=SEND_RECV, group=f"{P2P_GROUP}{src}->{dst}", group_seq=seq))
             out[r].append(replace(s, collectives=colls))
     return out
+
+
+def _channel(key: tuple[int | None, int]) -> tuple[bool, int, int]:
+    """Sort key of a channel key ``(tag, k)``: unknown tags first."""
+    return (key[0] is not None, key[0] or 0, key[1])
+
+
+def _tally(keys: Sequence[tuple[int | None, int]]) -> str:
+    """``"3 time(s) (tag 0: 2, tag 7: 1)"`` of channel keys (tags named when known)."""
+    tags: dict[int | None, int] = defaultdict(int)
+    for tag, _ in keys:
+        tags[tag] += 1
+    named = ", ".join(f"tag {t}: {n}" for t, n in sorted(tags.items(), key=lambda x: (x[0] is not None, x[0] or 0))
+                      if t is not None)  # fmt: skip
+    return f"{len(keys)} time(s)" + (f" ({named})" if named else "")
+
+
+def _peer_of(c: Collective, r: int, ranks: Sequence[int], s: SectionRecord) -> int:
+    """The other rank of rank ``r``'s send/recv ``c`` in occurrence ``s``: its recorded peer, else (2 ranks) the
+    other rank.
+
+    Raises:
+        SectionError: no peer recorded in a job of more than 2 ranks, or a peer that is not another rank of the job.
+    """
+    where = f"rank {r} iteration {s.iteration} section {s.section!r}"
+    if c.peer is None:
+        if len(ranks) == 2:
+            return ranks[1] if r == ranks[0] else ranks[0]
+        raise SectionError(
+            f"{where}: a point-to-point {c.name} whose peer the trace does not name, in a job of {len(ranks)} ranks: "
+            f"Kineto writes the peer (and tag) of c10d::send / c10d::recv_ only in their 'Concrete Inputs', with "
+            f"shapes recorded: profile the job with torch.profiler.profile(..., record_shapes=True) (peers are also "
+            f"not read where the trace lists a process group that renumbers ranks: anomaly p2p_peer_ambiguous)"
+        )
+    if c.peer == r or c.peer not in ranks:
+        raise SectionError(
+            f"{where}: a point-to-point {c.name} whose peer is rank {c.peer}, not another rank of the job "
+            f"(ranks {list(ranks)}): the trace gives the peer's rank in the call's process group, read as a global "
+            f"rank (a process group other than the default one?)"
+        )
+    return c.peer
+
+
+def p2p_ranks(key: tuple) -> tuple[int, ...] | None:
+    """The two ranks of a paired point-to-point match key ``("pg", "p2p:<src>-><dst>", seq)``, else ``None`` (every
+    rank holds the entry); carried keys by their issuing key.
+
+    >>> p2p_ranks(("pg", "p2p:2->3", 0)), p2p_ranks(("carried", 0, "f", ("pg", "p2p:0->1", 1)))
+    ((2, 3), (0, 1))
+    >>> p2p_ranks(("pg", "0", 4)) is None
+    True
+    """
+    if key and key[0] == "carried":
+        return p2p_ranks(key[3])
+    if len(key) >= 2 and key[0] == "pg" and str(key[1]).startswith(P2P_GROUP):
+        src, dst = str(key[1])[len(P2P_GROUP) :].split("->")
+        return int(src), int(dst)
+    return None
 
 
 def fill_carried(
@@ -123,6 +203,9 @@ def fill_carried(
         have = set(keys[r])
         for k in sorted(wanted - have, key=repr):
             _, it, sec, ikey = k
+            pair = p2p_ranks(ikey)
+            if pair is not None and r not in pair:
+                continue  # a point-to-point transfer between two other ranks
             src = issuing[r].get((it, sec), {}).get(ikey)
             if src is None:
                 raise SectionError(

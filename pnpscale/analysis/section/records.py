@@ -429,6 +429,8 @@ def gloo_part(
             e.group,
             e.group_seq,
             (e.start_ns - origin) * 1e-9,
+            peer=e.peer,
+            tag=e.tag,
         )
         for i, e in enumerate(works)
     ]

@@ -1,8 +1,9 @@
 """What one pass over a trace keeps: :class:`Collector` gathers the needed events as they stream by.
 
 Section ranges, collective ranges and descriptors, ``ProfilerStep`` ranges, runtime launches (correlation,
-start), GPU events (compact arrays), ``cpu_op`` operators (for blocked time) and the counts behind the
-messages (range names, unknown categories). :mod:`pnpscale.analysis.trace.select` turns what it holds
+start), GPU events (compact arrays), ``cpu_op`` operators (for blocked time; the peer and tag of point-to-point
+``c10d::`` calls, :func:`~pnpscale.analysis.kineto.p2p_peer`) and the counts behind the messages (range
+names, unknown categories). :mod:`pnpscale.analysis.trace.select` turns what it holds
 into :class:`~pnpscale.analysis.events.Event` records.
 """
 
@@ -24,6 +25,7 @@ from pnpscale.analysis.kineto import (
     GPU_CATS,
     IGNORED_CATS,
     NOT_A_LAUNCH,
+    P2P_CALLS,
     PARAM_COMMS,
     RUNTIME_CATS,
     comm_fields,
@@ -33,6 +35,7 @@ from pnpscale.analysis.kineto import (
     is_gloo_work,
     is_named_descriptor,
     launch_kind,
+    p2p_peer,
     step_number,
     stream_of,
 )
@@ -113,6 +116,7 @@ class Collector:
         # other cpu_op operators (compute or c10d calls), for the time a thread is blocked on its collectives
         self.op_start, self.op_end, self.op_tid, self.op_name = array("q"), array("q"), array("q"), array("q")
         self.op_names: dict[str, int] = {}
+        self.op_p2p: dict[int, tuple[int | None, int | None]] = {}  # op index -> (peer, tag) of a c10d send/recv
         self.range_names: Counter[str] = Counter()
         self.user_annotations: Counter[str] = Counter()
         self.unknown_categories: Counter[str] = Counter()
@@ -217,8 +221,13 @@ class Collector:
             if cat == "cpu_op":
                 times = self._times(ev)
                 if times is not None and times[2] is None:
-                    ext = int_or_none((ev.get("args") or {}).get("External id"))
+                    args = ev.get("args") or {}
+                    ext = int_or_none(args.get("External id"))
                     self.add_op(name, times[0], times[1], int_or_none(ev.get("tid")) or 0, -1 if ext is None else ext)
+                    if name in P2P_CALLS:  # its peer and tag, exactly as Kineto wrote them (record_shapes)
+                        peer, tag = p2p_peer(name, args)
+                        if peer is not None or tag is not None:
+                            self.op_p2p[len(self.op_start) - 1] = (peer, tag)
             return
         times = self._times(ev)
         if times is None:

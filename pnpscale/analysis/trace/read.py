@@ -263,6 +263,11 @@ def read_trace(
     meta = {**meta_from_tail(tail), **meta}
     base = meta.get("baseTimeNanoseconds")
     events = collected_events(collector, int(base) if base is not None else 0, anomalies, rank)
+    regrouped = renumbered_group(meta)
+    if regrouped is not None and any(e.peer is not None for e in events):
+        dropped = sum(1 for e in events if e.peer is not None)
+        anomalies.add("p2p_peer_ambiguous", rank, f"{path.name}: {regrouped}", dropped)
+        events = [replace(e, peer=None) if e.peer is not None else e for e in events]
     info = replace(
         _info(path, meta),
         base_ns=int(base) if base is not None else None,
@@ -282,6 +287,37 @@ def read_trace(
         else None,
     )
     return Trace(info, events, tuple(collector.missing_gpu), tuple(collector.orphan_gpu))
+
+
+def renumbered_group(meta: Mapping[str, Any]) -> str | None:
+    """The first process group of ``distributedInfo.pg_config`` whose ranks are not ``0..n-1`` in order (its rank
+    ``i`` is not global rank ``i``), as text; ``None`` when every listed group numbers its ranks as the job does
+    (the default group, or a group of the first ranks), or none is listed.
+
+    A point-to-point call's peer in the trace is its rank in the call's process group (:func:`~pnpscale.analysis.
+    kineto.p2p_peer`), read as a global rank: right only where no listed group renumbers ranks.
+
+    >>> renumbered_group({"distributedInfo": {"pg_config": [{"pg_name": "0", "ranks": [0, 1, 2]}]}}) is None
+    True
+    >>> renumbered_group({"distributedInfo": {"pg_config": [{"pg_name": "0", "ranks": [0, 1, 2, 3]},
+    ...                                                     {"pg_name": "1", "ranks": [2, 3]}]}})
+    "process group '1' holds ranks [2, 3]"
+    """
+    d = meta.get("distributedInfo")
+    groups = d.get("pg_config") if isinstance(d, Mapping) else None
+    if not isinstance(groups, list):
+        return None
+    for g in groups:
+        if not isinstance(g, Mapping):
+            continue
+        ranks = g.get("ranks")
+        default = g.get("pg_desc") == "default_pg"
+        if isinstance(ranks, list) and ranks == list(range(len(ranks))):
+            continue
+        if not isinstance(ranks, list) and default:
+            continue  # the default group numbers ranks as the job does
+        return f"process group {str(g.get('pg_name'))!r} holds ranks {ranks}"
+    return None
 
 
 def _info(path: Path, meta: Mapping[str, Any]) -> TraceInfo:

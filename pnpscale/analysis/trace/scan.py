@@ -26,6 +26,7 @@ from pnpscale.analysis.kineto import (
     END_MARKER,
     GPU_CATS,
     IGNORED_CATS,
+    P2P_CALLS,
     RUNTIME_CATS,
     is_collective_kernel,
     is_descriptor,
@@ -143,9 +144,11 @@ class ScanState:
 
 
 def cpu_needed(state: ScanState, name: str) -> bool:
-    """Whether a CPU range is decoded whole: a section, a ``ProfilerStep``, a gloo work range or a descriptor."""
+    """Whether a CPU range is decoded whole: a section, a ``ProfilerStep``, a gloo work range, a descriptor or a
+    point-to-point ``c10d::`` call (its peer and tag are in its args)."""
     return (
-        state.collector._section_of(name) is not None
+        name in P2P_CALLS
+        or state.collector._section_of(name) is not None
         or step_number(name) is not None
         or is_gloo_work(name)
         or is_descriptor(name)
@@ -312,6 +315,8 @@ def read_columns(state: ScanState, evs: list[EventFields], batch: bytes, index: 
         if state.collective.setdefault(kname, kname is not None and is_collective_kernel(kname)):
             state.collective_names.add(kname)
     needed, coll = state.needed, state.collective_names
+    if any(e.name in P2P_CALLS for e in cpu):
+        return False  # decoded whole, yet kept among the operators (Collector.add): in file order, one by one
     ops = [e for e in cpu if e.cat == "cpu_op" and e.name not in needed]
     if coll:
         gpu = [e for e in gpu if not (e.name in coll and e.cat in _KERNEL_CATS)]

@@ -223,8 +223,17 @@ def _ops(col: Collector, base_ns: int) -> list[Event]:
         i = np.searchsorted(hi, start, side="right")
         inside = i < len(hi)
         keep |= inside & (lo[np.minimum(i, len(lo) - 1)] < end)
+    p2p = col.op_p2p
     return [
-        Event(names[col.op_name[i]], Kind.OP, int(start[i]) + base_ns, int(end[i]) + base_ns, tid=col.op_tid[i])
+        Event(
+            names[col.op_name[i]],
+            Kind.OP,
+            int(start[i]) + base_ns,
+            int(end[i]) + base_ns,
+            tid=col.op_tid[i],
+            peer=p2p[i][0] if i in p2p else None,
+            tag=p2p[i][1] if i in p2p else None,
+        )
         for i in np.flatnonzero(keep).tolist()
     ]
 

@@ -360,10 +360,25 @@ def series_key(pts: pd.DataFrame) -> tuple[str, str, str]:
     return problem, mode, f"{problem} {mode}".strip()
 
 
+def recorded_cores(pts: pd.DataFrame) -> int | None:
+    """The usable cores the runs recorded (``cores`` in ``run.json``: their most loaded host's), the fewest of any
+    point; ``None`` when no point says (older folders)."""
+    if K.CORES not in pts:
+        return None
+    known = pd.to_numeric(pts[K.CORES], errors="coerce").dropna()
+    return int(known.min()) if not known.empty else None
+
+
 def cpu_cores_of(pts: pd.DataFrame, options: Options) -> tuple[int | None, str | None]:
+    """(the cores CPU ranks time-share, its source) or ``(None, None)`` for GPU runs: ``--devices``, else the cores
+    the runs recorded (:func:`recorded_cores`: the machine they ran on, wherever this analysis runs), else this
+    machine's (:func:`local_cores`)."""
     cpu = "backend" in pts and (pts["backend"].astype(str).str.lower() == "gloo").any()
     if options.devices is not None:
         return options.devices, f"--devices {options.devices}"
     if cpu:
+        recorded = recorded_cores(pts)
+        if recorded is not None:
+            return recorded, f"CPU ranks (gloo) time-sharing their machine's {recorded} core(s) (run.json)"
         return local_cores(), f"CPU ranks (gloo) time-sharing this machine's {local_cores()} core(s)"
     return None, None

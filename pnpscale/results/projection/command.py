@@ -13,7 +13,7 @@ import pandas as pd
 from pnpscale import columns as K
 from pnpscale.core import layout
 from pnpscale.core.errors import command_prog
-from pnpscale.results.projection.base import NodeSizeUnknown, TimeShared, local_cores
+from pnpscale.results.projection.base import NodeSizeUnknown, TimeShared, local_cores, recorded_cores
 from pnpscale.results.projection.model import (
     Options,
     Projection,
@@ -135,10 +135,11 @@ def fix_hint(args: Any, table: pd.DataFrame, p: Projection) -> str:
                 f" (G >= {top}); within the measured node (measured counts: the fit checked, nothing past it), "
                 f"this works now: {shlex.join([*base, '--gpus', ','.join(map(str, within))])}")  # fmt: skip
     if "cores the CPU ranks share" in reasons or TimeShared.__name__ in reasons:
-        cores = args.devices or local_cores()
+        cores = args.devices or recorded_cores(table) or local_cores()
         within = [n for n in measured if 1 < n <= cores]
-        return ("\non CPU ranks that time-share the cores there is no honest projection past the cores, and no "
-                "option makes one: measure on a machine with a core per rank thread, or on GPUs"
+        return (f"\non CPU ranks that time-share the cores there is no honest projection past the cores ({cores}): "
+                "measure on a machine with a core per rank thread, or on GPUs (--devices D only corrects the count "
+                "of cores the runs' machine had; a larger D hides the time-sharing, it does not remove it)"
                 + (f"; within them this runs, checking the fit at the measured counts: "
                    f"{shlex.join([*base, '--gpus', ','.join(map(str, within))])}"
                    if len(within) and len([n for n in measured if n <= cores]) >= 2 else ""))  # fmt: skip

@@ -284,6 +284,18 @@ def project(table: pd.DataFrame, gpus: Sequence[int], options: Options = Options
     return Projection(out, val, found, assumed, skipped, notes, options.tolerance, overlap, overlap_notes)
 
 
+def fitted_counts(checks: pd.DataFrame) -> list[int]:
+    """The GPU counts the fit was made on: the ``fitted_on`` of the residual rows (a measured point the fit left
+    out, e.g. past the cores CPU ranks share, has a residual row but was not fitted).
+
+    >>> fitted_counts(pd.DataFrame({"kind": RESIDUAL, "gpus": [1, 2, 4], "fitted_on": "1,2"}))
+    [1, 2]
+    """
+    res = checks[checks["kind"] == RESIDUAL]
+    named = {int(n) for text in res["fitted_on"].dropna().astype(str) for n in text.split(",") if n.strip()}
+    return sorted(named) if named else sorted({int(g) for g in res[K.GPUS]})
+
+
 def unpredicted(checks: pd.DataFrame, tolerance: float) -> str:
     """Why the projection rests on a term its validation could not predict, or "": no leave-one-out at all (2
     fitted GPU counts), a held-out point leave-one-out refused (a term the other points cannot identify), or the
@@ -291,7 +303,7 @@ def unpredicted(checks: pd.DataFrame, tolerance: float) -> str:
     or PE)."""
     loo = checks[checks["kind"] == LOO]
     if loo.empty:
-        fitted = sorted({int(g) for g in checks.loc[checks["kind"] == RESIDUAL, K.GPUS]})
+        fitted = fitted_counts(checks)
         return (f"rests on a fit no leave-one-out checked ({len(fitted)} fitted GPU counts: each held-out N needs 2 "
                 "others)")  # fmt: skip
     refused = loo[(loo["metric"] == "") & (loo["note"].astype(str) != "")]

@@ -30,6 +30,7 @@ from pnpscale.results.projection.model import (
     evaluate,
     findings,
     fit,
+    fitted_counts,
     leave_one_out,
     loo_misses,
     measured_rows,
@@ -124,8 +125,8 @@ def markdown(p: Projection) -> list[str]:
         for _, r in v[(v["kind"] == LOO) & (v["note"] != "") & (v["metric"] == "")].iterrows():
             lines.append(f"- left out {int(r[K.GPUS])}: not predicted: {r['note']}")
         if not (v["kind"] == LOO).any():
-            fitted = sorted({int(n) for n in v.loc[v["kind"] == RESIDUAL, K.GPUS]})
-            lines.append(f"- leave-one-out: not made: {len(fitted)} measured GPU count(s) "
+            fitted = fitted_counts(v)
+            lines.append(f"- leave-one-out: not made: {len(fitted)} fitted GPU count(s) "
                          f"({', '.join(map(str, fitted))}); each held-out N needs 2 others to fit on")  # fmt: skip
         far = loo_misses(v, p.tolerance)
         if not far.empty:
