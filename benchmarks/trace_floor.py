@@ -13,7 +13,10 @@ rounds, first on one rank's file ("1 rank") then on all of them one after the ot
   the fields the analysis reads (``ph cat name pid tid ts dur`` and ``args``' ``correlation``,
   ``External id``, ``In msg nelems``, ``dtype``, ``Collective name``); ``ts``/``dur`` as float
   microseconds (pnpscale keeps exact integer ns: this is a floor, not a replacement);
-* ``pnpscale import``: ``python -c "import pnpscale.analyze"`` (the fixed start-up cost inside the next);
+* ``pnpscale import``: ``python -c "import pnpscale.analysis.offline"`` (what ``pnpscale.analyze`` imports
+  before it reads a trace: pandas, pyarrow; the fixed start-up cost inside the last line);
+* ``pnpscale read_trace``: ``pnpscale.analysis.trace.read.read_trace`` of each file, in this process (the
+  reader alone: the fast path's decompression, typed decoding and collection, then the kept events);
 * ``pnpscale``: ``python -m pnpscale.analyze FILES --sections gradient,denoiser --jobs J --partial``.
 
 Wall time is the command's, interpreter start included (a bare ``python -c pass`` is printed as the
@@ -120,6 +123,10 @@ def worker(variant: str, files: list[str]) -> None:
     elif variant == "msgspec typed":
         decode = _msgspec_decoder().decode
         n = sum(len(decode(dec(Path(f).read_bytes())).traceEvents) for f in files)
+    elif variant == "pnpscale read_trace":
+        from pnpscale.analysis.trace.read import read_trace
+
+        n = sum(len(read_trace(f, SECTIONS.split(",")).events) for f in files)
     else:
         raise SystemExit(f"unknown variant {variant!r}")
     print(f"{n} events")
@@ -175,7 +182,8 @@ def main() -> None:
                 cmds[f"{scope}: gzip CLI"] = " && ".join(f"gzip -dc '{f}' > /dev/null" for f in fs)
             for v in decs + parsers:
                 cmds[f"{scope}: {v}"] = [py, me, "worker", v, *fs]
-            cmds[f"{scope}: pnpscale import"] = [py, "-c", "import pnpscale.analyze"]
+            cmds[f"{scope}: pnpscale import"] = [py, "-c", "import pnpscale.analysis.offline"]
+            cmds[f"{scope}: pnpscale read_trace"] = [py, me, "worker", "pnpscale read_trace", *fs]
             cmds[f"{scope}: pnpscale --jobs 1"] = pnp(fs, 1)
             if len(fs) > 1 and a.jobs > 1:
                 cmds[f"{scope}: pnpscale --jobs {a.jobs}"] = pnp(fs, a.jobs)

@@ -32,7 +32,7 @@ if ! "$PY" -c 'import sys; print("python", sys.version.split()[0])'; then
   echo "device-check: $PY does not run (set PNPSCALE_PYTHON)" >&2
   exit 2
 fi
-IMPORTS='import torch, deepinv, hydra, pandas, pyarrow, ijson, pnpscale.validation.device_check; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "| deepinv", deepinv.__version__)'
+IMPORTS='import torch, deepinv, hydra, pandas, pyarrow, ijson, msgspec, isal, pnpscale.validation.device_check; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "| deepinv", deepinv.__version__)'
 WHEELS="${PNPSCALE_WHEELS:-$ROOT/.device-wheels}"
 # one import of everything (torch, deepinv, pnpscale: seconds each time), again only after installing wheels
 if ! IMPORTED="$("$PY" -c "$IMPORTS" 2>&1)" && [ -d "$WHEELS" ]; then

@@ -21,7 +21,7 @@ PY="${PNPSCALE_PYTHON:-$ROOT/.venv/bin/python}"
 DIR="${DEVICE_WHEELS_DIR:-$ROOT/.device-wheels}"
 MAX_MB="${DEVICE_WHEELS_MAX_MB:-64}"
 # name (as pip knows it): pure-Python unless listed in BINARY
-PACKAGES=(deepinv hydra-core omegaconf antlr4-python3-runtime submitit hydra-submitit-launcher ijson natsort)
+PACKAGES=(deepinv hydra-core omegaconf antlr4-python3-runtime submitit hydra-submitit-launcher ijson msgspec isal natsort)
 SDIST_ONLY=(antlr4-python3-runtime)
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
 

@@ -447,8 +447,11 @@ def test_a_runtime_clock_offset_is_found_from_the_operators_without_any_descript
 
 
 def test_the_fast_pass_steps_can_be_called_alone():
-    """scan_file's named steps (issue #29): the head, then each located event read from the bytes."""
+    """scan_file's named steps: the head, a batch of whole events up to the last event start (typed decoding, read
+    by columns), then the file's last event decoded whole with the array's end."""
     import io
+
+    import msgspec
 
     from pnpscale.analysis.trace import scan as T
     from pnpscale.analysis.trace.collect import Collector
@@ -459,10 +462,58 @@ def test_the_fast_pass_steps_can_be_called_alone():
     meta, array_top, rest, _ = T.open_event_array(Path("r.json"), io.BytesIO(body))
     assert meta["schemaVersion"] == 1 and not array_top and rest.lstrip().startswith(b'{"ph"')
     state = T.ScanState(Collector({"gradient": "gradient"}, path=Path("r.json")), array_top)
-    assert T.cpu_needed(state, "gradient") and not T.cpu_needed(state, "aten::mm") and T.unescape(b"a\\u0041") == "aA"
-    found = list(T._EVENT.finditer(rest))
-    starts = [m.start() for m in found]
-    assert T.scan_events(state, rest, found, [*starts[1:], len(rest)], 0, True) == 4
+    assert T.cpu_needed(state, "gradient") and not T.cpu_needed(state, "aten::mm")
+    comma, start = T.last_event_start(rest)
+    assert rest[comma : comma + 1] == b"," and rest[start:].startswith(b'{"ph": "X", "cat": "cpu_op"')
+    assert T.read_batch(state, rest, comma, start, 0) == 3
+    assert T.decode_run(state, rest, start, len(rest), 3, True) == 4
     col = state.collector
     assert [e.name for e in col.sections] == ["gradient"] and list(col.rt_corr) == [3]
     assert list(col.gpu_start) == [120_500] and list(col.gpu_end) == [122_500] and list(col.op_start) == [111_000]
+    raw = msgspec.Raw
+    assert T.us_to_ns(raw(b"1700000000000000.123")) == 1_700_000_000_000_000_123 and T.us_to_ns(raw(b"2")) == 2000
+    assert T.us_to_ns(raw(b'"1.000"')) is None and T.us_to_ns(raw(b"null")) is None and T.us_to_ns(raw()) is None
+    assert T.ns_column([raw(b"1.500"), raw(b"1700000000000000.001")]) == [1500, 1_700_000_000_000_000_001]
+    assert T.ns_column([raw(b"1.500"), raw(b"1.5")]) is None and T.ns_column([raw(b"-1.500")]) is None
+
+
+def test_reading_a_batch_by_columns_equals_reading_it_event_by_event():
+    """read_columns (the Kineto layout) and read_one_by_one keep the same arrays, counters and events, in order."""
+    from pnpscale.analysis.trace import scan as T
+    from pnpscale.analysis.trace.collect import Collector
+
+    end = {"ph": "i", "cat": "", "name": "Record Window End", "s": "g", "pid": "", "tid": "", "ts": "900.000"}
+    events = [X("ProfilerStep#1", "user_annotation", "90.000", "300.000"), X("gradient", "user_annotation",
+              "100.000", "50.000"), X("aten::mm", "cpu_op", "101.250", "4.000", **{"External id": 9}),
+              X("cudaLaunchKernel", "cuda_runtime", "102.000", "2.500", correlation=3),
+              kernel("void k", "120.500", "2.000", 3), X("fwd", "user_annotation", "103.000",
+              "1.000"), kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", "130.000", "5.000", 3),
+              X("nccl:all_reduce", "cpu_op", "104.000", "1.000"), X("x", "overhead", "105.000", "1.000"),
+              X("y", "new_cat", "106.000", "1.000"), X("cudaMemcpyAsync", "cuda_runtime", "107.000", "1.000",
+              tid=4, correlation=5), X("Memcpy HtoD", "gpu_memcpy", "140.000", "1.000", tid=7, correlation=5),
+              X("PyTorch Profiler (0)", "Trace", "1.000", "999.000"), X("aten::add", "cpu_op", "108.000",
+              "1.000", tid=2), end]  # fmt: skip
+    text = json.dumps(events)
+    for t in re.findall(r'"(\d+\.\d{3})"', text):
+        text = text.replace(f'"{t}"', t)
+    batch = text.encode()
+    evs = T._TYPED.decode(batch)
+    got = []
+    for read in (T.read_columns, T.read_one_by_one):
+        state = T.ScanState(Collector({"gradient": "gradient"}, path=Path("r.json")))
+        assert read(state, evs, batch, 0) in (True, None)
+        c = state.collector
+        arrays = [list(getattr(c, a)) for a in ("rt_corr", "rt_start", "rt_end", "rt_ext", "rt_tid", "rt_launch",
+                  "gpu_start", "gpu_end", "gpu_corr", "gpu_stream", "gpu_name", "op_start", "op_end", "op_tid",
+                  "op_name", "op_ext")]  # fmt: skip
+        got.append((arrays, c.sections, c.cpu, c.nccl, list(c.range_names.items()),
+                    list(c.user_annotations.items()), list(c.unknown_categories.items()), c.names, c.op_names,
+                    c.end_marker, c.profiler_span, c.window, c.last_start))  # fmt: skip
+    assert got[0] == got[1]
+    arrays = got[0][0]
+    assert arrays[0] == [3, 5] and arrays[11] == [101_250, 108_000] and got[0][9] and got[0][10]
+    assert [e.name for e in got[0][1]] == ["gradient"] and len(got[0][3]) == 1 and got[0][6] == [("new_cat", 1)]
+    # a point-to-point c10d call is decoded whole yet kept among the operators: the batch is read one by one
+    p2p = json.dumps([X("c10d::send", "cpu_op", 1, 2)]).encode()
+    state = T.ScanState(Collector({"gradient": "gradient"}, path=Path("r.json")))
+    assert T.read_columns(state, T._TYPED.decode(p2p), p2p, 0) is False and not len(state.collector.op_start)

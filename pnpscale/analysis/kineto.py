@@ -181,6 +181,10 @@ COLLECTIVE_KERNELS: tuple[KernelFamily, ...] = (
     KernelFamily("hccl", re.compile(r"^hcom_[A-Za-z]+"), True, "hcom_allReduce__123_0_1"),
 )  # fmt: skip
 _ANY_NCCL = re.compile(r"nccl|oneccl|hccl|^hcom_", re.IGNORECASE)
+#: a substring every :data:`COLLECTIVE_KERNELS` name holds (each pattern starts with one): a name without any
+#: is in no family, which spares parsing it (:func:`kernel_function`)
+_FAMILY_PREFIXES = re.compile(r"ncclDevKernel_|ncclKernel_|ncclSym|mscclKernel_|multimem_|one_shot_|two_shot_|"
+                              r"oneccl_|hcom_")  # fmt: skip
 
 
 def _strip_balanced(text: str, open_: str, close: str) -> str:
@@ -232,6 +236,8 @@ def kernel_family(name: str) -> KernelFamily | None:
     >>> kernel_family("void at::native::elementwise_kernel<128, 4>") is None
     True
     """
+    if _FAMILY_PREFIXES.search(name) is None:
+        return None
     base = kernel_function(name)
     for fam in COLLECTIVE_KERNELS:
         if fam.pattern.search(base):

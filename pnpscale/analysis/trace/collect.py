@@ -171,7 +171,13 @@ class Collector:
     def _no_ts(self, ev: Mapping[str, Any]) -> None:
         self.no_ts.append(f"event #{self.read - 1} {ev.get('name')!r} ({ev.get('cat')}): no 'ts' field")
 
-    def add(self, ev: Mapping[str, Any]) -> None:
+    def add(self, ev: Mapping[str, Any], counted: bool = False) -> None:
+        """One event as the JSON decoder gives it (numbers exact: ``int`` or :class:`~decimal.Decimal`);
+        ``counted``: a CPU range's name was already counted (:meth:`count_range`) by the caller.
+
+        Raises:
+            TraceError: a section range or a device event without ``ts``; a ``ts`` beyond any clock's range.
+        """
         self.read += 1
         if ev.get("ph") != "X":
             if ev.get("ph") == "i" and ev.get("name") == END_MARKER:
@@ -207,7 +213,8 @@ class Collector:
         name = ev.get("name")
         if not isinstance(name, str):
             return
-        self.count_range(name, str(cat))
+        if not counted:
+            self.count_range(name, str(cat))
         section = self._section_of(name)
         step = step_number(name) is not None
         if section is None and not step and not (is_gloo_work(name) or is_descriptor(name)):

@@ -1,7 +1,8 @@
 """The two passes over a trace file that feed a :class:`~pnpscale.analysis.trace.collect.Collector`.
 
-* :func:`scan_file`, the fast path: a bytes-level pre-filter that decodes only the events sections need
-  (Kineto's layout); any doubt raises :class:`~pnpscale.analysis.trace.files.Fallback`;
+* :func:`scan_file`, the fast path: batches of whole events (cut at Kineto's event starts) decoded by
+  ``msgspec`` into typed structs of only the fields the collector reads, then read by columns; the events sections
+  need are decoded whole; any doubt raises :class:`~pnpscale.analysis.trace.files.Fallback`;
 * :func:`stream_events`, the exact path: every event through ``ijson`` (optionally repairing bare non-finite
   tokens), which names what is wrong (:class:`JsonFailure`: message and byte offset).
 """
@@ -15,12 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import msgspec
+from isal import igzip, isal_zlib
 
 from pnpscale.analysis.kineto import (
     CPU_CATS,
     END_MARKER,
     GPU_CATS,
+    IGNORED_CATS,
     P2P_CALLS,
     RUNTIME_CATS,
     is_collective_kernel,
@@ -31,6 +36,7 @@ from pnpscale.analysis.kineto import (
 )
 from pnpscale.analysis.trace.collect import Collector
 from pnpscale.analysis.trace.files import (
+    NS_RANGE,
     TAIL,
     Fallback,
     Replay,
@@ -43,6 +49,9 @@ from pnpscale.analysis.trace.files import (
     refuse_constant,
     valid_object,
 )
+
+#: ISA-L's decompression error (not a :class:`zlib.error`)
+_ISAL_ERROR = cast(type[Exception], isal_zlib.error)
 
 
 class JsonFailure(Exception):
@@ -79,54 +88,42 @@ def stream_events(
     return collector, meta, array_top, bytes(stream.tail)
 
 
-# --- fast path: decode only the events that are needed ----------------------------------------
+# --- fast path: typed decoding of batches of whole events --------------------------------------
 
 
+#: decompressed bytes read at a time; a batch is what they hold up to their last event start
 _SCAN_CHUNK = 1 << 24
-#: timestamps beyond this many ns (about 73 years either side of the epoch) are not times
-_STR = rb'"([^"\\]*(?:\\.[^"\\]*)*)"'
-_NUM = rb"(-?\d+(?:\.\d+)?)"
+#: pending text this long without an event start (``{"ph"`` after a comma) is not Kineto's layout
+_BATCH_MAX = 1 << 27
+_LEADING_BLANKS = re.compile(rb"[ \t\r\n]*")
+_BLANKS = b" \t\r\n"
+_NUMBER = re.compile(rb"-?\d+(?:\.\d+)?")
+_KERNEL_CATS = ("kernel", "Kernel")
+_READ_CATS = RUNTIME_CATS | GPU_CATS | CPU_CATS
 
 
-def _alternation(cats: frozenset[str]) -> bytes:
-    return b"|".join(re.escape(c).encode() for c in sorted(cats, key=lambda c: (-len(c), c)))
+class ArgsFields(msgspec.Struct, gc=False):
+    """The ``args`` keys read from every event (:func:`read_batch`); an event that needs others (a section, a
+    collective) is decoded whole. A value of another JSON type fails the batch's typed decoding."""
+
+    correlation: int | None = None
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    stream: int | None = None
+    sycl_queue: Any = msgspec.field(default=None, name="sycl queue")
+    queue: Any = None
 
 
-#: an event's start: an object whose first key is ``"ph"`` (with unescaped quotes this never occurs inside a
-#: JSON string); then, when they follow in Kineto's order, ``ph, cat, name, pid, tid, ts, dur[, args]``
-_EVENT = re.compile(
-    rb'\{\s*"ph"\s*:(?:\s*"([^"\\]*)"(?:\s*,\s*"cat"\s*:\s*"(?:('
-    + _alternation(CPU_CATS)
-    + rb')"\s*,\s*"name"\s*:\s*'
-    + _STR
-    + rb"|("
-    + _alternation(RUNTIME_CATS | GPU_CATS)
-    + rb')"'
-    + rb'(?:\s*,\s*"name"\s*:\s*'
-    + _STR
-    + rb'\s*,\s*"pid"\s*:\s*(?:-?\d+|"[^"\\]*")\s*,\s*"tid"\s*:\s*(-?\d+)\s*,\s*"ts"\s*:\s*'
-    + _NUM
-    + rb'\s*,\s*"dur"\s*:\s*'
-    + _NUM
-    + rb'\s*(?:,\s*"args"\s*:\s*\{|\}))?|([^"\\]*)"))?)?'
-)
-_INT_VALUE = re.compile(rb"\s*:\s*(-?\d+)\s*[,}\s]")
-#: after a CPU event's ``"name": "..."``: ``pid, tid, ts, dur`` in Kineto's order (a cpu_op operator's times)
-_OP_TIMES = re.compile(
-    rb'\s*,\s*"pid"\s*:\s*(?:-?\d+|"[^"\\]*")\s*,\s*"tid"\s*:\s*(-?\d+)\s*,\s*"ts"\s*:\s*'
-    + _NUM
-    + rb'\s*,\s*"dur"\s*:\s*'
-    + _NUM
-    + rb"(?=\s*[,}])"
-)
-_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_ARRAY_TOP = re.compile(rb"\s*\[")
-_ARRAY_END = re.compile(rb"\s*\]\s*")
-_CPU_B = frozenset(c.encode() for c in CPU_CATS)
-_RUNTIME_B = frozenset(c.encode() for c in RUNTIME_CATS)
-_GPU_B = frozenset(c.encode() for c in GPU_CATS)
-_KERNEL_B = (b"kernel", b"Kernel")
-_END_MARKER = b'"' + END_MARKER.encode() + b'"'
+class EventFields(msgspec.Struct, gc=False):
+    """The keys of an event read by :func:`read_batch` (the others are skipped by the decoder); ``ts`` and
+    ``dur`` as their JSON text (:class:`msgspec.Raw`, empty when absent), converted to exact integer ns."""
+
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    tid: int | str | None = None
+    ts: msgspec.Raw = msgspec.Raw()
+    dur: msgspec.Raw = msgspec.Raw()
+    args: ArgsFields | None = None
 
 
 @dataclass
@@ -139,9 +136,11 @@ class ScanState:
     decoder: json.JSONDecoder = field(
         default_factory=lambda: json.JSONDecoder(parse_float=Decimal, parse_constant=refuse_constant)
     )
-    relevant: dict[bytes, bool] = field(default_factory=dict)  # CPU range name -> decoded whole
-    collective: dict[tuple[bytes, bytes], bool] = field(default_factory=dict)  # (cat, name) -> collective kernel
-    launches: dict[bytes, int] = field(default_factory=dict)  # runtime call name -> launch_kind
+    relevant: dict[str, bool] = field(default_factory=dict)  # CPU range name -> decoded whole
+    collective: dict[str | None, bool] = field(default_factory=dict)  # kernel name -> a collective kernel's
+    launches: dict[str, int] = field(default_factory=dict)  # runtime call name -> launch_kind
+    needed: set[str] = field(default_factory=set)  # the CPU range names decoded whole
+    collective_names: set[str | None] = field(default_factory=set)  # the names of collective kernels
 
 
 def cpu_needed(state: ScanState, name: str) -> bool:
@@ -154,11 +153,6 @@ def cpu_needed(state: ScanState, name: str) -> bool:
         or is_gloo_work(name)
         or is_descriptor(name)
     )
-
-
-def unescape(raw: bytes) -> str:
-    """A JSON string's content (the bytes between its quotes) as text."""
-    return json.loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
 
 
 def decode_run(state: ScanState, data: bytes, start: int, stop: int, index: int, last: bool) -> int:
@@ -203,6 +197,273 @@ def decode_run(state: ScanState, data: bytes, start: int, stop: int, index: int,
         return index
 
 
+_TYPED = msgspec.json.Decoder(list[EventFields])
+_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def us_to_ns(raw: msgspec.Raw) -> int | None:
+    """A JSON number's text (microseconds, :class:`msgspec.Raw`) -> integer ns, exactly (the rule of
+    :func:`~pnpscale.analysis.trace.files.ns_text`); ``None`` for anything else (absent, null, a string, an
+    exponent), which the caller decodes whole."""
+    t = bytes(raw)
+    if len(t) > 4 and t[-4] == 46:  # Kineto's "{us}.{ns:03}": the digits are the ns
+        try:
+            return int(t.replace(b".", b""))
+        except ValueError:
+            return None
+    return ns_text(t) if _NUMBER.fullmatch(t) else None
+
+
+def last_event_start(data: bytes) -> tuple[int, int]:
+    """``(comma, start)`` of the last event in ``data`` that starts as Kineto writes it (``, {"ph"``): the
+    comma ending the events before it, and its ``{``; ``(-1, -1)`` when there is none after some event. An
+    unescaped ``"ph"`` after ``{`` is a key (JSON strings escape their quotes); if it is a nested object's,
+    the batch cut there does not decode (unbalanced) and the file falls back."""
+    end = len(data)
+    while (at := data.rfind(b'"ph"', 0, end)) > 0:
+        end = at
+        j = at - 1
+        while j >= 0 and data[j] in _BLANKS:
+            j -= 1
+        if j < 0 or data[j] != 123:  # "{"
+            continue
+        k = j - 1
+        while k >= 0 and data[k] in _BLANKS:
+            k -= 1
+        if k > 0 and data[k] == 44:  # ","
+            return k, j
+    return -1, -1
+
+
+def ns_column(texts: list[msgspec.Raw]) -> list[int] | None:
+    """The ns of every number text in ``texts`` (microseconds as Kineto writes them, ``{us}.{ns:03}``, not
+    negative), exactly; ``None`` when one is in another form (the caller then reads the events one by one)."""
+    if not texts:
+        return []
+    joined = b" ".join(texts)
+    if _KINETO_COLUMN.fullmatch(joined) is None:
+        return None
+    return list(map(int, joined.replace(b".", b"").split()))
+
+
+_KINETO_COLUMN = re.compile(rb"(?:\d+\.\d{3} )*\d+\.\d{3}")
+
+
+def read_batch(state: ScanState, data: bytes, comma: int, stop: int, index: int) -> int:
+    """Read the events of ``data[:comma]`` (whole events separated by commas; ``data[comma:stop]`` is the comma
+    and blanks after the last) into the collector; returns the index of the next event.
+
+    One :data:`_TYPED` decoding of the batch gives every event's :class:`EventFields`, read by columns
+    (:func:`read_columns`), or one by one (:func:`read_one_by_one`) when some field is not as Kineto writes it.
+    A batch whose fields are of other JSON types than :class:`EventFields` says is decoded whole, event by
+    event (:func:`decode_run`).
+
+    Raises:
+        msgspec.DecodeError: the batch is not a JSON array of objects (the caller falls back).
+    """
+    batch = b"".join((b"[", memoryview(data)[:comma], b"]"))
+    try:
+        evs = _TYPED.decode(batch)
+    except msgspec.ValidationError:  # a field of another JSON type: exactly as the exact path reads it
+        return decode_run(state, data, _LEADING_BLANKS.match(data).end(), stop, index, False)  # type: ignore[union-attr]
+    if not read_columns(state, evs, batch, index):
+        read_one_by_one(state, evs, batch, index)
+    index += len(evs)
+    state.collector.read = index
+    return index
+
+
+def decode_whole(state: ScanState, batch: bytes, which: list[int], index: int, counted: bool) -> None:
+    """Decode the events ``which`` (indices) of ``batch`` with :mod:`json` (:class:`~decimal.Decimal` floats, as
+    ``ijson`` gives them) and give them to :meth:`~pnpscale.analysis.trace.collect.Collector.add` in order, as
+    the exact path does (``index``: the batch's first event's; ``counted``: CPU range names already counted)."""
+    if not which:
+        return
+    col, decoder = state.collector, state.decoder
+    raws = _RAWS.decode(batch)
+    for i in which:
+        col.read = index + i
+        col.add(decoder.decode(bytes(raws[i]).decode()), counted)
+
+
+def is_span(e: EventFields) -> bool:
+    """Whether an ``X`` event is Kineto's ``PyTorch Profiler (N)`` span (category ``Trace``): decoded whole."""
+    return e.cat == "Trace" and e.name is not None and e.name.startswith("PyTorch Profiler")
+
+
+def read_columns(state: ScanState, evs: list[EventFields], batch: bytes, index: int) -> bool:
+    """Read a batch's events column by column; ``False`` (and nothing read) when some event the columns hold is
+    not as Kineto writes it (a ``ts``/``dur`` not ``{us}.{ns:03}``, a string ``tid``, no name, a stream from
+    another key than ``stream``).
+
+    Non-``X`` events: only the end marker is noted. Runtime calls with a correlation, GPU events other than
+    collective kernels, and ``cpu_op`` operators whose names are not needed go to the collector's arrays (times,
+    correlation, ``External id``, stream, thread); CPU range names and categories not read are counted. The
+    needed CPU ranges, collective kernels and the profiler's span are decoded whole (:func:`decode_whole`), in
+    file order. The result equals :func:`read_one_by_one`'s (arrays and counters in file order).
+    """
+    col = state.collector
+    xs = [e for e in evs if e.ph == "X"]
+    rt = [e for e in xs if e.cat in RUNTIME_CATS and e.args is not None and e.args.correlation is not None]
+    gpu = [e for e in xs if e.cat in GPU_CATS]
+    cpu = [e for e in xs if e.cat in CPU_CATS and e.name is not None]
+    rest = [e for e in xs if e.cat not in _READ_CATS and e.cat is not None]
+    for name in cast(set[str], {e.name for e in cpu}).difference(state.relevant):
+        if state.relevant.setdefault(name, cpu_needed(state, name)):
+            state.needed.add(name)
+    for kname in {e.name for e in gpu}.difference(state.collective):
+        if state.collective.setdefault(kname, kname is not None and is_collective_kernel(kname)):
+            state.collective_names.add(kname)
+    needed, coll = state.needed, state.collective_names
+    if any(e.name in P2P_CALLS for e in cpu):
+        return False  # decoded whole, yet kept among the operators (Collector.add): in file order, one by one
+    ops = [e for e in cpu if e.cat == "cpu_op" and e.name not in needed]
+    if coll:
+        gpu = [e for e in gpu if not (e.name in coll and e.cat in _KERNEL_CATS)]
+    # the columns, checked before anything is kept
+    rt_start, rt_dur = ns_column([e.ts for e in rt]), ns_column([e.dur for e in rt])
+    gpu_start, gpu_dur = ns_column([e.ts for e in gpu]), ns_column([e.dur for e in gpu])
+    op_start, op_dur = ns_column([e.ts for e in ops]), ns_column([e.dur for e in ops])
+    if None in (rt_start, rt_dur, gpu_start, gpu_dur, op_start, op_dur):
+        return False
+    assert rt_start is not None and rt_dur is not None and gpu_start is not None and gpu_dur is not None
+    assert op_start is not None and op_dur is not None
+    starts = rt_start + gpu_start + op_start
+    if starts and max(starts) > NS_RANGE:
+        return False
+    rt_tid = [e.tid for e in rt]
+    op_tid = [e.tid for e in ops]
+    if any(type(t) is str for t in rt_tid) or any(type(t) is str for t in op_tid) or any(e.name is None for e in rt):
+        return False
+    if any(e.name is None for e in gpu) or any(
+        e.args is not None and e.args.stream is None and (e.args.sycl_queue is not None or e.args.queue is not None)
+        for e in gpu
+    ):
+        return False  # stream_of reads the queue
+    gpu_stream = [e.args.stream if e.args is not None and e.args.stream is not None else e.tid for e in gpu]
+    if any(type(t) is not int for t in gpu_stream):
+        if any(type(t) is str for t in gpu_stream):
+            return False  # stream_of reads "stream 7"
+        gpu_stream = [0 if t is None else t for t in gpu_stream]
+    # keep them
+    for e in evs:
+        if e.ph == "i" and e.name == END_MARKER:
+            col.end_marker = True
+    if starts:
+        col.last_start = max(col.last_start, max(starts))
+    launches = state.launches
+    for name in cast(set[str], {e.name for e in rt}).difference(launches):
+        launches[name] = launch_kind(name)
+    col.rt_ext.extend([-1 if e.args.external_id is None else e.args.external_id for e in rt])  # type: ignore[union-attr]
+    col.rt_tid.extend([-1 if t is None else t for t in rt_tid])  # type: ignore[misc]
+    col.rt_end.extend(map(int.__add__, rt_start, rt_dur))
+    col.rt_corr.extend([e.args.correlation for e in rt])  # type: ignore[union-attr,misc]
+    col.rt_start.extend(rt_start)
+    col.rt_launch.extend([launches[e.name] for e in rt])  # type: ignore[index]
+    names = col.names
+    col.gpu_start.extend(gpu_start)
+    col.gpu_end.extend(map(int.__add__, gpu_start, gpu_dur))
+    col.gpu_corr.extend([-1 if e.args is None or e.args.correlation is None else e.args.correlation for e in gpu])
+    col.gpu_stream.extend(gpu_stream)  # type: ignore[arg-type]
+    col.gpu_name.extend([names.setdefault(e.name, len(names)) for e in gpu])  # type: ignore[arg-type]
+    op_names = col.op_names
+    col.op_ext.extend([-1 if e.args is None or e.args.external_id is None else e.args.external_id for e in ops])
+    col.op_start.extend(op_start)
+    col.op_end.extend(map(int.__add__, op_start, op_dur))
+    col.op_tid.extend([t or 0 for t in op_tid])  # type: ignore[misc]
+    col.op_name.extend([op_names.setdefault(e.name, len(op_names)) for e in ops])  # type: ignore[arg-type]
+    col.range_names.update(cast(list[str], [e.name for e in cpu]))
+    col.user_annotations.update(cast(list[str], [e.name for e in cpu if e.cat == "user_annotation"]))
+    col.unknown_categories.update([e.cat for e in rest if e.cat not in IGNORED_CATS and not is_span(e)])  # type: ignore[misc]
+    whole = needed | coll | {e.name for e in rest if is_span(e)}
+    which = [
+        i
+        for i, e in enumerate(evs)
+        if e.name in whole
+        and e.ph == "X"
+        and ((e.cat in CPU_CATS and e.name in needed) or (e.cat in _KERNEL_CATS and e.name in coll) or is_span(e))
+    ]
+    decode_whole(state, batch, which, index, True)
+    return True
+
+
+def read_one_by_one(state: ScanState, evs: list[EventFields], batch: bytes, index: int) -> None:
+    """Read a batch's events one at a time: what :func:`read_columns` does, and any event whose fields are not
+    plain (a missing or negative ``dur``, a ``ts`` not a number or out of range, a string ``tid``, a stream from
+    another key, no name) decoded whole, as the exact path reads it (:func:`decode_whole`)."""
+    col, decoder = state.collector, state.decoder
+    raws: list[msgspec.Raw] | None = None
+    lo, hi = -NS_RANGE, NS_RANGE
+    for i, ev in enumerate(evs):
+        ph = ev.ph
+        if ph != "X":
+            if ph == "i" and ev.name == END_MARKER:
+                col.end_marker = True
+            continue
+        cat, name, a = ev.cat, ev.name, ev.args
+        if cat in RUNTIME_CATS:
+            if a is None or a.correlation is None:
+                continue
+            start, dur, tid = us_to_ns(ev.ts), us_to_ns(ev.dur), ev.tid
+            if not (
+                start is None or dur is None or dur < 0 or not lo <= start <= hi or isinstance(tid, str) or not name
+            ):
+                launch = state.launches.get(name)
+                if launch is None:
+                    launch = state.launches[name] = launch_kind(name)
+                ext = a.external_id
+                col.add_runtime(a.correlation, start, launch, -1 if ext is None else ext, -1 if tid is None else tid,
+                                start + dur)  # fmt: skip
+                continue
+        elif cat in GPU_CATS:
+            start, dur, tid = us_to_ns(ev.ts), us_to_ns(ev.dur), ev.tid
+            if not (start is None or dur is None or dur < 0 or not lo <= start <= hi or name is None):
+                coll = state.collective.get(name)
+                if coll is None:
+                    coll = state.collective[name] = is_collective_kernel(name)
+                coll = coll and cat in _KERNEL_CATS
+                stream = 0
+                if a is not None and a.stream is not None:
+                    stream = a.stream
+                elif (a is not None and (a.sycl_queue is not None or a.queue is not None)) or isinstance(tid, str):
+                    coll = True  # stream_of reads it
+                elif isinstance(tid, int):
+                    stream = tid
+                if not coll:
+                    corr = -1 if a is None or a.correlation is None else a.correlation
+                    col.add_gpu_event(name, start, start + dur, stream, corr, None)
+                    continue
+        elif cat not in CPU_CATS:
+            if cat != "Trace":
+                if cat is not None:
+                    col.count_category(cat)
+                continue
+        elif name is None:
+            continue
+        else:
+            need = state.relevant.get(name)
+            if need is None:
+                need = state.relevant[name] = cpu_needed(state, name)
+            if not need:
+                if cat != "cpu_op":
+                    col.count_range(name, cat)
+                    continue
+                start, dur, tid = us_to_ns(ev.ts), us_to_ns(ev.dur), ev.tid
+                if not (start is None or dur is None or dur < 0 or not lo <= start <= hi or isinstance(tid, str)):
+                    col.range_names[name] += 1
+                    ext = -1 if a is None or a.external_id is None else a.external_id
+                    col.add_op(name, start, start + dur, tid or 0, ext)
+                    continue
+        if raws is None:
+            raws = _RAWS.decode(batch)
+        col.read = index + i
+        col.add(decoder.decode(bytes(raws[i]).decode()))
+
+
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_ARRAY_TOP = re.compile(rb"\s*\[")
+
+
 def open_event_array(path: Path, raw: Any) -> tuple[dict[str, Any], bool, bytes, bytearray]:
     """Read a file's head up to its event array: (metadata before the events, top is an array, the bytes after
     the array's ``[``, the last :data:`TAIL` bytes read). Raises :class:`Fallback` without an event array."""
@@ -215,187 +476,50 @@ def open_event_array(path: Path, raw: Any) -> tuple[dict[str, Any], bool, bytes,
     return meta, array_top, bytes(head[opening.end() :]), bytearray(head[-TAIL:])
 
 
-def read_cpu_event(state: ScanState, data: bytes, m: re.Match[bytes], s: int, e: int, index: int) -> None:
-    """A CPU range located at ``data[s:e]`` (``m``: its :data:`_EVENT` match; ``index``: the index after it):
-    decoded whole when needed, a ``cpu_op``'s times read from the bytes, else only its name counted."""
-    collector = state.collector
-    cpu_cat, cpu_name = m.group(2), m.group(3)
-    need = state.relevant.get(cpu_name)
-    if need is None:
-        need = state.relevant[cpu_name] = cpu_needed(state, unescape(cpu_name))
-    if need:
-        decode_run(state, data, s, e, index - 1, False)
-    elif cpu_cat == b"cpu_op":
-        op = _OP_TIMES.match(data, m.end())
-        if op is None or op.group(3)[:1] == b"-":
-            decode_run(state, data, s, e, index - 1, False)
-        else:
-            name = unescape(cpu_name)
-            collector.range_names[name] += 1
-            ots = ns_text(op.group(2))
-            at = data.find(b'"External id"', op.end(), e)
-            v = _INT_VALUE.match(data, at + 13) if at >= 0 else None
-            collector.add_op(name, ots, ots + ns_text(op.group(3)), int(op.group(1)),
-                             int(v.group(1)) if v is not None else -1)  # fmt: skip
-    else:
-        collector.count_range(unescape(cpu_name), cpu_cat.decode())
-
-
-def read_device_event(state: ScanState, data: bytes, m: re.Match[bytes], s: int, e: int, index: int) -> None:
-    """A runtime or device event located at ``data[s:e]`` (``m``: its :data:`_EVENT` match with ``cat, name, tid,
-    ts, dur`` read; ``index``: the index after it): its times, correlation and stream read from the bytes;
-    decoded whole when they are not in Kineto's layout, and collective kernels always."""
-    collector = state.collector
-    cat, rawname, tid, ts, dur = m.group(4), m.group(5), m.group(6), m.group(7), m.group(8)
-    is_rt = cat in _RUNTIME_B
-    if rawname is None or (not is_rt and dur[:1] == b"-"):
-        decode_run(state, data, s, e, index - 1, False)
-        return
-    body = m.end()
-    corr = stream = None
-    at = data.find(b'"correlation"', body, e)
-    if at >= 0:
-        v = _INT_VALUE.match(data, at + 13)
-        if v is None or data.find(b'"correlation"', at + 13, e) >= 0:
-            decode_run(state, data, s, e, index - 1, False)
-            return
-        corr = int(v.group(1))
-    start = int(ts.replace(b".", b"")) if len(ts) > 4 and ts[-4] == 46 else ns_text(ts)
-    if is_rt:
-        if corr is not None:
-            launch = state.launches.get(rawname)
-            if launch is None:
-                launch = state.launches[rawname] = launch_kind(unescape(rawname))
-            at = data.find(b'"External id"', body, e)
-            v = _INT_VALUE.match(data, at + 13) if at >= 0 else None
-            d = int(dur.replace(b".", b"")) if len(dur) > 4 and dur[-4] == 46 else ns_text(dur)
-            collector.add_runtime(corr, start, launch, int(v.group(1)) if v is not None else -1,
-                                  int(tid), start + d)  # fmt: skip
-        return
-    coll = state.collective.get((cat, rawname))
-    if coll is None:
-        coll = state.collective[cat, rawname] = cat in _KERNEL_B and is_collective_kernel(unescape(rawname))
-    at = data.find(b'"stream"', body, e)
-    if at < 0 and data.find(b'queue"', body, e) >= 0:  # XPU: "sycl queue", read by stream_of
-        coll = True
-    elif at >= 0:
-        v = _INT_VALUE.match(data, at + 8)
-        if v is None or data.find(b'"stream"', at + 8, e) >= 0:
-            coll = True
-        else:
-            stream = int(v.group(1))
-    if coll:
-        decode_run(state, data, s, e, index - 1, False)
-        return
-    d = int(dur.replace(b".", b"")) if len(dur) > 4 and dur[-4] == 46 else ns_text(dur)
-    collector.add_gpu_event(
-        unescape(rawname),
-        start,
-        start + d,
-        stream if stream is not None else int(tid),
-        -1 if corr is None else corr,
-        None,
-    )
-
-
-def scan_events(
-    state: ScanState, data: bytes, found: list[re.Match[bytes]], stops: list[int], index: int, eof: bool
-) -> int:
-    """Read the events located in ``data`` (``found``: their :data:`_EVENT` matches, ``stops``: where each ends;
-    ``eof``: the last one is the file's last) into the collector; returns the index of the next event. An event
-    whose span holds another ``"ph"`` key (a first key that is not an event's), the file's last event, and any
-    event not in Kineto's layout are decoded whole (:func:`decode_run`)."""
-    collector = state.collector
-    starts = [m.start() for m in found]
-    hidden: set[int] = set()
-    if data.count(b'"ph"', starts[0], stops[-1]) != len(found):
-        hidden = {s for s, e in zip(starts, stops) if data.count(b'"ph"', s, e) != 1}  # noqa: B905
-    n_found = len(found)
-    for k, m in enumerate(found):
-        s, e = m.start(), stops[k]
-        ph, cpu_cat, cat, other = m.group(1), m.group(2), m.group(4), m.group(9)
-        if (eof and k == n_found - 1) or ph is None or s in hidden:
-            index = decode_run(state, data, s, e, index, eof and k == n_found - 1)
-            continue
-        index += 1
-        if ph != b"X":
-            if ph == b"i" and data.find(_END_MARKER, s, e) >= 0:
-                collector.end_marker = True
-            continue
-        if cpu_cat is not None:
-            read_cpu_event(state, data, m, s, e, index)
-            continue
-        if cat is None:
-            if other is None or other in _CPU_B or other == b"Trace":  # the profiler's window: read
-                decode_run(state, data, s, e, index - 1, False)
-            else:
-                collector.count_category(unescape(other))
-            continue
-        read_device_event(state, data, m, s, e, index)
-    return index
+def open_fast(path: Path) -> Any:
+    """The file's bytes, as :func:`~pnpscale.analysis.trace.files.open_trace_file` gives them (gzip by content),
+    gzip decompressed by ISA-L (:mod:`isal.igzip`, the same format in about a third of zlib's time); its
+    errors (``isal_zlib.error``, ``EOFError``, ``OSError``) send the file to the exact path, which names them."""
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return igzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")  # noqa: SIM115
 
 
 def scan_file(path: Path, pats: Mapping[str, str], keep_all_gpu: bool) -> tuple[Collector, dict[str, Any], bool, bytes]:
-    """:func:`stream_events`'s result, decoding only the events that are needed (Kineto's layout).
+    """:func:`stream_events`'s result, from typed decoding of batches of whole events (Kineto's layout).
 
-    Events are located by their first key (``{"ph": ...``, as Kineto writes them; a chunk where some
-    ``"ph"`` key is not an event's first key falls back). Flows and other non-``X`` events, and CPU ranges
-    whose name is not needed, are skipped after reading ``ph``, ``cat`` and ``name``; runtime and GPU
-    events whose ``ph, cat, name, pid, tid, ts, dur[, args]`` come first are read from the bytes
-    (``correlation`` and ``stream`` from their args); everything else (needed CPU ranges, collective
-    kernels, any event in another layout) is decoded whole with :mod:`json` (floats as
-    :class:`~decimal.Decimal`, as ``ijson`` gives them). Any doubt (a non-finite token, invalid UTF-8,
-    JSON that does not decode, text after the array that is not JSON, an unreadable file) raises
-    :class:`Fallback`, and the file is read by the exact ``ijson`` path, which also names errors.
-
-    Steps, each a function of its own: :func:`open_event_array` (the head), then per chunk of
-    :data:`_SCAN_CHUNK` bytes the events located by :data:`_EVENT`, read by :func:`scan_events`
-    (:func:`read_cpu_event`, :func:`read_device_event`, :func:`decode_run`).
+    The file is decompressed (:func:`open_fast`) :data:`_SCAN_CHUNK` bytes at a time (memory bounded by a few
+    chunks); each chunk's text up to its last event start (:func:`last_event_start`: ``, {"ph"``, as Kineto writes every
+    ``X`` event) is one batch, read by :func:`read_batch`; the file's last events and the text after the array
+    are decoded with :mod:`json` (:func:`decode_run`, which checks that the array ends and the rest is JSON).
+    Any doubt (a non-finite token, invalid UTF-8, a batch that is not a JSON array of objects, text after the
+    array that is not JSON, no event start in :data:`_BATCH_MAX` bytes, an integer beyond 64 bits, an
+    unreadable file) raises :class:`Fallback`, and the file is read by the exact ``ijson`` path, which also
+    names errors.
     """
     state = ScanState(Collector(pats, keep_all_gpu, path))
     collector = state.collector
     try:
-        with open_trace_file(path) as raw:
+        with open_fast(path) as raw:
             meta, state.array_top, pending, tail = open_event_array(path, raw)
             index = 0
-            lead = True
-            while True:
-                chunk = raw.read(_SCAN_CHUNK)
-                if chunk:
-                    tail += chunk
-                    del tail[: max(0, len(tail) - TAIL)]
+            while chunk := raw.read(_SCAN_CHUNK):
+                tail += chunk[-TAIL:]
+                del tail[: max(0, len(tail) - TAIL)]
                 data = pending + chunk
-                eof = not chunk
-                found = list(_EVENT.finditer(data))
-                starts = [m.start() for m in found]
-                if lead:
-                    if not starts and not eof:
-                        pending = data
-                        continue
-                    lead = False
-                    first = starts[0] if starts else len(data)
-                    if data[:first].strip():  # events before the first one that starts with "ph"
-                        if not starts:
-                            if data.strip()[:1] != b"]":
-                                decode_run(state, data, 0, len(data), index, True)
-                            break
-                        index = decode_run(state, data, 0, first, index, False)
-                    elif not starts:
-                        break  # an empty event array at the end of the file
-                if not eof:
-                    if len(starts) < 2:
-                        pending = data
-                        continue
-                    stops = starts[1:]
-                    del found[-1]
-                else:
-                    stops = starts[1:] + [len(data)]
-                index = scan_events(state, data, found, stops, index, eof)
-                if eof:
-                    break
-                pending = data[stops[-1] :]
+                comma, start = last_event_start(data)
+                if comma < 0:
+                    if len(data) > _BATCH_MAX:
+                        raise Fallback(f"no event start in {len(data)} bytes")
+                    pending = data
+                    continue
+                index = read_batch(state, data, comma, start, index)
+                pending = data[start:]
+            if pending.strip()[:1] != b"]":  # else an empty event array
+                index = decode_run(state, pending, _LEADING_BLANKS.match(pending).end(), len(pending), index, True)  # type: ignore[union-attr]
             collector.read = index
-    except (json.JSONDecodeError, UnicodeDecodeError, TraceError, OSError, EOFError, zlib.error, OverflowError) as exc:
+    except (msgspec.DecodeError, json.JSONDecodeError, UnicodeDecodeError, TraceError, OSError, EOFError,
+            zlib.error, _ISAL_ERROR, OverflowError) as exc:  # fmt: skip
         # the exact path reads the file again and names what is wrong
         raise Fallback(first_line(exc)) from exc
     return collector, meta, state.array_top, bytes(tail)
