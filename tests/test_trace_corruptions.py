@@ -280,7 +280,7 @@ def duplicated(job: Job, rng: random.Random) -> Corrupted:
 
 #: what a broken correlation between launches and GPU events ends in (issue #33: every kernel accounted for)
 _CONSERVATION = frozenset({"iteration_incomplete", "gpu_event_unknown_correlation", "gpu_event_outside_window",
-                           "collective_without_kernel"})  # fmt: skip
+                           "collective_without_kernel", "copy_without_gpu_event"})  # fmt: skip
 _CONSERVATION_REFUSALS = ("have no GPU event", "matches no runtime launch", "without a GPU kernel",
                           "no NCCL kernel recorded", "every iteration is dropped", "but no GPU event")  # fmt: skip
 
@@ -590,3 +590,28 @@ def test_a_kineto_cpu_file_without_span_and_marker_drops_its_last_iteration_by_n
     assert "rank0.json: rank 0, iteration 2" in anomalies[0]["example"]
     assert sorted(table[K.ITERATION]) == [0, 1]
     assert_decomposition(job, table, iterations={0, 1})
+
+
+def test_a_deleted_copy_is_named_not_a_silent_shorter_section() -> None:
+    """A case the property above once found (3 NCCL ranks): the GPU event of a 4 KiB device-to-device copy deleted
+    on rank 2, the last GPU work of its denoiser, gave a section 0.7 µs short with no word. A copy may have no GPU
+    event (0 bytes), so it is not dropped: named ``copy_without_gpu_event``. The case is the generator's arguments
+    as hypothesis printed them (``tests/data/corruption_deleted_copy.txt``)."""
+    import textwrap
+
+    import tests.tracegen as tracegen
+
+    text = (Path(__file__).parent / "data" / "corruption_deleted_copy.txt").read_text()
+    scope = dict(vars(tracegen))
+    exec("args = dict(" + textwrap.dedent(text) + ")", scope)  # noqa: S102 - the repository's own test data
+    job = simulate(scope["args"]["spec"])
+    bad = deleted_event(job, random.Random(scope["args"]["seed"]))
+    assert bad.applies
+    with tempfile.TemporaryDirectory() as tmp:
+        write(job, Path(tmp) / "job", events=bad.events)
+        code, err, out = analyse(Path(tmp) / "job", job.spec.sections)
+        assert code == 0, err
+        _, anomalies = results(out)
+    (copy,) = [a for a in anomalies if a["kind"] == "copy_without_gpu_event"]
+    assert copy["rank"] == 2 and "section 'denoiser'" in str(copy), copy
+    assert check_contract(job, bad) == "named"

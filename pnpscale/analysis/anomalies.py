@@ -22,6 +22,8 @@ KINDS: dict[str, str] = {
     "collective_on_copy_engines": "a section whose collectives have no kernel and whose GPU work holds device-to-"
     "device copies (NCCL >= 2.28 runs all_gather on the copy engines: cudaMemcpyBatchAsync -> Memcpy DtoD): its "
     "transfer would read as compute, so its iteration is dropped on every rank",
+    "copy_without_gpu_event": "a copy or memset launched in a section has no GPU event (none for 0 bytes; a record "
+    "the profiler dropped): the section's GPU span ends at its last recorded GPU event, kept and named",
     "iteration_incomplete": "an iteration whose events do not add up (a launch without its GPU event in a file "
     "Kineto closed, or a GPU event without its launch): dropped on every rank, never computed from a partial trace",
     "launch_unknown_paired": "collective kernel with correlation 0 (unknown launch): paired in order with the "

@@ -436,6 +436,7 @@ def _rank_records(
             file_end_ns=None if info.end_marker else info.last_ns,
             missing_gpu=trace.missing_gpu,
             orphan_gpu=trace.orphan_gpu,
+            copies_without_gpu=trace.copies_without_gpu,
         )
     except SectionError as exc:
         missing = [pat for name, pat in sections.items() if (exc.counts or {}).get(name) == 0]

@@ -101,6 +101,7 @@ def section_records(
     file_end_ns: int | None = None,
     missing_gpu: Sequence[int] = (),
     orphan_gpu: Sequence[int] = (),
+    copies_without_gpu: Sequence[int] = (),
 ) -> list[SectionRecord]:
     """Reduce one rank's events to its section occurrences and their collectives.
 
@@ -125,6 +126,9 @@ def section_records(
         orphan_gpu: starts (ns, sorted) of GPU events whose correlation matches no launch, recorded while the
             profiler ran: the occurrence whose time (CPU range to its GPU work's end) holds one is ``bad`` (kind
             ``iteration_incomplete``; :func:`~pnpscale.analysis.section.gpu.orphan_gpu_text`).
+        copies_without_gpu: starts (ns, sorted) of copies and memsets without a GPU event in a closed file (a
+            0-byte copy has none; a dropped record would end the section's GPU span early): each occurrence holding
+            some is named (``copy_without_gpu_event``), its numbers kept.
 
     Returns:
         Records ordered by start; ``iteration`` counts occurrences per name from 0. Times
@@ -171,6 +175,10 @@ def section_records(
                 r, it, gpu, descriptors, busy, clips, origin, anomalies, rank, require_gpu, cpu_start, missing_gpu,
                 orphan_gpu, file_end_ns,
             )
+            copies = bisect_right(copies_without_gpu, r.end_ns) - bisect_left(copies_without_gpu, r.start_ns)
+            if copies:
+                anomalies.add("copy_without_gpu_event", rank, f"iteration {it} section {r.name!r}: {copies} copy or "
+                              "memset launch(es) with no GPU event", copies)  # fmt: skip
         else:
             ancestors = (
                 [q for q in ranges if q is not r and q.start_ns <= r.start_ns and q.end_ns >= r.end_ns]

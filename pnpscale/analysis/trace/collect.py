@@ -112,6 +112,7 @@ class Collector:
         self.profiler_span = False  # Kineto's "PyTorch Profiler (N)" span seen: written after every activity
         self.last_start = -(1 << 62)  # the latest start (ns) of an event whose times were read
         self.missing_gpu: list[int] = []  # set by trace_select: launches whose GPU event is not in the file
+        self.copies_without_gpu: list[int] = []  # set by trace_select: copies / memsets without a GPU event
         self.orphan_gpu: list[int] = []  # set by trace_select: GPU events (starts) whose launch is not in the file
         # other cpu_op operators (compute or c10d calls), for the time a thread is blocked on its collectives
         self.op_start, self.op_end, self.op_tid, self.op_name = array("q"), array("q"), array("q"), array("q")

@@ -109,12 +109,15 @@ class TraceInfo:
 class Trace:
     """One rank's trace: its :class:`TraceInfo`, the kept events (ns, Unix epoch), the starts (ns, sorted) of the
     launches whose GPU event is not in the file (``missing_gpu``: the work is missing) and of the GPU events whose
-    correlation matches no launch though the profiler was recording (``orphan_gpu``: the launch is missing)."""
+    correlation matches no launch though the profiler was recording (``orphan_gpu``: the launch is missing), and of
+    the copies and memsets without a GPU event in a closed file (``copies_without_gpu``: 0 bytes, or a dropped
+    record)."""
 
     info: TraceInfo
     events: list[Event]
     missing_gpu: tuple[int, ...] = ()
     orphan_gpu: tuple[int, ...] = ()
+    copies_without_gpu: tuple[int, ...] = ()
 
 
 def parse_sections(spec: str | Sequence[str]) -> dict[str, str]:
@@ -286,7 +289,8 @@ def read_trace(
         if collector.last_start > -(1 << 62)
         else None,
     )
-    return Trace(info, events, tuple(collector.missing_gpu), tuple(collector.orphan_gpu))
+    return Trace(info, events, tuple(collector.missing_gpu), tuple(collector.orphan_gpu),
+                 tuple(collector.copies_without_gpu))
 
 
 def renumbered_group(meta: Mapping[str, Any]) -> str | None:

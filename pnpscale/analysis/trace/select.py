@@ -83,7 +83,7 @@ def collected_events(
         return np.where(found, rt_start[idx_c], -1), known & ~found
 
     rt_start += _clock_offset(col, launch_of, anomalies, rank)
-    col.missing_gpu = _launches_without_gpu_event(col, rt_corr, rt_start, order, base_ns)
+    col.missing_gpu, col.copies_without_gpu = _launches_without_gpu_event(col, rt_corr, rt_start, order, base_ns)
 
     def shift(e: Event) -> Event:
         return replace(e, start_ns=e.start_ns + base_ns, end_ns=e.end_ns + base_ns)
@@ -167,7 +167,9 @@ def _unmatched_gpu_events(
     return sorted(t + base_ns for t, _ in after)
 
 
-def _launches_without_gpu_event(col: Collector, rt_corr: Any, rt_start: Any, order: Any, base_ns: int) -> list[int]:
+def _launches_without_gpu_event(
+    col: Collector, rt_corr: Any, rt_start: Any, order: Any, base_ns: int
+) -> tuple[list[int], list[int]]:
     """Starts (ns, shifted by ``base_ns``, sorted) of the launches (:data:`~pnpscale.analysis.kineto.LAUNCH_CALL`)
     whose GPU event is not in a file that holds GPU events: the work they launched is missing, and
     :func:`pnpscale.analysis.section.records.section_records` drops the iteration holding one (conservation: every
@@ -179,11 +181,16 @@ def _launches_without_gpu_event(col: Collector, rt_corr: Any, rt_start: Any, ord
     cut loses the last launches' work (``trace_cut_short``). In a closed file the profiler dropped the GPU records
     (``iteration_incomplete``). Empty for a file without
     GPU events (refused by :func:`pnpscale.analysis.offline`) and for one with GPU events of unknown launch
-    (correlation 0, ROCm: no launch can be vouched for)."""
+    (correlation 0, ROCm: no launch can be vouched for).
+
+    Returns:
+        (those starts, the starts of the other copies and memsets without a GPU event: a 0-byte one has none, a
+        dropped record would shorten its section's GPU span, so the section is named: ``copy_without_gpu_event``).
+    """
     import numpy as np
 
     if not len(rt_corr) or not col.gpu_events:
-        return []
+        return [], []
     kinds = np.frombuffer(col.rt_launch, dtype=np.int8)[order]
     launch = kinds > 0
     seen = np.unique(np.concatenate([np.frombuffer(col.gpu_corr, dtype=np.int64) if len(col.gpu_corr) else
@@ -191,15 +198,17 @@ def _launches_without_gpu_event(col: Collector, rt_corr: Any, rt_start: Any, ord
                                      np.array([e.correlation for e in col.bad_gpu], dtype=np.int64)]))  # fmt: skip
     unknown = np.array(sorted(UNKNOWN_CORRELATIONS), dtype=np.int64)
     if np.isin(seen, unknown).any():  # GPU events of unknown launch (correlation 0, ROCm): no launch can be vouched for
-        return []
+        return [], []
     known = ~np.isin(rt_corr, unknown)
     gone = launch & known & ~np.isin(rt_corr, seen)
     if not gone.any():
-        return []
+        return [], []
     latest = int(np.argmax(np.where(launch & known, rt_start, np.iinfo(np.int64).min)))
+    copies = np.zeros_like(gone)
     if col.end_marker or not gone[latest]:  # not a cut's GPU tail: only kernels, which always have a GPU event
+        copies = gone & (kinds == 1)
         gone &= kinds == 2
-    return sorted((rt_start[gone] + base_ns).tolist())
+    return sorted((rt_start[gone] + base_ns).tolist()), sorted((rt_start[copies] + base_ns).tolist())
 
 
 def _ops(col: Collector, base_ns: int) -> list[Event]:
