@@ -471,7 +471,8 @@ def transfer_rows(runs: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFr
             why = r[K.ALGORITHM_NOTE] or ("gloo: no NCCL log" if r[K.BACKEND] == "gloo" else "no NCCL log")
             note = f"{why}; {ASSUMED_ALGORITHM} assumed"
         if given_bytes:  # the shared rule's bytes (section_main_bytes), from transfer_inputs
-            nbytes = math.nan if r[K.BYTES_PER_GPU] is None else float(r[K.BYTES_PER_GPU])
+            given = r[K.BYTES_PER_GPU]
+            nbytes = math.nan if given is None else float(given)
         else:
             try:
                 nbytes = bytes_per_gpu(coll, payload, gpus, nodes, algo)
@@ -820,7 +821,8 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
                 # each main type looked up at its largest payload
                 version = version_tuple(log.version)
                 for t in types or [coll]:
-                    largest = main[main[K.COLLECTIVE] == t][K.PAYLOAD_BYTES].max() if types else s[K.PAYLOAD_BYTES]
+                    of_t = main[main[K.COLLECTIVE] == t] if main is not None and types else None
+                    largest = of_t[K.PAYLOAD_BYTES].max() if of_t is not None else s[K.PAYLOAD_BYTES]
                     choice = algorithm_for(log, t, nccl_log_size(t, largest, gpus, version))
                     if choice.algorithm is None:
                         notes.append(choice.note)
