@@ -9,9 +9,14 @@ seconds, and GB/s meaning 1e9 bytes per second (not GiB/s).
   the network; defined for ``nodes >= 2``); all_gather and reduce_scatter ``P·(n−1)/n`` where ``P``
   is nccl-tests' size (the gathered output, the scattered input); all_to_all ``P·(n−1)/n`` with ``P``
   one rank's input in ``n`` equal blocks (its own block stays local); broadcast and reduce ``P``.
+* Bytes of a section: every main collective with its own model, summed (:func:`section_main_bytes`, the rule
+  the side-by-side table shares through :func:`main_bytes_per_gpu`): a pipelined transfer's bands, a
+  reduce_scatter and its all_gather.
 * Rate of a row: ``bytes per GPU / transfer time``; grouped by route (``intra-node, g GPUs``,
   ``inter-node tree``, ``inter-node ring``), one rate per route predicts every row of that route:
-  ``predicted = bytes per GPU / rate``, ``rel_error = predicted / measured − 1``.
+  ``predicted = bytes per GPU / rate``, ``rel_error = predicted / measured − 1``. Only rows of exposed
+  blocking transfer set or get a rate (an overlapped row's exposed transfer is what the overlap left, not
+  bytes / rate); a row missed by more than :data:`MISS_TOLERANCE` is flagged (MISSES).
 * nccl-tests: ``algbw = size / time``; ``busbw = algbw × factor`` with factor ``2(n−1)/n``
   (all_reduce), ``(n−1)/n`` (all_gather, reduce_scatter, alltoall), ``1`` (broadcast, reduce).
 
