@@ -307,7 +307,7 @@ def section_main_bytes(
 
     Returns:
         One row per section (order of first appearance): SECTION, COLLECTIVE (the main types joined by ``+`` in
-        issue order), N_MAIN (main collectives per iteration), BYTES_PER_GPU (bytes per iteration; 0.0 for one
+        issue order), N_MAIN (main collectives per iteration, a float), BYTES_PER_GPU (bytes per iteration; 0.0 for one
         GPU; NaN when a main collective has no byte model or no payload, ``note`` says which),
         ``overlapped`` (True when a main collective ran partly hidden behind compute, HIDDEN_S > 0) and
         ``note`` ("" when the bytes are known).
@@ -315,7 +315,7 @@ def section_main_bytes(
     >>> c = pd.DataFrame({"rank": 0, "iteration": 1, "section": "d", "collective": "all_reduce",
     ...                   "payload_bytes": [1000, 1000, 2000], "main": True, "warmup": False})
     >>> section_main_bytes(c, 2)[["section", "n_main", "bytes_per_gpu"]].values.tolist()  # three bands: 4000 B
-    [['d', 3, 4000.0]]
+    [['d', 3.0, 4000.0]]
     """
     cols = [K.SECTION, K.COLLECTIVE, K.N_MAIN, K.BYTES_PER_GPU, "overlapped", "note"]
     rows = collectives[collectives[K.MAIN].astype(bool) & (collectives[K.RANK] == collectives[K.RANK].min())]
