@@ -645,8 +645,8 @@ def _transfer_markdown(rows: pd.DataFrame, rates: pd.DataFrame) -> list[str]:
             f"- One rate per route does not explain {len(missed)} of {int(rows[K.REL_ERROR].notna().sum())} "
             f"predicted row(s): they miss by more than ±{100 * MISS_TOLERANCE:.0f}% (worst "
             f"{worst[K.SECTION]} at {int(worst[K.GPUS])} GPUs, {100 * worst[K.REL_ERROR]:+.0f}%, its rate "
-            f"{worst[K.RATE_GBPS]:.4g} GB/s vs the route's {worst[K.CALIBRATED_RATE_GBPS]:.4g}); the same bytes "
-            "on the same route moved at different rates, so something besides bytes and rate (latency, contention, "
+            f"{worst[K.RATE_GBPS]:.4g} GB/s vs the route's {worst[K.CALIBRATED_RATE_GBPS]:.4g}); rows of one route "
+            "moved their bytes at different rates, so something besides bytes and rate (latency, contention, "
             "protocol) sets their transfer."
         )
     lines.append(
