@@ -36,9 +36,9 @@ from pnpscale.core import layout
 from pnpscale.core.record import RecordError, read_record
 from pnpscale.results.charts import mark_time_shared
 from pnpscale.results.plotting import figure, log2_x
-from pnpscale.results.runs import read_table, work_fields
+from pnpscale.results.runs import work_fields
 from pnpscale.results.series import series_label
-from pnpscale.results.transfer import main_bytes_per_gpu
+from pnpscale.results.transfer import main_bytes_per_gpu, run_main_collectives
 
 ALL = "all"
 COMPARE_PNG = layout.COMPARE_PNG
@@ -90,18 +90,19 @@ def _order(series: pd.Series) -> list[str]:
 
 
 def run_bytes_per_gpu(run_dir: str | Path, gpus: int, nodes: int) -> float:
-    """Bytes per GPU per measured iteration of a run folder's main collectives (ring model); NaN when unknown."""
+    """Bytes per GPU per measured iteration of a run folder's main collectives (ring model), by the rule the
+    transfer table uses (:func:`pnpscale.results.transfer.main_bytes_per_gpu`: every main collective with its
+    own byte model, a pipelined transfer's bands summed); NaN when unknown (no or a damaged
+    ``collectives.parquet``)."""
 
-    d = Path(run_dir)
     if gpus <= 1:
         return 0.0
     try:
-        colls = read_table(d / layout.COLLECTIVES)
-        ranks = read_table(d / layout.RANKS, columns=[K.ITERATION, K.WARMUP])
-    except ValueError:  # missing or damaged (table_of reports a damaged complete run as unreadable)
+        colls = run_main_collectives(Path(run_dir))
+    except ValueError:  # damaged (table_of reports a damaged complete run as unreadable)
         return float("nan")
-    warm = ranks.groupby(K.ITERATION)[K.WARMUP].first()
-    colls = colls.assign(**{K.WARMUP: colls[K.ITERATION].map(warm).fillna(False).astype(bool)})
+    if colls is None:
+        return float("nan")
     return main_bytes_per_gpu(colls, int(gpus), int(nodes or 1))
 
 

@@ -64,7 +64,14 @@ from pnpscale.results.runs import NoRunsError, build_table, read_table
 from pnpscale.results.series import labelled
 from pnpscale.results.summary import describe, headline_checks
 from pnpscale.results.timeline_chart import ROLE, critical_ranks, drawn_note, plot_timeline, timeline_table
-from pnpscale.results.transfer import calibrate, plot_transfer, predict, transfer_inputs, transfer_rows
+from pnpscale.results.transfer import (
+    MISS_TOLERANCE,
+    calibrate,
+    plot_transfer,
+    predict,
+    transfer_inputs,
+    transfer_rows,
+)
 
 SUMMARY, README, TRANSFER, RATES = layout.SUMMARY, layout.REPORT_README, layout.TRANSFER, layout.RATES
 TRANSFER_PNG = layout.TRANSFER_PNG
@@ -596,10 +603,14 @@ def _transfer_markdown(rows: pd.DataFrame, rates: pd.DataFrame) -> list[str]:
     lines = [
         "## Transfer explained (inference)",
         "",
-        "Bytes each GPU sends for the section's image-sized all_reduce: ring `2·P·(n−1)/n`, tree "
-        "`2·P·(nodes−1)/nodes`, with the algorithm NCCL logged for that size, or `ring` assumed where there is "
-        "no NCCL log (gloo). Rate = bytes / transfer (GB/s = 1e9 B/s); one rate per route (the median of its "
-        "rows) predicts every row.",
+        "Bytes each GPU sends per iteration for the section's main (image-carrying) collectives, each by its own "
+        "model and summed (a pipelined transfer's bands, a reduce_scatter and its all_gather), the same bytes as "
+        "the side-by-side table: all_reduce ring `2·P·(n−1)/n`, tree `2·P·(nodes−1)/nodes`, all_gather, "
+        "reduce_scatter and all_to_all `S·(n−1)/n`, with the algorithm NCCL logged for that size, or `ring` assumed "
+        "where there is no NCCL log (gloo). Rate = bytes / transfer (GB/s = 1e9 B/s); one rate per route (the "
+        "median of its rows) predicts every row. Only exposed blocking transfer sets a rate: a row overlapped with "
+        "compute (`solver.overlap=pipelined`, or hidden time) exposes what the overlap left, which is not bytes / "
+        "rate, so it is neither used nor predicted (`calibrates` = no).",
         "",
         "### Rates per route",
         "",
@@ -619,14 +630,32 @@ def _transfer_markdown(rows: pd.DataFrame, rates: pd.DataFrame) -> list[str]:
             "transfer s": rows[K.TRANSFER_S].map(lambda v: _fmt(v, ".4g")),
             "rate GB/s": rows[K.RATE_GBPS].map(lambda v: _fmt(v, ".4g")),
             "route": rows[K.ROUTE],
+            "calibrates": rows[K.CALIBRATES].map(lambda v: "yes" if v else "no"),
             "predicted s": rows[K.PREDICTED_TRANSFER_S].map(lambda v: _fmt(v, ".4g")),
             "error": rows[K.REL_ERROR].map(lambda v: _fmt(100 * v, "+.1f") + "%" if pd.notna(v) else "—"),
         }
     ).sort_values(["problem", "section", "gpus"])
     lines += [view.to_markdown(index=False), ""]
-    notes = sorted({str(n) for n in rows[K.ALGORITHM_NOTE].dropna()})
-    lines += [f"- {n}" for n in notes] + ([""] if notes else [])
-    return lines
+    notes = sorted({str(n) for n in rows[K.ALGORITHM_NOTE].dropna() if str(n)})
+    lines += [f"- {n}" for n in notes]
+    missed = rows[rows[K.MISSES].astype(bool)]
+    if not missed.empty:
+        worst = missed.loc[missed[K.REL_ERROR].abs().idxmax()]
+        lines.append(
+            f"- One rate per route does not explain {len(missed)} of {int(rows[K.REL_ERROR].notna().sum())} "
+            f"predicted row(s): they miss by more than ±{100 * MISS_TOLERANCE:.0f}% (worst "
+            f"{worst[K.SECTION]} at {int(worst[K.GPUS])} GPUs, {100 * worst[K.REL_ERROR]:+.0f}%, its rate "
+            f"{worst[K.RATE_GBPS]:.4g} GB/s vs the route's {worst[K.CALIBRATED_RATE_GBPS]:.4g}); rows of one route "
+            "moved their bytes at different rates, so something besides bytes and rate (latency, contention, "
+            "protocol) sets their transfer."
+        )
+    lines.append(
+        "- The projection's rate of a route (`projection.md`) is its bytes / its transfer summed over the points "
+        "(or fitted with a latency per collective and hop), a transfer-weighted mean that the slowest rows "
+        "dominate; this table's is the median of the rows' rates. Where the rows agree the two are equal; where "
+        "they differ, this table's misses above say by how much."
+    )
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> int:

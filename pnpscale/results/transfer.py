@@ -9,9 +9,14 @@ seconds, and GB/s meaning 1e9 bytes per second (not GiB/s).
   the network; defined for ``nodes >= 2``); all_gather and reduce_scatter ``P·(n−1)/n`` where ``P``
   is nccl-tests' size (the gathered output, the scattered input); all_to_all ``P·(n−1)/n`` with ``P``
   one rank's input in ``n`` equal blocks (its own block stays local); broadcast and reduce ``P``.
+* Bytes of a section: every main collective with its own model, summed (:func:`section_main_bytes`, the rule
+  the side-by-side table shares through :func:`main_bytes_per_gpu`): a pipelined transfer's bands, a
+  reduce_scatter and its all_gather.
 * Rate of a row: ``bytes per GPU / transfer time``; grouped by route (``intra-node, g GPUs``,
   ``inter-node tree``, ``inter-node ring``), one rate per route predicts every row of that route:
-  ``predicted = bytes per GPU / rate``, ``rel_error = predicted / measured − 1``.
+  ``predicted = bytes per GPU / rate``, ``rel_error = predicted / measured − 1``. Only rows of exposed
+  blocking transfer set or get a rate (an overlapped row's exposed transfer is what the overlap left, not
+  bytes / rate); a row missed by more than :data:`MISS_TOLERANCE` is flagged (MISSES).
 * nccl-tests: ``algbw = size / time``; ``busbw = algbw × factor`` with factor ``2(n−1)/n``
   (all_reduce), ``(n−1)/n`` (all_gather, reduce_scatter, alltoall), ``1`` (broadcast, reduce).
 
@@ -38,6 +43,11 @@ from pnpscale.core import layout
 from pnpscale.core.errors import PnpscaleError, UnreadableFile
 from pnpscale.core.record import RecordError, read_record
 
+#: the note of a row whose transfer ran partly behind compute (``solver.overlap=pipelined``, hidden time).
+OVERLAPPED_NOTE = (
+    "overlapped with compute: its exposed transfer is what the overlap left, not bytes / rate; "
+    "not used for the route rate, not predicted"
+)
 #: bytes per second in one GB/s.
 GB = 1e9
 SOURCE_LOG = "nccl_log"
@@ -263,14 +273,96 @@ def route_label(gpus: int, nodes: int, algorithm: str, transport: str | None = N
     return f"inter-node {algorithm.lower()}" + (f" over {transport}" if transport else "")
 
 
-def main_bytes_per_gpu(collectives: pd.DataFrame, gpus: int, nodes: int = 1, algorithm: str = "ring") -> float:
+#: ``|rel_error|`` beyond which one route rate is said to miss a row (a stated tolerance, not a fit statistic).
+MISS_TOLERANCE = 0.25
+
+
+def _model_bytes(coll: str, payload: float, gpus: int, nodes: int, algorithm: str | Mapping[str, str]) -> float:
+    """:func:`bytes_per_gpu` of one recorded collective (its payload = one rank's input tensor, bytes); the
+    algorithm by collective type when a mapping (types it lacks: ``ring``, the assumed model)."""
+    algo = algorithm.get(coll, ASSUMED_ALGORITHM) if isinstance(algorithm, Mapping) else algorithm
+    return bytes_per_gpu(coll, nccl_tests_size(coll, payload, gpus), gpus, nodes, algo)
+
+
+def section_main_bytes(
+    collectives: pd.DataFrame, gpus: int, nodes: int = 1, algorithm: str | Mapping[str, str] = "ring"
+) -> pd.DataFrame:
+    """Per section: its main (image-carrying) collectives and the bytes each GPU moves for them per iteration.
+
+    The one rule the transfer table and the side-by-side comparison share (:func:`main_bytes_per_gpu` sums it
+    over sections). The main collectives are the rows flagged MAIN in ``collectives.parquet``
+    (:func:`pnpscale.analysis.metrics.mark_main`: the image-sized ones, or the bands / blocks that carry the
+    image together, else the section's largest). Every main collective of the first rank in the measured
+    (non-warm-up) iterations counts with its own byte model (:func:`bytes_per_gpu`, nccl-tests' size from
+    :func:`nccl_tests_size`): a transfer chunked into bands (``solver.overlap=pipelined``) is the sum of its
+    chunks, a reduce_scatter / all_gather pair is the sum of ``S·(n−1)/n`` of each; the sum is divided by the
+    number of measured iterations.
+
+    Args:
+        collectives: rows of ``collectives.parquet`` (RANK, ITERATION, COLLECTIVE, PAYLOAD_BYTES, MAIN; SECTION,
+            WARMUP and HIDDEN_S when present: without SECTION every row is one section ``""``, without WARMUP
+            every row counts).
+        gpus, nodes: ranks and nodes of the run.
+        algorithm: the byte model, one name for every collective or ``{collective: algorithm}``.
+
+    Returns:
+        One row per section (order of first appearance): SECTION, COLLECTIVE (the main types joined by ``+`` in
+        issue order), N_MAIN (main collectives per iteration, a float), BYTES_PER_GPU (bytes per iteration; 0.0 for one
+        GPU; NaN when a main collective has no byte model or no payload, ``note`` says which),
+        ``overlapped`` (True when a main collective ran partly hidden behind compute, HIDDEN_S > 0) and
+        ``note`` ("" when the bytes are known).
+
+    >>> c = pd.DataFrame({"rank": 0, "iteration": 1, "section": "d", "collective": "all_reduce",
+    ...                   "payload_bytes": [1000, 1000, 2000], "main": True, "warmup": False})
+    >>> section_main_bytes(c, 2)[["section", "n_main", "bytes_per_gpu"]].values.tolist()  # three bands: 4000 B
+    [['d', 3.0, 4000.0]]
+    """
+    cols = [K.SECTION, K.COLLECTIVE, K.N_MAIN, K.BYTES_PER_GPU, "overlapped", "note"]
+    rows = collectives[collectives[K.MAIN].astype(bool) & (collectives[K.RANK] == collectives[K.RANK].min())]
+    if K.WARMUP in rows:
+        rows = rows[~rows[K.WARMUP].astype(bool)]
+    if K.SECTION not in rows:
+        rows = rows.assign(**{K.SECTION: ""})
+    if K.SEQ in rows:
+        rows = rows.sort_values([K.ITERATION, K.SEQ], kind="stable")
+    iterations = rows[K.ITERATION].nunique()
+    out = []
+    for section, g in rows.groupby(K.SECTION, sort=False):
+        n_it = g[K.ITERATION].nunique()
+        total, note = 0.0, ""
+        for coll, payload in zip(g[K.COLLECTIVE].astype(str), g[K.PAYLOAD_BYTES], strict=True):
+            if gpus <= 1:
+                break
+            if _na(payload):
+                total, note = math.nan, f"a main {coll} has no recorded payload"
+                break
+            try:
+                total += _model_bytes(coll, float(payload), gpus, nodes, algorithm)
+            except ByteModelError as exc:
+                total, note = math.nan, str(exc)
+                break
+        hidden = g[K.HIDDEN_S].astype("float64").fillna(0.0) if K.HIDDEN_S in g else pd.Series(0.0, index=g.index)
+        out.append(
+            {
+                K.SECTION: section,
+                K.COLLECTIVE: "+".join(dict.fromkeys(g[K.COLLECTIVE].astype(str))),
+                K.N_MAIN: len(g) / n_it if n_it else 0.0,
+                K.BYTES_PER_GPU: total / iterations if math.isfinite(total) else math.nan,
+                "overlapped": bool((hidden > 0).any()),
+                "note": note,
+            }
+        )
+    return pd.DataFrame(out, columns=cols)
+
+
+def main_bytes_per_gpu(
+    collectives: pd.DataFrame, gpus: int, nodes: int = 1, algorithm: str | Mapping[str, str] = "ring"
+) -> float:
     """Bytes each GPU moves per measured iteration for the main (image-carrying) collectives of a run.
 
-    Sum over the first rank's main collectives of the measured (non-warm-up) iterations of
-    :func:`bytes_per_gpu` (``algorithm``'s model, nccl-tests' size from :func:`nccl_tests_size`:
-    an all_gather's recorded payload is one rank's buffer), divided by the number of measured
-    iterations. An all_reduce of ``P`` bytes gives ``2·P·(n−1)/n``; the denoiser's all_gather of
-    per-rank buffers of ``L`` bytes gives ``n·L·(n−1)/n``.
+    The sum over sections of :func:`section_main_bytes` (the one rule: every main collective with its own
+    byte model, the chunks of a pipelined transfer summed). An all_reduce of ``P`` bytes gives
+    ``2·P·(n−1)/n``; the denoiser's all_gather of per-rank buffers of ``L`` bytes gives ``n·L·(n−1)/n``.
 
     Args:
         collectives: the run's ``collectives.parquet`` (RANK, ITERATION, COLLECTIVE, PAYLOAD_BYTES, MAIN),
@@ -280,8 +372,8 @@ def main_bytes_per_gpu(collectives: pd.DataFrame, gpus: int, nodes: int = 1, alg
         algorithm: byte model (``ring`` by default: the model the report assumes without NCCL logs).
 
     Returns:
-        bytes per GPU per iteration; 0.0 for one GPU; NaN when a main collective has no byte model
-        (e.g. the scatters that emulate a reduce_scatter on gloo) or its payload is unknown.
+        bytes per GPU per iteration; 0.0 for one GPU; NaN when a main collective has no byte model or its
+        payload is unknown, or there is no measured main collective.
 
     >>> c = pd.DataFrame({"rank": 0, "iteration": [1, 1], "collective": ["all_reduce", "all_gather"],
     ...                   "payload_bytes": [4000, 1000], "main": True, "warmup": False})
@@ -290,21 +382,10 @@ def main_bytes_per_gpu(collectives: pd.DataFrame, gpus: int, nodes: int = 1, alg
     """
     if gpus <= 1:
         return 0.0
-    rows = collectives[collectives[K.MAIN].astype(bool) & (collectives[K.RANK] == collectives[K.RANK].min())]
-    if K.WARMUP in rows:
-        rows = rows[~rows[K.WARMUP].astype(bool)]
-    iterations = rows[K.ITERATION].nunique()
-    if iterations == 0:
+    per = section_main_bytes(collectives, gpus, nodes, algorithm)
+    if per.empty:
         return math.nan
-    total = 0.0
-    for coll, payload in zip(rows[K.COLLECTIVE], rows[K.PAYLOAD_BYTES], strict=True):
-        if _na(payload):
-            return math.nan
-        try:
-            total += bytes_per_gpu(str(coll), nccl_tests_size(str(coll), float(payload), gpus), gpus, nodes, algorithm)
-        except ByteModelError:
-            return math.nan
-    return total / iterations
+    return float(per[K.BYTES_PER_GPU].sum(skipna=False))
 
 
 # --- tables ----------------------------------------------------------------------------------
@@ -319,7 +400,8 @@ def section_transfers(sections: pd.DataFrame) -> pd.DataFrame:
     Returns:
         One row per section (order of first appearance): SECTION, COLLECTIVE (main collective),
         PAYLOAD_BYTES (its payload, bytes, the largest over measured iterations), TRANSFER_S (mean of
-        ``main_transfer_s`` over the measured iterations, seconds), ITERATIONS. Sections without a
+        ``main_transfer_s`` over the measured iterations, seconds), ITERATIONS, and N_MAIN (mean main
+        collectives per iteration) when ``sections`` has it. Sections without a
         collective (one rank) have NA payload and a transfer of NaN.
 
     Raises:
@@ -337,6 +419,8 @@ def section_transfers(sections: pd.DataFrame) -> pd.DataFrame:
             K.ITERATIONS: g.size(),
         }
     )
+    if K.N_MAIN in m:
+        out[K.N_MAIN] = g[K.N_MAIN].mean()
     return out.reset_index()
 
 
@@ -375,6 +459,7 @@ def transfer_rows(runs: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFr
     if missing:
         raise ValueError(f"transfer input lacks column(s) {', '.join(missing)}")
     opt = {c: _column(df, c, None).tolist() for c in K.TRANSFER_INPUT_OPTIONAL}
+    given_bytes = K.BYTES_PER_GPU in df.columns
     rows = []
     for i in range(len(df)):
         r = {c: (None if _na(v := opt[c][i]) else v) for c in K.TRANSFER_INPUT_OPTIONAL}
@@ -390,10 +475,17 @@ def transfer_rows(runs: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFr
             algo, source = ASSUMED_ALGORITHM, SOURCE_ASSUMED
             why = r[K.ALGORITHM_NOTE] or ("gloo: no NCCL log" if r[K.BACKEND] == "gloo" else "no NCCL log")
             note = f"{why}; {ASSUMED_ALGORITHM} assumed"
-        try:
-            nbytes = bytes_per_gpu(coll, payload, gpus, nodes, algo)
-        except ByteModelError as exc:
-            nbytes, note = math.nan, "; ".join(p for p in (note, str(exc)) if p)
+        if given_bytes:  # the shared rule's bytes (section_main_bytes), from transfer_inputs
+            given = r[K.BYTES_PER_GPU]
+            nbytes = math.nan if given is None else float(given)
+        else:
+            try:
+                nbytes = bytes_per_gpu(coll, payload, gpus, nodes, algo)
+            except ByteModelError as exc:
+                nbytes, note = math.nan, "; ".join(p for p in (note, str(exc)) if p)
+        overlapped = bool(r[K.OVERLAPPED]) if r[K.OVERLAPPED] is not None else False
+        if overlapped:
+            note = "; ".join(p for p in (note, OVERLAPPED_NOTE) if p)
         try:
             busbw = busbw_GBps(coll, payload, transfer, gpus)
         except ValueError:
@@ -420,12 +512,16 @@ def transfer_rows(runs: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFr
                 K.ALGBW_GBPS: algbw_GBps(payload, transfer),
                 K.BUSBW_GBPS: busbw,
                 K.ROUTE: route_label(gpus, nodes, algo, r[K.TRANSPORT]),
+                K.OVERLAPPED: overlapped,
+                K.CALIBRATES: not overlapped and transfer > 0 and math.isfinite(nbytes),
             }
         )
     out = pd.DataFrame(rows, columns=list(K.TRANSFER_COLUMNS))
     for c in (K.CALIBRATED_RATE_GBPS, K.PREDICTED_TRANSFER_S, K.REL_ERROR):
         out[c] = np.nan
-    return out.astype({K.GPUS: "int64", K.NODES: "int64", K.GPUS_PER_NODE: "int64", K.PAYLOAD_BYTES: "float64"})
+    out[K.MISSES] = False
+    return out.astype({K.OVERLAPPED: "bool", K.CALIBRATES: "bool", K.MISSES: "bool", K.GPUS: "int64",
+                       K.NODES: "int64", K.GPUS_PER_NODE: "int64", K.PAYLOAD_BYTES: "float64"})  # fmt: skip
 
 
 def _nodes(i: int, gpus: int, r: Mapping[str, Any]) -> int:
@@ -467,6 +563,12 @@ def _key(df: pd.DataFrame) -> pd.Series:
     return backend.astype(str) + "\x00" + df[K.ROUTE].astype(str)
 
 
+def _calibrates(table: pd.DataFrame) -> pd.Series:
+    """Rows that may set a route rate: a finite rate, and exposed blocking transfer (CALIBRATES, when present)."""
+    ok = pd.Series(np.isfinite(table[K.RATE_GBPS].astype("float64")), index=table.index)
+    return ok & table[K.CALIBRATES].astype(bool) if K.CALIBRATES in table else ok
+
+
 def calibrate(table: pd.DataFrame, reference: Mapping[str, Any] | pd.DataFrame | None = None) -> Calibration:
     """One rate per route: the median of RATE_GBPS over the route's calibration rows.
 
@@ -474,7 +576,8 @@ def calibrate(table: pd.DataFrame, reference: Mapping[str, Any] | pd.DataFrame |
     two middle rates (pandas' median).
 
     Args:
-        table: :func:`transfer_rows` output. Rows with a NaN rate are never used.
+        table: :func:`transfer_rows` output. Rows with a NaN rate, and overlapped rows (CALIBRATES false: their
+            exposed transfer is not bytes / rate), are never used.
         reference: ``None``: every row calibrates its route. A mapping ``{column: value}`` selects
             the calibration rows of ``table`` (e.g. ``{"gpus": 8, "problem": "2d"}`` for one run).
             A DataFrame: :func:`transfer_rows` output of separate reference runs (e.g. a forced-ring
@@ -487,11 +590,11 @@ def calibrate(table: pd.DataFrame, reference: Mapping[str, Any] | pd.DataFrame |
     Raises:
         ValueError: the reference selects no row with a rate, or names a column the table lacks.
     """
-    usable = table[np.isfinite(table[K.RATE_GBPS].astype("float64"))]
+    usable = table[_calibrates(table)]
     if reference is None:
         ref, method = usable, "median"
     elif isinstance(reference, pd.DataFrame):
-        ref, method = reference[np.isfinite(reference[K.RATE_GBPS].astype("float64"))], "reference"
+        ref, method = reference[_calibrates(reference)], "reference"
     else:
         bad = [c for c in reference if c not in table.columns]
         if bad:
@@ -544,18 +647,22 @@ def predict(table: pd.DataFrame, calibration: Calibration) -> pd.DataFrame:
 
     ``predicted_transfer_s = bytes_per_gpu / (rate_GBps × 1e9)``;
     ``rel_error = predicted_transfer_s / transfer_s − 1`` (positive: the prediction is slower).
-    NaN where the route has no rate or the row no byte count.
+    NaN where the route has no rate, the row no byte count, or the row is overlapped (its exposed transfer is
+    not bytes / rate). MISSES: ``|rel_error| >`` :data:`MISS_TOLERANCE` (one rate does not explain the row).
 
     Returns:
-        a copy of ``table`` with CALIBRATED_RATE_GBPS, PREDICTED_TRANSFER_S, REL_ERROR filled.
+        a copy of ``table`` with CALIBRATED_RATE_GBPS, PREDICTED_TRANSFER_S, REL_ERROR, MISSES filled.
     """
     out = table.copy()
     rate_of = dict(zip(_key(calibration.rates), calibration.rates[K.RATE_GBPS], strict=True))
     rate = _key(out).map(rate_of).astype("float64") if not out.empty else pd.Series(dtype="float64")
     out[K.CALIBRATED_RATE_GBPS] = rate
     out[K.PREDICTED_TRANSFER_S] = out[K.BYTES_PER_GPU].astype("float64") / (rate * GB)
+    if K.OVERLAPPED in out:  # bytes / rate is no model of what an overlap leaves exposed
+        out.loc[out[K.OVERLAPPED].astype(bool), K.PREDICTED_TRANSFER_S] = np.nan
     with np.errstate(divide="ignore", invalid="ignore"):
         out[K.REL_ERROR] = out[K.PREDICTED_TRANSFER_S] / out[K.TRANSFER_S].astype("float64") - 1.0
+    out[K.MISSES] = (out[K.REL_ERROR].abs() > MISS_TOLERANCE).fillna(False).astype(bool)
     return out
 
 
@@ -703,20 +810,40 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
         if run["status"] != layout.STATUS_COMPLETE:
             continue
         gpus, nodes, backend = int(run["gpus"]), int(run.get("nodes") or 1), run.get("backend")
+        overlap = (run.get("spec") or {}).get("overlap")
         log = run_nccl_log(d)
+        colls = run_main_collectives(d)
         for _, s in section_transfers(complete_sections(pd.read_parquet(d / layout.SECTIONS))).iterrows():
             coll = None if pd.isna(s[K.COLLECTIVE]) else str(s[K.COLLECTIVE])
             payload = None if pd.isna(s[K.PAYLOAD_BYTES]) else nccl_tests_size(coll or "", s[K.PAYLOAD_BYTES], gpus)
+            main = colls[colls[K.SECTION].astype(str) == str(s[K.SECTION])] if colls is not None else None
+            types = list(dict.fromkeys(main[K.COLLECTIVE].astype(str))) if main is not None and len(main) else []
             algo = proto = None
+            notes: list[str] = []
+            algos: dict[str, str] = {}
             if log is not None and coll and payload is not None:
-                # TUNING lines print NCCL's own size, per rank for all_gather/reduce_scatter (NCCL >= 2.24)
-                logged = nccl_log_size(coll, s[K.PAYLOAD_BYTES], gpus, version_tuple(log.version))
-                choice = algorithm_for(log, coll, logged)
-                algo, proto, note = choice.algorithm, choice.protocol, choice.note
+                # TUNING lines print NCCL's own size, per rank for all_gather/reduce_scatter (NCCL >= 2.24);
+                # each main type looked up at its largest payload
+                version = version_tuple(log.version)
+                for t in types or [coll]:
+                    of_t = main[main[K.COLLECTIVE] == t] if main is not None and types else None
+                    largest = of_t[K.PAYLOAD_BYTES].max() if of_t is not None else s[K.PAYLOAD_BYTES]
+                    choice = algorithm_for(log, t, nccl_log_size(t, largest, gpus, version))
+                    if choice.algorithm is None:
+                        notes.append(choice.note)
+                        algos = {}
+                        break
+                    algos[t], proto = choice.algorithm, choice.protocol
+                    if choice.note:
+                        notes.append(choice.note)
+                if algos:
+                    algo = "+".join(dict.fromkeys(algos.values()))
             elif backend == "gloo":
-                note = "gloo: no NCCL log"
+                notes.append("gloo: no NCCL log")
             else:
-                note = f"no NCCL log in {layout.NCCL_DIR}/"
+                notes.append(f"no NCCL log in {layout.NCCL_DIR}/")
+            nbytes, overlapped = _section_bytes(s, main, coll, payload, gpus, nodes, algos or ASSUMED_ALGORITHM, notes)
+            overlapped = overlapped or (overlap is not None and str(overlap) != "none")
             rows.append(
                 {
                     K.PROBLEM: run.get("problem"),
@@ -732,8 +859,65 @@ def transfer_inputs(run_dirs: Sequence[Path | str]) -> pd.DataFrame:
                     K.TRANSFER_S: s[K.TRANSFER_S],
                     K.ALGORITHM: algo,
                     K.PROTOCOL: proto,
-                    K.ALGORITHM_NOTE: note,
+                    K.ALGORITHM_NOTE: "; ".join(n for n in notes if n),
                     K.TRANSPORT: log.transport_label(nodes > 1) if log is not None else None,
+                    K.BYTES_PER_GPU: nbytes,
+                    K.OVERLAPPED: overlapped,
                 }
             )
     return pd.DataFrame(rows, columns=[*K.TRANSFER_INPUT_REQUIRED, *K.TRANSFER_INPUT_OPTIONAL])
+
+
+#: share of a section's main collective time hidden behind compute above which its transfer counts as overlapped.
+OVERLAPPED_HIDDEN_SHARE = 0.1
+
+
+def run_main_collectives(run_dir: Path | str) -> pd.DataFrame | None:
+    """The main collectives of a run folder's ``collectives.parquet`` with WARMUP from ``ranks.parquet``, or
+    ``None`` when the folder has no ``collectives.parquet`` (hand-made or older folders).
+
+    Raises:
+        UnreadableFile: a ``collectives.parquet`` or ``ranks.parquet`` there that cannot be read.
+    """
+    d = Path(run_dir)
+    if not (d / layout.COLLECTIVES).exists():
+        return None
+    try:
+        colls = pd.read_parquet(d / layout.COLLECTIVES)
+        ranks = pd.read_parquet(d / layout.RANKS, columns=[K.ITERATION, K.WARMUP])
+    except Exception as exc:  # noqa: BLE001 - any failure names the file
+        raise UnreadableFile(d / layout.COLLECTIVES, str(exc) or type(exc).__name__) from None
+    warm = ranks.groupby(K.ITERATION)[K.WARMUP].first()
+    colls = colls.assign(**{K.WARMUP: colls[K.ITERATION].map(warm).fillna(False).astype(bool)})
+    if K.MAIN not in colls:
+        return None
+    return colls[colls[K.MAIN].astype(bool)]
+
+
+def _section_bytes(
+    s: pd.Series, main: pd.DataFrame | None, coll: str | None, payload: float | None, gpus: int, nodes: int,
+    algorithm: str | Mapping[str, str], notes: list[str],
+) -> tuple[float, bool]:
+    """(bytes per GPU per iteration, overlapped) of one section: :func:`section_main_bytes` of its main
+    collectives; without ``collectives.parquet`` the section's one main collective's model when it issued
+    exactly one per iteration, else NaN (the reason appended to ``notes``)."""
+    if main is not None and len(main):
+        per = section_main_bytes(main, gpus, nodes, algorithm).iloc[0]
+        if per["note"]:
+            notes.append(str(per["note"]))
+        blocked = main[K.BLOCKED_S].astype("float64").fillna(0.0).sum() if K.BLOCKED_S in main else 0.0
+        hidden = main[K.HIDDEN_S].astype("float64").fillna(0.0).sum() if K.HIDDEN_S in main else 0.0
+        share = hidden / (hidden + blocked) if hidden + blocked > 0 else 0.0
+        return float(per[K.BYTES_PER_GPU]), bool(share > OVERLAPPED_HIDDEN_SHARE)
+    if coll is None or payload is None:
+        return math.nan, False
+    n_main = s.get(K.N_MAIN)
+    if n_main is not None and not _na(n_main) and float(n_main) > 1:
+        notes.append(f"{float(n_main):g} main collectives per iteration and no {layout.COLLECTIVES}: bytes unknown")
+        return math.nan, False
+    try:
+        algo = algorithm.get(coll, ASSUMED_ALGORITHM) if isinstance(algorithm, Mapping) else algorithm
+        return bytes_per_gpu(coll, payload, gpus, nodes, algo), False
+    except ByteModelError as exc:
+        notes.append(str(exc))
+        return math.nan, False
