@@ -1419,3 +1419,26 @@ def test_8_a_temporary_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_
         layout.commit_files(tmp_path, {layout.SECTIONS: lambda p: p.write_bytes(b"t")})
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([young.name, layout.SECTIONS])
     assert f"{old}: removed a temporary file left by a writer that ended mid-write" in caplog.text
+
+
+def test_2_a_stop_signal_while_a_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypatch):
+    """Ctrl-C while the lock file is created and taken (seen once: a sweep's complete point kept its lock file):
+    the signal is held until the lock is known, then raised with the lock released and its file removed."""
+    import fcntl
+
+    from pnpscale.core import lock as lock_mod
+
+    real = fcntl.flock
+
+    def interrupted_here(fd, how):
+        real(fd, how)
+        os.kill(os.getpid(), signal.SIGINT)  # delivered now: the file exists and is locked, acquire() not done
+
+    monkeypatch.setattr(fcntl, "flock", interrupted_here)
+    held = lock_mod.FolderLock(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        held.acquire()
+    assert not (tmp_path / "run" / layout.LOCK).exists()
+    monkeypatch.setattr(fcntl, "flock", real)
+    with lock_mod.FolderLock(tmp_path / "run"):  # and it can be taken again
+        assert (tmp_path / "run" / layout.LOCK).exists()

@@ -72,6 +72,8 @@ TORCH_APIS = frozenset({
     "torch.distributed.elastic.multiprocessing.errors.record",
     "torch.distributed.gather_object",
     "torch.distributed.get_backend",
+    "torch.distributed.group",
+    "torch.distributed.group.WORLD",
     "torch.distributed.get_rank",
     "torch.distributed.get_world_size",
     "torch.distributed.init_process_group",

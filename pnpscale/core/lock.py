@@ -96,42 +96,51 @@ class FolderLock:
     def acquire(self) -> FolderLock:
         """Take the lock now or refuse; never waits.
 
+        A stop signal arriving while the lock file is being created and taken is held back until the lock is
+        this object's (:func:`pnpscale.core.signals.deferred`), then raised with the lock released: either this returns
+        holding the lock or it raises holding nothing, so a Ctrl-C at that moment never leaves the file behind.
+
         Raises:
             Busy: another live process holds it.
             OSError: the folder cannot be created or written.
         """
         import fcntl
 
-        self.folder.mkdir(parents=True, exist_ok=True)
-        before = _read_holder(self.path)
-        for _ in range(ACQUIRE_TRIES):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise Busy(self.folder, _read_holder(self.path)) from None
-            except BaseException:
-                os.close(fd)
-                raise
-            try:
-                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
-                    break
-            except FileNotFoundError:
-                pass
-            os.close(fd)  # its holder removed it on release, after we opened it: take the path's new file
-        else:  # pragma: no cover - the lock file replaced ACQUIRE_TRIES times in a row
-            raise Busy(self.folder, _read_holder(self.path))
-        self._fd = fd
-        me = Holder.me()
-        if before is not None and before.pid != me.pid:
-            self.previous = before
-        data = json.dumps(asdict(me)).encode()
-        try:  # through the locked file itself
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
-        except OSError:  # a full disk: the lock holds, only the holder's name is missing
-            pass
+        try:
+            with deferred():  # a stop signal meanwhile waits until the lock is held and known to release()
+                self.folder.mkdir(parents=True, exist_ok=True)
+                before = _read_holder(self.path)
+                for _ in range(ACQUIRE_TRIES):
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        os.close(fd)
+                        raise Busy(self.folder, _read_holder(self.path)) from None
+                    except BaseException:
+                        os.close(fd)
+                        raise
+                    try:
+                        if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                            break
+                    except FileNotFoundError:
+                        pass
+                    os.close(fd)  # its holder removed it on release, after we opened it: take the path's new file
+                else:  # pragma: no cover - the lock file replaced ACQUIRE_TRIES times in a row
+                    raise Busy(self.folder, _read_holder(self.path))
+                self._fd = fd
+                me = Holder.me()
+                if before is not None and before.pid != me.pid:
+                    self.previous = before
+                data = json.dumps(asdict(me)).encode()
+                try:  # through the locked file itself
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, data, 0)
+                except OSError:  # a full disk: the lock holds, only the holder's name is missing
+                    pass
+        except BaseException:  # the held signal raised as the block ended, or a failure: never return unlocked-but-held
+            self.release()
+            raise
         return self
 
     def forget_holder(self) -> bool:
