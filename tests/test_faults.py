@@ -1421,24 +1421,33 @@ def test_8_a_temporary_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_
     assert f"{old}: removed a temporary file left by a writer that ended mid-write" in caplog.text
 
 
-def test_2_a_stop_signal_while_a_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypatch):
+def test_2_a_stop_signal_while_a_lock_is_taken_leaves_no_lock_file(tmp_path):
     """Ctrl-C while the lock file is created and taken (seen once: a sweep's complete point kept its lock file):
-    the signal is held until the lock is known, then raised with the lock released and its file removed."""
-    import fcntl
+    the signal is held until the lock is known, then raised with the lock released and its file removed. Run in a
+    child process: the signal is sent to the process itself, right after ``flock``."""
+    import subprocess
+    import sys
 
-    from pnpscale.core import lock as lock_mod
-
-    real = fcntl.flock
-
-    def interrupted_here(fd, how):
-        real(fd, how)
-        os.kill(os.getpid(), signal.SIGINT)  # delivered now: the file exists and is locked, acquire() not done
-
-    monkeypatch.setattr(fcntl, "flock", interrupted_here)
-    held = lock_mod.FolderLock(tmp_path / "run")
-    with pytest.raises(KeyboardInterrupt):
-        held.acquire()
-    assert not (tmp_path / "run" / layout.LOCK).exists()
-    monkeypatch.setattr(fcntl, "flock", real)
-    with lock_mod.FolderLock(tmp_path / "run"):  # and it can be taken again
-        assert (tmp_path / "run" / layout.LOCK).exists()
+    script = f"""
+import fcntl, os, signal, sys
+from pathlib import Path
+from pnpscale.core.lock import FolderLock
+real = fcntl.flock
+def interrupted_here(fd, how):
+    real(fd, how)
+    os.kill(os.getpid(), signal.SIGINT)  # delivered now: the file exists and is locked, acquire() not done
+fcntl.flock = interrupted_here
+try:
+    FolderLock(Path({str(tmp_path / "run")!r})).acquire()
+except KeyboardInterrupt:
+    left = (Path({str(tmp_path / "run")!r}) / {layout.LOCK!r}).exists()
+    fcntl.flock = real
+    with FolderLock(Path({str(tmp_path / "run")!r})):  # and it can be taken again
+        pass
+    sys.exit(8 if left else 7)
+"""
+    lock_file = tmp_path / "run" / layout.LOCK
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    assert proc.returncode == 7, (proc.returncode, proc.stderr[-2000:])  # interrupted, no lock file left (8: left)
+    assert not lock_file.exists()
