@@ -136,17 +136,23 @@ def test_future_wait_pinned_to_one_core(tmp_path):
     assert g.loc[("sync", 0), "share"] > 50
 
 
-def test_pipeline_send_recv_with_a_known_delay(tmp_path):
-    """A 2-stage pipeline: stage 1 receives stage 0's activations after its 60 ms of compute (send/recv), stage 0
-    receives stage 1's gradients after its 40 ms (isend/irecv): each receiver's blocked time within 20 % of its
-    own clock, split into wait (the sender's delay) and transfer."""
-    out = overlap_jobs.run("pipeline", tmp_path / "pipeline")
+def _pipeline_blocked(tmp_path, job: str, **kw):
+    """Run the pipeline job ``job``, analyse its traces (sections forward, backward; 1 warm-up): (its folder, per
+    section and rank over the measured iterations the analysis' COMM_S beside the job's own blocked_s)."""
+    out = overlap_jobs.run(job, tmp_path / job, **kw)
     code = main([str(out / "traces"), "--sections", "forward,backward", "--warmup", "1", "--out", str(out / "a")])
     assert code == 0
     ranks = pd.read_parquet(out / "a" / "ranks.parquet")
     truth = pd.DataFrame(overlap_jobs.truth(out))
     m = ranks.merge(truth, on=[K.RANK, K.ITERATION, K.SECTION], validate="one_to_one")
-    m = m[~m[K.WARMUP]].groupby([K.SECTION, K.RANK])[[K.COMM_S, "blocked_s"]].sum()
+    return out, m[~m[K.WARMUP]].groupby([K.SECTION, K.RANK])[[K.COMM_S, "blocked_s"]].sum()
+
+
+def test_pipeline_send_recv_with_a_known_delay(tmp_path):
+    """A 2-stage pipeline: stage 1 receives stage 0's activations after its 60 ms of compute (send/recv), stage 0
+    receives stage 1's gradients after its 40 ms (isend/irecv): each receiver's blocked time within 20 % of its
+    own clock, split into wait (the sender's delay) and transfer."""
+    out, m = _pipeline_blocked(tmp_path, "pipeline")
     for receiver in (("forward", 1), ("backward", 0)):
         assert m.loc[receiver, K.COMM_S] == pytest.approx(m.loc[receiver, "blocked_s"], rel=0.2), m
     colls = pd.read_parquet(out / "a" / "collectives.parquet")
@@ -163,13 +169,7 @@ def test_pipeline_of_more_stages_pairs_by_the_recorded_peers(tmp_path, world, ca
     tag 1): every receiver's blocked time within 20 % of its own clock; each transfer on its two ranks in
     collectives.parquet. The same traces without the peers (no 'Concrete Inputs': recorded without shapes) are
     refused, naming rank, iteration and section."""
-    out = overlap_jobs.run("pipeline_n", tmp_path / "pipeline_n", world=world)
-    code = main([str(out / "traces"), "--sections", "forward,backward", "--warmup", "1", "--out", str(out / "a")])
-    assert code == 0
-    ranks = pd.read_parquet(out / "a" / "ranks.parquet")
-    truth = pd.DataFrame(overlap_jobs.truth(out))
-    m = ranks.merge(truth, on=[K.RANK, K.ITERATION, K.SECTION], validate="one_to_one")
-    m = m[~m[K.WARMUP]].groupby([K.SECTION, K.RANK])[[K.COMM_S, "blocked_s"]].sum()
+    out, m = _pipeline_blocked(tmp_path, "pipeline_n", world=world)
     receivers = [("forward", r) for r in range(1, world)] + [("backward", r) for r in range(world - 1)]
     for receiver in receivers:
         assert m.loc[receiver, K.COMM_S] == pytest.approx(m.loc[receiver, "blocked_s"], rel=0.2), m
