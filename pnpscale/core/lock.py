@@ -14,12 +14,19 @@ names the file it locked (``os.path.samestat``) and takes the path's new file in
 lock-file protocol. (``filelock``, which the lock used before, keeps its files by design, and only
 its recent versions make that check.)
 
+A stop signal can land as :meth:`FolderLock.release` is called, before its first statement (Python runs a
+signal's handler at a function's entry): the release never starts, and the file would be left behind
+holding a dead holder's name (seen: a sweep interrupted just as a point ended kept that point's lock
+file). Every lock this process holds is therefore also released when the interpreter exits
+(:func:`release_held`, registered with ``atexit``), whatever cut the release short.
+
 Also here: :func:`process_gone`, which tells a ``running`` record whose process no longer exists
 (killed before it could record its end) from one still running.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -73,6 +80,26 @@ def _read_holder(path: Path) -> Holder | None:
     return Holder(data.get("pid"), data.get("host"), data.get("started_at"), data.get("command"))
 
 
+#: The locks this process holds (acquired, not yet released), for :func:`release_held`.
+_HELD: set[FolderLock] = set()
+
+
+def release_held() -> int:
+    """Release every lock this process still holds (registered with ``atexit``): a stop signal that landed as
+    :meth:`FolderLock.release` was called cut it short before its first statement. Locks inherited through
+    ``fork`` are left to the process that took them.
+
+    Returns:
+        how many were released.
+    """
+    mine = [lock for lock in list(_HELD) if lock._pid == os.getpid()]
+    for lock in mine:
+        lock.release()
+    return len(mine)
+
+
+atexit.register(release_held)
+
 #: How many times :meth:`FolderLock.acquire` takes the lock anew after locking a file just removed.
 ACQUIRE_TRIES = 5
 
@@ -92,6 +119,7 @@ class FolderLock:
         self.path = self.folder / layout.LOCK
         self.previous: Holder | None = None
         self._fd: int | None = None
+        self._pid: int | None = None  # the process that took it
 
     def acquire(self) -> FolderLock:
         """Take the lock now or refuse; never waits.
@@ -128,7 +156,8 @@ class FolderLock:
                     os.close(fd)  # its holder removed it on release, after we opened it: take the path's new file
                 else:  # pragma: no cover - the lock file replaced ACQUIRE_TRIES times in a row
                     raise Busy(self.folder, _read_holder(self.path))
-                self._fd = fd
+                self._fd, self._pid = fd, os.getpid()
+                _HELD.add(self)
                 me = Holder.me()
                 if before is not None and before.pid != me.pid:
                     self.previous = before
@@ -171,6 +200,7 @@ class FolderLock:
             finally:
                 os.close(self._fd)  # closing the only open of the file drops its flock
                 self._fd = None
+                _HELD.discard(self)
 
     def __enter__(self) -> FolderLock:
         return self.acquire()

@@ -261,9 +261,9 @@ def deferred(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[Non
         return
     pending: list[int] = []
     before = {sig: signal.getsignal(sig) for sig in signals}
-    for sig in signals:
-        signal.signal(sig, lambda signum, frame: pending.append(signum))
-    try:
+    try:  # a stop landing while the recorders go in: the handlers swapped so far are put back
+        for sig in signals:
+            signal.signal(sig, lambda signum, frame: pending.append(signum))
         yield
     finally:
         if not settled():  # else the body published the command's output (:func:`published`): stops dropped
