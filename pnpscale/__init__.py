@@ -17,6 +17,7 @@ exception is this facade: :func:`load` imports the results stage when called.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from pnpscale.core import __version__
@@ -38,7 +39,10 @@ def load(path: str, **kwargs: Any) -> Any:
     from pnpscale.results.runs import load as _load  # deferred: the package root stays light (pandas)
     from pnpscale.results.summary import scaled_cost  # deferred: the package root stays light (pandas)
 
-    runs = _load(path, **kwargs)
+    with warnings.catch_warnings(record=True) as said:  # said again below at the caller's line, not this one
+        runs = _load(path, **kwargs)
+    for w in said:
+        warnings.warn(w.message, w.category, stacklevel=2)
     table = scaled_cost(runs)
     table.attrs["choices"] = runs.attrs.get("choices", [])  # which folder each point came from, where several
     return table

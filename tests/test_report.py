@@ -61,7 +61,7 @@ def spec(problem: str, mode: str, gpus: int, **fields) -> RunSpec:
         threads_per_rank=1,
         record_shapes=True,
         export_traces=False,
-        inject={},
+        inject=fields.pop("inject", {}),
         save_reconstruction=False,
         **fields,
     )

@@ -162,3 +162,37 @@ def test_load_says_which_folder_it_took_where_two_sweeps_hold_one_point(tmp_path
     (choice,) = table.attrs["choices"]
     assert "gpus=2: using " in choice and "newest complete of 2; 2 folders" in choice
     assert str(tmp_path / "b") in choice  # written last
+
+
+def test_load_warns_at_the_callers_line(tmp_path):
+    """pnpscale.load's RunChoiceWarning names the line that called it, not pnpscale's own."""
+    import warnings
+
+    import pnpscale
+    from tests.test_report import fake_run
+
+    times = {"gradient": [(1.0, 0.1)] * 2, "denoiser": [(1.0, 0.1)] * 2}
+    for sweep in ("a", "b"):
+        fake_run(tmp_path / sweep / layout.point_subdir("2d", "inference", 2), "2d", "inference", times)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        pnpscale.load(str(tmp_path))
+    (w,) = [w for w in said if w.category.__name__ == "RunChoiceWarning"]
+    assert w.filename == __file__, w.filename
+
+
+def test_a_run_with_a_perturbation_put_in_is_its_own_series(tmp_path):
+    """A run made with ``inject.*`` (the validation suite's imbalance case) beside a clean run of the same point,
+    newer than it: never taken as the point's measurement; its own series, labelled by what was injected."""
+    import pnpscale
+    from tests.test_report import fake_run
+
+    clean = {"gradient": [(1.0, 0.1)] * 2, "denoiser": [(1.0, 0.1)] * 2}
+    skewed = {"gradient": [(1.0, 0.1)] * 2, "denoiser": [(1.0, 0.3), (1.0, 0.1)]}
+    fake_run(tmp_path / "a" / layout.point_subdir("2d", "inference", 2), "2d", "inference", clean)
+    inject = {"rank": 1, "section": "denoiser", "delay_s": 0.2, "fail": False}
+    fake_run(tmp_path / "b" / layout.point_subdir("2d", "inference", 2), "2d", "inference", skewed, inject=inject)
+    table = pnpscale.load(str(tmp_path)).query("section == 'all'").set_index("variant")
+    assert sorted(table.index) == ["inject=none", "inject=rank1:denoiser:+0.2s"]
+    assert str(tmp_path / "a") in table.loc["inject=none", "run_dir"]
+    assert table.loc["inject=none", "lb"] > table.loc["inject=rank1:denoiser:+0.2s", "lb"]

@@ -92,3 +92,27 @@ def test_suite_passes_on_cpu_ranks_and_fails_when_the_decomposition_is_broken(tm
     assert not passed(
         evaluate(base, inj, payload, section="denoiser", delay_s=0.2, world=2, decompose_fn=wait_against_mean)
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--payloads", "0"], "--payloads=0: needs at least 3 distinct sizes of at least 1 byte"),
+        (["--payloads=0,1,2"], "--payloads=0,1,2: needs at least 3 distinct sizes"),
+        (["--payloads=1000,2000,4000"], "the largest at least 100 times the smallest"),
+        (["--iterations", "0"], "--iterations=0: must be >= 1"),
+        (["--gpus", "1"], "--gpus=1: must be >= 2"),
+        (["--delay-s", "0"], "--delay-s=0.0: must be > 0"),
+        (["problme=2d"], "problme=2d: unknown key; did you mean problem"),
+        (["solver.denoiser_collective=foo"], "solver.denoiser_collective=foo"),
+    ],
+)
+def test_the_suite_refuses_what_it_cannot_judge_before_any_rank(tmp_path, capsys, argv, said):
+    """One line naming the option or key, exit 2, nothing written: the payload span and each case's config are
+    checked before the first case runs (they were found after two cases had run, as a traceback)."""
+    from pnpscale.validation.suite import main
+
+    assert main([*argv, "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m pnpscale.validate: error: ") and said in err[0], err
+    assert not (tmp_path / "v").exists()

@@ -225,8 +225,26 @@ def discover(root: str | Path) -> pd.DataFrame:
 
 
 #: The fields of a run's spec that set the work of a point beside its GPU count and variant keys: runs of one
-#: (problem, mode, variant) whose values differ are different series (:func:`work_variants`), never one curve.
-WORK_FIELDS = ("sizes", "params", "channels", "threads_per_rank", "record_shapes", "mode_params")
+#: (problem, mode, variant) whose values differ are different series (:func:`work_variants`), never one curve;
+#: ``inject``: a perturbation put in on purpose (``inject.*``, the validation suite's cases), see :func:`inject_text`.
+WORK_FIELDS = ("sizes", "params", "channels", "threads_per_rank", "record_shapes", "mode_params", "inject")
+
+
+def inject_text(inject: Any) -> str:
+    """A run's ``inject.*`` as one token (no spaces: it goes in a variant label): ``none`` when nothing is
+    injected, else e.g. ``rank1:denoiser:+0.2s`` (a delay of 0.2 s) or ``rank0:gradient:fail``, so that a run with
+    a perturbation put in on purpose is never the measurement of a clean point.
+
+    >>> inject_text({"rank": None, "section": None, "delay_s": 0.0, "fail": False})
+    'none'
+    >>> inject_text({"rank": 1, "section": "denoiser", "delay_s": 0.2, "fail": False})
+    'rank1:denoiser:+0.2s'
+    """
+    if not isinstance(inject, dict) or not (inject.get("delay_s") or inject.get("fail")):
+        return "none"
+    what = [f"+{inject['delay_s']:g}s"] if inject.get("delay_s") else []
+    what += ["fail"] if inject.get("fail") else []
+    return ":".join([f"rank{inject.get('rank')}", str(inject.get("section") or "any"), *what])
 
 
 def work_fields(spec: dict[str, Any]) -> dict[str, str]:
@@ -241,6 +259,8 @@ def work_fields(spec: dict[str, Any]) -> dict[str, str]:
         value = spec.get(key)
         if isinstance(value, dict) and key in ("sizes", "params"):
             out |= {f"problem.{k}": str(v) for k, v in value.items() if k != "num_operators" and v is not None}
+        elif key == "inject" and key in spec:
+            out[key] = inject_text(value)
         elif value is not None:
             out[key] = str(value)
     return out

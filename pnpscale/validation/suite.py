@@ -47,7 +47,7 @@ from pnpscale.cluster.local import run_ranks
 from pnpscale.cluster.slurm import executor_parameters
 from pnpscale.core import layout
 from pnpscale.core.config import ConfigError, plain
-from pnpscale.core.errors import command_prog
+from pnpscale.core.errors import InputError, command_prog
 from pnpscale.rank.group import Group
 from pnpscale.rank.loop import busy_wait, sleep_rate_hz, sync
 from pnpscale.rank.process import threads_per_rank
@@ -329,24 +329,50 @@ def probe_main(payloads: list[int], compute_s: float, iterations: int, warmup: i
         group.close()
 
 
+def case_overrides(gpus: int, delay_s: float, section: str, iterations: int, overrides: Sequence[str] = ()
+                   ) -> dict[str, list[str]]:  # fmt: skip
+    """The pnpscale overrides of the suite's two point cases, ``baseline`` and ``imbalance`` (the last rank
+    delayed by ``delay_s`` seconds in ``section``), after the user's ``overrides``."""
+    common = [*BASE_OVERRIDES, f"gpus={gpus}", f"iterations={iterations}", "warmup=1", *overrides]
+    common.append("problem.image_size=64")
+    injected = [f"inject.rank={gpus - 1}", f"inject.section={section}", f"inject.delay_s={delay_s}"]
+    return {"baseline": common, "imbalance": [*common, *injected]}
+
+
+def check_suite(gpus: int, delay_s: float, section: str, payloads: Sequence[int], iterations: int,
+                overrides: Sequence[str] = ()) -> None:  # fmt: skip
+    """Refuse, before any rank starts, what the suite cannot judge: ``--gpus`` below 2, ``--delay-s`` not above
+    0, ``--iterations`` below 1, ``--payloads`` not at least 3 distinct sizes of at least 1 byte spanning
+    100x (the payload check's own bar, :func:`payload_checks`), and each case's config (the command line's
+    own checks, :func:`pnpscale.sweep.cli.check_overrides`, then the composed config's).
+
+    Raises:
+        InputError: the first problem, naming the option or key and what is allowed (exit 2).
+    """
+    if gpus < 2:
+        raise InputError(f"--gpus={gpus}: must be >= 2 (a 1-rank run has nothing to wait for)")
+    if not delay_s > 0:
+        raise InputError(f"--delay-s={delay_s}: must be > 0")
+    if iterations < 1:
+        raise InputError(f"--iterations={iterations}: must be >= 1")
+    sizes = sorted(set(payloads))
+    shown = ",".join(map(str, payloads))
+    if len(sizes) < 3 or sizes[0] < 1 or sizes[-1] < 100 * sizes[0]:
+        raise InputError(f"--payloads={shown}: needs at least 3 distinct sizes of at least 1 byte, the largest at "
+                         f"least 100 times the smallest (default 16384,262144,4194304,33554432)")  # fmt: skip
+    for case in case_overrides(gpus, delay_s, section, iterations, overrides).values():
+        check_overrides(case)
+        compose_config(case)
+
+
 def run_suite(out: Path, *, gpus: int, delay_s: float, section: str, payloads: Sequence[int], iterations: int,
               compute_s: float = 0.02, overrides: Sequence[str] = (), echo: Callable[[str], None] = print
               ) -> dict[str, Any]:  # fmt: skip
     """Run the cases under ``out`` and write ``out/validate.json``; returns its content."""
-    common = [*BASE_OVERRIDES, f"gpus={gpus}", f"iterations={iterations}", "warmup=1", *overrides]
-    last = gpus - 1
+    cases = case_overrides(gpus, delay_s, section, iterations, overrides)
     echo(f"validation runs under {out}")
-    base = _run_case([*common, "problem.image_size=64"], out / "case=baseline")
-    inj = _run_case(
-        [
-            *common,
-            "problem.image_size=64",
-            f"inject.rank={last}",
-            f"inject.section={section}",
-            f"inject.delay_s={delay_s}",
-        ],
-        out / "case=imbalance",
-    )
+    base = _run_case(cases["baseline"], out / "case=baseline")
+    inj = _run_case(cases["imbalance"], out / "case=imbalance")
     payload = run_probe(out / "case=payload", gpus=gpus, payloads=payloads, compute_s=compute_s,
                         iterations=iterations, overrides=overrides)  # fmt: skip
     checks = imbalance_checks(base, inj, section, delay_s, gpus) + payload_checks(payload, PROBE) + noise_checks(base)
@@ -412,14 +438,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", help="pnpscale config overrides, e.g. dist.backend=gloo")
     args = parser.parse_args(argv)
-    if args.gpus < 2:
-        parser.error(f"--gpus={args.gpus}: must be >= 2 (a 1-rank run has nothing to wait for)")
-    if args.delay_s <= 0:
-        parser.error(f"--delay-s={args.delay_s}: must be > 0")
     try:
         payloads = [int(s) for s in args.payloads.split(",")]
     except ValueError:
         parser.error(f"--payloads={args.payloads}: must be comma-separated integers (bytes)")
+    if not args.slurm and any(o.lstrip("+").startswith("cluster") for o in args.overrides):
+        parser.error("cluster overrides need --slurm (the suite's own runs are local to one node)")
+    run_ov = [o for o in args.overrides if not o.lstrip("+").startswith("cluster")]
+    try:
+        check_suite(args.gpus, args.delay_s, args.section, payloads, args.iterations, run_ov)
+    except InputError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out = Path(args.out) if args.out else Path("outputs") / "validate" / stamp
 
@@ -430,8 +460,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.slurm:
             result = submit_suite(out.resolve(), args.overrides, **suite)
         else:
-            if any(o.lstrip("+").startswith("cluster") for o in args.overrides):
-                parser.error("cluster overrides need --slurm (the suite's own runs are local to one node)")
             result = run_suite(out, overrides=args.overrides, **suite)
     except ConfigError as exc:
         print(f"pnpscale.validate: error: {exc}", file=sys.stderr)
