@@ -389,3 +389,14 @@ def test_the_top_level_sweeps_are_the_group_sweeps_and_a_bad_file_is_named(tmp_p
     (tmp_path / "bad.yaml").write_text("- a list\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml must hold a YAML mapping"):
         stored_sweeps(tmp_path)
+
+
+def test_overrides_on_both_sides_of_the_flag_get_one_line_and_the_command_that_works():
+    """``scale=tiny -m gpus=1,2``: Hydra's parser takes one run of overrides and would print its usage block;
+    one line names what was not read and the command with every flag first."""
+    with pytest.raises(CommandLineError) as err:
+        check_overrides(["scale=tiny", "-m", "gpus=1,2"])
+    assert err.value.problems == [
+        "gpus=1,2: overrides must all come after the flags (-m): python -m pnpscale -m scale=tiny gpus=1,2"
+    ]
+    check_overrides(["-m", "scale=tiny", "gpus=1,2"])  # the command it names is accepted

@@ -75,7 +75,8 @@ def check_overrides(argv: Sequence[str]) -> None:
     """Check the command line's overrides, all of them.
 
     Raises:
-        CommandLineError: one line per problem: an override Hydra cannot parse, an unknown key
+        CommandLineError: one line per problem: overrides on both sides of a flag (``scale=tiny -m gpus=1,2``,
+            which Hydra's parser would refuse with its usage), an override Hydra cannot parse, an unknown key
             (with the closest known keys), an unknown group option (with the options), or a value
             outside its rule (:data:`pnpscale.core.config.RULES`), each sweep value checked.
     """
@@ -83,7 +84,15 @@ def check_overrides(argv: Sequence[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
-    args, _ = get_args_parser().parse_known_args(list(argv))
+    args, unread = get_args_parser().parse_known_args(list(argv))
+    stray = [a for a in unread if not a.startswith("-")]
+    if stray:  # overrides after a flag that follows other overrides: Hydra's parser takes one run of them
+        flags = [a for a in argv if a.startswith("-")]
+        hint = ""
+        if set(flags) <= {"-m", "--multirun"}:
+            hint = ": python -m pnpscale " + " ".join([*flags, *(a for a in argv if not a.startswith("-"))])
+        raise CommandLineError([f"{' '.join(stray)}: overrides must all come after the flags ({' '.join(flags)})"
+                                + (hint or "")])  # fmt: skip
     try:
         parsed = OverridesParser.create().parse_overrides(args.overrides or [])
     except OverrideParseException as exc:
