@@ -303,3 +303,21 @@ def test_a_bad_out_is_refused_before_any_trace_or_run_is_read(tmp_path, capsys, 
             f"pnpscale.report: error: {tmp_path / 'file'}: is a file, not a folder of run folders "
             "(give the sweep folder)"
         )
+
+
+def test_a_named_file_that_is_no_trace_and_an_analysis_folder_are_refused_input(tmp_path, capsys):
+    """Exit 2, one line: a file given by name that is no JSON trace (a README), and a folder this command wrote
+    (its timeline.json is a Chrome trace of the analysis, never a rank's trace); a damaged trace stays exit 1."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# not a trace\n")
+    assert main([str(readme), "--sections", "a"]) == 2
+    assert f"{readme}: not a JSON trace" in capsys.readouterr().err
+    out = tmp_path / "analysis"
+    out.mkdir()
+    (out / ANALYSIS_JSON).write_text("{}")
+    (out / "timeline.json").write_text('{"traceEvents": []}')
+    assert main([str(out), "--sections", "a"]) == 2
+    assert f"{out}: an analysis output folder" in capsys.readouterr().err
+    cut = tmp_path / "rank0.json"
+    cut.write_bytes(b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": 1,')
+    assert main([str(cut), "--sections", "a"]) == 1

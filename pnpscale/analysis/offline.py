@@ -579,8 +579,8 @@ def _default_warmup(paths: Sequence[Path]) -> tuple[int, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status: 0 ok; 2 refused input before any trace is read (a bad
     option value, a trace folder that does not exist; argparse's own usage errors too; an option the traces
-    refuse: :class:`AnalyzeOptionError`, a given ``--warmup`` that leaves no measured iteration); 1 an analysis
-    error."""
+    refuse: :class:`AnalyzeOptionError`, a given ``--warmup`` that leaves no measured iteration; a file given
+    by name that is no JSON trace; an analysis output folder); 1 an analysis error (a damaged trace)."""
     args = _parser().parse_args(argv)
     try:  # the command line: refused input, nothing read yet
         sections = parse_sections(args.sections)
@@ -599,6 +599,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{traceless[0]}: a run folder without {layout.TRACES_DIR}/ (its ranks' Kineto "
                 "traces are kept with profile.export_traces=true); its tables are the analysis"
             )
+        written = [p for p in paths if p.is_dir() and (p / layout.ANALYSIS_JSON).is_file()]
+        if written:  # its timeline.json is a Chrome trace of the analysis, not a rank's Kineto trace
+            raise AnalyzeError(f"{written[0]}: an analysis output folder (pnpscale.analyze wrote its "
+                               f"{layout.ANALYSIS_JSON}); give the folder of the traces it analysed")  # fmt: skip
         empty = [p for p in paths if p.is_dir() and not any(iter_trace_files([p]))]
         if empty:  # nothing to read: the user's input (exit 2), named, with where traces would be
             runs = sorted(q.parent for q in empty[0].glob(f"**/{layout.RUN_JSON}"))
@@ -628,7 +632,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AnalyzeError, TraceError, ValueError, OSError) as exc:
         given_warmup = isinstance(exc.__cause__, NoMeasuredIteration) and args.warmup is not None
         print(f"pnpscale.analyze: error: {f'--warmup {args.warmup}: ' if given_warmup else ''}{exc}", file=sys.stderr)
-        return InputError.exit_code if isinstance(exc, AnalyzeOptionError) or given_warmup else 1
+        refused = isinstance(exc, AnalyzeOptionError | NotATraceError) or given_warmup
+        return InputError.exit_code if refused else 1
     summ = summarize(analysis.sections, len(analysis.traces), analysis.nested)
     if analysis.no_collectives:
         summ[[K.COMM_E, K.PE]] = float("nan")
