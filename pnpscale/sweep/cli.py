@@ -92,7 +92,7 @@ def check_overrides(argv: Sequence[str]) -> None:
         if set(flags) <= {"-m", "--multirun"}:
             hint = ": python -m pnpscale " + " ".join([*flags, *(a for a in argv if not a.startswith("-"))])
         raise CommandLineError([f"{' '.join(stray)}: overrides must all come after the flags ({' '.join(flags)})"
-                                + (hint or "")])  # fmt: skip
+                                + hint])  # fmt: skip
     try:
         parsed = OverridesParser.create().parse_overrides(args.overrides or [])
     except OverrideParseException as exc:

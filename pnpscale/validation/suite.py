@@ -165,6 +165,16 @@ def linear_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, fl
     return float(slope), float(intercept), r2
 
 
+#: The payload sweep's bar: at least this many sizes, the largest this many times the smallest.
+MIN_PAYLOAD_SIZES, MIN_PAYLOAD_SPAN = 3, 100
+
+
+def split_cluster(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``overrides`` as (``cluster*`` ones, which shape a SLURM job, the others, which go to the suite's runs)."""
+    cluster = [o for o in overrides if o.lstrip("+").startswith("cluster")]
+    return cluster, [o for o in overrides if o not in cluster]
+
+
 def payload_checks(runs: Sequence[Tables], section: str, decompose_fn: Decompose = decompose,
                    min_r2: float = 0.9, max_wait_ratio: float = 0.25) -> list[Check]:  # fmt: skip
     """Transfer linear in payload bytes, wait not, over runs of one section at several sizes.
@@ -180,8 +190,8 @@ def payload_checks(runs: Sequence[Tables], section: str, decompose_fn: Decompose
     Raises:
         ValueError: fewer than 3 runs.
     """
-    if len(runs) < 3:
-        raise ValueError(f"the payload sweep needs at least 3 sizes, got {len(runs)}")
+    if len(runs) < MIN_PAYLOAD_SIZES:
+        raise ValueError(f"the payload sweep needs at least {MIN_PAYLOAD_SIZES} sizes, got {len(runs)}")
     pts = []
     for ranks, colls in runs:
         s = _measured(decompose_fn(ranks, colls), section)
@@ -194,7 +204,8 @@ def payload_checks(runs: Sequence[Tables], section: str, decompose_fn: Decompose
     span = x[-1] / x[0]
     rate = 1e-9 / slope if slope > 0 else float("nan")
     return [
-        Check("payload: bytes span (max/min)", span, None, None, span >= 100, "x", "at least two orders of magnitude"),
+        Check("payload: bytes span (max/min)", span, None, None, span >= MIN_PAYLOAD_SPAN, "x",
+              "at least two orders of magnitude"),
         Check(f"payload: transfer linear in bytes, R² [{section}]", r2, 1.0, 1.0 - min_r2, r2 >= min_r2, "R²",
               f"rate {rate:.3g} GB/s (1/slope), latency {intercept * 1e6:.3g} µs (intercept)"),
         Check(f"payload: transfer grows with bytes [{section}]", rate, None, None, slope > 0, "GB/s",
@@ -357,9 +368,10 @@ def check_suite(gpus: int, delay_s: float, section: str, payloads: Sequence[int]
         raise InputError(f"--iterations={iterations}: must be >= 1")
     sizes = sorted(set(payloads))
     shown = ",".join(map(str, payloads))
-    if len(sizes) < 3 or sizes[0] < 1 or sizes[-1] < 100 * sizes[0]:
-        raise InputError(f"--payloads={shown}: needs at least 3 distinct sizes of at least 1 byte, the largest at "
-                         f"least 100 times the smallest (default 16384,262144,4194304,33554432)")  # fmt: skip
+    if len(sizes) < MIN_PAYLOAD_SIZES or sizes[0] < 1 or sizes[-1] < MIN_PAYLOAD_SPAN * sizes[0]:
+        raise InputError(f"--payloads={shown}: needs at least {MIN_PAYLOAD_SIZES} distinct sizes of at least 1 byte, "
+                         f"the largest at least {MIN_PAYLOAD_SPAN} times the smallest "
+                         "(default 16384,262144,4194304,33554432)")  # fmt: skip
     for case in case_overrides(gpus, delay_s, section, iterations, overrides).values():
         check_overrides(case)
         compose_config(case)
@@ -405,8 +417,7 @@ def submit_suite(
     import submitit
 
 
-    cluster_ov = [o for o in overrides if o.lstrip("+").startswith("cluster")]
-    run_ov = [o for o in overrides if o not in cluster_ov]
+    cluster_ov, run_ov = split_cluster(overrides)
     cfg = compose_config(["cluster=slurm", *[o for o in cluster_ov if o != "cluster=slurm"]])
     cluster = plain(cfg.cluster)
     params = executor_parameters(1, cluster)
@@ -442,9 +453,9 @@ def main(argv: list[str] | None = None) -> int:
         payloads = [int(s) for s in args.payloads.split(",")]
     except ValueError:
         parser.error(f"--payloads={args.payloads}: must be comma-separated integers (bytes)")
-    if not args.slurm and any(o.lstrip("+").startswith("cluster") for o in args.overrides):
+    cluster_ov, run_ov = split_cluster(args.overrides)
+    if cluster_ov and not args.slurm:
         parser.error("cluster overrides need --slurm (the suite's own runs are local to one node)")
-    run_ov = [o for o in args.overrides if not o.lstrip("+").startswith("cluster")]
     try:
         check_suite(args.gpus, args.delay_s, args.section, payloads, args.iterations, run_ov)
     except InputError as exc:
