@@ -159,7 +159,11 @@ def test_pipeline_send_recv_with_a_known_delay(tmp_path):
     assert set(colls[K.COLLECTIVE]) == {"send_recv"}
     sections = pd.read_parquet(out / "a" / "sections.parquet")
     measured = sections[~sections[K.WARMUP]]
-    assert (measured[K.WAIT_S] > 10 * measured[K.TRANSFER_S]).all()  # the receivers wait for the senders
+    # the receivers wait for the senders: in every iteration, and by far in the median one (an iteration whose
+    # receiver lost the core after the sender arrived reads a few ms of transfer: seen on a loaded 2-core machine)
+    assert (measured[K.WAIT_S] > measured[K.TRANSFER_S]).all(), measured
+    median = measured.groupby(K.SECTION)[[K.WAIT_S, K.TRANSFER_S]].median()
+    assert (median[K.WAIT_S] > 10 * median[K.TRANSFER_S]).all(), median
     _comm_e_at_most_1(json.loads((out / "a" / ANALYSIS_JSON).read_text()))
 
 

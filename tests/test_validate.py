@@ -31,12 +31,14 @@ def wait_against_mean(ranks: pd.DataFrame, colls: pd.DataFrame) -> pd.DataFrame:
 
 
 def synthetic(world: int, delay: float, iterations: int = 4, payload: int = 1 << 20, rate: float = 1e9,
-              compute: float = 0.05, seed: int = 0, section: str = "denoiser"):  # fmt: skip
-    """Tables of a section where the last rank is ``delay`` late; transfer = payload / rate."""
+              compute: float = 0.05, seed: int = 0, section: str = "denoiser", offsets=None):  # fmt: skip
+    """Tables of a section where the last rank is ``delay`` late; transfer = payload / rate; ``offsets``: each
+    rank's compute beside ``compute`` (seconds; default none)."""
     rng = np.random.default_rng(seed)
+    offsets = offsets or [0.0] * world
     rrows, crows = [], []
     for it in range(iterations + 1):
-        arrive = [compute + rng.normal(0, 1e-4) for _ in range(world)]
+        arrive = [compute + offsets[r] + rng.normal(0, 1e-4) for r in range(world)]
         arrive[-1] += delay
         last = max(arrive)
         transfer = payload / rate
@@ -59,6 +61,23 @@ def test_imbalance_checks_fail_with_wait_against_the_mean():
     checks = imbalance_checks(synthetic(4, 0.0), synthetic(4, 0.2, seed=1), "denoiser", 0.2, 4, wait_against_mean)
     failed = {c.name.split(" [")[0] for c in checks if c.passed is False}
     assert "imbalance: wait grows by D(W-1)/W" in failed and "imbalance: transfer unchanged" in failed
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_imbalance_checks_hold_when_the_delayed_rank_was_the_fastest(world):
+    """Timing noise of equal work without injection (ranks 30 ms apart) where the delayed rank was the fastest:
+    wait grows by D(W-1)/W - 30 ms, C_max by D - 30 ms and LB is (C + D/W)/(C_min + D), not the C_max form
+    (a clean CI run read LB 0.577 against 0.517 so). The band still refuses the wrong decomposition."""
+    offsets = [0.03] * (world - 1) + [0.0]
+    base, injected = synthetic(world, 0.0, offsets=offsets), synthetic(world, 0.2, seed=1, offsets=offsets)
+    checks = imbalance_checks(base, injected, "denoiser", 0.2, world)
+    assert passed(checks), [(c.name, c.measured, c.expected, c.tolerance) for c in checks]
+    lb = next(c for c in checks if c.name.startswith("imbalance: LB"))
+    c = 0.05 + 0.03 * (world - 1) / world
+    assert lb.measured == pytest.approx((c + 0.2 / world) / (0.05 + 0.2), abs=1e-3)
+    assert lb.expected - lb.tolerance == pytest.approx((c + 0.2 / world) / (0.08 + 0.2) - 0.05, abs=1e-3)
+    wrong = imbalance_checks(base, injected, "denoiser", 0.2, world, wait_against_mean)
+    assert "imbalance: transfer unchanged [denoiser]" in {c.name for c in wrong if c.passed is False}
 
 
 def test_payload_checks_recover_the_rate_and_flag_nonlinear_transfer():
