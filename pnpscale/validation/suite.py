@@ -147,16 +147,16 @@ def imbalance_checks(base: Tables, injected: Tables, section: str, delay_s: floa
     lb_band = ((c + delay_s / world) / (cmax + delay_s), (c + delay_s / world) / (cmax - spread + delay_s))
     lb_meas = (i[K.COMPUTE_S] / i[K.COMPUTE_MAX_S]).median()
     expect_wait = delay_s * (world - 1) / world
-    base = f"C={c:.4g} s, C_max={cmax:.4g} s without injection"
+    base_text = f"C={c:.4g} s, C_max={cmax:.4g} s without injection"
     return [
         _judge(f"imbalance: wait grows by D(W-1)/W [{section}]", d_wait, expect_wait - spread / 2,
-               rel_tol * expect_wait + spread / 2, "s", f"D={delay_s:g} s on 1 of W={world} ranks; {base}"),
+               rel_tol * expect_wait + spread / 2, "s", f"D={delay_s:g} s on 1 of W={world} ranks; {base_text}"),
         _judge(f"imbalance: transfer unchanged [{section}]", d_transfer, 0.0, rel_tol * expect_wait, "s",
                "the late rank waits for nobody: min over ranks is unchanged"),
         _judge(f"imbalance: compute_max grows by D [{section}]", d_cmax, delay_s - spread / 2,
                rel_tol * delay_s + spread / 2, "s", "the delayed rank becomes the critical path"),
         _judge(f"imbalance: LB = (C + D/W)/(C_max + D) [{section}]", lb_meas, sum(lb_band) / 2,
-               0.05 + (lb_band[1] - lb_band[0]) / 2, "", f"{base}; C_d in [C_max - {spread:.4g} s, C_max]"),
+               0.05 + (lb_band[1] - lb_band[0]) / 2, "", f"{base_text}; C_d in [C_max - {spread:.4g} s, C_max]"),
     ]  # fmt: skip
 
 
