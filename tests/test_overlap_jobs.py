@@ -164,7 +164,12 @@ def test_pipeline_send_recv_with_a_known_delay(tmp_path):
     assert (measured[K.WAIT_S] > measured[K.TRANSFER_S]).all(), measured
     median = measured.groupby(K.SECTION)[[K.WAIT_S, K.TRANSFER_S]].median()
     assert (median[K.WAIT_S] > 10 * median[K.TRANSFER_S]).all(), median
-    _comm_e_at_most_1(json.loads((out / "a" / ANALYSIS_JSON).read_text()))
+    doc = json.loads((out / "a" / ANALYSIS_JSON).read_text())
+    _comm_e_at_most_1(doc)
+    # per pair: the 3 measured iterations' transfers (no shapes recorded: bytes may be unknown, never invented)
+    pairs = {(p["section"], p["src"], p["dst"]): p for p in doc["point_to_point"]}
+    assert set(pairs) == {("forward", 0, 1), ("backward", 1, 0)}
+    assert all(p["transfers"] == 3 and p["bytes"] in (None, 3 << 20) for p in pairs.values()), pairs
 
 
 @pytest.mark.parametrize("world", [3])
@@ -181,7 +186,16 @@ def test_pipeline_of_more_stages_pairs_by_the_recorded_peers(tmp_path, world, ca
     held = colls.groupby(K.PROCESS_GROUP)[K.RANK].unique().map(sorted).to_dict()
     assert held == {**{f"p2p:{i}->{i + 1}": [i, i + 1] for i in range(world - 1)},
                     **{f"p2p:{i + 1}->{i}": [i, i + 1] for i in range(world - 1)}}  # fmt: skip
-    _comm_e_at_most_1(json.loads((out / "a" / ANALYSIS_JSON).read_text()))
+    doc = json.loads((out / "a" / ANALYSIS_JSON).read_text())
+    _comm_e_at_most_1(doc)
+    # per pair and section over the 3 measured iterations: 1 MiB each, the rate from the pair's t_c
+    pairs = {(p["section"], p["src"], p["dst"]): p for p in doc["point_to_point"]}
+    assert set(pairs) == {*(("forward", i, i + 1) for i in range(world - 1)),
+                          *(("backward", i + 1, i) for i in range(world - 1))}  # fmt: skip
+    assert all(p["transfers"] == 3 and p["bytes"] == 3 << 20 and p["rate_gb_s"] > 0 for p in pairs.values()), pairs
+    for p in pairs.values():
+        assert p["rate_gb_s"] == pytest.approx(p["bytes"] / p["transfer_s"] / 1e9)
+    assert "point-to-point, per pair" in capsys.readouterr().out
     bare = out / "bare"
     bare.mkdir()
     for f in (out / "traces").glob("*.json"):

@@ -64,6 +64,9 @@ def test_send_recv_pair_by_peer_and_sequence_and_the_receiver_waits_for_the_send
     (pair,) = pair_rates(aligned)  # 3 transfers of 1 MiB, each in the sender's 0.05 ms
     assert (pair["src"], pair["dst"], pair["transfers"], pair["bytes"]) == (0, 1, 3, 3 << 20)
     assert pair["rate_gb_s"] == pytest.approx((1 << 20) / 0.05e-3 / 1e9)
+    (measured,) = pair_rates(aligned, warmup=1)  # the warm-up iteration left out, the rate unchanged
+    assert (measured["transfers"], measured["bytes"]) == (2, 2 << 20)
+    assert measured["rate_gb_s"] == pytest.approx(pair["rate_gb_s"])
 
 
 def test_point_to_point_refusals_name_the_occurrence():

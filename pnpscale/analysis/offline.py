@@ -57,6 +57,7 @@ from pnpscale.analysis.section import (
     nested_sections,
     section_records,
 )
+from pnpscale.analysis.section.p2p import pair_rates
 from pnpscale.analysis.tables import frames, table_writers
 from pnpscale.analysis.trace import (
     NotATraceError,
@@ -110,6 +111,8 @@ class Analysis:
     Attributes:
         anomalies: what was dropped, assumed or repaired (:mod:`pnpscale.analysis.anomalies`).
         nested: section -> the section enclosing it (left out of the ``all`` row).
+        point_to_point: per (section, src, dst) over the measured iterations, the paired point-to-point
+            transfers' count, bytes and rate (:func:`pnpscale.analysis.section.p2p.pair_rates`); empty without any.
     """
 
     ranks: pd.DataFrame
@@ -120,6 +123,7 @@ class Analysis:
     anomalies: Anomalies
     nested: dict[str, str]
     collectives_seen: bool = False
+    point_to_point: tuple[dict[str, Any], ...] = ()
 
     @property
     def no_collectives(self) -> bool:
@@ -290,7 +294,8 @@ def analyze_traces(
         anomalies.add("nested_sections", None, f"{inner!r} inside {outer!r}")
     for conflict in clock_conflicts(colls):
         anomalies.add("rank_clocks_inconsistent", conflict.blamed, conflict_text(conflict))
-    analysis = Analysis(ranks, colls, table, done, world, anomalies, nested, seen)
+    pairs = tuple(pair_rates(aligned, warmup))
+    analysis = Analysis(ranks, colls, table, done, world, anomalies, nested, seen, pairs)
     if analysis.no_collectives:
         anomalies.add("no_collectives", None, no_collectives_text(done, world))
     if len(done) == 1 and world > 1:
@@ -497,6 +502,7 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
         ],
         "metrics": metrics,
         "nested_sections": dict(analysis.nested),
+        "point_to_point": [dict(p) for p in analysis.point_to_point],
         "anomalies": analysis.anomalies.records(),
         "files": sorted(writers),
         "finished_at": now_iso(),
@@ -646,6 +652,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds per measured iteration\n"
         + summ[cols].to_string(index=False, float_format=lambda v: f"{v:.6g}", na_rep="n/a")
     )
+    if analysis.point_to_point:
+        pairs = pd.DataFrame(list(analysis.point_to_point)).rename(columns={"transfer_s": K.TRANSFER_S})
+        print("pnpscale.analyze: point-to-point, per pair over the measured iterations (bytes; transfer_s: the "
+              "sum of min(D_send, D_recv); GB/s = 1e9 B/s)\n"
+              + pairs.to_string(index=False, float_format=lambda v: f"{v:.6g}", na_rep="n/a"))  # fmt: skip
     if analysis.nested:
         inner = ", ".join(f"{i} (inside {o})" for i, o in analysis.nested.items())
         print(f"pnpscale.analyze: 'all' counts non-overlapping time only: nested sections left out: {inner}")

@@ -220,12 +220,13 @@ def fill_carried(
             keys[r].append(k)
 
 
-def pair_rates(records: Mapping[int, Sequence[SectionRecord]]) -> list[dict]:
+def pair_rates(records: Mapping[int, Sequence[SectionRecord]], warmup: int = 0) -> list[dict]:
     """Per point-to-point pair and section: transfers, bytes and rate, from paired records.
 
     Args:
         records: rank -> records after :func:`pair_point_to_point` (or
             :func:`~pnpscale.analysis.section.align.align_collectives`).
+        warmup: iterations ``< warmup`` are left out (warm-up; default none).
 
     Returns:
         One dict per (section, src, dst), sorted: ``section``, ``src``, ``dst``, ``transfers`` (count over all
@@ -242,7 +243,7 @@ def pair_rates(records: Mapping[int, Sequence[SectionRecord]]) -> list[dict]:
     for recs in records.values():
         for s in recs:
             for c in s.collectives:
-                if is_p2p(c) and c.carried is None:
+                if is_p2p(c) and c.carried is None and s.iteration >= warmup:
                     src, dst = (int(x) for x in str(c.group)[len(P2P_GROUP) :].split("->"))
                     per.setdefault((s.section, src, dst, s.iteration, int(c.group_seq or 0)), []).append(c)
     rows: dict[tuple[str, int, int], dict] = {}
