@@ -1191,9 +1191,9 @@ def test_5_help_is_quick_with_a_big_folder_in_the_repository_root(tmp_path):
 @pytest.mark.slow
 def test_6_a_hung_rank_is_named_with_the_timeout_that_fired(tmp_path):
     proc = run_cli("gpus=2", *TINY_2D, "inject.rank=1", "inject.section=denoiser", "inject.delay_s=120",
-                   "dist.timeout_s=10", root=tmp_path, timeout=240)  # fmt: skip
+                   "dist.timeout_s=5", root=tmp_path, timeout=240)  # fmt: skip
     assert proc.returncode == 1
-    assert "rank 1 did not arrive within dist.timeout_s=10 s: last seen in section 'denoiser' of iteration 0" in (
+    assert "rank 1 did not arrive within dist.timeout_s=5 s: last seen in section 'denoiser' of iteration 0" in (
         proc.stderr
     ), proc.stderr[-2000:]
     (d,) = run_dirs(tmp_path)

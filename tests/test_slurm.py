@@ -376,18 +376,20 @@ def _point_dirs(root: Path) -> dict[int, Path]:
 def slurm_sweep(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm")
     t0 = time.monotonic()
-    proc = run_cli("-m", "gpus=1,2,4,8", *_slurm_args(root, "cluster.gpus_per_node=4"), root=root, timeout=600)
+    # one GPU (no backend), one node of several tasks, two nodes: each job shape once (a 4-rank point would hold
+    # the 8-rank one back until it ends: ~20 s of the suite for a shape the 2-rank point already has)
+    proc = run_cli("-m", "gpus=1,2,8", *_slurm_args(root, "cluster.gpus_per_node=4"), root=root, timeout=600)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-4000:]
-    print(f"slurm sweep gpus=1,2,4,8: {elapsed:.1f} s", file=sys.stderr)
+    print(f"slurm sweep gpus=1,2,8: {elapsed:.1f} s", file=sys.stderr)
     return root, proc, _point_dirs(root)
 
 
 @pytest.mark.slurm
 def test_sweep_jobs_have_one_shape_per_point(slurm_sweep):
     _, _, dirs = slurm_sweep
-    assert set(dirs) == {1, 2, 4, 8}
-    expected = {1: ("1", "1"), 2: ("1", "2"), 4: ("1", "4"), 8: ("2", "8")}
+    assert set(dirs) == {1, 2, 8}
+    expected = {1: ("1", "1"), 2: ("1", "2"), 8: ("2", "8")}
     for gpus, d in dirs.items():
         run = read_run(d)
         assert run["status"] == "complete" and run["world_size"] == gpus
