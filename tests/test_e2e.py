@@ -203,15 +203,20 @@ def test_ctrl_c_stops_the_whole_sweep_and_records_the_point(tmp_path):
 
 
 def test_resume_skips_the_same_spec_and_refuses_to_overwrite_another(tmp_path):
+    """A point run with more threads than CPUs says its ranks share cores; its resume skips it and says nothing
+    of a run it does not make; another spec in the same folder is refused, naming what differs."""
     sweep = f"hydra.sweep.dir={tmp_path / 'outputs' / 'sweep'}"
-    first = run_cli("-m", "gpus=1", *TINY_2D, sweep, "report=false", root=tmp_path)
+    crowded = f"dist.threads_per_rank={len(os.sched_getaffinity(0)) + 1}"
+    first = run_cli("-m", "gpus=1", *TINY_2D, crowded, sweep, "report=false", root=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
+    assert "ranks share cores" in first.stderr + first.stdout, first.stderr[-2000:]
     (d,) = run_dirs(tmp_path)
     before = read_run(d)
-    again = run_cli("-m", "gpus=1", *TINY_2D, sweep, "report=false", root=tmp_path)
+    again = run_cli("-m", "gpus=1", *TINY_2D, crowded, sweep, "report=false", root=tmp_path)
     skipped = "skipping problem=2d mode=inference num_operators=4 gpus=1"
     assert again.returncode == 0 and skipped in again.stderr + again.stdout
-    other = run_cli("-m", "gpus=1", *TINY_2D, "iterations=3", sweep, "report=false", root=tmp_path)
+    assert "ranks share cores" not in again.stderr + again.stdout, again.stderr[-2000:]
+    other = run_cli("-m", "gpus=1", *TINY_2D, crowded, "iterations=3", sweep, "report=false", root=tmp_path)
     assert other.returncode == 2
     assert "resume=true:" in other.stderr and "holds a complete run of another spec" in other.stderr
     assert "iterations: 2 (stored) vs 3" in other.stderr, other.stderr  # what differs, not only fingerprints

@@ -85,7 +85,6 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict[str, Any]:
     backend = cluster_backend(cfg.cluster)
     backend.enter(cfg)
     point = resolve_point(cfg, run_dir)
-    _log_choices(point, backend)
     lock = FolderLock(point.run_dir)
     try:
         lock.acquire()
@@ -111,6 +110,7 @@ def _run_locked(cfg: DictConfig, point: Point, backend: Any, lock: Any = None) -
     if done is not None:
         log.info("skipping %s: complete run already in %s (resume=true)", point.label, point.run_dir)
         return done
+    _log_choices(point, backend)  # what this point's run chose: never said of a point it skips
     if point.resume and backend.resumes_in_task and layout.run_status(point.run_dir) == layout.STATUS_COMPLETE:
         # the same spec (else refused), but damaged
         from pnpscale.results.runs import unreadable_reason  # deferred: pandas only on resume
