@@ -46,6 +46,17 @@ class Busy:
         self.gpu = union(
             (e.start_ns, e.end_ns) for e in gpu_events if not is_collective_kernel(e.name) and e.bad is None
         )
+        self._gpu_ends = [hi for _, hi in self.gpu]
+
+    def gpu_near(self, spans: Sequence[Span]) -> list[Span]:
+        """The GPU compute spans (:attr:`gpu`, sorted, disjoint) that overlap ``[min lo, max hi)`` of ``spans``:
+        all that :func:`~pnpscale.analysis.overlap.rank_blocked` subtracts from them (``[]`` for no spans)."""
+        if not spans:
+            return []
+        lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
+        i = bisect_right(self._gpu_ends, lo)
+        j = bisect_left(self.gpu, (hi,), lo=i)
+        return self.gpu[i:j]
 
     def cpu(self, section: Event, works: Sequence[Event]) -> tuple[list[Span], list[Span]]:
         """(compute spans, c10d call spans) inside ``section`` on its thread and on every thread that issued a

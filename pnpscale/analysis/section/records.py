@@ -366,7 +366,8 @@ def cuda_part(
         gseq = k.group_seq if k.group_seq is not None else (d.group_seq if d else None)
         start = (k.start_ns - origin) * 1e-9
         colls.append(Collective(i, name, k.duration_ns * 1e-9, payload, k.tid, group, gseq, start))
-    hidden_ns = busy.split(colls, kernels, busy.gpu, window, waits=False)
+    near = busy.gpu_near([(e.start_ns, e.end_ns) for e in kernels])  # all of busy.gpu that can overlap them
+    hidden_ns = busy.split(colls, kernels, near, window, waits=False)
     bad = bad or next((f"{e.name!r}: {e.bad}" for e in launched if e.bad), None)
     lost = bisect_right(missing_gpu, r.end_ns) - bisect_left(missing_gpu, r.start_ns)
     if lost and not bad and not r.bad:
