@@ -596,11 +596,18 @@ def _main_info(collectives: pd.DataFrame, dmin: pd.Series) -> pd.DataFrame:
     mrows = rows[rows["_main"]]
     g = mrows.groupby(_KEY, sort=False)
     other = rows[~rows["_main"]].groupby(_KEY)[K.PAYLOAD_BYTES].sum(min_count=1)
+    size = g.size()
+    types: dict[tuple, list[str]] = {}  # per iteration x section: the distinct types, in issue order
+    names = mrows[K.COLLECTIVE].astype(str)
+    for key, name in zip(zip(*(mrows[k] for k in _KEY), strict=True), names, strict=True):
+        seen = types.setdefault(key, [])
+        if name not in seen:
+            seen.append(name)
     out = pd.DataFrame(
         {
-            K.MAIN_COLLECTIVE: g[K.COLLECTIVE].agg(lambda s: "+".join(dict.fromkeys(s.astype(str)))),
+            K.MAIN_COLLECTIVE: pd.Series(["+".join(types[key]) for key in size.index], index=size.index, dtype=object),
             K.MAIN_PAYLOAD_BYTES: g[K.PAYLOAD_BYTES].max(),
-            K.N_MAIN: g.size(),
+            K.N_MAIN: size,
             K.MAIN_TRANSFER_S: g[K.MAIN_TRANSFER_S].sum(),
         }
     )

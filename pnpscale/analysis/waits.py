@@ -129,15 +129,18 @@ def wait_parts(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
 
 
 def _entry_skew(r: pd.DataFrame) -> pd.Series:
-    """``g_r = s_r − anchor`` per rank x iteration x section row of ``r`` (columns _s, _last)."""
-    g = pd.Series(np.nan, index=r.index)
-    for _, grp in r.sort_values("_s", kind="stable").groupby([K.ITERATION, K.RANK], sort=False):
-        anchor = grp["_s"].iloc[0]
-        for idx, s, last in zip(grp.index, grp["_s"], grp["_last"], strict=True):
-            g[idx] = s - anchor
-            if pd.notna(last):
-                anchor = max(anchor, last)
-    return g
+    """``g_r = s_r − anchor`` per rank x iteration x section row of ``r`` (columns _s, _last).
+
+    Per iteration x rank, sections in order of start: the anchor is the first section's start, raised to the
+    latest end of the collectives of the sections before (``_last``, NaN: none); NaN where the first start is.
+    """
+    o = r.sort_values("_s", kind="stable")
+    keys = [o[K.ITERATION], o[K.RANK]]
+    first = o.groupby(keys, sort=False).cumcount() == 0
+    s0 = o["_s"].where(first).groupby(keys, sort=False).ffill()
+    before = o["_last"].fillna(-np.inf).groupby(keys, sort=False).shift().fillna(-np.inf)
+    anchor = np.maximum(s0, before.groupby(keys, sort=False).cummax())
+    return (o["_s"] - anchor).reindex(r.index)
 
 
 def wait_by_cause(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
@@ -159,7 +162,7 @@ def wait_by_cause(ranks: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFram
     cols = list(K.WAIT_CAUSES)
     g = parts.groupby(_KEY)[cols]
     per = g.sum() / world
-    per[g.apply(lambda d: d.isna().any())] = np.nan
+    per[parts[cols].isna().groupby([parts[k] for k in _KEY]).any()] = np.nan
     out = keys.merge(per.reset_index(), on=_KEY, how="left")
     has_coll = out.set_index(_KEY).index.isin(per.index)
     out.loc[~has_coll, cols] = 0.0
