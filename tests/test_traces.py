@@ -473,8 +473,9 @@ def test_the_fast_pass_steps_can_be_called_alone():
     raw = msgspec.Raw
     assert T.us_to_ns(raw(b"1700000000000000.123")) == 1_700_000_000_000_000_123 and T.us_to_ns(raw(b"2")) == 2000
     assert T.us_to_ns(raw(b'"1.000"')) is None and T.us_to_ns(raw(b"null")) is None and T.us_to_ns(raw()) is None
-    assert T.ns_column([raw(b"1.500"), raw(b"1700000000000000.001")]) == [1500, 1_700_000_000_000_000_001]
-    assert T.ns_column([raw(b"1.500"), raw(b"1.5")]) is None and T.ns_column([raw(b"-1.500")]) is None
+    assert T.ns_array([raw(b"1.500"), raw(b"1700000000000000.001")]).tolist() == [1500, 1_700_000_000_000_000_001]
+    assert T.ns_array([raw(b"1.500"), raw(b"1.5")]) is None and T.ns_array([raw(b"-1.500")]) is None
+    assert T.ns_array([raw(b"99999999999999999999.000")]).tolist() == [2**63 - 1]  # saturated: above NS_RANGE
 
 
 def test_reading_a_batch_by_columns_equals_reading_it_event_by_event():
