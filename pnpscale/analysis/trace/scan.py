@@ -93,7 +93,7 @@ def stream_events(
 
 
 #: decompressed bytes read at a time; a batch is what they hold up to their last event start
-_SCAN_CHUNK = 1 << 24
+_SCAN_CHUNK = 1 << 22
 #: pending text this long without an event start (``{"ph"`` after a comma) is not Kineto's layout
 _BATCH_MAX = 1 << 27
 _LEADING_BLANKS = re.compile(rb"[ \t\r\n]*")
