@@ -1168,21 +1168,28 @@ def test_5_help_is_quick_with_a_big_folder_in_the_repository_root(tmp_path):
 
     for name in ("pnpscale", "hydra_plugins", "conf", "sweeps"):  # a checkout's layout
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    def help_run() -> tuple[subprocess.CompletedProcess[str], float]:
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "pnpscale", "--help"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        return proc, time.monotonic() - t0
+
+    _, plain = help_run()  # the same checkout without the big folder: the load this machine is under now
     venv = tmp_path / ".venv"
     for i in range(300):  # a fake virtual environment: many folders with yaml files
         d = venv / "lib" / f"pkg{i}" / "conf" / "group"
         d.mkdir(parents=True)
         (d / "opt.yaml").write_text("a: 1\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pnpscale", "--help"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=30)  # fmt: skip
-    elapsed = time.monotonic() - t0
+    proc, elapsed = help_run()
     assert proc.returncode == 0, proc.stderr
     groups = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
     assert "sweeps: comm_inference_2d" in groups and ".venv" not in groups and "conf/" not in groups
     assert "Examples:" in proc.stdout and "gpus: 1" in proc.stdout
-    assert elapsed < 3.0 or os.getloadavg()[0] > os.cpu_count(), f"--help took {elapsed:.1f} s"
+    # side by side, not against a wall-clock figure: the big folder must not be walked (a shared CI machine
+    # moves the absolute time by 2x; walking 300 config folders costs far more than the margin)
+    assert elapsed < 1.5 * plain + 1.0, f"--help took {elapsed:.1f} s with the big folder, {plain:.1f} s without"
 
 
 # --------------------------------------------------------------------------- 6. hung rank
