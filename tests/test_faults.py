@@ -1176,7 +1176,9 @@ def test_5_help_is_quick_with_a_big_folder_in_the_repository_root(tmp_path):
                               capture_output=True, text=True, timeout=60)  # fmt: skip
         return proc, time.monotonic() - t0
 
-    _, plain = help_run()  # the same checkout without the big folder: the load this machine is under now
+    help_run()  # compiles the copied package: not part of either figure
+    first, plain = help_run()  # the same checkout without the big folder: the load this machine is under now
+    assert first.returncode == 0, first.stderr
     venv = tmp_path / ".venv"
     for i in range(300):  # a fake virtual environment: many folders with yaml files
         d = venv / "lib" / f"pkg{i}" / "conf" / "group"
@@ -1187,8 +1189,8 @@ def test_5_help_is_quick_with_a_big_folder_in_the_repository_root(tmp_path):
     groups = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
     assert "sweeps: comm_inference_2d" in groups and ".venv" not in groups and "conf/" not in groups
     assert "Examples:" in proc.stdout and "gpus: 1" in proc.stdout
-    # side by side, not against a wall-clock figure: the big folder must not be walked (a shared CI machine
-    # moves the absolute time by 2x; walking 300 config folders costs far more than the margin)
+    # side by side, not against a wall-clock figure (a shared CI machine moves the absolute time by 2x): the
+    # big folder may add at most half the plain time and a second
     assert elapsed < 1.5 * plain + 1.0, f"--help took {elapsed:.1f} s with the big folder, {plain:.1f} s without"
 
 
