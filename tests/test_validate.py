@@ -66,8 +66,8 @@ def test_imbalance_checks_fail_with_wait_against_the_mean():
 @pytest.mark.parametrize("world", [2, 4])
 def test_imbalance_checks_hold_when_the_delayed_rank_was_the_fastest(world):
     """Timing noise of equal work without injection (ranks 30 ms apart) where the delayed rank was the fastest:
-    wait grows by D(W-1)/W - 30 ms, C_max by D - 30 ms and LB is (C + D/W)/(C_min + D), not the C_max form
-    (a clean CI run read LB 0.577 against 0.517 so). The band still refuses the wrong decomposition."""
+    wait grows by D(W-1)/W - 30 ms, the delayed rank computes D - 30 ms more than the others and LB lies at the
+    band's edge (a clean CI run read LB 0.577 against 0.517 so). The band still refuses the wrong decomposition."""
     offsets = [0.03] * (world - 1) + [0.0]
     base, injected = synthetic(world, 0.0, offsets=offsets), synthetic(world, 0.2, seed=1, offsets=offsets)
     checks = imbalance_checks(base, injected, "denoiser", 0.2, world)
@@ -75,9 +75,38 @@ def test_imbalance_checks_hold_when_the_delayed_rank_was_the_fastest(world):
     lb = next(c for c in checks if c.name.startswith("imbalance: LB"))
     c = 0.05 + 0.03 * (world - 1) / world
     assert lb.measured == pytest.approx((c + 0.2 / world) / (0.05 + 0.2), abs=1e-3)
-    assert lb.expected - lb.tolerance == pytest.approx((c + 0.2 / world) / (0.08 + 0.2) - 0.05, abs=1e-3)
+    ends = [(0.08 + (0.2 + d) / world) / (0.08 + 0.2 + d) for d in (-0.03, 0.03)]  # C_o = 0.08 s, spread 0.03 s
+    assert lb.expected - lb.tolerance == pytest.approx(min(ends) - 0.05, abs=1e-3)
     wrong = imbalance_checks(base, injected, "denoiser", 0.2, world, wait_against_mean)
     assert "imbalance: transfer unchanged [denoiser]" in {c.name for c in wrong if c.passed is False}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_imbalance_checks_hold_when_the_machine_got_faster_between_the_runs(world):
+    """A clean CI run under load: the base run's work took 0.11 s, the injected run's undelayed work 0.013 s.
+    C_max "grew" by 0.115 s for D = 0.2 s; the delayed rank still computed D more than the others within its
+    run and LB is what that predicts, so the checks pass; the wrong decomposition still fails."""
+    base, injected = synthetic(world, 0.0, compute=0.11), synthetic(world, 0.2, seed=1, compute=0.013)
+    checks = imbalance_checks(base, injected, "denoiser", 0.2, world)
+    assert passed(checks), [(c.name, c.measured, c.expected, c.tolerance) for c in checks]
+    excess = next(c for c in checks if c.name.startswith("imbalance: delayed rank computes D more"))
+    assert excess.measured == pytest.approx(0.2, abs=1e-3)
+    wrong = imbalance_checks(base, injected, "denoiser", 0.2, world, wait_against_mean)
+    assert not passed(wrong)
+
+
+def test_imbalance_checks_fail_when_the_delay_is_not_compute():
+    """A decomposition that books the delayed rank's extra time as nobody's compute (compute = the section's
+    minimum over ranks) fails the within-run check."""
+
+    def flat_compute(ranks: pd.DataFrame, colls: pd.DataFrame) -> pd.DataFrame:
+        out = decompose(ranks, colls)
+        out[K.COMPUTE_MAX_S] = out[K.COMPUTE_S]
+        return out
+
+    checks = imbalance_checks(synthetic(2, 0.0), synthetic(2, 0.2, seed=1), "denoiser", 0.2, 2, flat_compute)
+    failed = {c.name.split(" [")[0] for c in checks if c.passed is False}
+    assert "imbalance: delayed rank computes D more" in failed
 
 
 def test_payload_checks_recover_the_rate_and_flag_nonlinear_transfer():
