@@ -8,7 +8,11 @@ the machine hits both alike; each profiled block is one profiler session, as in 
 
     python benchmarks/profiler_overhead.py [--mode inference|training] [--rounds 5] [--iterations 5]
 
-Prints the median iteration time of each variant and its ratio to the unprofiled one. pnpscale's default
+Prints the median iteration time of each variant and its ratio to the unprofiled one. Each round runs every
+variant once, starting one variant later than the round before. "CollectiveLog only" runs no profiler;
+"profiler, no range recorded" starts and stops a session per block that records only
+``LITE_INTERPRETER`` ranges (the mobile interpreter's: none here; an empty scope set means all scopes to
+torch): what a session costs beside its ranges. pnpscale's default
 leaves out the autograd node ranges (``make_profiler(autograd_ranges=False)``: ``RecordScope.BACKWARD_FUNCTION``);
 "+ autograd node ranges" is the previous default (every scope). "section ranges only" records only
 ``USER_SCOPE`` (``record_function`` and c10d's ``gloo:*`` ranges, no operator: not enough for the CPU
@@ -19,6 +23,7 @@ as the lower bound of what recording costs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -79,23 +84,25 @@ def main() -> None:
     spec, solver = build(a.mode, a.overrides)
     print(f"load average before: {os.getloadavg()}")
     iteration(solver)  # warm-up
-    times: dict[str, list[float]] = {
-        "no profiler": [],
-        "profiler (pnpscale default)": [],
-        "profiler + record_shapes": [],
-        "+ autograd node ranges": [],
-        "section ranges only": [],
-    }
-    events: dict[str, int] = {}
-    variants: list[tuple[str, dict[str, bool], set[RecordScope] | None]] = [
-        ("profiler (pnpscale default)", {}, None),
-        ("profiler + record_shapes", {"record_shapes": True}, None),
-        ("+ autograd node ranges", {"autograd_ranges": True}, None),
-        ("section ranges only", {"autograd_ranges": True}, {RecordScope.USER_SCOPE}),
+    # (label, make_profiler kwargs or None for no profiler session, scopes, CollectiveLog on)
+    variants: list[tuple[str, dict[str, bool] | None, set[RecordScope] | None, bool]] = [
+        ("no profiler", None, None, False),
+        ("CollectiveLog only", None, None, True),
+        ("profiler, no range recorded", {}, {RecordScope.LITE_INTERPRETER}, True),
+        ("profiler (pnpscale default)", {}, None, True),
+        ("profiler + record_shapes", {"record_shapes": True}, None, True),
+        ("+ autograd node ranges", {"autograd_ranges": True}, None, True),
+        ("section ranges only", {"autograd_ranges": True}, {RecordScope.USER_SCOPE}, True),
     ]
-    for _ in range(a.rounds):
-        times["no profiler"] += [iteration(solver) for _ in range(a.iterations)]
-        for label, kwargs, scopes in variants:
+    times: dict[str, list[float]] = {label: [] for label, *_ in variants}
+    events: dict[str, int] = {}
+    for r in range(a.rounds):
+        # each round starts one variant later: no variant always runs first (or after the same one)
+        for label, kwargs, scopes, log in variants[r % len(variants):] + variants[: r % len(variants)]:
+            if kwargs is None:
+                with CollectiveLog() if log else contextlib.nullcontext():
+                    times[label] += [iteration(solver) for _ in range(a.iterations)]
+                continue
             scoped(scopes)
             try:
                 with make_profiler(cuda=False, **kwargs) as prof, CollectiveLog():
