@@ -170,5 +170,7 @@ def test_injected_delay_shows_up_as_uneven_work_not_late_start(tmp_path):
         assert np.abs(s[list(K.WAIT_CAUSES)].sum(axis=1) - s[K.WAIT_S]).max() < 1e-9
     share = delay * (world - 1) / world
     growth = parts["injected"][K.WAIT_IMBALANCE_S] - parts["base"][K.WAIT_IMBALANCE_S]
-    assert growth == pytest.approx(share, rel=0.05), parts
+    # the delayed rank's own work differs from the other's by the timing noise of equal work, which the base
+    # run's uneven-work wait measures: the band is 5 % of D(W-1)/W plus that noise (two runs, two loads)
+    assert abs(growth - share) <= 0.05 * share + parts["base"][K.WAIT_IMBALANCE_S], parts
     assert abs(parts["injected"][K.WAIT_LATE_START_S]) < 0.05 * share, parts
