@@ -106,7 +106,8 @@ def test_angle_blocks_keep_the_gradient_balanced_where_two_operators_cannot(tmp_
     max_r C_r`` of the per-rank means: the assignment's LB, what the operator split decides); 2d's on
     the per-iteration LB of ``run.json`` (0.47..0.60 seen). The per-iteration LB also carries
     time-slice noise when 4 ranks share fewer cores (seen 0.70..0.93 for ct on 2 loaded cores), so
-    there ct is only required to rank above 2d; with a core per rank it must reach 0.9.
+    there ct is only required to rank above 2d; with a core per rank it must reach 0.9 (0.85 for the
+    per-rank means).
     """
     import pandas as pd
 
@@ -136,7 +137,9 @@ def test_angle_blocks_keep_the_gradient_balanced_where_two_operators_cannot(tmp_
         operators[run["problem"]] = run["assignment"]["operators_per_rank"]
         busy[run["problem"]] = per_rank.sort_index().tolist()
     enough_cores = len(os.sched_getaffinity(0)) >= 4
-    assert assigned["ct"] >= 0.85, (assigned, lb)
+    # per-rank means also carry time-slice noise when 4 ranks share fewer cores (a CI run on 2 cores read 0.786
+    # for ct against 0.532 for 2d): there ct must beat 2d clearly; with a core per rank it must reach 0.85
+    assert assigned["ct"] >= (0.85 if enough_cores else assigned["2d"] + 0.15), (assigned, lb)
     assert operators["2d"] == [1, 1, 0, 0] and operators["ct"] == [4, 4, 4, 4], operators
     # 2d, per rank: the two ranks with an operator compute longer than the two without, whatever the load
     assert min(busy["2d"][:2]) > max(busy["2d"][2:]), busy

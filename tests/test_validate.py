@@ -109,6 +109,22 @@ def test_imbalance_checks_fail_when_the_delay_is_not_compute():
     assert "imbalance: delayed rank computes D more" in failed
 
 
+def test_payload_wait_check_is_one_sided():
+    """Wait growing with bytes (the bytes' time booked as wait) fails; wait falling across the separate runs
+    (timing noise: a CI run read -0.66x the transfer slope) passes."""
+    sizes = (1 << 14, 1 << 18, 1 << 22, 1 << 25)
+    name = f"payload: wait does not grow with bytes [{PROBE}]"
+
+    def wait_check(delay_of):
+        runs = [synthetic(2, delay_of(p), payload=p, rate=1e9, section=PROBE) for p in sizes]
+        return next(c for c in payload_checks(runs, PROBE) if c.name == name)
+
+    growing = wait_check(lambda p: p / 1e9)  # wait = D/2 grows at half the transfer slope
+    assert growing.passed is False and growing.measured == pytest.approx(0.5, abs=0.02)
+    falling = wait_check(lambda p: 0.05 - 0.66 * 2 * p / 1e9)  # wait falls at 0.66x the transfer slope
+    assert falling.passed is True and falling.measured == pytest.approx(-0.66, abs=0.02)
+
+
 def test_payload_checks_recover_the_rate_and_flag_nonlinear_transfer():
     runs = [synthetic(2, 0.0, payload=p, rate=5e9, section=PROBE) for p in (1 << 14, 1 << 18, 1 << 22, 1 << 25)]
     checks = payload_checks(runs, PROBE)

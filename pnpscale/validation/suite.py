@@ -222,7 +222,9 @@ def payload_checks(runs: Sequence[Tables], section: str, decompose_fn: Decompose
     Returns:
         checks: payload span (>= 100x), R² of transfer vs bytes (>= ``min_r2``), slope > 0 (rate
         in GB/s = 1e9 B/s, latency in s reported), and wait slope <= ``max_wait_ratio`` x transfer
-        slope.
+        slope. That last check is one-sided: a decomposition that books the bytes' time as wait makes wait
+        grow with bytes; a wait that falls across the sweep is timing noise of the separate runs, not bytes
+        (a CI run read -0.66x: wait about 26 ms lower at 32 MiB than at 16 KiB).
 
     Raises:
         ValueError: fewer than 3 runs.
@@ -248,8 +250,8 @@ def payload_checks(runs: Sequence[Tables], section: str, decompose_fn: Decompose
         Check(f"payload: transfer grows with bytes [{section}]", rate, None, None, slope > 0, "GB/s",
               "1/slope of transfer vs bytes"),
         Check(f"payload: wait does not grow with bytes [{section}]", w_slope / slope if slope > 0 else float("nan"),
-              0.0, max_wait_ratio, bool(slope > 0 and abs(w_slope) <= max_wait_ratio * slope), "x transfer slope",
-              "wait slope relative to transfer slope"),
+              0.0, max_wait_ratio, bool(slope > 0 and w_slope <= max_wait_ratio * slope), "x transfer slope",
+              "wait slope relative to transfer slope, at most (one-sided)"),
     ]  # fmt: skip
 
 
