@@ -84,7 +84,8 @@ class Check:
         name: what is checked.
         measured: the measured figure (unit in ``unit``).
         expected: the figure the perturbation must produce (``None`` for informational rows).
-        tolerance: allowed ``|measured - expected|`` (same unit).
+        tolerance: allowed ``|measured - expected|`` (same unit); a one-sided check (its note says so) allows
+            any ``measured`` up to ``expected + tolerance``.
         passed: ``True``/``False``; ``None`` for informational rows.
         unit: ``s``, ``%``, ``GB/s``, ``R²``, ...
         note: how the expectation was derived.
