@@ -12,9 +12,12 @@ Prints the median iteration time of each variant and its ratio to the unprofiled
 variant once, starting one variant later than the round before. "CollectiveLog only" runs no profiler;
 "profiler, no range recorded" starts and stops a session per block that records only
 ``LITE_INTERPRETER`` ranges (the mobile interpreter's: none here; an empty scope set means all scopes to
-torch): what a session costs beside its ranges. pnpscale's default
+torch): what a session costs beside its ranges. pnpscale's default on CPU ranks
+(``profile.operators=auto``) records operators only around collectives (``CollectiveLog(gate=True)``: one rank
+here, no process group, so none inside the sections; a run's collective calls add their few operators) and
 leaves out the autograd node ranges (``make_profiler(autograd_ranges=False)``: ``RecordScope.BACKWARD_FUNCTION``);
-"+ autograd node ranges" is the previous default (every scope). "section ranges only" records only
+"every operator" is ``profile.operators=all`` (the default before); "+ autograd node ranges" the one before that
+(every scope). "section ranges only" records only
 ``USER_SCOPE`` (``record_function`` and c10d's ``gloo:*`` ranges, no operator: not enough for the CPU
 decomposition; torch's ``_enable_profiler(config, activities, scopes)``, wrapped here for the measurement only)
 as the lower bound of what recording costs.
@@ -53,10 +56,12 @@ def build(mode: str, overrides: list[str]):
     return spec, make_solver(spec, ctx)
 
 
-def iteration(solver) -> float:
+def iteration(solver, log: CollectiveLog | None = None) -> float:
+    """One iteration's seconds; sections as a run opens them (``log.section``: gated or not), plain
+    ``record_function`` ranges without a log."""
     t0 = time.perf_counter()
     for name, fn in solver.sections():
-        with record_function(name):
+        with log.section(name) if log is not None else record_function(name):
             fn()
     solver.after_step()
     return time.perf_counter() - t0
@@ -84,15 +89,16 @@ def main() -> None:
     spec, solver = build(a.mode, a.overrides)
     print(f"load average before: {os.getloadavg()}")
     iteration(solver)  # warm-up
-    # (label, make_profiler kwargs or None for no profiler session, scopes, CollectiveLog on)
-    variants: list[tuple[str, dict[str, bool] | None, set[RecordScope] | None, bool]] = [
-        ("no profiler", None, None, False),
-        ("CollectiveLog only", None, None, True),
-        ("profiler, no range recorded", {}, {RecordScope.LITE_INTERPRETER}, True),
-        ("profiler (pnpscale default)", {}, None, True),
-        ("profiler + record_shapes", {"record_shapes": True}, None, True),
-        ("+ autograd node ranges", {"autograd_ranges": True}, None, True),
-        ("section ranges only", {"autograd_ranges": True}, {RecordScope.USER_SCOPE}, True),
+    # (label, make_profiler kwargs or None for no profiler session, scopes, CollectiveLog: None, "all" or "gated")
+    variants: list[tuple[str, dict[str, bool] | None, set[RecordScope] | None, str | None]] = [
+        ("no profiler", None, None, None),
+        ("CollectiveLog only", None, None, "all"),
+        ("profiler, no range recorded", {}, {RecordScope.LITE_INTERPRETER}, "all"),
+        ("profiler (pnpscale default)", {}, None, "gated"),
+        ("profiler + record_shapes", {"record_shapes": True}, None, "gated"),
+        ("every operator", {}, None, "all"),
+        ("+ autograd node ranges", {"autograd_ranges": True}, None, "all"),
+        ("section ranges only", {"autograd_ranges": True}, {RecordScope.USER_SCOPE}, "all"),
     ]
     times: dict[str, list[float]] = {label: [] for label, *_ in variants}
     events: dict[str, int] = {}
@@ -105,9 +111,9 @@ def main() -> None:
                 continue
             scoped(scopes)
             try:
-                with make_profiler(cuda=False, **kwargs) as prof, CollectiveLog():
+                with make_profiler(cuda=False, **kwargs) as prof, CollectiveLog(gate=log == "gated") as clog:
                     for _ in range(a.iterations):
-                        times[label].append(iteration(solver))
+                        times[label].append(iteration(solver, clog))
                         prof.step()
             finally:
                 scoped(None)

@@ -229,11 +229,27 @@ def live_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def live_gated_run(tmp_path_factory):
+    """The same run, its operators recorded only around collectives (exported traces otherwise keep them all)."""
+    root = tmp_path_factory.mktemp("live_gated")
+    proc = run_cli("gpus=2", *TINY_2D, "profile.export_traces=true", "profile.operators=collectives", root=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = run_dirs(root)
+    for trace in (run_dir / "traces").iterdir():  # DRUNet's convolutions ran unrecorded, the collectives not
+        text = trace.read_text()
+        assert "aten::convolution" not in text and '"c10d::allreduce_"' in text, trace
+    return run_dir
+
+
 @pytest.mark.slow
-def test_offline_analysis_of_exported_traces_equals_the_live_run(live_run, tmp_path):
+@pytest.mark.parametrize("which", ["live_run", "live_gated_run"])
+def test_offline_analysis_of_exported_traces_equals_the_live_run(which, request, tmp_path):
     """Kineto writes ts and dur in microseconds with 3 decimals (1 ns), so each offline time equals
     the live one to ~1 ns; derived values add or subtract at most a few such times: 10 ns absolute
-    tolerance for seconds, and a relative 1e-5 for the ratio LB (section times are >= 1 ms)."""
+    tolerance for seconds, and a relative 1e-5 for the ratio LB (section times are >= 1 ms). The same with
+    operators recorded only around collectives (``profile.operators=collectives``)."""
+    live_run = request.getfixturevalue(which)
     out = tmp_path / "offline"
     # the run folder stands for its traces/ folder
     cmd = [sys.executable, "-m", "pnpscale.analyze", str(live_run), "--sections", SECTIONS, "--out", str(out)]

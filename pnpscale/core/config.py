@@ -44,6 +44,8 @@ DENOISER_COLLECTIVES = ("all_reduce", "all_gather")
 #: split into row bands of the tiling, issued asynchronously; each tile starts when the bands its window reads
 #: have arrived, and the denoiser's reconciliation is issued band by band; see :mod:`pnpscale.rank.pipeline`).
 OVERLAPS = ("none", "pipelined")
+#: ``profile.operators``: which operators a rank's profiler records (:func:`pnpscale.rank.loop.gated_operators`)
+PROFILE_OPERATORS = ("auto", "collectives", "all")
 #: How the gradient's sum over ranks is exchanged (``solver.gradient_collective``): ``all_reduce`` (deepinv's:
 #: the whole image on every rank, ring ``2·P·(n−1)/n`` bytes per GPU) or ``reduce_scatter`` (each rank receives
 #: the sum only where its tiles' windows read it: a reduce-scatter over the ranks' cores and an all_gather of
@@ -197,6 +199,7 @@ class SolverConfig:
 class ProfileConfig:
     record_shapes: bool = False
     export_traces: bool = False
+    operators: str = "auto"
 
 
 @dataclass
@@ -404,6 +407,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dist.backend": _one_of(BACKENDS),
     "solver.denoiser_collective": _one_of(DENOISER_COLLECTIVES),
     "solver.overlap": _one_of(OVERLAPS),
+    "profile.operators": _one_of(PROFILE_OPERATORS),
     "solver.gradient_collective": _one_of(GRADIENT_COLLECTIVES),
     "solver.overlap_chunks": (lambda v: v is None or _int_in(1)[0](v), "must be an integer >= 1, or null"),
     "dist.timeout_s": _positive_float(),
@@ -748,6 +752,8 @@ class RunSpec:
     overlap: str = "none"
     overlap_chunks: int | None = None
     gradient_collective: str = "all_reduce"
+    #: ``profile.operators`` (:data:`PROFILE_OPERATORS`)
+    operators: str = "auto"
     #: the mode's own parameters (``mode.params``, checked by its class: :attr:`pnpscale.rank.solver.Solver.params`)
     mode_params: dict[str, Any] = field(default_factory=dict)
 
@@ -819,6 +825,7 @@ def resolve_spec(cfg: Any, cuda_available: bool) -> RunSpec:
         overlap=str(cfg["solver"].get("overlap", "none")),
         overlap_chunks=cfg["solver"].get("overlap_chunks"),
         gradient_collective=str(cfg["solver"].get("gradient_collective", "all_reduce")),
+        operators=str(cfg["profile"].get("operators", "auto")),
         mode_params=plain(m.get("params")),
     )
 

@@ -189,8 +189,6 @@ def run_iterations(
 ) -> tuple[dict[tuple[int, str], int], Any, list[tuple[str, int | None]], list[str | None], int | None]:
     """Profiled iterations: (peak bytes per (iteration, section), profiler, collective calls in order, their
     process groups, the highest CUDA ``max_memory_reserved`` of a section in bytes: ``None`` on CPU)."""
-    from torch.profiler import record_function
-
     from pnpscale.rank.profiling import (  # deferred: torch.profiler only once a rank measures
         CollectiveLog,
         PeakMemory,
@@ -207,14 +205,15 @@ def run_iterations(
         sleep_rate_hz(device)  # calibrated before the profiler starts
     # an exported trace is read offline, where only input shapes give payload bytes
     shapes = spec.record_shapes or spec.export_traces
-    with make_profiler(cuda=device.type == "cuda", record_shapes=shapes) as prof, CollectiveLog() as log:
+    gate = gated_operators(spec.operators, device.type == "cuda", spec.export_traces)
+    with make_profiler(cuda=device.type == "cuda", record_shapes=shapes) as prof, CollectiveLog(gate) as log:
         for it in range(total):
             t0 = time.perf_counter()
             measured = it >= spec.warmup
             for name, fn in solver.sections():
                 beat(it, name)
                 with peak.track() as box:
-                    with record_function(name):
+                    with log.section(name):
                         _inject(spec, rank, name, measured, device)
                         fn()
                         sync(device)
@@ -225,7 +224,34 @@ def run_iterations(
             group.barrier()
             prof.step()
             progress(it + 1, time.perf_counter() - t0)
+        log.check_complete(rank)
     return peaks, prof, log.calls, log.groups, peak.reserved_max
+
+
+def gated_operators(operators: str, cuda: bool, export_traces: bool) -> bool:
+    """Whether a rank records operators only around its collectives (:class:`pnpscale.rank.profiling.CollectiveLog`,
+    ``gate``) for ``profile.operators`` (one of :data:`pnpscale.core.config.PROFILE_OPERATORS`).
+
+    ``all``: every operator. ``collectives``: only around collectives, on CPU ranks (a CUDA rank's decomposition
+    reads its GPU events, and a synchronous NCCL call does not wait for the GPU: every operator is recorded
+    there). ``auto``: ``collectives`` on CPU ranks unless the traces are exported (a trace viewer's user expects
+    the operators in them).
+
+    >>> [gated_operators("auto", cuda, export) for cuda, export in ((False, False), (False, True), (True, False))]
+    [True, False, False]
+    >>> gated_operators("collectives", False, True), gated_operators("collectives", True, False)
+    (True, False)
+
+    Raises:
+        ValueError: ``operators`` is not one of those values.
+    """
+    from pnpscale.core.config import PROFILE_OPERATORS
+
+    if operators not in PROFILE_OPERATORS:
+        raise ValueError(f"profile.operators={operators!r}: allowed values: {', '.join(PROFILE_OPERATORS)}")
+    if cuda or operators == "all":
+        return False
+    return operators == "collectives" or not export_traces
 
 
 

@@ -137,6 +137,14 @@ def call_payload(value: Any) -> int | None:
     return None
 
 
+_record_operators = torch._C._autograd._enable_record_function  # this thread's RecordFunction switch
+
+
+class UnloggedCollectives(PnpscaleError, RuntimeError):
+    """A collective ran without passing through the functions :class:`CollectiveLog` wraps, while operators were
+    recorded only around those (``profile.operators=collectives``): its time would have been missed."""
+
+
 class CollectiveLog:
     """Records every torch.distributed collective call made while it is active: (collective, payload bytes).
 
@@ -151,12 +159,59 @@ class CollectiveLog:
     :func:`pnpscale.analysis.kineto.collective_type` names it; bytes ``None`` for barrier).
     :func:`attach_payloads` gives them to the profiler's ``gloo:*``/``nccl:*`` ranges, so that payload
     bytes need no ``record_shapes``.
+
+    **Operators only where the decomposition reads them** (``gate=True``, ``profile.operators=collectives``, CPU
+    ranks): inside :meth:`section`, the thread's ``RecordFunction`` is off (torch's thread-local switch,
+    ``torch._C._autograd._enable_record_function``; the autograd engine runs a CPU backward on the calling thread
+    with the same switch) except during each collective call, and from the first asynchronous one (a call that
+    returns a ``Work``: ``async_op=True``, ``isend``/``irecv``) to the end of the section. The section range, the
+    ``c10d::`` calls with what runs inside them, and c10d's ``gloo:*`` work ranges are recorded as before. That
+    is all the CPU decomposition reads (:mod:`pnpscale.analysis.overlap`): a rank is blocked only while a
+    collective is in flight, and in flight only from its ``c10d::`` call on; where every collective in flight was
+    issued synchronously the thread is inside the call, computing nothing, so operators elsewhere change no number.
+    A synchronous call is made as ``async_op=True`` followed by ``Work.wait()`` and, since gloo's worker closes
+    its range just after the waiting thread resumes (``Work::finish`` sets ``completed_`` and runs the range's
+    end callback under one lock, after the future the thread waits on was completed), a yield until
+    ``Work.is_completed()``: the range is closed before the thread computes again, so no compute goes unseen
+    inside it (the thread stays in the call those microseconds, under load up to the worker's scheduling
+    delay). What is lost: the compute operators themselves (a trace viewer shows the sections, the collectives
+    and nothing between them; ``profile.export_traces`` keeps them unless ``operators=collectives`` is asked).
+    A collective that reaches a process group without these functions (``ProcessGroup.allreduce`` called
+    directly, a C++ comm hook) would go unseen; :meth:`check_complete` compares each group's sequence number
+    with the calls logged and refuses the run.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, gate: bool = False) -> None:
         self._entries: list[list[Any]] = []  # [collective, bytes, kept, process group name]
         self._saved: list[tuple[Any, str, object]] = []
         self._local = threading.local()
+        self._gate = gate
+        self._seq: dict[str, int] = {}
+
+    @property
+    def gated(self) -> bool:
+        """Operators are recorded only around collectives inside :meth:`section` (``gate=True``)."""
+        return self._gate
+
+    @contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        """A ``record_function(name)`` range; with :attr:`gated`, operators inside it only where the decomposition
+        reads them (the class's docstring). The thread's ``RecordFunction`` switch is on again on exit."""
+        from torch.profiler import record_function
+
+        if not self._gate:
+            with record_function(name):
+                yield
+            return
+        local = self._local
+        with record_function(name):
+            local.gated, local.depth = True, 0
+            _record_operators(False)
+            try:
+                yield
+            finally:
+                local.gated = False
+                _record_operators(True)
 
     @property
     def calls(self) -> list[tuple[str, int | None]]:
@@ -172,6 +227,7 @@ class CollectiveLog:
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
+        self._seq = _sequence_numbers()
         wrapped: dict[int, Any] = {}
         for name, where in COLLECTIVE_CALLS.items():
             for module in (dist, c10d):
@@ -188,14 +244,43 @@ class CollectiveLog:
         for module, name, fn in reversed(self._saved):
             setattr(module, name, fn)
         self._saved.clear()
+        if self._gate:
+            _record_operators(True)
+
+    def check_complete(self, rank: int | None = None) -> None:
+        """Refuse a gated session in which a collective bypassed the log (the class's docstring).
+
+        Per process group: the collectives it ran since the log was entered (``ProcessGroup``'s sequence number,
+        which c10d advances by one per collective, barrier and point-to-point call included) against the
+        calls logged on it. Nothing to check without ``gate``, or where a backend keeps no sequence number.
+
+        Raises:
+            UnloggedCollectives: naming the rank, the group and both counts.
+        """
+        if not self._gate:
+            return
+        ran = {g: n - self._seq.get(g, 0) for g, n in _sequence_numbers().items()}
+        logged: dict[str | None, int] = {}
+        for g in self.groups:
+            logged[g] = logged.get(g, 0) + 1
+        if None in logged:  # a call whose group could not be named: compare the totals
+            ran, logged = {"every group": sum(ran.values())}, {"every group": sum(logged.values())}
+        for g, n in ran.items():
+            if n != logged.get(g, 0):
+                raise UnloggedCollectives(
+                    f"rank {rank}: process group {g!r} ran {n} collective(s), {logged.get(g, 0)} through "
+                    "torch.distributed's functions: operators were recorded only around those "
+                    "(profile.operators=collectives); profile with profile.operators=all"
+                )
 
     def _wrap(self, fn: Any, collective: str, where: tuple[int, str] | None) -> Any:
-        entries, local = self._entries, self._local
+        entries, local, gate = self._entries, self._local, self._gate
         try:
             params = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError):
             params = []
         at = params.index("group") if "group" in params else None  # the group argument's position
+        async_at = params.index("async_op") if "async_op" in params else None
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -208,12 +293,72 @@ class CollectiveLog:
             made = getattr(local, "made", 0) + 1  # calls recorded on this thread so far
             local.made = made
             try:
+                if gate and getattr(local, "gated", False):
+                    return _gated_call(fn, args, kwargs, async_at, local)
                 return fn(*args, **kwargs)
             finally:
                 if local.made > made:  # an inner recorded call ran the collective: count that one
                     entry[2] = False
 
         return call
+
+
+def _gated_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], async_at: int | None, local: Any) -> Any:
+    """``fn(*args, **kwargs)`` with the thread's operators recorded (:class:`CollectiveLog`, gated): a synchronous
+    call as ``async_op=True``, ``wait()`` and a yield until its work (and so its profiler range) is complete; an
+    asynchronous one leaves operators recorded until the section ends."""
+    import os
+
+    local.depth += 1
+    _record_operators(True)
+    opened = False
+    try:
+        if async_at is None:  # no async_op: barrier-like or point-to-point; a Work back means in flight
+            out = fn(*args, **kwargs)
+            opened = out is not None and hasattr(out, "wait")
+            return out
+        if len(args) > async_at:
+            asked = bool(args[async_at])
+        else:
+            asked = bool(kwargs.get("async_op", False))
+        if asked:
+            out = fn(*args, **kwargs)
+            opened = out is not None
+            return out
+        if len(args) > async_at:
+            args = (*args[:async_at], True, *args[async_at + 1 :])
+        else:
+            kwargs = {**kwargs, "async_op": True}
+        work = fn(*args, **kwargs)
+        if work is not None:  # None: not a member of the group, or inside a coalescing manager
+            work.wait()
+            while not work.is_completed():
+                os.sched_yield()
+        return None
+    finally:
+        local.depth -= 1
+        if opened:
+            local.gated = False  # recorded until the section ends
+        elif local.gated and local.depth == 0:
+            _record_operators(False)
+
+
+def _sequence_numbers() -> dict[str, int]:
+    """``group_name -> sequence number`` of every process group of this process that keeps one (``{}`` without
+    torch.distributed, or before ``init_process_group``)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return {}
+    from torch.distributed.distributed_c10d import _world
+
+    out: dict[str, int] = {}
+    for pg, name in list(_world.pg_names.items()):
+        try:
+            out[str(name)] = int(pg._get_sequence_number_for_group())  # type: ignore[attr-defined]
+        except (RuntimeError, AttributeError, NotImplementedError):
+            continue
+    return out
 
 
 def group_name(group: Any) -> str | None:
