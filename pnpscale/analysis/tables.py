@@ -80,8 +80,11 @@ def write_timeline(path: Any, ranks: pd.DataFrame, collectives: pd.DataFrame) ->
     """
     import json
 
+    # one json.dumps: its C encoder (json.dump streams through the pure-Python one, 5-10x slower), and a
+    # non-finite number refused before the file is opened
+    text = json.dumps(run_trace(ranks, collectives), separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(run_trace(ranks, collectives), f, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        f.write(text)
 
 
 def complete_sections(sections: pd.DataFrame) -> pd.DataFrame:

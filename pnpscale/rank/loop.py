@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pnpscale.core.config import PROFILE_OPERATORS
 from pnpscale.core.errors import PnpscaleError
 from pnpscale.rank.group import Group
 
@@ -245,8 +246,6 @@ def gated_operators(operators: str, cuda: bool, export_traces: bool) -> bool:
     Raises:
         ValueError: ``operators`` is not one of those values.
     """
-    from pnpscale.core.config import PROFILE_OPERATORS
-
     if operators not in PROFILE_OPERATORS:
         raise ValueError(f"profile.operators={operators!r}: allowed values: {', '.join(PROFILE_OPERATORS)}")
     if cuda or operators == "all":
