@@ -29,6 +29,9 @@ TORCH_APIS = frozenset({
     "torch",
     "torch.distributed",
     "torch.distributed.distributed_c10d",
+    "torch.distributed.distributed_c10d._world",  # the _World registry (torch 1.13); pg_names: group -> name
+    "torch.distributed.distributed_c10d._world.pg_names",
+    "torch.distributed.distributed_c10d._world.pg_names.items",
     "torch.Generator",
     "torch.Tensor",
     "torch._C",

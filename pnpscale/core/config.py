@@ -767,13 +767,16 @@ class RunSpec:
         recorded then keeps its digest (the resume rule): the keys of :data:`MOVED_KEYS` back at the top
         (``blur_sigma`` out of ``params``, ``1.0`` when the problem has none, as its YAML had; ``lr`` and
         ``train_stepsize`` out of ``mode_params``, their old defaults when the mode has none), and
-        ``overlap`` / ``overlap_chunks`` left out at their defaults (runs recorded before those keys).
+        ``overlap`` / ``overlap_chunks``, ``gradient_collective`` and ``operators`` left out at their defaults (runs
+        recorded before those keys; ``operators`` changes what the profiler records, not what is measured).
         """
         d = self.to_dict()
         if d["overlap"] == "none" and d["overlap_chunks"] is None:  # runs recorded before these keys: same digest
             del d["overlap"], d["overlap_chunks"]
         if d["gradient_collective"] == "all_reduce":  # runs recorded before this key: same digest
             del d["gradient_collective"]
+        if d["operators"] == "auto":  # runs recorded before this key (every operator then: the same numbers)
+            del d["operators"]
         params, mode = dict(d["params"]), dict(d.pop("mode_params"))
         d["blur_sigma"] = float(params.pop("blur_sigma", 1.0))
         d["params"] = params
