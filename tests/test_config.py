@@ -296,12 +296,13 @@ def test_only_the_problems_that_decimate_need_a_factor(composer):
 
 
 def _digest_before_the_solver_keys(spec) -> str:
-    """The fingerprint as written before ``solver.overlap*`` / ``gradient_collective`` and ``mode.params``
-    existed: those keys absent, the moved keys (``blur_sigma``, ``lr``, ``train_stepsize``) at the top level."""
+    """The fingerprint as written before ``solver.overlap*`` / ``gradient_collective``, ``mode.params`` and
+    ``profile.operators`` existed: those keys absent, the moved keys (``blur_sigma``, ``lr``, ``train_stepsize``)
+    at the top level."""
     import hashlib
     import json
 
-    drop = ("overlap", "overlap_chunks", "gradient_collective", "mode_params")
+    drop = ("overlap", "overlap_chunks", "gradient_collective", "mode_params", "operators")
     before = {k: v for k, v in spec.to_dict().items() if k not in drop}
     before |= {"params": {}, "blur_sigma": 1.0, "lr": 1e-4, "train_stepsize": False}  # the shared keys of then
     return hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
