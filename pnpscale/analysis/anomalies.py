@@ -66,8 +66,10 @@ KINDS: dict[str, str] = {
     "(all_reduce, all_gather, reduce_scatter, all_to_all, barrier) end after the other rank started it: a clock "
     "stepped while the trace was recorded, or collectives matched across ranks are not the same ones; numbers "
     "kept, those of the iterations between the two collectives named may be wrong",
-    "empty_iteration": "trailing iterations without GPU work or collective on any rank, in a trace with GPU work "
-    "(the ProfilerStep Kineto opens at the last prof.step()): dropped on every rank, not counted as 0 s",
+    "empty_iteration": "the ProfilerStep Kineto opens at the last prof.step(): trailing iterations without GPU work "
+    "or collective on any rank, in a trace with GPU work, dropped on every rank; or, in any trace, a rank's last "
+    "ProfilerStep that is a section range and holds no operator, collective or other section, dropped on that rank; "
+    "never counted as a (near) 0 s iteration",
     "nested_sections": "section nested in another: the 'all' row counts the outer section only",
     "step_not_on_every_rank": "ProfilerStep numbers missing on another rank: those steps dropped",
     "rank_overridden": "--rank given for a trace that states another rank: --rank used",

@@ -210,7 +210,9 @@ def read_trace(
     read (``unknown_category``, counted per category), exact duplicates (``duplicate_event``), device
     events starting before their launch (``gpu_before_launch``), compute kernels overlapping on their
     stream (``stream_overlap``), runtime events on another clock than the CPU ranges
-    (``runtime_clock_offset``: shifted, see :mod:`pnpscale.analysis.gpu_checks`). Events with a negative
+    (``runtime_clock_offset``: shifted, see :mod:`pnpscale.analysis.gpu_checks`), the last ``ProfilerStep`` of a
+    step section holding nothing (``empty_iteration``: dropped, the step Kineto opens at the last
+    ``prof.step()``). Events with a negative
     or missing ``dur``, device events with ``ts <= 0`` or outside the profiler's span, collective kernels
     overlapping their stream's work, and CPU ranges with a negative ``ts`` are kept with ``Event.bad``
     set and ``end == start`` (their iteration is dropped later). A file without Kineto's last event (``Record

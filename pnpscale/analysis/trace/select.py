@@ -32,6 +32,7 @@ from pnpscale.analysis.kineto import (
     is_gloo_work,
     is_named_descriptor,
     kernel_label,
+    step_number,
 )
 from pnpscale.analysis.overlap import C10D_PREFIX, union
 from pnpscale.analysis.trace.collect import Collector, merge_descriptors
@@ -65,6 +66,7 @@ def collected_events(
         cats = ", ".join(f"{c!r} ({n})" for c, n in col.unknown_categories.most_common())
         anomalies.add("unknown_category", rank, cats, sum(col.unknown_categories.values()))
     _dedupe(col, anomalies, rank)
+    _drop_open_step(col, anomalies, rank)
     rt_corr = np.frombuffer(col.rt_corr, dtype=np.int64) if len(col.rt_corr) else np.zeros(0, np.int64)
     rt_start = np.frombuffer(col.rt_start, dtype=np.int64) if len(col.rt_start) else np.zeros(0, np.int64)
     order = np.argsort(rt_corr, kind="stable")
@@ -209,6 +211,52 @@ def _launches_without_gpu_event(
         copies = gone & (kinds == 1)
         gone &= kinds == 2
     return sorted((rt_start[gone] + base_ns).tolist()), sorted((rt_start[copies] + base_ns).tolist())
+
+
+def _drop_open_step(col: Collector, anomalies: Anomalies, rank: int | None) -> None:
+    """Drop the ``ProfilerStep#N`` Kineto opens at the last ``prof.step()`` and closes when the profiler stops,
+    where it is a section range (``--sections step=ProfilerStep#*``) and holds nothing while the step before it
+    holds work: "holds" meaning an operator, runtime call, collective or other section range starts inside it.
+    Kept, it would be an iteration of a few microseconds that lowers every mean (or, beside ``gradient,denoiser``,
+    one ``step`` too many, refused). Only the rank's last step is looked at; one that holds work, or a trace whose
+    steps all hold nothing (nothing tells the open one apart), is left to the section checks. Recorded as
+    ``empty_iteration``.
+    """
+    import numpy as np
+
+    steps = sorted(
+        (e for e in col.cpu if step_number(e.name) is not None and e.bad is None), key=lambda e: (e.start_ns, -e.end_ns)
+    )
+    if len(steps) < 2:
+        return
+    last, before = steps[-1], steps[-2]
+    same = (last.start_ns, last.end_ns, last.tid)
+    copies = [s for s in col.sections if (s.start_ns, s.end_ns, s.tid) == same]
+    if not copies:
+        return  # the step is not a section: the sections inside steps decide the iterations
+    times = [np.frombuffer(a, dtype=np.int64) for a in (col.op_start, col.rt_start) if len(a)]
+
+    def holds_work(step: Event) -> bool:
+        lo, hi = step.start_ns, step.end_ns
+        key = (lo, hi, step.tid)
+        if any(lo <= s.start_ns <= hi for s in col.sections if (s.start_ns, s.end_ns, s.tid) != key):
+            return True
+        if any(lo <= e.start_ns <= hi for e in col.cpu if step_number(e.name) is None):
+            return True
+        return any(bool(((t >= lo) & (t <= hi)).any()) for t in times)
+
+    if holds_work(last) or not holds_work(before):
+        return
+    where = f"{col.path.name}: " if col.path is not None else ""
+    anomalies.add(
+        "empty_iteration",
+        rank,
+        f"{where}the last step, {last.name} ({(last.end_ns - last.start_ns) / 1000:g} us), holds no operator, "
+        f"collective or other section (the step Kineto opens at the last prof.step() and closes when the profiler "
+        f"stops): dropped",
+    )
+    col.cpu = [e for e in col.cpu if e is not last]
+    col.sections = [s for s in col.sections if (s.start_ns, s.end_ns, s.tid) != same]
 
 
 def _ops(col: Collector, base_ns: int) -> list[Event]:
