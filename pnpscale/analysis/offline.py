@@ -547,11 +547,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _explicit_ranks(items: Sequence[str]) -> dict[str, int]:
-    out = {}
+    """``--rank FILE=RANK`` options -> ``{FILE: RANK}``.
+
+    Raises:
+        AnalyzeError: an item not ``FILE=RANK`` (RANK a non-negative integer), or one file given two ranks (the
+            last would win in silence).
+    """
+    out: dict[str, int] = {}
     for item in items:
         name, sep, rank = item.rpartition("=")
         if not sep or not name or not rank.strip().isdigit():
             raise AnalyzeError(f"--rank {item}: expected FILE=RANK with RANK a non-negative integer")
+        if name in out and out[name] != int(rank):
+            raise AnalyzeError(f"--rank {name}={out[name]} and --rank {item}: one file, two ranks; give it once")
         out[name] = int(rank)
     return out
 
