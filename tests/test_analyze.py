@@ -163,7 +163,8 @@ def test_cli_rank_errors(tmp_path, capsys):
     assert code == 2 and "nowhere: no such file or folder" in err
     code, _, err = run_main(job, "--sections", SECTIONS, "--rank", "rank0.json=x", capsys=capsys)
     assert code == 2 and "expected FILE=RANK" in err
-    code, _, err = run_main(job, "--sections", SECTIONS, "--rank", "rank0.json=0", "--rank", "rank0.json=1", capsys=capsys)
+    twice = ("--rank", "rank0.json=0", "--rank", "rank0.json=1")
+    code, _, err = run_main(job, "--sections", SECTIONS, *twice, capsys=capsys)
     assert code == 2 and "--rank rank0.json=0 and --rank rank0.json=1: one file, two ranks" in err  # not the last
     for bad in (("--warmup", "-3"), ("--jobs", "0")):
         code, _, err = run_main(job, "--sections", SECTIONS, *bad, capsys=capsys)

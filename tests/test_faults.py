@@ -1513,3 +1513,35 @@ except KeyboardInterrupt:
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
     assert proc.returncode == 7, (proc.returncode, proc.stderr[-2000:])  # interrupted, no lock file left (8: left)
     assert not lock_file.exists()
+
+
+def test_a_stop_while_the_sweep_report_is_written_says_what_is_lost_and_how_to_rebuild(tmp_path, monkeypatch, caplog):
+    """Ctrl-C while a sweep writes its report (after every point ran): the stop goes on (exit 128 + signal), and
+    one logged line says the report was not written (the previous one intact when there was one) and gives the
+    command that writes it from the intact run folders."""
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.pnpscale_plugins import launcher
+    from pnpscale.results import report
+
+    sweep = tmp_path / "sweep"
+    fake_run(sweep / layout.point_subdir("2d", "inference", 1), "2d", "inference", {"gradient": [(1.0, 0.0)]})
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "write_report", stopped)
+    config = OmegaConf.create({"report": True, "hydra": {"sweep": {"dir": str(sweep)}}})
+    with caplog.at_level("ERROR"), pytest.raises(KeyboardInterrupt):
+        launcher.finish_sweep(config, [], total=0)
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line == (f"report not written (stopped while it was written); the run folders are intact: "
+                    f"python -m pnpscale.report {sweep}")  # fmt: skip
+    (sweep / layout.REPORT_DIR).mkdir()
+    (sweep / layout.REPORT_DIR / layout.REPORT_README).write_text("the previous report\n")
+    caplog.clear()
+    with caplog.at_level("ERROR"), pytest.raises(KeyboardInterrupt):
+        launcher.finish_sweep(config, [], total=0)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"][0].startswith(
+        "report not written, the previous one is intact (stopped while it was written); "
+    )

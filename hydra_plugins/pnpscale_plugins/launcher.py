@@ -381,18 +381,24 @@ def finish_sweep(
 
         sweep_dir = str(config.hydra.sweep.dir)
         log.info("writing the report of %s", sweep_dir)
+        rebuild = f"the run folders are intact: python -m pnpscale.report {sweep_dir}"
+        lost = layout.report_not_written(Path(sweep_dir) / layout.REPORT_DIR)
         try:
             out = write_report(sweep_dir, echo=log.info)
             log.info("report: %s", out)
         except NoRunsError as exc:
             log.warning("no report: %s", exc)
+        except KeyboardInterrupt:  # a stop while the report is written: say what is lost and how to get it
+            log.error("%s (stopped while it was written); %s", lost, rebuild)
+            raise
         except Exception as exc:  # noqa: BLE001 - any report failure: one line, exit 1, runs intact
 
             stop = received()
             if stop is not None:  # a Ctrl-C a library turned into another error: a stop, not a failure
+                log.error("%s (stopped while it was written); %s", lost, rebuild)
                 raise stop from None
             msg = f"report not written ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); " \
-                  f"the run folders are intact: python -m pnpscale.report {sweep_dir}"  # fmt: skip
+                  f"{rebuild}"  # fmt: skip
             log.error(msg)
             raise ReportFailed(msg) from None
 
