@@ -390,6 +390,14 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
 
     >>> wait_sentence(pd.Series({**row, "wait_imbalance_s": 1.12, "wait_jitter_s": -0.14}), rk).split(":")[1]
     ' 112 % of wait is uneven work (jitter -14 %'
+
+    With one measured iteration (``iterations`` 1) the usual work is that iteration's own, so there is no
+    jitter from one iteration to the next to tell apart: the third part is named what it is, the rest (ranks
+    not leaving a collective at the same instant, overlap):
+
+    >>> one = pd.Series({**row, "iterations": 1, "wait_imbalance_s": 0.2, "wait_jitter_s": 0.78})
+    >>> wait_sentence(one, rk).replace(" (critical-path rank 0: 1 operator, 100 % of iterations)", "")
+    'gradient at 16: 78 % of wait is the rest; one measured iteration: the rest is not jitter between iterations.'
     """
 
     head = f"{row[K.SECTION]} at {int(row['gpus'])}"
@@ -398,12 +406,15 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
         return f"{head}: no wait."
     if any(pd.isna(row.get(c)) for c in K.WAIT_CAUSES):
         return f"{head}: wait {wait:.4g} s per iteration, not split by cause (run recorded before the split)."
-    names = {K.WAIT_LATE_START_S: "late start", K.WAIT_IMBALANCE_S: "uneven work", K.WAIT_JITTER_S: "jitter"}
+    one = row.get(K.ITERATIONS) == 1  # no iteration-to-iteration jitter to tell apart: the rest
+    rest = "the rest" if one else "jitter"
+    names = {K.WAIT_LATE_START_S: "late start", K.WAIT_IMBALANCE_S: "uneven work", K.WAIT_JITTER_S: rest}
     top = max(K.WAIT_CAUSES, key=lambda c: row[c])
     text = f"{head}: {100 * row[top] / wait:.0f} % of wait is {names[top]}"
     saved = [f"{names[c]} {100 * row[c] / wait:.0f} %" for c in K.WAIT_CAUSES if round(100 * row[c] / wait) < 0]
     if saved:  # late start and jitter can be negative (waiting.md): say so where a share passes 100 %
         text += f" ({', '.join(saved)}: wait it saved; the parts sum to 100 %)"
+    said_rest = one and (top == K.WAIT_JITTER_S or round(100 * row[K.WAIT_JITTER_S] / wait) < 0)
     crit = ranks[ranks["critical"]] if not ranks.empty else ranks
     units = section_work(str(row[K.SECTION]))
     if top == K.WAIT_IMBALANCE_S and not ranks.empty:
@@ -425,7 +436,7 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
             evenly = f"every rank holds {' and '.join(same)}"
             why.append(evenly if why else f"{evenly}: the ranks differ in speed")
         text += (": " + ", ".join(why)) if why else ""
-    elif top == K.WAIT_JITTER_S and not crit.empty:
+    elif top == K.WAIT_JITTER_S and not crit.empty and not one:
         text += ": the same work finishes at different times from one iteration to the next"
     elif top == K.WAIT_LATE_START_S:
         text += ": ranks enter the section at different times (the previous section's tail)"
@@ -436,6 +447,8 @@ def wait_sentence(row: pd.Series, ranks: pd.DataFrame) -> str:
             held + [f"{100 * float(c['critical_share']):.0f} % of iterations"]
         )
         text += ")"
+    if said_rest:
+        text += "; one measured iteration: the rest is not jitter between iterations"
     return text + "."
 
 
