@@ -51,7 +51,7 @@ def test_rank_from_distributed_info_file_name_or_explicit():
     [
         ([], None, "no trace files"),
         ([info("a.json", 0, 2), info("b.json", 0, 2)], None, "rank 0 appears in 2 traces: a.json, b.json"),
-        ([info("a.json", 0, 4)], None, r"3 of 4 ranks missing \(1-3\); found 0: pass --partial to analyse the 1"),
+        ([info("a.json", 0, 4)], None, r"3 of 4 ranks missing \(rank 1-3\); traces of rank 0: pass --partial to"),
         ([info("trace.json")], None, "trace.json: rank unknown .*pass --rank trace.json=R"),
         ([info("a.json", 0, 2), info("b.json", 1, 4)], None, r"disagree on the world size: \[2, 4\]"),
         ([info("a.json", 5, 2)], None, r"rank\(s\) \[5\] outside the world size 2"),
@@ -154,7 +154,8 @@ def test_cli_rank_errors(tmp_path, capsys):
     (job / "rank1.json").unlink()
     code, _, err = run_main(job, "--sections", SECTIONS, capsys=capsys)
     assert code == 1 and err == (
-        "pnpscale.analyze: error: 1 of 2 ranks missing (1); found 0: pass --partial to analyse the 1 present\n"
+        "pnpscale.analyze: error: 1 of 2 ranks missing (rank 1); traces of rank 0: pass --partial to analyse the 1 "
+        "present\n"
     )
     code, _, err = run_main(job / "rank0.json", job / "rank0.json", "--sections", SECTIONS, capsys=capsys)
     assert code == 1 and "rank 0 appears in 2 traces: rank0.json, rank0.json" in err
@@ -177,7 +178,7 @@ def test_cli_rank_errors(tmp_path, capsys):
 def test_real_rank_of_two_alone_needs_partial(shared_traces, tmp_path, capsys):
     src = shared_traces / "nccl_parser_config"
     code, _, err = run_main(src, "--sections", "step=ProfilerStep#*", "--out", tmp_path, capsys=capsys)
-    assert code == 1 and "1 of 2 ranks missing (1); found 0" in err
+    assert code == 1 and "1 of 2 ranks missing (rank 1); traces of rank 0" in err
     code, out, err = run_main(src, "--sections", "step=ProfilerStep#*", "--partial", "--out", tmp_path, capsys=capsys)
     assert code == 0, err
     sections = pd.read_parquet(tmp_path / layout.SECTIONS)

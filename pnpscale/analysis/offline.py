@@ -206,8 +206,8 @@ def assign_ranks(
     missing = sorted(set(range(world)) - set(by_rank))
     if missing and not partial:
         raise AnalyzeError(
-            f"{len(missing)} of {world} ranks missing ({_ranges(missing)}); found {_ranges(sorted(by_rank))}: "
-            f"pass --partial to analyse the {len(by_rank)} present"
+            f"{len(missing)} of {world} ranks missing (rank {_ranges(missing)}); traces of rank "
+            f"{_ranges(sorted(by_rank))}: pass --partial to analyse the {len(by_rank)} present"
         )
     return sorted(out, key=lambda t: t.rank), world
 
