@@ -193,6 +193,21 @@ def test_precheck_accepts_valid_lines():
     assert "2d" in group_options("problem") and "inference" in group_options("mode")
 
 
+def test_a_hydra_key_hydra_does_not_have_is_refused_naming_its_neighbours():
+    """A typo under ``hydra.`` is refused before anything starts (exit 2 on the command line), with the close
+    match and the keys of its parent in Hydra's schema; open nodes (dicts, a plugin's config) are left to Hydra."""
+    for line, want in (
+        (["hydra.run.dri=/tmp/x"], "hydra.run.dri=/tmp/x: unknown key; did you mean hydra.run.dir? keys of "
+                                   "hydra.run: dir"),
+        (["-m", "hydra.sweep.subdr=a", "gpus=1,2"], "hydra.sweep.subdr=a: unknown key; did you mean "
+                                                   "hydra.sweep.subdir? keys of hydra.sweep: dir, subdir"),
+    ):  # fmt: skip
+        with pytest.raises((CommandLineError, ConfigError)) as bad:
+            check_overrides(line)
+        assert want in str(bad.value), str(bad.value)
+    check_overrides(["hydra.job.chdir=false", "hydra.verbose=pnpscale", "hydra.job.name=x"])
+
+
 def test_cli_bad_value_exits_at_once_with_one_line(tmp_path):
     t0 = time.monotonic()
     proc = run_cli("gpus=65", root=tmp_path, timeout=60)

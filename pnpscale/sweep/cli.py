@@ -157,6 +157,9 @@ def check_hydra_override(key: str, value: Any) -> None:
     """
     from pathlib import PurePosixPath
 
+    problem = hydra_key_problem(key)
+    if problem is not None:
+        raise ConfigError(key, value, problem)
     text = "" if value is None else str(value)
     if key in HYDRA_DIRS:
         if not text.strip():
@@ -174,6 +177,42 @@ def check_hydra_override(key: str, value: Any) -> None:
     elif key == "hydra.job.name":
         if not text or "/" in text or text in (".", "..") or "\0" in text:
             raise ConfigError(key, text, "must be a plain file name (no '/', not '..'): it names the log file")
+
+
+def hydra_key_problem(key: str) -> str | None:
+    """Why a dotted ``hydra.*`` key names nothing in Hydra's own schema (:class:`hydra.conf.HydraConf`), e.g.
+    ``hydra.run.dri``; ``None`` when it does, or when it goes below a node the schema leaves open (a dict such
+    as ``hydra.job.env_set``, or a node the chosen plugin fills: ``hydra.launcher``, ``hydra.sweeper``, the
+    logging configs), which Hydra checks itself. Group keys (``hydra/launcher=...``) are not looked at.
+
+    >>> hydra_key_problem("hydra.run.dri")
+    'unknown key; did you mean hydra.run.dir? keys of hydra.run: dir'
+    >>> hydra_key_problem("hydra.sweep.subdir"), hydra_key_problem("hydra.job.env_set.OMP_NUM_THREADS")
+    (None, None)
+    >>> hydra_key_problem("hydra.launcher.timeout_min") is None
+    True
+    """
+    import dataclasses
+
+    from hydra.conf import HydraConf
+    from omegaconf import DictConfig, OmegaConf
+
+    if not key.startswith("hydra."):
+        return None
+    node: Any = OmegaConf.structured(HydraConf)
+    path = "hydra"
+    for part in key.split(".")[1:]:
+        kind = node._metadata.object_type if isinstance(node, DictConfig) else None
+        if kind is None or not dataclasses.is_dataclass(kind) or node._is_missing():
+            return None  # open below here (a dict, a value a plugin fills), or a leaf: Hydra says the rest
+        fields = list(node.keys())
+        if part not in fields:
+            close = difflib.get_close_matches(part, fields, n=3)
+            hint = f"did you mean {', '.join(f'{path}.{c}' for c in close)}? " if close else ""
+            return f"unknown key; {hint}keys of {path}: {', '.join(fields)}"
+        node = node._get_node(part)
+        path = f"{path}.{part}"
+    return None
 
 
 def top_level_keys(known: set[str] | None = None) -> list[str]:
