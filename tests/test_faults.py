@@ -1139,6 +1139,22 @@ def test_5_a_single_run_with_a_key_its_mode_ignores_is_refused_before_hydra():
     ]
 
 
+def test_5_a_single_run_says_that_hydra_sweep_dir_is_not_where_it_writes(tmp_path, monkeypatch, capsys):
+    """``hydra.sweep.dir`` on a single run (no ``-m``): accepted (scripts give both folders), said in one note
+    naming where the run writes; with ``-m`` nothing is said."""
+    from pnpscale.sweep.cli import check_single_point
+
+    monkeypatch.chdir(tmp_path)
+    check_single_point(["gpus=1", f"hydra.sweep.dir={tmp_path / 's'}", f"hydra.run.dir={tmp_path / 'r'}"])
+    assert capsys.readouterr().err == (
+        f"pnpscale: note: hydra.sweep.dir={tmp_path / 's'} applies to sweeps (-m) only: this single run writes to "
+        f"hydra.run.dir ({tmp_path / 'r'})\n"
+    )
+    check_single_point(["-m", "gpus=1,2", f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert capsys.readouterr().err == ""
+    assert not (tmp_path / "s").exists() and not (tmp_path / "r").exists()
+
+
 def _cuda_devices() -> int:
     from pnpscale.cluster.resources import cuda_device_count
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -406,6 +407,11 @@ def check_single_point(argv: Sequence[str]) -> None:
     resolve_point(cfg, folder)
 
     check_room(Path(run_dir) if run_dir else Path(str(cfg.output.root)))  # before Hydra writes into it
+    for ov in parsed:  # accepted (scripts give both), but a single run writes to hydra.run.dir: said, not silent
+        if ov.key_or_group in ("hydra.sweep.dir", "hydra.sweep.subdir"):
+            where = run_dir if run_dir is not None else "its default, under output.root"
+            print(f"pnpscale: note: {ov.input_line} applies to sweeps (-m) only: this single run writes to "
+                  f"hydra.run.dir ({where})", file=sys.stderr)  # fmt: skip
 
 
 def check_sweep_files(parsed: Sequence[Any]) -> None:
