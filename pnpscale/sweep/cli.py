@@ -9,6 +9,7 @@ image size, ...) are checked after composition by :func:`pnpscale.core.config.va
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -180,6 +181,18 @@ def check_hydra_override(key: str, value: Any) -> None:
             raise ConfigError(key, text, "must be a plain file name (no '/', not '..'): it names the log file")
 
 
+@functools.cache
+def _hydra_schema() -> Any:
+    """Hydra's own config schema as a (read-only) structured config, built once: the launcher checks two
+    ``hydra.*`` keys of every sweep point."""
+    from hydra.conf import HydraConf
+    from omegaconf import OmegaConf
+
+    schema = OmegaConf.structured(HydraConf)
+    OmegaConf.set_readonly(schema, True)
+    return schema
+
+
 def hydra_key_problem(key: str) -> str | None:
     """Why a dotted ``hydra.*`` key names nothing in Hydra's own schema (:class:`hydra.conf.HydraConf`), e.g.
     ``hydra.run.dri``; ``None`` when it does, or when it goes below a node the schema leaves open (a dict such
@@ -195,12 +208,11 @@ def hydra_key_problem(key: str) -> str | None:
     """
     import dataclasses
 
-    from hydra.conf import HydraConf
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig
 
     if not key.startswith("hydra."):
         return None
-    node: Any = OmegaConf.structured(HydraConf)
+    node: Any = _hydra_schema()
     path = "hydra"
     for part in key.split(".")[1:]:
         kind = node._metadata.object_type if isinstance(node, DictConfig) else None

@@ -230,16 +230,17 @@ def _drop_open_step(col: Collector, anomalies: Anomalies, rank: int | None) -> N
     if len(steps) < 2:
         return
     last, before = steps[-1], steps[-2]
-    same = (last.start_ns, last.end_ns, last.tid)
-    copies = [s for s in col.sections if (s.start_ns, s.end_ns, s.tid) == same]
-    if not copies:
+
+    def place(e: Event) -> tuple[int, int, int]:
+        return e.start_ns, e.end_ns, e.tid
+
+    if not any(place(s) == place(last) for s in col.sections):
         return  # the step is not a section: the sections inside steps decide the iterations
     times = [np.frombuffer(a, dtype=np.int64) for a in (col.op_start, col.rt_start) if len(a)]
 
     def holds_work(step: Event) -> bool:
         lo, hi = step.start_ns, step.end_ns
-        key = (lo, hi, step.tid)
-        if any(lo <= s.start_ns <= hi for s in col.sections if (s.start_ns, s.end_ns, s.tid) != key):
+        if any(lo <= s.start_ns <= hi for s in col.sections if place(s) != place(step)):
             return True
         if any(lo <= e.start_ns <= hi for e in col.cpu if step_number(e.name) is None):
             return True
@@ -256,7 +257,7 @@ def _drop_open_step(col: Collector, anomalies: Anomalies, rank: int | None) -> N
         f"stops): dropped",
     )
     col.cpu = [e for e in col.cpu if e is not last]
-    col.sections = [s for s in col.sections if (s.start_ns, s.end_ns, s.tid) != same]
+    col.sections = [s for s in col.sections if place(s) != place(last)]
 
 
 def _ops(col: Collector, base_ns: int) -> list[Event]:
