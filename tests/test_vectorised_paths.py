@@ -57,3 +57,33 @@ def test_gpu_busy_near_the_kernels_gives_the_blocked_time_of_all_of_it(gpu, kern
     busy = Busy([], [], [Event(f"k{i}", Kind.GPU, lo, hi) for i, (lo, hi) in enumerate(gpu)])
     assert rank_blocked(kernels, busy.gpu_near(kernels), window) == rank_blocked(kernels, busy.gpu, window)
     assert busy.gpu_near([]) == []
+
+
+_number_texts = st.lists(
+    st.one_of(
+        st.from_regex(rb"\A\d{1,17}\.\d{3}\Z"),  # Kineto's form
+        st.from_regex(rb"\A-?\d{0,4}(\.\d{0,5})?([eE][+-]?\d)?\Z"),  # other JSON numbers, and near misses
+        st.binary(max_size=6).filter(lambda b: b" " not in b),  # a JSON value's text: no space outside a string
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_number_texts)
+def test_the_kineto_column_check_equals_the_regular_expression(texts):
+    """:func:`pnpscale.analysis.trace.scan.kineto_column` (arrays) says what the regex it replaced says, on texts
+    without spaces (a ``ts``/``dur`` value's text: a number has none, a string has its quotes)."""
+    import re
+
+    from pnpscale.analysis.trace.scan import kineto_column, ns_array
+
+    joined = b" ".join(texts)
+    regex = re.fullmatch(rb"(?:\d+\.\d{3} )*\d+\.\d{3}", joined) is not None
+    assert kineto_column(joined, len(texts)) is regex
+    if regex:
+        import msgspec
+
+        assert ns_array([msgspec.Raw(t) for t in texts]).tolist() == [min(int(t.replace(b".", b"")), 2**63 - 1)
+                                                                     for t in texts]  # fmt: skip

@@ -240,17 +240,43 @@ def ns_array(texts: list[msgspec.Raw]) -> np.ndarray | None:
     """The ns of every number text in ``texts`` (microseconds as Kineto writes them, ``{us}.{ns:03}``, not
     negative), exactly, as int64; ``None`` when one is in another form (the caller then reads the events one by
     one). A value beyond int64 reads as int64's largest (``numpy.fromstring`` saturates): the caller refuses
-    values above :data:`~pnpscale.analysis.trace.files.NS_RANGE`."""
+    values above :data:`~pnpscale.analysis.trace.files.NS_RANGE`.
+
+    The form is checked on the texts joined by spaces, as arrays (:func:`kineto_column`), then the dots removed
+    and the integers parsed by numpy."""
     if not texts:
         return _NO_INTS
     joined = b" ".join(texts)
-    if _KINETO_COLUMN.fullmatch(joined) is None:
+    if not kineto_column(joined, len(texts)):
         return None
     out = np.fromstring(joined.replace(b".", b""), dtype=np.int64, sep=" ")
     return out if len(out) == len(texts) else None
 
 
-_KINETO_COLUMN = re.compile(rb"(?:\d+\.\d{3} )*\d+\.\d{3}")
+def kineto_column(joined: bytes, n: int) -> bool:
+    """Whether ``joined`` is ``n`` texts of the form ``\\d+\\.\\d{3}`` separated by single spaces (what
+    ``re.fullmatch(rb"(?:\\d+\\.\\d{3} )*\\d+\\.\\d{3}", joined)`` says, in a quarter of its time).
+
+    Exactly ``n`` dots and ``n - 1`` spaces, the k-th space 4 bytes after the k-th dot and the text's end 4 after
+    the last, every other byte a digit, and each text's first byte before its dot: then text k holds dot k, at
+    least one digit before it and three after it, and nothing else.
+
+    >>> kineto_column(b"1.500 1700000000000000.001", 2), kineto_column(b"1.500 1.5", 2)
+    (True, False)
+    >>> kineto_column(b"1.500 .5000", 2), kineto_column(b"-1.500", 1), kineto_column(b"1..500", 1)
+    (False, False, False)
+    """
+    a = np.frombuffer(joined, np.uint8)
+    dots, spaces = np.flatnonzero(a == 46), np.flatnonzero(a == 32)
+    if len(dots) != n or len(spaces) != n - 1 or n == 0 or int(dots[-1]) + 4 != len(a):
+        return False
+    if not np.array_equal(spaces, dots[:-1] + 4):
+        return False
+    if int(np.count_nonzero((a >= 48) & (a <= 57))) != len(a) - 2 * n + 1:
+        return False
+    return bool(dots[0] > 0 and (spaces + 1 < dots[1:]).all())
+
+
 _NO_INTS = np.zeros(0, np.int64)
 
 
@@ -289,17 +315,92 @@ def read_batch(state: ScanState, data: bytes, comma: int, stop: int, index: int)
     return index
 
 
-def decode_whole(state: ScanState, batch: bytes, which: list[int], index: int, counted: bool) -> None:
-    """Decode the events ``which`` (indices) of ``batch`` with :mod:`json` (:class:`~decimal.Decimal` floats, as
-    ``ijson`` gives them) and give them to :meth:`~pnpscale.analysis.trace.collect.Collector.add` in order, as
-    the exact path does (``index``: the batch's first event's; ``counted``: CPU range names already counted)."""
-    if not which:
-        return
-    col, decoder = state.collector, state.decoder
-    raws = _RAWS.decode(batch)
+#: tries, going back from an event's ``ts``, to find the ``{`` that opens it (each passes a nested object)
+_OPEN_TRIES = 4
+
+
+def raw_offset(raw: msgspec.Raw, base: int, size: int) -> int | None:
+    """Where a :class:`msgspec.Raw` decoded from a buffer lies in it (msgspec's ``Raw`` of a ``bytes`` input is a
+    view of that input): its offset from ``base`` (the buffer's address), ``None`` when it is empty or not inside
+    the ``size`` bytes there (a copy)."""
+    if not len(raw):
+        return None
+    at = np.frombuffer(raw, np.uint8).ctypes.data - base
+    return at if 0 <= at and at + len(raw) <= size else None
+
+
+def located_event(state: ScanState, batch: bytes, evs: list[EventFields], i: int, base: int) -> dict[str, Any] | None:
+    """Event ``i`` of ``batch`` decoded whole with :mod:`json` (as :func:`decode_whole` does), found without a
+    second decoding of the batch: from the place of its ``ts`` value in the batch (:func:`raw_offset`) back to the
+    ``{`` that opens it (an object whose first key is ``"ph"``, as Kineto writes events), up to the next event's
+    ``ts``. The object found is the event: it opens before its ``ts`` value and ends after it, and the only object
+    holding an event's member is the event (the batch's top level is an array). ``None`` when that cannot be
+    shown (no ``ts``, another key first, nested objects in the way): the caller decodes the batch's events."""
+    size = len(batch)
+    at = raw_offset(evs[i].ts, base, size)
+    if at is None:
+        return None
+    bound = size - 1  # the batch's closing "]"
+    for e in evs[i + 1 : i + 3]:
+        nxt = raw_offset(e.ts, base, size)
+        if nxt is not None:
+            bound = nxt
+            break
+    else:
+        if i + 1 < len(evs):
+            return None  # no bound near: not worth decoding the batch's rest for one event
+    hi = at
+    for _ in range(_OPEN_TRIES):
+        key = batch.rfind(b'"ph"', 0, hi)
+        if key < 0:
+            return None
+        hi = j = key - 1
+        while j >= 0 and batch[j] in _BLANKS:
+            j -= 1
+        if j < 0 or batch[j] != 123:  # "{"
+            continue
+        hi = j
+        try:
+            piece = batch[j:bound].decode()
+            ev, end = state.decoder.raw_decode(piece)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        if not piece.isascii():
+            end = len(piece[:end].encode())
+        if j + end > at:
+            return ev if isinstance(ev, dict) else None
+    return None
+
+
+class WholeEvents:
+    """A batch's events decoded whole with :mod:`json` (:class:`~decimal.Decimal` floats, as ``ijson`` gives
+    them), on demand: each found by :func:`located_event`, or, from the first that is not, from one
+    :data:`_RAWS` decoding of the batch."""
+
+    def __init__(self, state: ScanState, batch: bytes, evs: list[EventFields]) -> None:
+        self.state, self.batch, self.evs = state, batch, evs
+        self.base = np.frombuffer(batch, np.uint8).ctypes.data
+        self.raws: list[msgspec.Raw] | None = None
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if self.raws is None:
+            ev = located_event(self.state, self.batch, self.evs, i, self.base)
+            if ev is not None:
+                return ev
+            self.raws = _RAWS.decode(self.batch)
+        return cast(dict[str, Any], self.state.decoder.decode(bytes(self.raws[i]).decode()))
+
+
+def decode_whole(
+    state: ScanState, batch: bytes, evs: list[EventFields], which: list[int], index: int, counted: bool
+) -> None:
+    """Decode the events ``which`` (indices) of ``batch`` (:class:`WholeEvents`) and give them to
+    :meth:`~pnpscale.analysis.trace.collect.Collector.add` in order, as the exact path does (``index``: the
+    batch's first event's; ``counted``: CPU range names already counted)."""
+    col, whole = state.collector, WholeEvents(state, batch, evs)
     for i in which:
         col.read = index + i
-        col.add(decoder.decode(bytes(raws[i]).decode()), counted)
+        col.add(whole[i], counted)
 
 
 def is_span(e: EventFields) -> bool:
@@ -404,7 +505,7 @@ def read_columns(state: ScanState, evs: list[EventFields], batch: bytes, index: 
         and e.ph == "X"
         and ((e.cat in CPU_CATS and e.name in needed) or (e.cat in _KERNEL_CATS and e.name in coll) or is_span(e))
     ]
-    decode_whole(state, batch, which, index, True)
+    decode_whole(state, batch, evs, which, index, True)
     return True
 
 
@@ -412,8 +513,7 @@ def read_one_by_one(state: ScanState, evs: list[EventFields], batch: bytes, inde
     """Read a batch's events one at a time: what :func:`read_columns` does, and any event whose fields are not
     plain (a missing or negative ``dur``, a ``ts`` not a number or out of range, a string ``tid``, a stream from
     another key, no name) decoded whole, as the exact path reads it (:func:`decode_whole`)."""
-    col, decoder = state.collector, state.decoder
-    raws: list[msgspec.Raw] | None = None
+    col, whole = state.collector, WholeEvents(state, batch, evs)
     lo, hi = -NS_RANGE, NS_RANGE
     for i, ev in enumerate(evs):
         ph = ev.ph
@@ -475,10 +575,8 @@ def read_one_by_one(state: ScanState, evs: list[EventFields], batch: bytes, inde
                     ext = -1 if a is None or a.external_id is None else a.external_id
                     col.add_op(name, start, start + dur, tid or 0, ext)
                     continue
-        if raws is None:
-            raws = _RAWS.decode(batch)
         col.read = index + i
-        col.add(decoder.decode(bytes(raws[i]).decode()))
+        col.add(whole[i])
 
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
