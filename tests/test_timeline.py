@@ -371,3 +371,41 @@ def test_the_format_checker_catches_each_rule(small_trace, edit, problem):
     except ValueError as exc:  # NaN: the parse itself stops, as Perfetto's does
         found = [str(exc)]
     assert any(problem in p for p in found), found
+
+
+def test_the_timeline_computed_in_a_forked_process_is_the_one_computed_here(tmp_path, monkeypatch):
+    """An offline analysis reading with several processes starts the timeline in a child while it decomposes
+    (TimelineJob): the same text; an error of its computation is raised as it would be here; a child that dies
+    leaves the text to this process; closed, it holds no process."""
+    import multiprocessing as mp
+    from concurrent.futures.process import BrokenProcessPool
+
+    from pnpscale.analysis.tables import TimelineJob, timeline_text
+
+    ranks, colls = random_run(world=3, iterations=2)
+    colls = colls.assign(**{K.MAIN: True})
+    here = timeline_text(ranks, colls)
+    job = TimelineJob(ranks, colls)
+    assert job.text() == here and job._pool is None
+    layout.commit_files(tmp_path / "a", table_writers(ranks, colls, decompose(ranks, colls), TimelineJob(ranks, colls)))
+    assert (tmp_path / "a" / layout.TIMELINE_JSON).read_text(encoding="utf-8") == here
+
+    bad = ranks.copy()
+    bad.loc[0, K.SECTION_S] = np.inf  # a non-finite time: refused, in the child as here
+    with pytest.raises(OverflowError) as here_exc:
+        timeline_text(bad, colls)
+    with pytest.raises(OverflowError) as child_exc:
+        TimelineJob(bad, colls).text()
+    assert str(child_exc.value) == str(here_exc.value)
+
+    class Dead:
+        def result(self) -> str:
+            raise BrokenProcessPool("a child process terminated abruptly")
+
+    job = TimelineJob(ranks, colls)
+    job._future = Dead()  # type: ignore[assignment]
+    assert job.text() == here
+    job = TimelineJob(ranks, colls)
+    job.close()
+    job.close()
+    assert job._pool is None and not [p for p in mp.active_children() if p.is_alive()]

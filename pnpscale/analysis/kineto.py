@@ -19,6 +19,7 @@ runs on the copy engines (no kernel, only ``Memcpy`` GPU events) is not one of t
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -227,9 +228,15 @@ def kernel_function(name: str) -> str:
     return base.rsplit("::", 1)[-1].strip() or base
 
 
+#: distinct kernel names remembered by :func:`kernel_family` and :func:`is_collective_kernel` (a trace repeats a
+#: few hundred names thousands of times; a section's records ask about each of its kernels)
+_KERNEL_NAMES_CACHED = 1 << 14
+
+
+@functools.lru_cache(maxsize=_KERNEL_NAMES_CACHED)
 def kernel_family(name: str) -> KernelFamily | None:
     """The row of :data:`COLLECTIVE_KERNELS` a GPU kernel name belongs to (matched on its unqualified function
-    name, :func:`kernel_function`), else ``None``.
+    name, :func:`kernel_function`), else ``None``. Pure: remembered per name.
 
     >>> kernel_family("void ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)").family
     'nccl<2.19'
@@ -245,6 +252,7 @@ def kernel_family(name: str) -> KernelFamily | None:
     return None
 
 
+@functools.lru_cache(maxsize=_KERNEL_NAMES_CACHED)
 def is_collective_kernel(name: str) -> bool:
     """Whether a GPU kernel is a collective's: a :data:`COLLECTIVE_KERNELS` name, or any name with ``nccl``."""
     return kernel_family(name) is not None or bool(_ANY_NCCL.search(name))

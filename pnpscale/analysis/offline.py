@@ -58,7 +58,7 @@ from pnpscale.analysis.section import (
     section_records,
 )
 from pnpscale.analysis.section.p2p import pair_rates
-from pnpscale.analysis.tables import frames, table_writers
+from pnpscale.analysis.tables import TimelineJob, frames, table_writers
 from pnpscale.analysis.trace import (
     NotATraceError,
     TraceError,
@@ -113,6 +113,8 @@ class Analysis:
         nested: section -> the section enclosing it (left out of the ``all`` row).
         point_to_point: per (section, src, dst) over the measured iterations, the paired point-to-point
             transfers' count, bytes and rate (:func:`pnpscale.analysis.section.p2p.pair_rates`); empty without any.
+        timeline: the run's timeline text being computed in another process (:class:`~pnpscale.analysis.tables.
+            TimelineJob`, started when the traces were read by several), or ``None``: computed when written.
     """
 
     ranks: pd.DataFrame
@@ -124,6 +126,7 @@ class Analysis:
     nested: dict[str, str]
     collectives_seen: bool = False
     point_to_point: tuple[dict[str, Any], ...] = ()
+    timeline: TimelineJob | None = None
 
     @property
     def no_collectives(self) -> bool:
@@ -271,6 +274,7 @@ def analyze_traces(
         records[t.rank] = recs
         done.append(RankedTrace(t.rank, t.path, t.source, info))
     seen = any(s.collectives for recs in records.values() for s in recs)
+    timeline: TimelineJob | None = None
     try:
         unclosed = {t.rank: t.path.name for t in done if not t.info.end_marker}
         records = drop_cut_iterations(records, unclosed, anomalies)
@@ -281,8 +285,12 @@ def analyze_traces(
         nested = nested_sections(records)
         aligned = align_collectives(records)
         ranks, colls = frames([(rank_rows(r, recs, warmup), {}) for r, recs in sorted(aligned.items())])
+        if _resolved_jobs(len(traces), jobs) > 1:  # the timeline on another core while this one decomposes
+            timeline = TimelineJob(ranks, colls)
         table = decompose(ranks, colls, world, on_negative_compute=lambda m: anomalies.add("negative_compute", None, m))
     except (SectionError, DecompositionError) as exc:
+        if timeline is not None:
+            timeline.close()
         steps = [a for a in anomalies.records() if a["kind"] == "step_not_on_every_rank"]
         hint = ""
         if steps:
@@ -295,7 +303,7 @@ def analyze_traces(
     for conflict in clock_conflicts(colls):
         anomalies.add("rank_clocks_inconsistent", conflict.blamed, conflict_text(conflict))
     pairs = tuple(pair_rates(aligned, warmup))
-    analysis = Analysis(ranks, colls, table, done, world, anomalies, nested, seen, pairs)
+    analysis = Analysis(ranks, colls, table, done, world, anomalies, nested, seen, pairs, timeline)
     if analysis.no_collectives:
         anomalies.add("no_collectives", None, no_collectives_text(done, world))
     if len(done) == 1 and world > 1:
@@ -368,6 +376,11 @@ def default_jobs(n_traces: int) -> int:
     )
 
 
+def _resolved_jobs(n_traces: int, jobs: int | None) -> int:
+    """Processes that read ``n_traces`` traces when ``jobs`` were asked (``None``: :func:`default_jobs`)."""
+    return default_jobs(n_traces) if jobs is None else max(1, min(jobs, n_traces))
+
+
 def _map_ranks(
     traces: Sequence[RankedTrace], sections: Mapping[str, str], jobs: int | None, cpu_start: bool = False
 ) -> Iterator[tuple[list[SectionRecord], TraceInfo, list[dict[str, Any]]]]:
@@ -375,7 +388,7 @@ def _map_ranks(
 
     The first failure in rank order is raised (as the serial loop would).
     """
-    jobs = default_jobs(len(traces)) if jobs is None else max(1, min(jobs, len(traces)))
+    jobs = _resolved_jobs(len(traces), jobs)
     if jobs == 1:
         for t in traces:
             yield _rank_records(t, sections, cpu_start)
@@ -471,6 +484,14 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
         AnalyzeError: no measured iteration (every iteration is warm-up), or a table that breaks an
             invariant (:func:`pnpscale.analysis.metrics.check_invariants`); nothing is written then.
     """
+    try:
+        return _write_analysis(out_dir, analysis, meta)
+    finally:
+        if analysis.timeline is not None:
+            analysis.timeline.close()  # its text written or not wanted: the child released either way
+
+
+def _write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -> dict[str, Any]:
     n = len(analysis.traces)
     try:
         check_invariants(analysis.ranks, analysis.sections)
@@ -485,7 +506,7 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
     if analysis.no_collectives:
         for m in (metrics, *metrics["sections"].values()):
             m["comm_e"] = m["pe"] = None
-    writers = table_writers(analysis.ranks, analysis.collectives, analysis.sections)
+    writers = table_writers(analysis.ranks, analysis.collectives, analysis.sections, analysis.timeline)
     layout.commit_files(out_dir, writers)
     infos = [t.info for t in analysis.traces]
     doc = {

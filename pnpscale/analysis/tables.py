@@ -7,6 +7,8 @@ columns (:mod:`pnpscale.columns`) with the same types.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import pandas as pd
@@ -50,13 +52,18 @@ def frames(
 
 
 def table_writers(
-    ranks: pd.DataFrame, collectives: pd.DataFrame, sections: pd.DataFrame | None = None
+    ranks: pd.DataFrame,
+    collectives: pd.DataFrame,
+    sections: pd.DataFrame | None = None,
+    timeline: TimelineJob | None = None,
 ) -> dict[str, Any]:
     """File name -> writer of a run's tables, for :func:`pnpscale.core.layout.commit_files` (the one place
     the three tables are written: live runs, offline analysis and the validation probe).
 
     ``sections`` is omitted by the validation probe, which decomposes later. With ``sections``, the run's
-    ``timeline.json`` (:func:`pnpscale.analysis.timeline_slices.run_trace`) is staged with the tables.
+    timeline (``timeline.json``, :func:`pnpscale.analysis.timeline_slices.run_trace`) is written too: from
+    ``timeline`` when given (:class:`TimelineJob` of the same ``ranks`` and ``collectives``, started earlier),
+    else computed by the writer.
     """
 
     writers: dict[str, Any] = {
@@ -64,27 +71,79 @@ def table_writers(
         layout.COLLECTIVES: lambda p: collectives.to_parquet(p, index=False),
     }
     if sections is not None:
+        text = timeline.text if timeline is not None else (lambda: timeline_text(ranks, collectives))
         writers[layout.SECTIONS] = lambda p: sections.to_parquet(p, index=False)
-        writers[layout.TIMELINE_JSON] = lambda p: write_timeline(p, ranks, collectives)
+        writers[layout.TIMELINE_JSON] = lambda p: write_timeline(p, text)
     return writers
 
 
-def write_timeline(path: Any, ranks: pd.DataFrame, collectives: pd.DataFrame) -> None:
-    """Write the run's Chrome trace (:func:`pnpscale.analysis.timeline_slices.run_trace`) as compact JSON at ``path``.
+def timeline_text(ranks: pd.DataFrame, collectives: pd.DataFrame) -> str:
+    """The run's Chrome trace (:func:`pnpscale.analysis.timeline_slices.run_trace`) as compact JSON text.
 
     UTF-8 text, no ``\\u`` escapes (older Perfetto importers refuse them: a section name outside ASCII is
     written as it is), and no ``NaN`` / ``Infinity`` (not JSON: Perfetto's importer stops at them).
 
     Raises:
-        ValueError: a non-finite number in the trace (never written).
+        ValueError: a non-finite number in the trace.
     """
     import json
 
-    # one json.dumps: its C encoder (json.dump streams through the pure-Python one, 5-10x slower), and a
-    # non-finite number refused before the file is opened
-    text = json.dumps(run_trace(ranks, collectives), separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    # one json.dumps: its C encoder (json.dump streams through the pure-Python one, 5-10x slower)
+    return json.dumps(run_trace(ranks, collectives), separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+
+def write_timeline(path: Any, text: Callable[[], str]) -> None:
+    """Write ``text()`` (:func:`timeline_text`) at ``path``, UTF-8; the text is complete before the file is
+    opened, so a refusal (``ValueError``: a non-finite number) leaves no file."""
+    body = text()
     with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+        f.write(body)
+
+
+class TimelineJob:
+    """:func:`timeline_text` of a run's tables, computed in a forked process while the caller goes on (an
+    offline analysis decomposes and writes its tables meanwhile: the two use two cores).
+
+    The tables are pickled to the child as they are at the start; ``ranks`` columns the timeline reads (RANK,
+    ITERATION, SECTION, WARMUP, START_S, SECTION_S, GPU_START_S, GPU_SPAN_S) and ``collectives`` must not
+    change after it. Where ``fork`` is not available, or the child dies (killed, out of memory), the text is
+    computed in this process instead; an error of the computation itself is raised by :meth:`text`, as
+    :func:`timeline_text` raises it here.
+    """
+
+    def __init__(self, ranks: pd.DataFrame, collectives: pd.DataFrame) -> None:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        self._tables = (ranks, collectives)
+        self._future: Future[str] | None = None
+        self._pool: ProcessPoolExecutor | None = None
+        if "fork" in mp.get_all_start_methods():
+            self._pool = ProcessPoolExecutor(1, mp_context=mp.get_context("fork"))
+            self._future = self._pool.submit(timeline_text, ranks, collectives)
+
+    def text(self) -> str:
+        """The text; waits for the child.
+
+        Raises:
+            ValueError, OverflowError: as :func:`timeline_text` (a non-finite number or time).
+        """
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            if self._future is not None:
+                return self._future.result()
+        except BrokenProcessPool:
+            pass  # the child died: computed here
+        finally:
+            self.close()
+        return timeline_text(*self._tables)
+
+    def close(self) -> None:
+        """Stop the child (when the text is not wanted after all) and release it; idempotent."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 def complete_sections(sections: pd.DataFrame) -> pd.DataFrame:
