@@ -409,3 +409,18 @@ def test_the_timeline_computed_in_a_forked_process_is_the_one_computed_here(tmp_
     job.close()
     job.close()
     assert job._pool is None and not [p for p in mp.active_children() if p.is_alive()]
+
+
+def test_an_unknown_payload_or_collective_name_is_null_in_the_slices_args():
+    ranks, colls = random_run(world=2, iterations=1)
+    colls = colls.assign(**{K.MAIN: True}).astype({K.PAYLOAD_BYTES: "Int64", K.COLLECTIVE: "string"})
+    colls.loc[colls[K.SEQ] == 0, K.PAYLOAD_BYTES] = pd.NA
+    colls.loc[colls[K.SEQ] == 1, K.COLLECTIVE] = pd.NA
+    from pnpscale.analysis.tables import timeline_text
+
+    xs = [e for e in json.loads(timeline_text(ranks, colls))["traceEvents"] if e["ph"] == "X"]
+    comm = [e["args"] for e in xs if e["cat"] in (T.WAIT, T.TRANSFER)]
+    by_seq = {s: [(a["collective"], a["bytes"]) for a in comm if a["seq"] == s] for s in (0, 1, 2)}
+    assert by_seq[0] and set(by_seq[0]) == {("all_reduce", None)}
+    assert by_seq[1] and set(by_seq[1]) == {(None, 4096)}
+    assert set(by_seq[2]) == {("all_reduce", 4096)}
