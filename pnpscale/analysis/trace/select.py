@@ -88,6 +88,8 @@ def collected_events(
     col.missing_gpu, col.copies_without_gpu = _launches_without_gpu_event(col, rt_corr, rt_start, order, base_ns)
 
     def shift(e: Event) -> Event:
+        if not base_ns:  # absolute timestamps (no baseTimeNanoseconds): nothing to move
+            return e
         return replace(e, start_ns=e.start_ns + base_ns, end_ns=e.end_ns + base_ns)
 
     out = [shift(e) for e in col.sections]
