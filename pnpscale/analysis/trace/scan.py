@@ -425,14 +425,16 @@ def read_columns(state: ScanState, evs: list[EventFields], batch: bytes, index: 
     gpu = [e for e in xs if e.cat in GPU_CATS]
     cpu = [e for e in xs if e.cat in CPU_CATS and e.name is not None]
     rest = [e for e in xs if e.cat not in _READ_CATS and e.cat is not None]
-    for name in cast(set[str], {e.name for e in cpu}).difference(state.relevant):
+    cpu_names = cast(set[str], {e.name for e in cpu})
+    for name in cpu_names.difference(state.relevant):
         if state.relevant.setdefault(name, cpu_needed(state, name)):
             state.needed.add(name)
-    for kname in {e.name for e in gpu}.difference(state.collective):
+    gpu_names = {e.name for e in gpu}
+    for kname in gpu_names.difference(state.collective):
         if state.collective.setdefault(kname, kname is not None and is_collective_kernel(kname)):
             state.collective_names.add(kname)
     needed, coll = state.needed, state.collective_names
-    if any(e.name in P2P_CALLS for e in cpu):
+    if not P2P_CALLS.isdisjoint(cpu_names):
         return False  # decoded whole, yet kept among the operators (Collector.add): in file order, one by one
     ops = [e for e in cpu if e.cat == "cpu_op" and e.name not in needed]
     if coll:
@@ -448,12 +450,13 @@ def read_columns(state: ScanState, evs: list[EventFields], batch: bytes, index: 
         return False  # then no sum below overflows int64
     rt_tid = [e.tid for e in rt]
     op_tid = [e.tid for e in ops]
-    if str in set(map(type, rt_tid)) or str in set(map(type, op_tid)) or None in [e.name for e in rt]:
+    rt_names = {e.name for e in rt}
+    if str in set(map(type, rt_tid)) or str in set(map(type, op_tid)) or None in rt_names:
         return False
-    if None in [e.name for e in gpu] or any(
-        e.args is not None and e.args.stream is None and (e.args.sycl_queue is not None or e.args.queue is not None)
-        for e in gpu
-    ):
+    if None in gpu_names or [  # (a collective kernel has a name: no name is dropped with them above)
+        e for e in gpu
+        if e.args is not None and e.args.stream is None and (e.args.sycl_queue is not None or e.args.queue is not None)
+    ]:  # fmt: skip
         return False  # stream_of reads the queue
     gpu_stream = [e.args.stream if e.args is not None and e.args.stream is not None else e.tid for e in gpu]
     types = set(map(type, gpu_stream))
@@ -474,7 +477,7 @@ def read_columns(state: ScanState, evs: list[EventFields], batch: bytes, index: 
     if starts:
         col.last_start = max(col.last_start, *starts)
     launches = state.launches
-    for name in cast(set[str], {e.name for e in rt}).difference(launches):
+    for name in cast(set[str], rt_names).difference(launches):
         launches[name] = launch_kind(name)
     col.rt_ext.frombytes(rt_ext)
     col.rt_tid.frombytes(rt_tids)
