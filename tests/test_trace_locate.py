@@ -61,7 +61,7 @@ def test_an_event_that_cannot_be_shown_to_be_found_is_taken_from_the_second_deco
     no_ts = '{"ph": "X", "cat": "cpu_op", "name": "gradient", "dur": 1.000}'
     string_ts = '{"ph": "X", "cat": "cpu_op", "name": "gradient", "ts": "3.000"}'
     batch = ("[" + ", ".join([first_not_ph, nested_after, no_ts, string_ts]) + "]").encode()
-    evs = msgspec.json.Decoder(list[T.EventFields]).decode(batch)
+    evs = T._TYPED.decode(batch)
     base = T.np.frombuffer(batch, T.np.uint8).ctypes.data
     state = _state()
     got = [T.located_event(state, batch, evs, i, base) for i in range(4)]
@@ -125,10 +125,13 @@ def test_the_event_located_is_always_the_event(events, indent, sep):
     base = T.np.frombuffer(batch, T.np.uint8).ctypes.data
     state = _state()
     for i, want in enumerate(exact):
+        if type(evs[i]) is not T.EventFields:
+            continue  # only X events are decoded whole
         got = T.located_event(state, batch, evs, i, base)
         assert got is None or got == want, i
         plain = list(want)[0] == "ph" and "ts" in want and "ph" not in json.dumps(want.get("args"), default=str)
-        if plain and (i + 1 == len(exact) or "ts" in exact[i + 1]):
+        if plain:
             assert got == want, i  # the plain case is found
     whole = T.WholeEvents(state, batch, evs)
-    assert [whole[i] for i in range(len(exact))] == exact
+    xs = [i for i, e in enumerate(evs) if type(e) is T.EventFields]
+    assert [whole[i] for i in xs] == [exact[i] for i in xs]

@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import re
 import zlib
 from collections.abc import Mapping
@@ -115,11 +117,18 @@ class ArgsFields(msgspec.Struct, gc=False):
     queue: Any = None
 
 
-class EventFields(msgspec.Struct, gc=False):
-    """The keys of an event read by :func:`read_batch` (the others are skipped by the decoder); ``ts`` and
-    ``dur`` as their JSON text (:class:`msgspec.Raw`, empty when absent), converted to exact integer ns."""
+#: the phases (``ph``) of the Trace Event Format; a batch holding an event of another phase, or one without ``ph``,
+#: fails its typed decoding (:data:`_TYPED`) and is decoded whole, event by event, as the exact path reads it
+PHASES = ("B", "E", "X", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s", "t", "f", "P", "N", "O", "D", "M",
+          "V", "v", "R", "c", "(", ")")  # fmt: skip
 
-    ph: str | None = None
+
+class EventFields(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    """The keys of an ``X`` (complete) event read by :func:`read_batch` (the others are skipped by the decoder);
+    ``ts`` and ``dur`` as their JSON text (:class:`msgspec.Raw`, empty when absent), converted to exact integer
+    ns. The phase is the struct's type (a tagged union, :data:`_TYPED`): the events of other phases are built
+    without fields, at a fraction of the cost (flow events are a third of a GPU trace's)."""
+
     cat: str | None = None
     name: str | None = None
     tid: int | str | None = None
@@ -199,7 +208,21 @@ def decode_run(state: ScanState, data: bytes, start: int, stop: int, index: int,
         return index
 
 
-_TYPED = msgspec.json.Decoder(list[EventFields])
+class InstantFields(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+    """An ``i`` (instant) event's name: Kineto's last event (:data:`~pnpscale.analysis.kineto.END_MARKER`) is one."""
+
+    name: str | None = None
+
+
+#: one struct without fields per other phase (its events are skipped: nothing is read from them)
+_OTHER_PHASES: tuple[type[msgspec.Struct], ...] = tuple(
+    msgspec.defstruct(f"Phase{n}", [], tag_field="ph", tag=ph, gc=False)
+    for n, ph in enumerate(PHASES)
+    if ph not in ("X", "i")
+)
+#: a batch's events: :class:`EventFields` for ``X``, :class:`InstantFields` for ``i``, an empty struct otherwise
+_ANY_EVENT: Any = functools.reduce(operator.or_, (EventFields, InstantFields, *_OTHER_PHASES))
+_TYPED = msgspec.json.Decoder(list.__class_getitem__(_ANY_EVENT))
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 
 
@@ -330,26 +353,18 @@ def raw_offset(raw: msgspec.Raw, base: int, size: int) -> int | None:
     return at if 0 <= at and at + len(raw) <= size else None
 
 
-def located_event(state: ScanState, batch: bytes, evs: list[EventFields], i: int, base: int) -> dict[str, Any] | None:
-    """Event ``i`` of ``batch`` decoded whole with :mod:`json` (as :func:`decode_whole` does), found without a
-    second decoding of the batch: from the place of its ``ts`` value in the batch (:func:`raw_offset`) back to the
-    ``{`` that opens it (an object whose first key is ``"ph"``, as Kineto writes events), up to the next event's
-    ``ts``. The object found is the event: it opens before its ``ts`` value and ends after it, and the only object
-    holding an event's member is the event (the batch's top level is an array). ``None`` when that cannot be
-    shown (no ``ts``, another key first, nested objects in the way): the caller decodes the batch's events."""
-    size = len(batch)
-    at = raw_offset(evs[i].ts, base, size)
+def located_event(state: ScanState, batch: bytes, evs: list[Any], i: int, base: int) -> dict[str, Any] | None:
+    """Event ``i`` of ``batch`` (an ``X`` event) decoded whole with :mod:`json` (as :func:`decode_whole` does),
+    found without a second decoding of the batch: from the place of its ``ts`` value in the batch
+    (:func:`raw_offset`) back to the ``{`` that opens it (an object whose first key is ``"ph"``, as Kineto writes
+    events), decoded up to the next such ``{`` after the ``ts`` (:func:`next_object_start`; past it when that one
+    is nested in the event). The object found is the event: it opens before its ``ts`` value and ends after it,
+    and the only object holding an event's member is the event (the batch's top level is an array). ``None`` when
+    that cannot be shown within :data:`_OPEN_TRIES` steps each way (no ``ts``, another key first, nested objects
+    in the way): the caller decodes the batch's events."""
+    at = raw_offset(evs[i].ts, base, len(batch))
     if at is None:
         return None
-    bound = size - 1  # the batch's closing "]"
-    for e in evs[i + 1 : i + 3]:
-        nxt = raw_offset(e.ts, base, size)
-        if nxt is not None:
-            bound = nxt
-            break
-    else:
-        if i + 1 < len(evs):
-            return None  # no bound near: not worth decoding the batch's rest for one event
     hi = at
     for _ in range(_OPEN_TRIES):
         key = batch.rfind(b'"ph"', 0, hi)
@@ -361,15 +376,55 @@ def located_event(state: ScanState, batch: bytes, evs: list[EventFields], i: int
         if j < 0 or batch[j] != 123:  # "{"
             continue
         hi = j
-        try:
-            piece = batch[j:bound].decode()
-            ev, end = state.decoder.raw_decode(piece)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        found = _object_at(state, batch, j, at)
+        if found is None:
             return None
+        end, ev = found
+        if end > at:
+            return ev if isinstance(ev, dict) else None
+    return None
+
+
+def _object_at(state: ScanState, batch: bytes, start: int, at: int) -> tuple[int, Any] | None:
+    """``(end offset, value)`` of the JSON value opening at ``start``, decoded from ``start`` to an object start
+    after ``at`` (the next event's, or further when that text ends inside this value); ``None`` when none within
+    :data:`_OPEN_TRIES` such starts, or the text is not valid UTF-8."""
+    bound = at
+    for _ in range(_OPEN_TRIES):
+        nxt = next_object_start(batch, bound)
+        if nxt is None:
+            return None
+        try:
+            piece = batch[start:nxt].decode()
+            value, end = state.decoder.raw_decode(piece)
+        except UnicodeDecodeError:
+            return None
+        except json.JSONDecodeError:
+            if nxt >= len(batch) - 1:
+                return None
+            bound = nxt + 1  # cut inside the value (an object nested after the ts): to the next start
+            continue
         if not piece.isascii():
             end = len(piece[:end].encode())
-        if j + end > at:
-            return ev if isinstance(ev, dict) else None
+        return start + end, value
+    return None
+
+
+def next_object_start(batch: bytes, at: int) -> int | None:
+    """The offset of the first ``{`` after ``at`` that opens an object whose first key is ``"ph"`` (the next
+    event, as Kineto writes them, or a nested object), the batch's closing ``]`` when there is none; ``None``
+    after :data:`_OPEN_TRIES` ``"ph"`` texts that open no object (string values)."""
+    pos = at
+    for _ in range(_OPEN_TRIES):
+        key = batch.find(b'"ph"', pos)
+        if key < 0:
+            return len(batch) - 1
+        j = key - 1
+        while j > at and batch[j] in _BLANKS:
+            j -= 1
+        if batch[j] == 123:  # "{"
+            return j
+        pos = key + 4
     return None
 
 
@@ -378,7 +433,7 @@ class WholeEvents:
     them), on demand: each found by :func:`located_event`, or, from the first that is not, from one
     :data:`_RAWS` decoding of the batch."""
 
-    def __init__(self, state: ScanState, batch: bytes, evs: list[EventFields]) -> None:
+    def __init__(self, state: ScanState, batch: bytes, evs: list[Any]) -> None:
         self.state, self.batch, self.evs = state, batch, evs
         self.base = np.frombuffer(batch, np.uint8).ctypes.data
         self.raws: list[msgspec.Raw] | None = None
@@ -393,7 +448,7 @@ class WholeEvents:
 
 
 def decode_whole(
-    state: ScanState, batch: bytes, evs: list[EventFields], which: list[int], index: int, counted: bool
+    state: ScanState, batch: bytes, evs: list[Any], which: list[int], index: int, counted: bool
 ) -> None:
     """Decode the events ``which`` (indices) of ``batch`` (:class:`WholeEvents`) and give them to
     :meth:`~pnpscale.analysis.trace.collect.Collector.add` in order, as the exact path does (``index``: the
@@ -409,7 +464,7 @@ def is_span(e: EventFields) -> bool:
     return e.cat == "Trace" and e.name is not None and e.name.startswith("PyTorch Profiler")
 
 
-def read_columns(state: ScanState, evs: list[EventFields], batch: bytes, index: int) -> bool:
+def read_columns(state: ScanState, evs: list[Any], batch: bytes, index: int) -> bool:
     """Read a batch's events column by column; ``False`` (and nothing read) when some event the columns hold is
     not as Kineto writes it (a ``ts``/``dur`` not ``{us}.{ns:03}``, a string ``tid``, no name, a stream from
     another key than ``stream``).
@@ -421,7 +476,7 @@ def read_columns(state: ScanState, evs: list[EventFields], batch: bytes, index: 
     file order. The result equals :func:`read_one_by_one`'s (arrays and counters in file order).
     """
     col = state.collector
-    xs = [e for e in evs if e.ph == "X"]
+    xs: list[EventFields] = [e for e in evs if type(e) is EventFields]
     rt = [e for e in xs if e.cat in RUNTIME_CATS and e.args is not None and e.args.correlation is not None]
     gpu = [e for e in xs if e.cat in GPU_CATS]
     cpu = [e for e in xs if e.cat in CPU_CATS and e.name is not None]
@@ -472,7 +527,7 @@ def read_columns(state: ScanState, evs: list[EventFields], batch: bytes, index: 
     rt_tids, gpu_streams = int64s([-1 if t is None else t for t in rt_tid]), int64s(gpu_stream)
     op_tids = int64s([t or 0 for t in op_tid])
     # keep them (nothing above changed the collector; an OverflowError above sends the file to the exact path)
-    if END_MARKER in [e.name for e in evs if e.ph == "i"]:
+    if END_MARKER in [e.name for e in evs if type(e) is InstantFields]:
         col.end_marker = True
     starts = [int(c.max()) for c in (rt_start, gpu_start, op_start) if len(c)]
     if starts:
@@ -505,24 +560,23 @@ def read_columns(state: ScanState, evs: list[EventFields], batch: bytes, index: 
     which = [
         i
         for i, e in enumerate(evs)
-        if e.name in whole
-        and e.ph == "X"
+        if type(e) is EventFields
+        and e.name in whole
         and ((e.cat in CPU_CATS and e.name in needed) or (e.cat in _KERNEL_CATS and e.name in coll) or is_span(e))
     ]
     decode_whole(state, batch, evs, which, index, True)
     return True
 
 
-def read_one_by_one(state: ScanState, evs: list[EventFields], batch: bytes, index: int) -> None:
+def read_one_by_one(state: ScanState, evs: list[Any], batch: bytes, index: int) -> None:
     """Read a batch's events one at a time: what :func:`read_columns` does, and any event whose fields are not
     plain (a missing or negative ``dur``, a ``ts`` not a number or out of range, a string ``tid``, a stream from
     another key, no name) decoded whole, as the exact path reads it (:func:`decode_whole`)."""
     col, whole = state.collector, WholeEvents(state, batch, evs)
     lo, hi = -NS_RANGE, NS_RANGE
     for i, ev in enumerate(evs):
-        ph = ev.ph
-        if ph != "X":
-            if ph == "i" and ev.name == END_MARKER:
+        if type(ev) is not EventFields:
+            if type(ev) is InstantFields and ev.name == END_MARKER:
                 col.end_marker = True
             continue
         cat, name, a = ev.cat, ev.name, ev.args
