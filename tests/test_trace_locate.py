@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pnpscale.analysis.trace import scan as T
@@ -115,6 +115,13 @@ def _dumps(ev: dict, indent: int | None) -> str:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_event(), min_size=1, max_size=6), st.sampled_from([None, 0, 2]), st.sampled_from([", ", ",\n  "]))
+@example(  # a plain event followed by events whose "ph" is not their first key: not located, taken from the decoding
+    [{"ph": "X", "cat": "cpu_op", "name": ""}, {"ph": "X", "cat": "cpu_op", "name": "", "ts": Decimal("0")},
+     {"cat": "cpu_op", "ph": "X", "name": "", "ts": Decimal("0"), "args": {"x": None, "ph": None}},
+     {"cat": "cpu_op", "ph": "X", "name": ""}, {"cat": "cpu_op", "ph": "X", "name": ""}],
+    None,
+    ", ",
+)  # fmt: skip
 def test_the_event_located_is_always_the_event(events, indent, sep):
     batch = ("[" + sep.join(_dumps(e, indent) for e in events) + "]").encode()
     exact = _exact(batch)
@@ -129,9 +136,11 @@ def test_the_event_located_is_always_the_event(events, indent, sep):
             continue  # only X events are decoded whole
         got = T.located_event(state, batch, evs, i, base)
         assert got is None or got == want, i
+        # the plain case is found: the event and the next (its end is found at the next event's start) as Kineto
+        # writes them, "ph" first (another layout may take more than the tries that located_event makes)
         plain = list(want)[0] == "ph" and "ts" in want and "ph" not in json.dumps(want.get("args"), default=str)
-        if plain:
-            assert got == want, i  # the plain case is found
+        if plain and (i + 1 == len(exact) or list(exact[i + 1])[0] == "ph"):
+            assert got == want, i
     whole = T.WholeEvents(state, batch, evs)
     xs = [i for i, e in enumerate(evs) if type(e) is T.EventFields]
     assert [whole[i] for i in xs] == [exact[i] for i in xs]
