@@ -159,6 +159,16 @@ class SectionRecord:
         return sum(c.duration_s if c.blocked_s is None else c.blocked_s for c in self.collectives)
 
 
+class DecompositionError(PnpscaleError, ValueError):
+    """Per-rank tables that cannot be decomposed (missing ranks, unmatched collectives): raised by
+    :mod:`pnpscale.analysis.metrics` (defined here, with the other analysis errors, so that a module that only
+    catches it needs no pandas)."""
+
+
+class NoMeasuredIteration(DecompositionError):
+    """Every iteration of the tables is a warm-up one: nothing to measure."""
+
+
 class SectionError(PnpscaleError, ValueError):
     """Events that cannot be reduced to sections (missing or unequal section counts).
 

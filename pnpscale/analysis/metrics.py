@@ -33,19 +33,11 @@ import numpy as np
 import pandas as pd
 
 from pnpscale import columns as K
+from pnpscale.analysis.events import DecompositionError, NoMeasuredIteration
 from pnpscale.analysis.overlap import split_blocked
 from pnpscale.analysis.waits import wait_by_cause
-from pnpscale.core.errors import PnpscaleError
 
 _KEY = [K.ITERATION, K.SECTION]
-
-
-class DecompositionError(PnpscaleError, ValueError):
-    """Per-rank tables that cannot be decomposed (missing ranks, unmatched collectives)."""
-
-
-class NoMeasuredIteration(DecompositionError):
-    """Every iteration of the tables is a warm-up one: nothing to measure."""
 
 
 class InvariantError(DecompositionError):

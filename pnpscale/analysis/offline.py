@@ -25,29 +25,19 @@ written together (:func:`pnpscale.core.layout.commit_files`), then ``analysis.js
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from pnpscale import columns as K
 from pnpscale.analysis.anomalies import Anomalies, summary_lines
-from pnpscale.analysis.clocks import clock_conflicts, conflict_text
-from pnpscale.analysis.events import SectionError, SectionRecord, rank_rows
+from pnpscale.analysis.events import DecompositionError, NoMeasuredIteration, SectionError, SectionRecord, rank_rows
 from pnpscale.analysis.kineto import END_MARKER, GPU_CATS
-from pnpscale.analysis.metrics import (
-    DecompositionError,
-    NoMeasuredIteration,
-    check_invariants,
-    decompose,
-    run_metrics,
-    summarize,
-)
 from pnpscale.analysis.section import (
     align_collectives,
     drop_bad_iterations,
@@ -58,7 +48,6 @@ from pnpscale.analysis.section import (
     section_records,
 )
 from pnpscale.analysis.section.p2p import pair_rates
-from pnpscale.analysis.tables import TimelineJob, frames, table_writers
 from pnpscale.analysis.trace import (
     NotATraceError,
     TraceError,
@@ -72,6 +61,16 @@ from pnpscale.analysis.trace.cut import drop_unvouched_end
 from pnpscale.core import layout
 from pnpscale.core.errors import InputError, PnpscaleError, command_prog
 from pnpscale.core.record import RecordError, now_iso, read_record
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from pnpscale.analysis.tables import TimelineJob
+
+#: the table stage's modules (pandas, pyarrow: a third of a second to import), imported while the ranks' traces are
+#: read (:func:`_import_table_stage`): this module and the readers need none of them, so that the readers fork
+#: (and start) before they are imported
+TABLE_STAGE = ("pnpscale.analysis.clocks", "pnpscale.analysis.metrics", "pnpscale.analysis.tables")
 
 ANALYSIS_JSON = layout.ANALYSIS_JSON
 ANALYSIS_DIR = layout.ANALYSIS_DIR
@@ -269,10 +268,13 @@ def analyze_traces(
     world = world_size if world_size is not None else len(traces)
     records: dict[int, list[SectionRecord]] = {}
     done: list[RankedTrace] = []
-    for t, (recs, info, found) in zip(traces, _map_ranks(traces, sections, jobs, cpu_start), strict=True):
+    reading = _map_ranks(traces, sections, jobs, cpu_start, meanwhile=_import_table_stage)
+    for t, (recs, info, found) in zip(traces, reading, strict=True):
         anomalies.extend(found)
         records[t.rank] = recs
         done.append(RankedTrace(t.rank, t.path, t.source, info))
+    from pnpscale.analysis import clocks, metrics, tables  # deferred: TABLE_STAGE, imported as the ranks were read
+
     seen = any(s.collectives for recs in records.values() for s in recs)
     timeline: TimelineJob | None = None
     try:
@@ -284,10 +286,12 @@ def analyze_traces(
         records = drop_empty_iterations(drop_bad_iterations(match_steps(records, anomalies), anomalies), anomalies)
         nested = nested_sections(records)
         aligned = align_collectives(records)
-        ranks, colls = frames([(rank_rows(r, recs, warmup), {}) for r, recs in sorted(aligned.items())])
+        ranks, colls = tables.frames([(rank_rows(r, recs, warmup), {}) for r, recs in sorted(aligned.items())])
         if _resolved_jobs(len(traces), jobs) > 1:  # the timeline on another core while this one decomposes
-            timeline = TimelineJob(ranks, colls)
-        table = decompose(ranks, colls, world, on_negative_compute=lambda m: anomalies.add("negative_compute", None, m))
+            timeline = tables.TimelineJob(ranks, colls)
+        table = metrics.decompose(
+            ranks, colls, world, on_negative_compute=lambda m: anomalies.add("negative_compute", None, m)
+        )
     except (SectionError, DecompositionError) as exc:
         if timeline is not None:
             timeline.close()
@@ -300,8 +304,8 @@ def analyze_traces(
         raise AnalyzeError(f"{exc}{hint}") from exc
     for inner, outer in nested.items():
         anomalies.add("nested_sections", None, f"{inner!r} inside {outer!r}")
-    for conflict in clock_conflicts(colls):
-        anomalies.add("rank_clocks_inconsistent", conflict.blamed, conflict_text(conflict))
+    for conflict in clocks.clock_conflicts(colls):
+        anomalies.add("rank_clocks_inconsistent", conflict.blamed, clocks.conflict_text(conflict))
     pairs = tuple(pair_rates(aligned, warmup))
     analysis = Analysis(ranks, colls, table, done, world, anomalies, nested, seen, pairs, timeline)
     if analysis.no_collectives:
@@ -381,15 +385,30 @@ def _resolved_jobs(n_traces: int, jobs: int | None) -> int:
     return default_jobs(n_traces) if jobs is None else max(1, min(jobs, n_traces))
 
 
+def _import_table_stage() -> None:
+    """Import the :data:`TABLE_STAGE` modules (in this process; nothing is done where they are imported)."""
+    for name in TABLE_STAGE:
+        importlib.import_module(name)
+
+
 def _map_ranks(
-    traces: Sequence[RankedTrace], sections: Mapping[str, str], jobs: int | None, cpu_start: bool = False
+    traces: Sequence[RankedTrace],
+    sections: Mapping[str, str],
+    jobs: int | None,
+    cpu_start: bool = False,
+    meanwhile: Callable[[], None] | None = None,
 ) -> Iterator[tuple[list[SectionRecord], TraceInfo, list[dict[str, Any]]]]:
     """:func:`_rank_records` of every trace, in order; over a pool of ``jobs`` processes when above 1.
 
-    The first failure in rank order is raised (as the serial loop would).
+    ``meanwhile`` is called once, at the first result asked for: after every trace was given to the pool (the
+    workers fork with this process's modules as they are then, and start reading), before the first result is
+    awaited; before the first trace is read when there is one job. The first failure in rank order is raised (as
+    the serial loop would).
     """
     jobs = _resolved_jobs(len(traces), jobs)
     if jobs == 1:
+        if meanwhile is not None:
+            meanwhile()
         for t in traces:
             yield _rank_records(t, sections, cpu_start)
         return
@@ -406,6 +425,8 @@ def _map_ranks(
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context(method)) as pool:
             futures = [pool.submit(_rank_records, t, dict(sections), cpu_start) for t in traces]
             try:
+                if meanwhile is not None:
+                    meanwhile()
                 for f in futures:
                     yield f.result()
             finally:
@@ -492,21 +513,23 @@ def write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -
 
 
 def _write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) -> dict[str, Any]:
+    from pnpscale.analysis import metrics, tables  # deferred: TABLE_STAGE (pandas), imported by analyze_traces
+
     n = len(analysis.traces)
     try:
-        check_invariants(analysis.ranks, analysis.sections)
+        metrics.check_invariants(analysis.ranks, analysis.sections)
         if analysis.no_collectives:  # unknown, not zero: NaN in every table
             analysis.sections.loc[:, list(UNKNOWN_WHEN_NO_COLLECTIVE)] = float("nan")
             analysis.ranks.loc[:, [c for c in (K.COMM_S, K.HIDDEN_S) if c in analysis.ranks]] = float("nan")
-        metrics = run_metrics(analysis.sections, n, analysis.nested)
+        run = metrics.run_metrics(analysis.sections, n, analysis.nested)
     except DecompositionError as exc:
         if isinstance(exc, NoMeasuredIteration):
             raise AnalyzeError(f"{exc}: lower --warmup") from exc
         raise AnalyzeError(str(exc)) from exc
     if analysis.no_collectives:
-        for m in (metrics, *metrics["sections"].values()):
+        for m in (run, *run["sections"].values()):
             m["comm_e"] = m["pe"] = None
-    writers = table_writers(analysis.ranks, analysis.collectives, analysis.sections, analysis.timeline)
+    writers = tables.table_writers(analysis.ranks, analysis.collectives, analysis.sections, analysis.timeline)
     layout.commit_files(out_dir, writers)
     infos = [t.info for t in analysis.traces]
     doc = {
@@ -529,7 +552,7 @@ def _write_analysis(out_dir: Path, analysis: Analysis, meta: Mapping[str, Any]) 
             }
             for t in analysis.traces
         ],
-        "metrics": metrics,
+        "metrics": run,
         "nested_sections": dict(analysis.nested),
         "point_to_point": [dict(p) for p in analysis.point_to_point],
         "anomalies": analysis.anomalies.records(),
@@ -666,6 +689,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup, warmup_from = (args.warmup, "--warmup") if args.warmup is not None else _default_warmup(paths)
         own = _pnpscale_run(paths)  # its sections start with the GPU idle: S_r from the CPU range start
         analysis = analyze_traces(traces, sections, warmup, world, anomalies, cpu_start=own, jobs=args.jobs)
+        import pandas as pd  # (imported by analyze_traces: TABLE_STAGE)
+
         if own:  # a pnpscale run folder says whether its ranks time-shared cores (run.json): the live flag
             flag = _recorded_time_shared(paths)
             analysis.sections[K.TIME_SHARED] = pd.array([flag] * len(analysis.sections), dtype="boolean")
@@ -677,6 +702,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pnpscale.analyze: error: {f'--warmup {args.warmup}: ' if given_warmup else ''}{exc}", file=sys.stderr)
         refused = isinstance(exc, AnalyzeOptionError | NotATraceError) or given_warmup
         return InputError.exit_code if refused else 1
+    from pnpscale.analysis.metrics import summarize  # deferred: TABLE_STAGE (pandas), imported by analyze_traces
+
     summ = summarize(analysis.sections, len(analysis.traces), analysis.nested)
     if analysis.no_collectives:
         summ[[K.COMM_E, K.PE]] = float("nan")

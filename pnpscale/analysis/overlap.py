@@ -40,11 +40,16 @@ import bisect
 import heapq
 import re
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from pnpscale import columns as K
+
+# pandas is imported where it is used: reading a rank's trace needs none of it (an offline analysis starts its
+# trace readers before it imports pandas: pnpscale.analysis.offline)
+if TYPE_CHECKING:
+    import pandas as pd
 
 Span = tuple[int, int]
 _SPAN = re.compile(r"(-?\d+)-(-?\d+)")
@@ -341,8 +346,13 @@ def parse_spans(text: object) -> list[Span] | None:
     >>> parse_spans("5-10,20-30"), parse_spans(""), parse_spans(None), parse_spans("-40-10")
     ([(5, 10), (20, 30)], [], None, [(-40, 10)])
     """
-    if text is None or (not isinstance(text, str) and pd.isna(text)):
+    if text is None:
         return None
+    if not isinstance(text, str):
+        import pandas as pd
+
+        if pd.isna(text):
+            return None
     out = []
     for part in str(text).split(","):
         if not part:
@@ -371,12 +381,15 @@ def split_blocked(collectives: pd.DataFrame) -> pd.DataFrame:
     Raises:
         ValueError: an unreadable BLOCKED_SPANS_NS value.
 
+    >>> import pandas as pd
     >>> c = pd.DataFrame({"iteration": 0, "section": "s", "seq": 0, "rank": [0, 1], "duration_s": [0.5, 0.1]})
     >>> split_blocked(c).round(9).values.tolist()  # blocking: transfer 0.1 on both, rank 0 waited 0.4
     [[0.5, 0.4, 0.1], [0.1, 0.0, 0.1]]
     >>> split_blocked(c.assign(blocked_spans_ns=["", None])).round(9).values.tolist()  # rank 0: hidden
     [[0.0, 0.0, 0.0], [0.1, 0.0, 0.1]]
     """
+    import pandas as pd
+
     d = collectives[K.DURATION_S].astype("float64")
     keys = [collectives[K.ITERATION], collectives[K.SECTION], collectives[K.SEQ]]
     t = d.groupby(keys).transform("min").clip(lower=0.0)
