@@ -128,10 +128,9 @@ def test_a_generated_cuda_trace_with_nested_sections_nests_on_every_thread(tmp_p
 
 
 def test_untangle_moves_only_what_would_overlap_and_the_check_names_it():
-    spans = [{"pid": 1, "tid": 2, "a": 0, "b": 10}, {"pid": 1, "tid": 2, "a": 2, "b": 5},
-             {"pid": 1, "tid": 2, "a": 8, "b": 12}]  # fmt: skip
+    spans = [{"pid": 1, "tid": 2}, {"pid": 1, "tid": 2}, {"pid": 1, "tid": 2}]
     names = {2: "compute / transfer / wait"}
-    T._untangle(spans, names)
+    T._untangle(spans, [0, 2, 8], [10, 5, 12], names)
     assert [s["tid"] for s in spans] == [2, 2, 2 + T.OVERFLOW_TID]
     assert names[2 + T.OVERFLOW_TID] == "compute / transfer / wait (overlapping, 1)"
     ev = [{"ph": "X", "pid": 1, "tid": 2, "name": "a", "ts": 0, "dur": 10},

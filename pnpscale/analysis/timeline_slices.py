@@ -30,7 +30,7 @@ collectives of the difference of their exits ``A_rc + D_rc``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -319,7 +319,9 @@ def chrome_trace(
         names[SLICES_TID + d] = "compute / transfer / wait" + (f" (sections nested {d} deep)" if d else "")
     for lane in range(n_lanes):
         names[HIDDEN_TID + lane] = "hidden: communication overlapped by compute" + (f" ({lane + 1})" if lane else "")
-    spans: list[dict[str, Any]] = []  # X events, as integer ns (written in us below)
+    spans: list[dict[str, Any]] = []  # the X events; their ts and dur are written from span_lo, span_hi (ns) below
+    span_lo: list[int] = []
+    span_hi: list[int] = []
     iters: dict[tuple[int, int], list[Any]] = {}
     lengths = ranks[K.SECTION_S].astype("float64").tolist()  # NaN kept: refused as JSON below, not as None
     rows = zip(*(_values(ranks, c) for c in (K.RANK, K.SECTION, K.ITERATION, K.WARMUP)), lengths, strict=True)
@@ -328,14 +330,19 @@ def chrome_trace(
             continue
         rank, sec, it, warm = int(rank_v), str(sec_v), int(it_v), bool(warm_v)
         a, b = int(r_start[i]) - shift, int(r_end[i]) - shift
-        spans.append({"pid": rank + PID_BASE, "tid": SECTIONS_TID, "name": sec, "cat": "section", "a": a, "b": b,
-                      "args": {"section": sec, "iteration": it, "warmup": warm,
-                               K.SECTION_S: float(length)}})  # fmt: skip
+        spans.append({"ph": "X", "pid": rank + PID_BASE, "tid": SECTIONS_TID, "name": sec, "cat": "section",
+                      "ts": 0.0, "dur": 0.0, "args": {"section": sec, "iteration": it, "warmup": warm,
+                                                      K.SECTION_S: float(length)}})  # fmt: skip
+        span_lo.append(a)
+        span_hi.append(b)
         box = iters.setdefault((rank, it), [a, b, warm])
         box[0], box[1], box[2] = min(box[0], a), max(box[1], b), box[2] and warm
     for (rank, it), (a, b, warm) in sorted(iters.items()):
-        spans.append({"pid": rank + PID_BASE, "tid": ITERATIONS_TID, "name": f"iteration {it}", "cat": "iteration",
-                      "a": a, "b": b, "args": {"iteration": it, "warmup": bool(warm)}})  # fmt: skip
+        spans.append({"ph": "X", "pid": rank + PID_BASE, "tid": ITERATIONS_TID, "name": f"iteration {it}",
+                      "cat": "iteration", "ts": 0.0, "dur": 0.0,
+                      "args": {"iteration": it, "warmup": bool(warm)}})  # fmt: skip
+        span_lo.append(a)
+        span_hi.append(b)
     columns = (K.KIND, K.RANK, K.SECTION, K.ITERATION, K.WARMUP, K.COLLECTIVE, K.SEQ, K.PAYLOAD_BYTES)
     for i, (kind_v, rank_v, sec_v, it_v, warm_v, coll, seq, payload) in enumerate(
         zip(*(_values(table, c) for c in columns), strict=True)
@@ -351,9 +358,11 @@ def chrome_trace(
         tid = HIDDEN_TID + lanes[i] if kind == HIDDEN else SLICES_TID + depth.get((rank, args["iteration"],
                                                                                    args["section"]), 0)
         a = int(t_start[i]) - shift
-        spans.append({"pid": rank + PID_BASE, "tid": tid, "name": kind, "cat": kind, "a": a, "b": a + int(dur_ns[i]),
+        spans.append({"ph": "X", "pid": rank + PID_BASE, "tid": tid, "name": kind, "cat": kind, "ts": 0.0, "dur": 0.0,
                       "args": args})  # fmt: skip
-    _untangle(spans, names)
+        span_lo.append(a)
+        span_hi.append(a + int(dur_ns[i]))
+    _untangle(spans, span_lo, span_hi, names)
     events: list[dict[str, Any]] = []
     for rank in sorted(off_ns):
         meta = {"ph": "M", "pid": rank + PID_BASE}
@@ -364,10 +373,10 @@ def chrome_trace(
         for tid, name in sorted(names.items()):
             events.append({**meta, "tid": tid, "name": "thread_name", "args": {"name": name}})
             events.append({**meta, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
-    for e in spans:
-        events.append({"ph": "X", "pid": e["pid"], "tid": e["tid"], "name": e["name"], "cat": e["cat"],
-                       "ts": e["a"] / 1000, "dur": (e["b"] - e["a"]) / 1000, "args": e["args"]})  # fmt: skip
-    events += _flows(spans)
+    for e, a, b in zip(spans, span_lo, span_hi, strict=True):
+        e["ts"], e["dur"] = a / 1000, (b - a) / 1000
+    events += spans
+    events += _flows(spans, span_lo, span_hi)
     other: dict[str, Any] = {
         "source": "pnpscale",
         "clock": "seconds from the lowest rank's first section start; each rank shifted by its clock offset "
@@ -383,7 +392,10 @@ def chrome_trace(
     }
     if note:
         other["note"] = note
-    problems = nesting_problems(events)
+    tracks: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
+    for e, a, b in zip(spans, span_lo, span_hi, strict=True):  # the X events written, in ns: nesting_problems
+        tracks.setdefault((e["pid"], e["tid"]), []).append((a, b, e["name"]))
+    problems = _track_problems(tracks)
     if problems:  # _untangle guarantees none: a bug, never written
         raise ValueError(f"timeline.json would hold slices that overlap without nesting: {problems[0]}")
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
@@ -393,17 +405,17 @@ def chrome_trace(
 OVERFLOW_TID = 1000
 
 
-def _untangle(spans: list[dict[str, Any]], names: dict[int, str]) -> None:
-    """Move every span (``pid``, ``tid``, ``a``, ``b`` in ns) that would overlap an earlier one of its thread
-    without nesting to the first overflow thread (``tid + OVERFLOW_TID x k``) where it nests; names them in
+def _untangle(spans: list[dict[str, Any]], lo: Sequence[int], hi: Sequence[int], names: dict[int, str]) -> None:
+    """Move every span (``pid``, ``tid``; from ``lo[i]`` to ``hi[i]``, ns) that would overlap an earlier one of its
+    thread without nesting to the first overflow thread (``tid + OVERFLOW_TID x k``) where it nests; names them in
     ``names``. In place; spans that nest are left where they are (the usual case: none moves)."""
     tracks: dict[tuple[int, int], list[int]] = {}
     for i, e in enumerate(spans):
         tracks.setdefault((e["pid"], e["tid"]), []).append(i)
     for (_, tid), idx in tracks.items():
         stacks: list[list[int]] = []  # per lane, the open spans' ends
-        for i in sorted(idx, key=lambda j: (spans[j]["a"], -spans[j]["b"])):
-            a, b = spans[i]["a"], spans[i]["b"]
+        for a, neg_b, i in sorted([(lo[j], -hi[j], j) for j in idx]):  # by start, the longer first, then in order
+            b = -neg_b
             k = 0
             while True:
                 if k == len(stacks):
@@ -420,29 +432,30 @@ def _untangle(spans: list[dict[str, Any]], names: dict[int, str]) -> None:
                 names[tid + OVERFLOW_TID * k] = f"{names[tid]} (overlapping, {k})"
 
 
-def _flows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _flows(spans: list[dict[str, Any]], lo: Sequence[int], hi: Sequence[int]) -> list[dict[str, Any]]:
     """Flow events linking each collective (iteration, section, seq) across ranks, in rank order: bound
-    (``bp`` ``e``) to the middle of the rank's transfer slice of it, or of its first hidden slice."""
-    at: dict[tuple[int, str, int], dict[int, dict[str, Any]]] = {}
-    for e in spans:
+    (``bp`` ``e``) to the middle of the rank's transfer slice of it (from ``lo[i]`` to ``hi[i]``, ns), or of its
+    first hidden slice."""
+    at: dict[tuple[int, str, int], dict[int, tuple[dict[str, Any], int]]] = {}
+    for i, e in enumerate(spans):
         if e["cat"] not in (TRANSFER, HIDDEN) or e["args"].get("seq") is None:
             continue
         key = (e["args"]["iteration"], e["args"]["section"], e["args"]["seq"])
         mine = at.setdefault(key, {})
         old = mine.get(e["pid"])
-        if old is None or (old["cat"] == HIDDEN and e["cat"] == TRANSFER):
-            mine[e["pid"]] = e
+        if old is None or (old[0]["cat"] == HIDDEN and e["cat"] == TRANSFER):
+            mine[e["pid"]] = (e, (lo[i] + hi[i]) // 2)
     out: list[dict[str, Any]] = []
     for n, (_, by_pid) in enumerate(sorted(at.items())):
         if len(by_pid) < 2:
             continue
         pids = sorted(by_pid)
         for j, pid in enumerate(pids):
-            e = by_pid[pid]
+            e, mid = by_pid[pid]
             ph = "s" if j == 0 else ("f" if j == len(pids) - 1 else "t")
             name = e["args"].get("collective") or "collective"
             out.append({"ph": ph, "id": n + 1, "pid": pid, "tid": e["tid"], "name": str(name), "cat": "collective",
-                        "ts": ((e["a"] + e["b"]) // 2) / 1000, "bp": "e"})  # fmt: skip
+                        "ts": mid / 1000, "bp": "e"})  # fmt: skip
     return out
 
 
@@ -460,6 +473,11 @@ def nesting_problems(events: list[dict[str, Any]]) -> list[str]:
         if e.get("ph") == "X":
             a = int(round(float(e["ts"]) * 1000))
             tracks.setdefault((e["pid"], e["tid"]), []).append((a, a + int(round(float(e["dur"]) * 1000)), e["name"]))
+    return _track_problems(tracks)
+
+
+def _track_problems(tracks: Mapping[tuple[int, int], Sequence[tuple[int, int, str]]]) -> list[str]:
+    """:func:`nesting_problems` of the slices of each (pid, tid): ``(start, end, name)``, integer ns."""
     out = []
     for (pid, tid), spans in sorted(tracks.items()):
         stack: list[tuple[int, int, str]] = []
