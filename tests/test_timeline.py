@@ -424,3 +424,32 @@ def test_an_unknown_payload_or_collective_name_is_null_in_the_slices_args():
     assert by_seq[0] and set(by_seq[0]) == {("all_reduce", None)}
     assert by_seq[1] and set(by_seq[1]) == {(None, 4096)}
     assert set(by_seq[2]) == {("all_reduce", 4096)}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_encoded_timeline_holds_the_values_json_writes(seed):
+    """msgspec's encoder writes what :func:`json.dumps` (``allow_nan=False``) writes, value for value: section
+    names outside ASCII as they are, section times of every size (``1e-05`` is ``0.00001`` there)."""
+    from pnpscale.analysis.tables import timeline_text
+
+    ranks, colls = random_run(world=3, iterations=2, seed=seed)
+    colls = colls.assign(**{K.MAIN: True})
+    ranks[K.SECTION] = ranks[K.SECTION].replace({"gradient": "gradient ∇ é"})
+    colls[K.SECTION] = colls[K.SECTION].replace({"gradient": "gradient ∇ é"})
+    ranks.loc[0, K.SECTION_S] = 1.25e-5  # written in the args as it is
+    text = timeline_text(ranks, colls)
+    want = json.dumps(T.run_trace(ranks, colls), separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    assert json.loads(text) == json.loads(want)
+    assert "gradient ∇ é" in text and "\\u" not in text
+    assert '"section_s":0.0000125' in text
+
+
+def test_a_non_finite_section_time_or_clock_offset_is_refused_not_written_as_null():
+    ranks, colls = random_run(world=2, iterations=1)
+    table = T.slices(ranks, colls)
+    bad = ranks.copy()
+    bad.loc[1, K.SECTION_S] = np.nan  # placed from its start (CPU): its range is written, with S_r in its args
+    with pytest.raises(ValueError, match=r"rank 1 iteration 0 section 'gradient': section_s nan is not a number"):
+        T.chrome_trace(table, bad)
+    with pytest.raises(ValueError, match="clock offsets"):
+        T.chrome_trace(table, ranks, {0: 0.0, 1: float("nan")})

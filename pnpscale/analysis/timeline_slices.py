@@ -30,6 +30,7 @@ collectives of the difference of their exits ``A_rc + D_rc``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -301,8 +302,15 @@ def chrome_trace(
         ``ts``/``dur`` in microseconds (integer nanoseconds / 1000); every ``args`` has ``section``,
         ``iteration``, ``warmup``, and on communication slices ``collective``, ``seq`` and ``bytes`` (the
         payload; ``null`` when unknown).
+
+    Raises:
+        ValueError: a written section's SECTION_S or a clock offset that is not a finite number (JSON has
+            none; every other float is integer ns / 1000), a time that is NaN.
+        OverflowError: an infinite time.
     """
     offsets = dict(offsets or {})
+    if not all(math.isfinite(v) for v in offsets.values()):
+        raise ValueError(f"clock offsets {offsets}: not all finite")
     off_ns = {int(r): int(round(offsets.get(int(r), 0.0) * _NS)) for r in ranks[K.RANK].unique()}
     lo, hi = placement(ranks)
     r_off = np.array([off_ns[int(r)] for r in ranks[K.RANK]], dtype=float)
@@ -329,6 +337,8 @@ def chrome_trace(
         if not np.isfinite(r_start[i]):
             continue
         rank, sec, it, warm = int(rank_v), str(sec_v), int(it_v), bool(warm_v)
+        if not math.isfinite(length):  # (written as a number: JSON has no NaN; every other float here is ns / 1000)
+            raise ValueError(f"rank {rank} iteration {it} section {sec!r}: {K.SECTION_S} {length} is not a number")
         a, b = int(r_start[i]) - shift, int(r_end[i]) - shift
         spans.append({"ph": "X", "pid": rank + PID_BASE, "tid": SECTIONS_TID, "name": sec, "cat": "section",
                       "ts": 0.0, "dur": 0.0, "args": {"section": sec, "iteration": it, "warmup": warm,
