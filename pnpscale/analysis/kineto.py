@@ -228,8 +228,9 @@ def kernel_function(name: str) -> str:
     return base.rsplit("::", 1)[-1].strip() or base
 
 
-#: distinct kernel names remembered by :func:`kernel_family` and :func:`is_collective_kernel` (a trace repeats a
-#: few hundred names thousands of times; a section's records ask about each of its kernels)
+#: distinct kernel names remembered by :func:`kernel_family`, :func:`is_collective_kernel` and
+#: :func:`kernel_collective` (a trace repeats a few hundred names thousands of times; a section's records ask about
+#: each of its kernels)
 _KERNEL_NAMES_CACHED = 1 << 14
 
 
@@ -258,6 +259,7 @@ def is_collective_kernel(name: str) -> bool:
     return kernel_family(name) is not None or bool(_ANY_NCCL.search(name))
 
 
+@functools.lru_cache(maxsize=_KERNEL_NAMES_CACHED)
 def kernel_collective(name: str) -> str | None:
     """The collective a kernel name hints at (``None`` for generic kernels or unknown names).
 
