@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import signal
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -177,7 +178,10 @@ def test_two_sigints_while_a_command_imports_are_one_line_and_exit_130(tmp_path,
 
     run = tmp_path / "sweep" / layout.point_subdir("2d", "inference", 2)
     fake_run(run, "2d", "inference", {"gradient": [(0.6, 0.2)] * 2, "denoiser": [(1.6, 0.1)] * 2})
-    args = [str(tmp_path / "sweep")] if command == "pnpscale.report" else [str(run), "--sections", "gradient"]
+    # pnpscale.analyze imports pandas once its readers hold the traces (a 2-rank job's), so it is given one
+    traces = Path(__file__).parent / "data" / "trace-contract" / "06_ref_valid_corr"
+    args = ([str(tmp_path / "sweep")] if command == "pnpscale.report"
+            else [str(traces), "--sections", "gradient,denoiser", "--out", str(tmp_path / "analysis")])  # fmt: skip
     # The command is held at its first import of pandas (a sitecustomize finder that marks the moment in a file
     # and waits), so the two signals land inside its imports however fast the machine is.
     hold = tmp_path / "hold"
@@ -201,6 +205,7 @@ def test_two_sigints_while_a_command_imports_are_one_line_and_exit_130(tmp_path,
         len(err.splitlines()) == 1 and err.startswith(f"{command}: interrupted (SIGINT): ")), err
     assert "Traceback" not in out + err
     assert not list(tmp_path.glob(f"**/{layout.STAGING_PREFIX}*"))
+    assert not (tmp_path / "analysis").exists()
 
 
 @pytest.mark.slow
