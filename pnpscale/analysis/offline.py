@@ -386,7 +386,7 @@ def _resolved_jobs(n_traces: int, jobs: int | None) -> int:
 
 
 def _import_table_stage() -> None:
-    """Import the :data:`TABLE_STAGE` modules (in this process; nothing is done where they are imported)."""
+    """Import the :data:`TABLE_STAGE` modules into this process (a no-op for those already imported)."""
     for name in TABLE_STAGE:
         importlib.import_module(name)
 

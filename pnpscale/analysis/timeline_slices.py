@@ -331,7 +331,7 @@ def chrome_trace(
     span_lo: list[int] = []
     span_hi: list[int] = []
     iters: dict[tuple[int, int], list[Any]] = {}
-    lengths = ranks[K.SECTION_S].astype("float64").tolist()  # NaN kept: refused as JSON below, not as None
+    lengths = ranks[K.SECTION_S].astype("float64").tolist()  # NaN kept: refused below, never written as null
     rows = zip(*(_values(ranks, c) for c in (K.RANK, K.SECTION, K.ITERATION, K.WARMUP)), lengths, strict=True)
     for i, (rank_v, sec_v, it_v, warm_v, length) in enumerate(rows):
         if not np.isfinite(r_start[i]):
@@ -383,8 +383,10 @@ def chrome_trace(
         for tid, name in sorted(names.items()):
             events.append({**meta, "tid": tid, "name": "thread_name", "args": {"name": name}})
             events.append({**meta, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+    tracks: dict[tuple[int, int], list[tuple[int, int, str]]] = {}  # the X events written, in ns: nesting_problems
     for e, a, b in zip(spans, span_lo, span_hi, strict=True):
         e["ts"], e["dur"] = a / 1000, (b - a) / 1000
+        tracks.setdefault((e["pid"], e["tid"]), []).append((a, b, e["name"]))
     events += spans
     events += _flows(spans, span_lo, span_hi)
     other: dict[str, Any] = {
@@ -402,9 +404,6 @@ def chrome_trace(
     }
     if note:
         other["note"] = note
-    tracks: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
-    for e, a, b in zip(spans, span_lo, span_hi, strict=True):  # the X events written, in ns: nesting_problems
-        tracks.setdefault((e["pid"], e["tid"]), []).append((a, b, e["name"]))
     problems = _track_problems(tracks)
     if problems:  # _untangle guarantees none: a bug, never written
         raise ValueError(f"timeline.json would hold slices that overlap without nesting: {problems[0]}")
