@@ -486,3 +486,14 @@ def test_report_readme_lists_anomalies_or_says_there_is_none():
     some = "\n".join(_anomalies_markdown({"2d inference gpus=2": [rec]}))
     assert "- 2d inference gpus=2: anomaly event_without_ts: 2 on rank 1: dropped; e.g. x" in some
     assert summary_lines([rec]) == ["anomaly event_without_ts: 2 on rank 1: dropped; e.g. x"]
+
+
+def test_a_misspelt_section_name_gets_the_closest_range_name(tmp_path, capsys):
+    job = tmp_path / "job"
+    job.mkdir()
+    write_trace(job / "r0.json", cuda_rank_events(), rank=0, world=1)
+    code, _, err = analyze(capsys, job, "--sections", "gradiant,denoiser", "--out", tmp_path / "o")
+    assert code == 1 and err.count("\n") == 1
+    assert "section ranges found per name: gradiant=0, denoiser=2" in err
+    assert err.rstrip().endswith("'gradiant': did you mean 'gradient'?")
+    assert not (tmp_path / "o").exists()

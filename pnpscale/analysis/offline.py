@@ -25,6 +25,7 @@ written together (:func:`pnpscale.core.layout.commit_files`), then ``analysis.js
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import re
@@ -348,13 +349,15 @@ def no_collectives_text(traces: Sequence[RankedTrace], world: int) -> str:
 def section_hint(missing: Sequence[str], info: TraceInfo) -> str:
     """Where to look when section names are not found: the trace's user annotations (``record_function``
     names) first, then its most frequent ranges, and ``NAME=PATTERN*`` when a range name starts with a
-    missing name (a step number or suffix after it).
+    missing name (a step number or suffix after it), else the closest of those names to a misspelt one.
 
     >>> info = TraceInfo(Path("r.json"), 0, 1, None, None, range_names=(("aten::mm", 9), ("ProfilerStep#3", 1)),
     ...                  user_annotations=(("ProfilerStep#3", 1),))
     >>> section_hint(["ProfilerStep"], info)
     "; the trace's user annotations: 'ProfilerStep#3' (1); its most frequent range names: 'aten::mm' (9), \
 'ProfilerStep#3' (1); a missing '*'? try --sections ProfilerStep=ProfilerStep*"
+    >>> section_hint(["aten::nm"], info).rsplit("; ", 1)[-1]  # a near name (difflib, ratio >= 0.75)
+    "'aten::nm': did you mean 'aten::mm'?"
     """
     out = ""
     if info.user_annotations:
@@ -366,6 +369,10 @@ def section_hint(missing: Sequence[str], info: TraceInfo) -> str:
     for m in missing:
         if any(n.startswith(m) and n != m for n in names) and "*" not in m:
             out += f"; a missing '*'? try --sections {m}={m}*"
+        else:
+            near = difflib.get_close_matches(m, dict.fromkeys(names), n=1, cutoff=0.75)  # a misspelt name
+            if near:
+                out += f"; {m!r}: did you mean {near[0]!r}?"
     return out
 
 
