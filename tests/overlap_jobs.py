@@ -178,16 +178,17 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
     if job == "fsdp2":  # FSDP2 (fully_shard) on CPU: all_gather in forward, reduce_scatter in backward
         from torch.distributed.fsdp import fully_shard
 
-        # 4 MB of weights per layer (1 all_gather, 1 reduce_scatter each) against a batch of 256: with 512-wide
-        # layers and a batch of 64, gloo's wake-up latency after each collective (the caller resumes up to 2 ms
-        # after gloo's thread ends it, with the other rank's threads on the same cores) was 12-14 points of the
-        # forward, counted blocked by the job's clock and as compute by the trace
-        layers = [torch.nn.Linear(1024, 1024) for _ in range(4)]
+        # 16 MB of weights per layer (1 all_gather, 1 reduce_scatter each) against a batch of 128: gloo's wake-up
+        # latency after each collective (the caller resumes up to 2 ms after gloo's thread ends it, more with 4
+        # ranks' threads on 2 cores) is counted blocked by the job's clock and as compute by the trace; it was
+        # 12-14 points of a 2-rank forward with 1 MB layers, 3-10 points of a 4-rank one with 4 MB layers, and is
+        # 0.4-4.5 points with these
+        layers = [torch.nn.Linear(2048, 2048) for _ in range(4)]
         net2 = torch.nn.Sequential(*layers)
         for layer in layers:
             fully_shard(layer)
         fully_shard(net2)
-        batch2 = torch.rand(256, 1024)
+        batch2 = torch.rand(128, 2048)
         net2(batch2).sum().backward()  # lazy init outside the profile
         _time_dist_calls(clock)
     payload = torch.ones(1 << 20)  # 4 MB
