@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -37,7 +38,8 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
         records: rank -> that rank's records (from :func:`section_records`).
 
     Returns:
-        rank -> new records (inputs untouched), collectives sorted by the new ``seq``.
+        rank -> new records (inputs untouched; a record or collective that needs no change is the input's
+        own), collectives sorted by the new ``seq``.
 
     Raises:
         SectionError: ranks disagree on the section occurrences, or a collective of one rank has
@@ -107,12 +109,15 @@ def align_collectives(records: Mapping[int, Sequence[SectionRecord]]) -> dict[in
                     order.append(k)
                     placed.add(k)
         position = {k: i for i, k in enumerate(order)}
-        for r in ranks:
-            renum = [replace(c, seq=position[k]) for c, k in zip(colls[r], keys[r], strict=True)]
+        for r in ranks:  # a collective whose seq is unchanged is shared with the input (none is changed later)
+            renum = [c if c.seq == position[k] else replace(c, seq=position[k])
+                     for c, k in zip(colls[r], keys[r], strict=True)]  # fmt: skip
             new_seq[r][occ] = sorted(renum, key=lambda c: c.seq)
     for r in ranks:
         for s in records[r]:
-            out[r].append(replace(s, collectives=new_seq[r][(s.iteration, s.section)]))
+            colls_out = new_seq[r][(s.iteration, s.section)]
+            same = len(colls_out) == len(s.collectives) and all(map(operator.is_, colls_out, s.collectives))
+            out[r].append(s if same else replace(s, collectives=colls_out))
     return out
 
 

@@ -465,9 +465,12 @@ def is_span(e: EventFields) -> bool:
 
 
 def read_columns(state: ScanState, evs: list[Any], batch: bytes, index: int) -> bool:
-    """Read a batch's events column by column; ``False`` (and nothing read) when some event the columns hold is
-    not as Kineto writes it (a ``ts``/``dur`` not ``{us}.{ns:03}``, a string ``tid``, no name, a stream from
-    another key than ``stream``).
+    """Read a batch's events as columns; ``False`` (and nothing read) when some event the columns hold is not as
+    Kineto writes it (a ``ts``/``dur`` not ``{us}.{ns:03}``, a string ``tid``, no name, a stream from another key
+    than ``stream``).
+
+    One loop sorts the events to their columns (with their correlation, ``External id`` and stream: one loop
+    costs less than a comprehension per column), then each column is checked and converted as an array.
 
     Non-``X`` events: only the end marker is noted. Runtime calls with a correlation, GPU events other than
     collective kernels, and ``cpu_op`` operators whose names are not needed go to the collector's arrays (times,
@@ -475,26 +478,78 @@ def read_columns(state: ScanState, evs: list[Any], batch: bytes, index: int) -> 
     needed CPU ranges, collective kernels and the profiler's span are decoded whole (:func:`decode_whole`), in
     file order. The result equals :func:`read_one_by_one`'s (arrays and counters in file order).
     """
-    col = state.collector
-    xs: list[EventFields] = [e for e in evs if type(e) is EventFields]
-    rt = [e for e in xs if e.cat in RUNTIME_CATS and e.args is not None and e.args.correlation is not None]
-    gpu = [e for e in xs if e.cat in GPU_CATS]
-    cpu = [e for e in xs if e.cat in CPU_CATS and e.name is not None]
-    rest = [e for e in xs if e.cat not in _READ_CATS and e.cat is not None]
-    cpu_names = cast(set[str], {e.name for e in cpu})
-    for name in cpu_names.difference(state.relevant):
-        if state.relevant.setdefault(name, cpu_needed(state, name)):
-            state.needed.add(name)
-    gpu_names = {e.name for e in gpu}
-    for kname in gpu_names.difference(state.collective):
-        if state.collective.setdefault(kname, kname is not None and is_collective_kernel(kname)):
-            state.collective_names.add(kname)
-    needed, coll = state.needed, state.collective_names
-    if not P2P_CALLS.isdisjoint(cpu_names):
+    col, relevant, needed = state.collector, state.relevant, state.needed
+    collective, coll = state.collective, state.collective_names
+    rt: list[EventFields] = []
+    gpu: list[EventFields] = []
+    ops: list[EventFields] = []
+    rest: list[EventFields] = []
+    rt_corr: list[int] = []
+    rt_ext: list[int] = []
+    gpu_corr: list[int] = []
+    gpu_stream: list[Any] = []
+    op_ext: list[int] = []
+    cpu_name_list: list[str] = []
+    annotations: list[str] = []
+    which: list[int] = []
+    end = unnamed = queued = p2p = False
+    for i, e in enumerate(evs):
+        if type(e) is not EventFields:
+            if type(e) is InstantFields and e.name == END_MARKER:
+                end = True
+            continue
+        cat, a = e.cat, e.args
+        if cat in RUNTIME_CATS:
+            if a is not None and a.correlation is not None:
+                rt.append(e)
+                rt_corr.append(a.correlation)
+                rt_ext.append(-1 if a.external_id is None else a.external_id)
+        elif cat in GPU_CATS:
+            name = e.name
+            is_coll = collective.get(name)
+            if is_coll is None:
+                is_coll = collective[name] = name is not None and is_collective_kernel(name)
+                if is_coll:
+                    coll.add(name)
+            if is_coll and cat in _KERNEL_CATS:
+                which.append(i)  # decoded whole
+                continue
+            unnamed = unnamed or name is None
+            gpu.append(e)
+            if a is None:
+                gpu_corr.append(-1)
+                gpu_stream.append(e.tid)
+                continue
+            gpu_corr.append(-1 if a.correlation is None else a.correlation)
+            if a.stream is not None:
+                gpu_stream.append(a.stream)
+            else:
+                queued = queued or a.sycl_queue is not None or a.queue is not None
+                gpu_stream.append(e.tid)
+        elif cat in CPU_CATS:
+            name = e.name
+            if name is None:
+                continue
+            cpu_name_list.append(name)
+            need = relevant.get(name)
+            if need is None:
+                need = relevant[name] = cpu_needed(state, name)
+                if need:
+                    needed.add(name)
+            if need:
+                which.append(i)
+                p2p = p2p or name in P2P_CALLS
+            elif cat == "cpu_op":
+                ops.append(e)
+                op_ext.append(-1 if a is None or a.external_id is None else a.external_id)
+            if cat == "user_annotation":
+                annotations.append(name)
+        elif cat is not None:
+            rest.append(e)
+            if is_span(e):
+                which.append(i)
+    if p2p:
         return False  # decoded whole, yet kept among the operators (Collector.add): in file order, one by one
-    ops = [e for e in cpu if e.cat == "cpu_op" and e.name not in needed]
-    if coll:
-        gpu = [e for e in gpu if not (e.name in coll and e.cat in _KERNEL_CATS)]
     # the columns, checked before anything is kept
     rt_start, rt_dur = ns_array([e.ts for e in rt]), ns_array([e.dur for e in rt])
     gpu_start, gpu_dur = ns_array([e.ts for e in gpu]), ns_array([e.dur for e in gpu])
@@ -509,25 +564,18 @@ def read_columns(state: ScanState, evs: list[Any], batch: bytes, index: int) -> 
     rt_names = {e.name for e in rt}
     if str in set(map(type, rt_tid)) or str in set(map(type, op_tid)) or None in rt_names:
         return False
-    if None in gpu_names or [  # (a collective kernel has a name: no name is dropped with them above)
-        e for e in gpu
-        if e.args is not None and e.args.stream is None and (e.args.sycl_queue is not None or e.args.queue is not None)
-    ]:  # fmt: skip
+    if unnamed or queued:  # (a collective kernel has a name: no name is dropped with them above)
         return False  # stream_of reads the queue
-    gpu_stream = [e.args.stream if e.args is not None and e.args.stream is not None else e.tid for e in gpu]
     types = set(map(type, gpu_stream))
     if types - {int}:
         if str in types:
             return False  # stream_of reads "stream 7"
         gpu_stream = [0 if t is None else t for t in gpu_stream]
-    rt_ext = int64s([-1 if e.args.external_id is None else e.args.external_id for e in rt])  # type: ignore[union-attr]
-    rt_corr = int64s([e.args.correlation for e in rt])  # type: ignore[union-attr]
-    gpu_corr = int64s([-1 if e.args is None or e.args.correlation is None else e.args.correlation for e in gpu])
-    op_ext = int64s([-1 if e.args is None or e.args.external_id is None else e.args.external_id for e in ops])
     rt_tids, gpu_streams = int64s([-1 if t is None else t for t in rt_tid]), int64s(gpu_stream)
     op_tids = int64s([t or 0 for t in op_tid])
+    rt_ext_b, rt_corr_b, gpu_corr_b, op_ext_b = int64s(rt_ext), int64s(rt_corr), int64s(gpu_corr), int64s(op_ext)
     # keep them (nothing above changed the collector; an OverflowError above sends the file to the exact path)
-    if END_MARKER in [e.name for e in evs if type(e) is InstantFields]:
+    if end:
         col.end_marker = True
     starts = [int(c.max()) for c in (rt_start, gpu_start, op_start) if len(c)]
     if starts:
@@ -535,35 +583,27 @@ def read_columns(state: ScanState, evs: list[Any], batch: bytes, index: int) -> 
     launches = state.launches
     for name in cast(set[str], rt_names).difference(launches):
         launches[name] = launch_kind(name)
-    col.rt_ext.frombytes(rt_ext)
+    col.rt_ext.frombytes(rt_ext_b)
     col.rt_tid.frombytes(rt_tids)
     col.rt_end.frombytes(as_bytes(rt_start + rt_dur))
-    col.rt_corr.frombytes(rt_corr)
+    col.rt_corr.frombytes(rt_corr_b)
     col.rt_start.frombytes(as_bytes(rt_start))
     col.rt_launch.extend([launches[e.name] for e in rt])  # type: ignore[index]
     names = col.names
     col.gpu_start.frombytes(as_bytes(gpu_start))
     col.gpu_end.frombytes(as_bytes(gpu_start + gpu_dur))
-    col.gpu_corr.frombytes(gpu_corr)
+    col.gpu_corr.frombytes(gpu_corr_b)
     col.gpu_stream.frombytes(gpu_streams)
     col.gpu_name.frombytes(int64s([names.setdefault(e.name, len(names)) for e in gpu]))  # type: ignore[arg-type]
     op_names = col.op_names
-    col.op_ext.frombytes(op_ext)
+    col.op_ext.frombytes(op_ext_b)
     col.op_start.frombytes(as_bytes(op_start))
     col.op_end.frombytes(as_bytes(op_start + op_dur))
     col.op_tid.frombytes(op_tids)
     col.op_name.frombytes(int64s([op_names.setdefault(e.name, len(op_names)) for e in ops]))  # type: ignore[arg-type]
-    col.range_names.update(cast(list[str], [e.name for e in cpu]))
-    col.user_annotations.update(cast(list[str], [e.name for e in cpu if e.cat == "user_annotation"]))
+    col.range_names.update(cpu_name_list)
+    col.user_annotations.update(annotations)
     col.unknown_categories.update([e.cat for e in rest if e.cat not in IGNORED_CATS and not is_span(e)])  # type: ignore[misc]
-    whole = needed | coll | {e.name for e in rest if is_span(e)}
-    which = [
-        i
-        for i, e in enumerate(evs)
-        if type(e) is EventFields
-        and e.name in whole
-        and ((e.cat in CPU_CATS and e.name in needed) or (e.cat in _KERNEL_CATS and e.name in coll) or is_span(e))
-    ]
     decode_whole(state, batch, evs, which, index, True)
     return True
 
