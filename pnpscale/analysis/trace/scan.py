@@ -103,7 +103,6 @@ _LEADING_BLANKS = re.compile(rb"[ \t\r\n]*")
 _BLANKS = b" \t\r\n"
 _NUMBER = re.compile(rb"-?\d+(?:\.\d+)?")
 _KERNEL_CATS = ("kernel", "Kernel")
-_READ_CATS = RUNTIME_CATS | GPU_CATS | CPU_CATS
 
 
 class ArgsFields(msgspec.Struct, gc=False):
@@ -564,8 +563,8 @@ def read_columns(state: ScanState, evs: list[Any], batch: bytes, index: int) -> 
     rt_names = {e.name for e in rt}
     if str in set(map(type, rt_tid)) or str in set(map(type, op_tid)) or None in rt_names:
         return False
-    if unnamed or queued:  # (a collective kernel has a name: no name is dropped with them above)
-        return False  # stream_of reads the queue
+    if unnamed or queued:
+        return False  # a GPU event without a name (a collective kernel has one), or whose queue stream_of reads
     types = set(map(type, gpu_stream))
     if types - {int}:
         if str in types:
