@@ -221,6 +221,9 @@ def _environ(**values: str) -> Iterator[None]:
 #: Seconds the elastic agent waits after its SIGTERM before it SIGKILLs a rank when the launcher is
 #: stopped (elastic's default: 30 s; it keeps 30 s when a rank failed: see :func:`_resume_stopped_ranks`).
 RANK_SHUTDOWN_TIMEOUT_S = 2
+#: Seconds between the elastic agent's looks at its ranks: a rank that ended is acted on (the others
+#: stopped) within this, so a peer's own error must be written within it to be seen.
+MONITOR_INTERVAL_S = 0.1
 #: How often :func:`_resume_stopped_ranks` looks for a failed rank, seconds.
 STOPPED_POLL_S = 0.25
 
@@ -389,7 +392,7 @@ def run_ranks(nprocs: int, entrypoint: Any, args: tuple[Any, ...], log_dir: Path
         rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",
         max_restarts=0,
-        monitor_interval=0.1,
+        monitor_interval=MONITOR_INTERVAL_S,
         shutdown_timeout=RANK_SHUTDOWN_TIMEOUT_S,
         start_method=rank_start_method(),
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee={0: Std.OUT}),
