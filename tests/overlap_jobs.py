@@ -274,11 +274,11 @@ def _job(rank: int, world: int, port: int, job: str, out: str) -> None:
                     if rank > 0:
                         clock.wait(clock._timed(lambda g=grad: dist.isend(g.fill_(1.0), rank - 1, tag=1)))
             elif job == "prefetch":  # an all_reduce issued at the end of one section, waited in the next
-                with clock.section("issue", it):
-                    _compute(m, 0.03 + (0.03 if rank == 1 else 0.0))
+                with clock.section("issue", it):  # 60 / 120 ms: a few ms of preemption stay a few points
+                    _compute(m, 0.06 + (0.06 if rank == 1 else 0.0))
                     work = clock.issue(dist.all_reduce, payload)
                 with clock.section("use", it):
-                    _compute(m, 0.02)
+                    _compute(m, 0.04)
                     clock.wait(work)
                     clock.wait(clock.issue(dist.all_reduce, other))
             elif job == "imbalanced":
