@@ -165,6 +165,7 @@ def test_suite_passes_on_cpu_ranks_and_fails_when_the_decomposition_is_broken(tm
         (["--payloads=0,1,2"], "--payloads=0,1,2: needs at least 3 distinct sizes"),
         (["--payloads=1000,2000,4000"], "the largest at least 100 times the smallest"),
         (["--iterations", "0"], "--iterations=0: must be >= 1"),
+        (["--probe-iterations", "0"], "--probe-iterations=0: must be >= 1"),
         (["--gpus", "1"], "--gpus=1: must be >= 2"),
         (["--delay-s", "0"], "--delay-s=0.0: must be > 0"),
         (["problme=2d"], "problme=2d: unknown key; did you mean problem"),

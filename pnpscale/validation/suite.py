@@ -327,6 +327,10 @@ def _run_case(overrides: list[str], run_dir: Path) -> Tables:
 
 
 PROBE = "probe"
+#: Measured iterations per payload of the probe (``--probe-iterations``). A probe iteration costs its
+#: compute (20 ms) and one all_reduce, so the medians the fit takes can afford more than the pipeline cases'
+#: few: with 3 per payload, a CI run on a loaded 2-core machine (tests beside it) read R² 0.66 (latency 17 ms).
+PROBE_ITERATIONS = 10
 
 
 @record
@@ -391,11 +395,11 @@ def case_overrides(gpus: int, delay_s: float, section: str, iterations: int, ove
 
 
 def check_suite(gpus: int, delay_s: float, section: str, payloads: Sequence[int], iterations: int,
-                overrides: Sequence[str] = ()) -> None:  # fmt: skip
+                overrides: Sequence[str] = (), probe_iterations: int = PROBE_ITERATIONS) -> None:  # fmt: skip
     """Refuse, before any rank starts, what the suite cannot judge: ``--gpus`` below 2, ``--delay-s`` not above
-    0, ``--iterations`` below 1, ``--payloads`` not at least 3 distinct sizes of at least 1 byte spanning
-    100x (the payload check's own bar, :func:`payload_checks`), and each case's config (the command line's
-    own checks, :func:`pnpscale.sweep.cli.check_overrides`, then the composed config's).
+    0, ``--iterations`` or ``--probe-iterations`` below 1, ``--payloads`` not at least 3 distinct sizes of at
+    least 1 byte spanning 100x (the payload check's own bar, :func:`payload_checks`), and each case's config
+    (the command line's own checks, :func:`pnpscale.sweep.cli.check_overrides`, then the composed config's).
 
     Raises:
         InputError: the first problem, naming the option or key and what is allowed (exit 2).
@@ -406,6 +410,8 @@ def check_suite(gpus: int, delay_s: float, section: str, payloads: Sequence[int]
         raise InputError(f"--delay-s={delay_s}: must be > 0")
     if iterations < 1:
         raise InputError(f"--iterations={iterations}: must be >= 1")
+    if probe_iterations < 1:
+        raise InputError(f"--probe-iterations={probe_iterations}: must be >= 1")
     sizes = sorted(set(payloads))
     shown = ",".join(map(str, payloads))
     if len(sizes) < MIN_PAYLOAD_SIZES or sizes[0] < 1 or sizes[-1] < MIN_PAYLOAD_SPAN * sizes[0]:
@@ -418,15 +424,17 @@ def check_suite(gpus: int, delay_s: float, section: str, payloads: Sequence[int]
 
 
 def run_suite(out: Path, *, gpus: int, delay_s: float, section: str, payloads: Sequence[int], iterations: int,
-              compute_s: float = 0.02, overrides: Sequence[str] = (), echo: Callable[[str], None] = print
-              ) -> dict[str, Any]:  # fmt: skip
-    """Run the cases under ``out`` and write ``out/validate.json``; returns its content."""
+              probe_iterations: int = PROBE_ITERATIONS, compute_s: float = 0.02, overrides: Sequence[str] = (),
+              echo: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
+    """Run the cases under ``out`` and write ``out/validate.json``; returns its content.
+
+    ``iterations`` measured iterations per pipeline case, ``probe_iterations`` per payload of the probe."""
     cases = case_overrides(gpus, delay_s, section, iterations, overrides)
     echo(f"validation runs under {out}")
     base = _run_case(cases["baseline"], out / "case=baseline")
     inj = _run_case(cases["imbalance"], out / "case=imbalance")
     payload = run_probe(out / "case=payload", gpus=gpus, payloads=payloads, compute_s=compute_s,
-                        iterations=iterations, overrides=overrides)  # fmt: skip
+                        iterations=probe_iterations, overrides=overrides)  # fmt: skip
     checks = imbalance_checks(base, inj, section, delay_s, gpus) + payload_checks(payload, PROBE) + noise_checks(base)
     result = {
         "passed": passed(checks),
@@ -436,6 +444,8 @@ def run_suite(out: Path, *, gpus: int, delay_s: float, section: str, payloads: S
         "section": section,
         "payloads_bytes": list(payloads),
         "probe_compute_s": compute_s,
+        "iterations": iterations,
+        "probe_iterations": probe_iterations,
         "overrides": list(overrides),
         "checks": [asdict(c) for c in checks],
     }
@@ -480,7 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--section", default="denoiser", choices=["gradient", "denoiser"], help="injected section")
     parser.add_argument("--payloads", default="16384,262144,4194304,33554432",
                         help="payload sweep, bytes per all_reduce (default 16 KiB .. 32 MiB)")  # fmt: skip
-    parser.add_argument("--iterations", type=int, default=4, help="measured iterations per run")
+    parser.add_argument("--iterations", type=int, default=4, help="measured iterations per pipeline case (default 4)")
+    parser.add_argument("--probe-iterations", type=int, default=PROBE_ITERATIONS,
+                        help=f"measured iterations per payload of the probe (default {PROBE_ITERATIONS})")  # fmt: skip
     parser.add_argument("--out", default=None, help="output folder (default outputs/validate/<timestamp>)")
     parser.add_argument(
         "--slurm",
@@ -497,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     if cluster_ov and not args.slurm:
         parser.error("cluster overrides need --slurm (the suite's own runs are local to one node)")
     try:
-        check_suite(args.gpus, args.delay_s, args.section, payloads, args.iterations, run_ov)
+        check_suite(args.gpus, args.delay_s, args.section, payloads, args.iterations, run_ov, args.probe_iterations)
     except InputError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -505,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path("outputs") / "validate" / stamp
 
     suite = dict(
-        gpus=args.gpus, delay_s=args.delay_s, section=args.section, payloads=payloads, iterations=args.iterations
+        gpus=args.gpus, delay_s=args.delay_s, section=args.section, payloads=payloads, iterations=args.iterations,
+        probe_iterations=args.probe_iterations,
     )
     try:
         if args.slurm:
